@@ -1,0 +1,176 @@
+"""Render data tables into knowledge pages from knowledge/data/*.toml (one source of truth).
+
+A page marks a block like this:
+
+    <!-- data:accelerators -->
+    (anything; replaced on render)
+    <!-- /data -->
+
+Run `python knowledge/render.py` to rewrite every marked block from the data files;
+`python knowledge/render.py --check` exits 1 and names the pages that disagree with the data.
+Stdlib + tomllib only.
+"""
+from __future__ import annotations
+
+import re
+import sys
+import tomllib
+from pathlib import Path
+
+KNOWLEDGE = Path(__file__).resolve().parent
+DATA = KNOWLEDGE / "data"
+
+BLOCK = re.compile(r"(<!-- data:(?P<name>[a-z_.]+) -->\n)(?P<body>.*?)(<!-- /data -->)", re.S)
+
+
+def _load(stem: str) -> dict | None:
+    path = DATA / f"{stem}.toml"
+    if not path.exists():
+        return None
+    with path.open("rb") as f:
+        return tomllib.load(f)
+
+
+def _num(value) -> str:
+    if value is None or value == "":
+        return "–"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(cell.replace("|", "/") for cell in row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def _missing(stem: str) -> str:
+    return f"_`knowledge/data/{stem}.toml` is not present yet; run `python knowledge/render.py` once it is._\n"
+
+
+def render_accelerators() -> str:
+    data = _load("accelerators")
+    if data is None:
+        return _missing("accelerators")
+    rows = []
+    for acc in data.get("accelerator", []):
+        tf = acc.get("dense_tflops", {})
+        mamf = acc.get("mamf_bf16_tflops")
+        bf16 = tf.get("bf16")
+        eff = f"{100 * mamf / bf16:.0f}%" if mamf and bf16 else "–"
+        rows.append([
+            f"`{acc['id']}`", acc.get("name", ""), _num(acc.get("memory_gb")),
+            _num(acc.get("memory_bandwidth_tbps")), _num(bf16), _num(tf.get("fp8")),
+            _num(tf.get("fp4")), _num(mamf), eff, acc.get("interconnect", "–"),
+            _num(acc.get("interconnect_gbps")), _num(acc.get("tdp_w")),
+        ])
+    header = ["id", "name", "memory GB", "mem BW TB/s", "bf16 TFLOPS", "fp8 TFLOPS", "fp4 TFLOPS",
+              "MAMF bf16 TFLOPS", "MAMF/peak", "interconnect", "link GB/s/dir", "TDP W"]
+    return _table(header, rows)
+
+
+def render_links() -> str:
+    data = _load("interconnects")
+    if data is None:
+        return _missing("interconnects")
+    rows = [[f"`{link['id']}`", link.get("name", ""), _num(link.get("per_gpu_unidir_gbps"))]
+            for link in data.get("link", [])]
+    return _table(["id", "name", "GB/s per GPU, one direction"], rows)
+
+
+def render_expected_busbw() -> str:
+    data = _load("interconnects")
+    if data is None:
+        return _missing("interconnects")
+    rows = []
+    for e in data.get("expected_busbw", []):
+        gpus = e.get("gpus")
+        rows.append([
+            f"`{e['id']}`", ", ".join(e.get("accelerators", [])),
+            "per NIC" if gpus == 0 else _num(gpus), e.get("link", ""), e.get("algo", ""),
+            e.get("op", ""), _num(e.get("busbw_gbps")), e.get("notes", "").strip().replace("\n", " "),
+        ])
+    return _table(["id", "accelerators", "GPUs", "link", "algo", "op", "busbw GB/s", "notes"], rows)
+
+
+def render_mamf() -> str:
+    data = _load("accelerators")
+    if data is None:
+        return _missing("accelerators")
+    rows = []
+    for acc in data.get("accelerator", []):
+        mamf, bf16 = acc.get("mamf_bf16_tflops"), acc.get("dense_tflops", {}).get("bf16")
+        if mamf and bf16:
+            rows.append([acc.get("name", acc["id"]), _num(bf16), _num(mamf), f"{100 * mamf / bf16:.0f}%"])
+    return _table(["accelerator", "datasheet bf16 TFLOPS (dense)", "published MAMF bf16 TFLOPS", "share"], rows)
+
+
+def _links(kinds: set[str]) -> list[dict]:
+    data = _load("interconnects") or {}
+    return [link for link in data.get("link", []) if link.get("kind") in kinds]
+
+
+def render_gpu_links() -> str:
+    if _load("interconnects") is None:
+        return _missing("interconnects")
+    rows = [[link.get("name", link["id"]), _num(link.get("links_per_gpu")), _num(link.get("per_gpu_unidir_gbps"))]
+            for link in _links({"nvlink", "pcie"})]
+    return _table(["link", "links per GPU", "GB/s per GPU, one direction"], rows)
+
+
+def render_network() -> str:
+    data = _load("interconnects")
+    if data is None:
+        return _missing("interconnects")
+    per_nic = {e["link"]: e.get("busbw_gbps") for e in data.get("expected_busbw", []) if e.get("gpus") == 0}
+    rows = []
+    for link in _links({"infiniband", "roce", "efa"}):
+        gbits = link.get("per_nic_gbits")
+        rows.append([link.get("name", link["id"]), f"{_num(gbits)} Gb/s" if gbits else "–",
+                     _num(link.get("per_gpu_unidir_gbps")), _num(per_nic.get(link["id"]))])
+    return _table(["fabric", "line rate per NIC", "GB/s per NIC", "all_reduce busbw per NIC, Ring (GB/s)"], rows)
+
+
+RENDERERS = {
+    "accelerators": render_accelerators,
+    "accelerators.mamf": render_mamf,
+    "interconnects.gpu_links": render_gpu_links,
+    "interconnects.network": render_network,
+    "interconnects.links": render_links,
+    "interconnects.expected_busbw": render_expected_busbw,
+}
+
+
+def render_text(text: str) -> str:
+    """Return the page text with every marked data block re-rendered."""
+    def sub(m: re.Match) -> str:
+        name = m.group("name")
+        if name not in RENDERERS:
+            raise KeyError(f"unknown data block '{name}'; known: {sorted(RENDERERS)}")
+        return m.group(1) + RENDERERS[name]() + m.group(4)
+    return BLOCK.sub(sub, text)
+
+
+def pages() -> list[Path]:
+    return sorted(p for p in KNOWLEDGE.rglob("*.md"))
+
+
+def main(argv: list[str]) -> int:
+    check = "--check" in argv
+    stale = []
+    for page in pages():
+        text = page.read_text()
+        new = render_text(text)
+        if new != text:
+            stale.append(page.relative_to(KNOWLEDGE))
+            if not check:
+                page.write_text(new)
+    verb = "disagree with the data (run python knowledge/render.py)" if check else "re-rendered"
+    for p in stale:
+        print(f"{p}: {verb}")
+    return 1 if (check and stale) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
