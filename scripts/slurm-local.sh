@@ -1,0 +1,219 @@
+#!/usr/bin/env bash
+# slurm-local.sh start|stop|status|env — a throwaway single-host SLURM cluster for tests and demos.
+#
+# Debian 12 (SLURM 22.05), run as root. `start` installs the packages when they are missing
+# (apt-get, --no-install-recommends), writes a config under $SLURM_LOCAL_DIR (default
+# /tmp/slurm-local), starts munged, (slurmdbd + MariaDB,) slurmctld and slurmd, and waits until
+# every node is plain "idle". `stop` cancels every job and stops every daemon this script started.
+# Clients then need:  export SLURM_CONF=$SLURM_LOCAL_DIR/etc/slurm.conf   (`env` prints that line).
+#
+# Knobs (environment):
+#   NODES=1|2       1: one node named $(hostname -s); 2: two logical nodes n1,n2 (two slurmd here).
+#   CPUS=N          CPUs per node as SLURM sees them (default: nproc; more than real is allowed).
+#   GPUS=N          fake GPUs per node (char devices under $SLURM_LOCAL_DIR/dev), default 0.
+#   ACCOUNTING=0|1  1: slurmdbd + MariaDB so sacct works (installs ~20 more packages). Default 0:
+#                   then sacct only has the job-completion file (`sacct -c`), no steps.
+#   MINJOBAGE=S     how long finished jobs stay visible to squeue/scontrol (default 300 s).
+# Partitions: debug (default) and gpu, both over every node.
+set -euo pipefail
+D=${SLURM_LOCAL_DIR:-/tmp/slurm-local}
+NODES=${NODES:-1}
+CPUS=${CPUS:-$(nproc)}
+GPUS=${GPUS:-0}
+ACCOUNTING=${ACCOUNTING:-0}
+MINJOBAGE=${MINJOBAGE:-300}
+export SLURM_CONF=$D/etc/slurm.conf
+
+say() { echo "slurm-local: $*" >&2; }
+
+apt_install() {
+  # Packages are installed only when a command is missing: a second start costs nothing.
+  [ "$(id -u)" = 0 ] || { say "must run as root to install $*"; return 1; }
+  command -v apt-get >/dev/null || { say "no apt-get: install $* by hand"; return 1; }
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+}
+
+install_pkgs() {
+  if ! command -v slurmctld >/dev/null || ! command -v slurmd >/dev/null \
+     || ! command -v sbatch >/dev/null || ! command -v munged >/dev/null; then
+    apt_install slurmctld slurmd slurm-client munge
+  fi
+  if [ "$ACCOUNTING" = 1 ] && { ! command -v slurmdbd >/dev/null || ! command -v mariadbd >/dev/null; }; then
+    apt_install slurmdbd mariadb-server
+  fi
+}
+
+munge_works() { munge -n 2>/dev/null | unmunge >/dev/null 2>&1; }
+
+start_munge() {
+  munge_works && return 0                                   # someone else's munged is fine
+  [ -s /etc/munge/munge.key ] || mungekey -c -k /etc/munge/munge.key
+  chown munge:munge /etc/munge/munge.key && chmod 400 /etc/munge/munge.key
+  install -d -o munge -g munge -m 0755 /run/munge           # no systemd: make the socket dir
+  runuser -u munge -- /usr/sbin/munged
+  touch "$D/run/munged.ours"
+  for _ in $(seq 50); do munge_works && return 0; sleep 0.1; done
+  say "munged did not come up"; return 1
+}
+
+start_accounting() {
+  mkdir -p "$D/mysql"
+  if [ ! -d "$D/mysql/mysql" ]; then
+    mariadb-install-db --user=root --datadir="$D/mysql" --auth-root-authentication-method=socket \
+      --skip-test-db >/dev/null
+  fi
+  setsid mariadbd --user=root --datadir="$D/mysql" --socket="$D/run/mysqld.sock" \
+    --pid-file="$D/run/mysqld.pid" --port=3306 --bind-address=127.0.0.1 \
+    --innodb-buffer-pool-size=64M --log-error="$D/log/mysqld.err" </dev/null >/dev/null 2>&1 &
+  for _ in $(seq 100); do mariadb -S "$D/run/mysqld.sock" -e 'select 1' >/dev/null 2>&1 && break; sleep 0.1; done
+  mariadb -S "$D/run/mysqld.sock" -e "
+    CREATE USER IF NOT EXISTS 'slurm'@'127.0.0.1' IDENTIFIED BY 'slurmpw';
+    CREATE USER IF NOT EXISTS 'slurm'@'localhost' IDENTIFIED BY 'slurmpw';
+    GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1';
+    GRANT ALL ON slurm_acct_db.* TO 'slurm'@'localhost';"
+  cat > "$D/etc/slurmdbd.conf" <<EOF
+AuthType=auth/munge
+DbdHost=localhost
+DbdPort=6819
+SlurmUser=root
+LogFile=$D/log/slurmdbd.log
+PidFile=$D/run/slurmdbd.pid
+StorageType=accounting_storage/mysql
+StorageHost=127.0.0.1
+StoragePort=3306
+StorageUser=slurm
+StoragePass=slurmpw
+StorageLoc=slurm_acct_db
+EOF
+  chmod 600 "$D/etc/slurmdbd.conf"                            # slurmdbd refuses a readable file
+  slurmdbd
+  for _ in $(seq 100); do
+    (exec 3<>/dev/tcp/127.0.0.1/6819) 2>/dev/null && return 0; sleep 0.1
+  done
+  say "slurmdbd did not come up"; tail -5 "$D/log/slurmdbd.log" >&2; return 1
+}
+
+node_names() { if [ "$NODES" = 2 ]; then echo n1 n2; else hostname -s; fi; }
+
+write_conf() {
+  local host nodes gres="" acct
+  host=$(hostname -s)
+  if [ "$NODES" = 2 ]; then nodes="n[1-2]"; else nodes=$host; fi
+  rm -f "$D/etc/gres.conf"
+  if [ "$GPUS" -gt 0 ]; then
+    # slurmd drops a GPU without a device file; character devices under $D are enough.
+    mkdir -p "$D/dev"
+    for i in $(seq 0 $((GPUS - 1))); do
+      [ -e "$D/dev/nvidia$i" ] || mknod "$D/dev/nvidia$i" c 195 "$i"
+    done
+    printf 'AutoDetect=off\nNodeName=%s Name=gpu File=%s/dev/nvidia[0-%d]\n' \
+      "$nodes" "$D" $((GPUS - 1)) > "$D/etc/gres.conf"
+    gres=" Gres=gpu:$GPUS"
+  fi
+  if [ "$ACCOUNTING" = 1 ]; then
+    acct="AccountingStorageType=accounting_storage/slurmdbd
+AccountingStorageHost=localhost
+AccountingStoragePort=6819"
+  else
+    acct="AccountingStorageType=accounting_storage/none"
+  fi
+  cat > "$SLURM_CONF" <<EOF
+ClusterName=localtest
+SlurmctldHost=$host(127.0.0.1)
+SlurmUser=root
+AuthType=auth/munge
+StateSaveLocation=$D/state
+SlurmdSpoolDir=$D/spool/%n
+SlurmctldPidFile=$D/run/slurmctld.pid
+SlurmdPidFile=$D/run/slurmd-%n.pid
+SlurmctldLogFile=$D/log/slurmctld.log
+SlurmdLogFile=$D/log/slurmd-%n.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+SchedulerParameters=batch_sched_delay=0
+SlurmdParameters=config_overrides
+MpiDefault=none
+ReturnToService=2
+SlurmdTimeout=30
+KillWait=5
+InactiveLimit=0
+MinJobAge=$MINJOBAGE
+JobAcctGatherType=jobacct_gather/linux
+JobCompType=jobcomp/filetxt
+JobCompLoc=$D/log/jobcomp.txt
+$acct
+GresTypes=gpu
+EOF
+  if [ "$NODES" = 2 ]; then
+    for i in 1 2; do
+      echo "NodeName=n$i NodeHostname=$host NodeAddr=127.0.0.1 Port=1700$i CPUs=$CPUS RealMemory=4000$gres State=UNKNOWN"
+    done >> "$SLURM_CONF"
+  else
+    echo "NodeName=$host NodeAddr=127.0.0.1 CPUs=$CPUS RealMemory=4000$gres State=UNKNOWN" >> "$SLURM_CONF"
+  fi
+  cat >> "$SLURM_CONF" <<EOF
+PartitionName=debug Nodes=$nodes Default=YES MaxTime=INFINITE State=UP
+PartitionName=gpu Nodes=$nodes MaxTime=INFINITE State=UP
+EOF
+}
+
+start() {
+  install_pkgs
+  stop                                   # leftovers of an earlier run; no-op when there are none
+  rm -rf "$D/state" "$D/spool" "$D/log" "$D/mysql"
+  mkdir -p "$D"/{etc,state,spool,log,run}
+  start_munge
+  write_conf
+  [ "$ACCOUNTING" = 1 ] && start_accounting   # slurmdbd must be up before slurmctld registers
+  slurmctld
+  for n in $(node_names); do slurmd -N "$n"; done
+  for _ in $(seq 300); do                # "idle*" means not responding yet: wait for plain idle
+    if [ "$(sinfo -h -N -o '%T' 2>/dev/null | sort -u)" = idle ]; then
+      echo "export SLURM_CONF=$SLURM_CONF"; return 0
+    fi
+    sleep 0.1
+  done
+  say "nodes did not become idle"; sinfo -N -l >&2 || true; tail -20 "$D"/log/*.log >&2 || true
+  return 1
+}
+
+wait_gone() {  # pid file → wait up to 5 s, then TERM
+  local f=$1 p
+  p=$(cat "$f" 2>/dev/null) || return 0      # the daemon may remove its pid file as we look
+  for _ in $(seq 50); do kill -0 "$p" 2>/dev/null || return 0; sleep 0.1; done
+  kill "$p" 2>/dev/null || true
+}
+
+stop() {
+  [ -f "$SLURM_CONF" ] || return 0
+  # Cancel jobs first: a slurmstepd whose slurmctld is gone ignores SIGTERM and keeps retrying.
+  squeue -h -o %i 2>/dev/null | xargs -r scancel 2>/dev/null || true
+  for _ in $(seq 150); do [ -z "$(squeue -h -t R,CG,PD -o %i 2>/dev/null)" ] && break; sleep 0.1; done
+  scontrol shutdown >/dev/null 2>&1 || true          # slurmctld and every slurmd
+  for f in "$D"/run/slurmctld.pid "$D"/run/slurmd-*.pid; do wait_gone "$f"; done
+  for p in $(pgrep -x slurmstepd || true); do kill -9 "$p" 2>/dev/null || true; done
+  if [ -f "$D/run/slurmdbd.pid" ]; then
+    kill "$(cat "$D/run/slurmdbd.pid" 2>/dev/null)" 2>/dev/null || true; wait_gone "$D/run/slurmdbd.pid"
+    rm -f "$D/run/slurmdbd.pid"
+  fi
+  if [ -f "$D/run/mysqld.pid" ]; then
+    mariadb-admin -S "$D/run/mysqld.sock" shutdown 2>/dev/null || kill "$(cat "$D/run/mysqld.pid" 2>/dev/null)" 2>/dev/null || true
+    wait_gone "$D/run/mysqld.pid"; rm -f "$D/run/mysqld.pid"
+  fi
+  if [ -f "$D/run/munged.ours" ] && [ -f /run/munge/munged.pid ]; then
+    kill "$(cat /run/munge/munged.pid)" 2>/dev/null || true
+    rm -f "$D/run/munged.ours"
+  fi
+  return 0
+}
+
+case "${1:-}" in
+  start) start ;;
+  stop) stop ;;
+  status) sinfo -N -l ;;
+  env) echo "export SLURM_CONF=$SLURM_CONF" ;;
+  *) echo "usage: $0 start|stop|status|env   (knobs: NODES CPUS GPUS ACCOUNTING MINJOBAGE)" >&2; exit 2 ;;
+esac
