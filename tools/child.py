@@ -1,0 +1,49 @@
+"""Child side of a subprocess tool: `python -m tools.child <tool>` with the params as JSON on stdin.
+
+Protocol (JSON lines on stdout, nothing else there):
+    {"event": "progress", "fraction": 0.25, "message": "..."}     zero or more
+    {"event": "result", "result": {...}, "provenance": {...}}      exactly one on success
+    {"event": "error", "message": "..."}                            on a ToolFailure
+Anything the tool (or a library, or C code) prints goes to stderr: file descriptor 1 is pointed at
+stderr before the tool runs, and the protocol writes to a private duplicate of the original stdout.
+Exit status 0 after a result or error event; anything else is a crash the parent reports.
+"""
+
+import json
+import os
+import sys
+
+
+def main() -> int:
+    if len(sys.argv) != 2:
+        print("usage: python -m tools.child TOOL_NAME < params.json", file=sys.stderr)
+        return 2
+    wire = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)  # stray prints, C libraries and NCCL logs must not corrupt the wire
+    sys.stdout = sys.stderr
+
+    def emit(event: dict) -> None:
+        wire.write(json.dumps(event, default=str) + "\n")
+        wire.flush()
+
+    from tools import load_spec
+    from tools.harness import ToolFailure
+    from tools.store import torch_provenance
+
+    spec = load_spec(sys.argv[1])
+    params = spec.Params.model_validate_json(sys.stdin.read())
+
+    def progress(fraction: float, message: str) -> None:
+        emit({"event": "progress", "fraction": float(fraction), "message": str(message)})
+
+    try:
+        result = spec.run(params, progress)
+    except ToolFailure as e:
+        emit({"event": "error", "message": str(e)})
+        return 0
+    emit({"event": "result", "result": result.model_dump(mode="json"), "provenance": torch_provenance()})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,47 @@
+"""job_cancel — stop a long run started by another tool, killing every process it started.
+
+By hand: jobs live inside the MCP server process; from a shell, stop a run with Ctrl-C instead.
+"""
+
+from tools.harness import Field, Params, Result, ToolSpec
+from tools.jobs import MANAGER
+
+
+class JobCancelParams(Params):
+    job_id: str = Field(min_length=1, max_length=64, description="Job id from a tool result's `job.job_id`.")
+
+
+class JobCancelResult(Result):
+    state: str | None = Field(None, description="The job's state after the cancel: cancelled, or done/failed if it had ended.")
+
+
+def run(params: JobCancelParams, progress) -> JobCancelResult:
+    job = MANAGER.get(params.job_id)
+    if job is None:
+        return JobCancelResult(verdict="warn", findings=[f"No job {params.job_id!r} in this server process."],
+                               next=["job_status"])
+    if job.finished.is_set():
+        return JobCancelResult(verdict="info", state=job.state,
+                               findings=[f"Job {job.id} ({job.spec.name}) had already ended: {job.state}."])
+    job.cancel()
+    if not job.finished.is_set():
+        return JobCancelResult(verdict="warn", state=job.state,
+                               findings=[f"Job {job.id} was told to stop but has not ended yet; check job_status."])
+    return JobCancelResult(verdict="ok", state=job.state,
+                           findings=[f"Job {job.id} ({job.spec.name}) cancelled after {job.elapsed_s():.0f} s;"
+                                     " its processes were killed and its GPU locks released."])
+
+
+SPEC = ToolSpec(
+    name="job_cancel", summary="Cancel a long run started by another tool; nothing is left running.",
+    description=("Stop a long-running diagnostic or benchmark that returned a job handle: kills its whole "
+                 "process tree (all ranks) and frees its GPUs. Use when a benchmark was started with the wrong "
+                 "arguments or takes too long. Not for SLURM jobs (scancel) or the user's own training processes."),
+    Params=JobCancelParams, Result=JobCancelResult, run=run, store=False,
+    read_only=False, destructive=True, idempotent=True,
+)
+
+if __name__ == "__main__":
+    from tools.harness import main
+
+    main(SPEC)

@@ -1,0 +1,82 @@
+"""job_status — follow a long run that another tool started and handed back as a job.
+
+By hand: jobs live inside the MCP server process, so this tool is useful through the server;
+`python -m tools.job_status --job-id ID` from a shell only finds jobs of that same process (none).
+Finished runs are also in the results store: `python -m tools.results_history --tool NAME`.
+"""
+
+from typing import Any
+
+from tools.harness import Field, Params, Result, ToolSpec
+from tools.jobs import MANAGER
+
+
+class JobStatusParams(Params):
+    job_id: str = Field("", max_length=64,
+                        description="Job id from a tool result's `job.job_id`. Empty: list every job of this server.")
+
+
+class JobInfo(Params):
+    job_id: str = Field(description="Job id.")
+    tool: str = Field(description="Tool the job runs.")
+    state: str = Field(description="running | done | failed | cancelled")
+    elapsed_s: float = Field(description="Seconds since it started (until it ended).")
+    fraction_done: float = Field(description="Last progress fraction reported, 0..1.")
+    message: str = Field(description="Last progress message.")
+
+
+class JobStatusResult(Result):
+    jobs: list[JobInfo] = Field(default_factory=list, description="The job asked for, or all jobs.")
+    recent_progress: list[str] = Field(default_factory=list, description="Last progress messages of the job.")
+    error: str | None = Field(None, description="Why the job failed or was cancelled.")
+    result: dict[str, Any] | None = Field(None, description="The tool's full result once the job is done.")
+
+
+def _info(job) -> JobInfo:
+    return JobInfo(job_id=job.id, tool=job.spec.name, state=job.state, elapsed_s=job.elapsed_s(),
+                   fraction_done=round(job.fraction, 3), message=job.message)
+
+
+def run(params: JobStatusParams, progress) -> JobStatusResult:
+    if not params.job_id:
+        jobs = sorted(MANAGER.all(), key=lambda j: j.started, reverse=True)
+        running = sum(j.state == "running" for j in jobs)
+        return JobStatusResult(verdict="info", jobs=[_info(j) for j in jobs],
+                               findings=[f"{len(jobs)} job(s) known to this server, {running} running."])
+    job = MANAGER.get(params.job_id)
+    if job is None:
+        return JobStatusResult(
+            verdict="warn", findings=[f"No job {params.job_id!r} in this server process. Jobs are lost when the"
+                                      " server restarts; finished results stay in the results store."],
+            next=["results_history"])
+    out = JobStatusResult(jobs=[_info(job)], error=job.error,
+                          recent_progress=[f"{t:.1f}s {f:.0%} {m}" for t, f, m in job.progress_log[-10:]])
+    if job.state == "running":
+        out.verdict = "info"
+        out.findings = [f"{job.spec.name} still running after {job.elapsed_s():.0f} s, {job.fraction:.0%} done:"
+                        f" {job.message}. Call job_status again, or job_cancel to stop it."]
+        out.next = ["job_status", "job_cancel"]
+    elif job.state == "done":
+        out.result = job.result.model_dump(mode="json")
+        out.verdict = job.result.verdict
+        out.findings = [f"{job.spec.name} finished in {job.elapsed_s():.0f} s."] + job.result.findings
+        out.next = job.result.next
+    else:
+        out.verdict = "fail"
+        out.findings = [f"{job.spec.name} {job.state} after {job.elapsed_s():.0f} s: {job.error}"]
+    return out
+
+
+SPEC = ToolSpec(
+    name="job_status", summary="Progress and result of a long run that returned a job handle.",
+    description=("Check on a long-running diagnostic or benchmark that returned a job handle "
+                 "(`job.job_id` in its result) instead of finishing within its wait budget: state, progress, "
+                 "and the full result once done. Without job_id, lists every job of this server. Instant, read-only. "
+                 "Not for SLURM jobs (use slurm_job_diagnose) or past results (use results_history)."),
+    Params=JobStatusParams, Result=JobStatusResult, run=run, store=False, idempotent=False,
+)
+
+if __name__ == "__main__":
+    from tools.harness import main
+
+    main(SPEC)
