@@ -1,0 +1,188 @@
+"""memory_estimate: published figures and hand-computed totals, edge cases, user-visible findings."""
+
+import math
+
+import pytest
+from pydantic import ValidationError
+
+from tools import _memory_math as mm
+from tools._transformer_math import ModelParams, presets
+from tools.harness import ToolFailure
+from tools.memory_estimate import MemoryParams, run, setup_from
+
+GIB = 2**30
+
+
+def estimate(**kw):
+    return run(MemoryParams(**kw), lambda f, m: None)
+
+
+@pytest.mark.parametrize("model_id", sorted(presets()))
+def test_preset_parameter_counts_match_published_totals(model_id):
+    arch = ModelParams(model=model_id).architecture()
+    published = presets()[model_id]["params_b"] * 1e9
+    assert arch.total_params() == pytest.approx(published, rel=0.005)
+
+
+def test_llama2_7b_count_is_exact():
+    # Hugging Face reports 6,738,415,616 parameters for Llama-2-7b.
+    assert ModelParams(model="llama-2-7b").architecture().total_params() == 6_738_415_616
+
+
+@pytest.mark.parametrize("kw, per_param", [
+    ({}, 18),                                      # bf16 mixed Adam, fp32 grads (Megatron)
+    ({"fp32_grads": False}, 16),                   # ZeRO paper's K=12 + 2 + 2
+    ({"precision": "fp32"}, 16),                   # 4 weights + 4 grads + 8 Adam
+    ({"optimizer": "adam_8bit"}, 12),              # 2 + 4 + 4 master + 2
+    ({"optimizer": "sgd_momentum"}, 14),
+    ({"precision": "fp8"}, 19),                    # + the cached fp8 weight copy
+])
+def test_bytes_per_parameter(kw, per_param):
+    assert estimate(params_b=1, **kw).model_state_bytes_per_param == per_param
+
+
+@pytest.mark.parametrize("sharding, expected_gb", [("none", 120.0), ("zero1", 31.4), ("zero2", 16.6), ("zero3", 1.9)])
+def test_zero_paper_figure_1(sharding, expected_gb):
+    # ZeRO (arXiv 1910.02054) Figure 1: 7.5B parameters, Adam (K=12), 64 data-parallel GPUs.
+    s = setup_from(MemoryParams(params_b=7.5, fp32_grads=False, dp=64, sharding=sharding))
+    parts = mm.breakdown(s)[1]
+    states = sum(parts[k] for k in ("weights", "gradients", "master_weights", "optimizer_states"))
+    assert states / 1e9 == pytest.approx(expected_gb, abs=0.05)
+
+
+def test_hand_computed_total_from_parameter_count():
+    # 7e9 params x 18 B = 126e9 B, + 5% allocator slack, + 0.5 GiB CUDA context, no NCCL on one GPU.
+    r = estimate(params_b=7)
+    assert r.total_gib == pytest.approx((126e9 * 1.05 + 0.5 * GIB) / GIB, abs=0.01)
+    assert r.activations_gib == 0 and any("activations" in f for f in r.findings)
+
+
+def _gpt3(**kw):
+    return setup_from(MemoryParams(model="gpt3-175b", seq_len=2048, dropout=True, flash_attention=False, **kw))
+
+
+def test_korthikanti_activation_formula_no_parallelism():
+    s, h, a = 2048, 12288, 96
+    layer, _ = mm.layer_activation_bytes(_gpt3(), micro_batch=1)
+    assert layer == pytest.approx(s * h * (34 + 5 * a * s / h))
+
+
+@pytest.mark.parametrize("sp, checkpointing, expected", [
+    (True, "none", lambda s, h, a, t: s * h * (34 / t + 5 * a * s / (h * t))),
+    (False, "none", lambda s, h, a, t: s * h * (10 + 24 / t + 5 * a * s / (h * t))),
+    (True, "selective", lambda s, h, a, t: s * h * 34 / t),
+])
+def test_korthikanti_activation_formula_tensor_parallel(sp, checkpointing, expected):
+    setup = _gpt3(tp=8, sequence_parallel=sp, activation_checkpointing=checkpointing)
+    layer, _ = mm.layer_activation_bytes(setup, micro_batch=1)
+    assert layer == pytest.approx(expected(2048, 12288, 96, 8))
+
+
+def test_full_checkpointing_keeps_layer_inputs():
+    full = _gpt3(tp=8, activation_checkpointing="full")
+    stage = mm.stages(full)[0]
+    acts, _ = mm.activation_bytes(full, stage, 1)
+    layer, layer_input = mm.layer_activation_bytes(full, 1)
+    assert layer_input == 2 * 2048 * 12288 / 8
+    assert acts == pytest.approx(96 * layer_input + layer + 4 * 2048 * 12288 / 8)  # + final norm/head input
+
+
+@pytest.mark.parametrize("model_id, tp, per_token", [
+    ("llama-2-7b", 1, 524288),    # 2 x 32 layers x 4096 x 2 B = 0.5 MiB
+    ("llama-3-8b", 1, 131072),    # GQA: 8 KV heads -> 128 KiB
+    ("llama-3-70b", 1, 327680),   # 80 layers x 8 KV heads -> 320 KiB
+    ("llama-3-70b", 8, 40960),    # one KV head per GPU
+    ("llama-3-70b", 16, 40960),   # more GPUs than KV heads: each still holds one (replicated)
+])
+def test_kv_cache_per_token(model_id, tp, per_token):
+    r = estimate(model=model_id, mode="inference", tp=tp)
+    assert r.kv_cache_bytes_per_token == per_token
+
+
+def test_kv_cache_total_and_fp8():
+    r = estimate(model="llama-2-7b", mode="inference", micro_batch=4, seq_len=4096)
+    assert r.kv_cache_gib == pytest.approx(4 * 4096 * 524288 / GIB, abs=0.01)  # 8 GiB
+    r8 = estimate(model="llama-2-7b", mode="inference", micro_batch=4, seq_len=4096, kv_dtype="fp8")
+    assert r8.kv_cache_gib == pytest.approx(r.kv_cache_gib / 2, abs=0.01)
+    assert r.weights_gib == pytest.approx(6_738_415_616 * 2 / GIB, abs=0.01)
+
+
+def test_zero3_on_one_gpu_saves_nothing_and_says_so():
+    plain, zero3 = estimate(model="llama-3-8b"), estimate(model="llama-3-8b", sharding="zero3")
+    assert zero3.total_gib == plain.total_gib
+    assert any("saves no memory" in f for f in zero3.findings)
+
+
+def test_zero3_shards_model_states_over_dp():
+    r = estimate(model="llama-3-8b", sharding="zero3", dp=8)
+    n = ModelParams(model="llama-3-8b").architecture().total_params()
+    assert r.optimizer_states_gib == pytest.approx(n * 8 / 8 / GIB, abs=0.01)
+    assert r.gathered_params_gib > 0
+
+
+def test_tp_that_does_not_divide_heads_is_a_clear_error():
+    with pytest.raises(ValidationError, match=r"tp=3 does not divide heads=32"):
+        MemoryParams(model="llama-3-8b", tp=3)
+
+
+@pytest.mark.parametrize("kw, match", [
+    ({"model": "llama-9"}, "not a known preset"),
+    ({}, "describe the model"),
+    ({"params_b": 7, "hidden": 4096}, "need layers, hidden and heads"),
+    ({"layers": 2, "hidden": 100, "heads": 3}, "not divisible by heads"),
+    ({"model": "llama-3-8b", "pp": 64}, "more than layers"),
+    ({"params_b": 1, "micro_batch": 0}, "micro_batch"),
+])
+def test_bad_input_names_the_problem(kw, match):
+    with pytest.raises(ValidationError, match=match):
+        MemoryParams(**kw)
+
+
+def test_unknown_accelerator_fails_with_the_known_ids():
+    with pytest.raises(ToolFailure, match="h100-sxm"):
+        estimate(params_b=1, accelerator="tpu-v9")
+
+
+def test_does_not_fit_and_offers_changes_that_really_fit():
+    r = estimate(model="llama-3-8b", accelerator="h100", seq_len=8192, dp=8)
+    assert r.fits is False and r.verdict == "fail"
+    assert r.changes_to_fit, r.findings
+    label = r.changes_to_fit[0].split(":")[0]                      # e.g. "sharding=zero1"
+    key, value = label.split()[0].split("=")
+    fixed = estimate(model="llama-3-8b", accelerator="h100", seq_len=8192, dp=8,
+                     **{key: int(value) if value.isdigit() else value})
+    assert fixed.fits is True
+
+
+def test_largest_micro_batch_is_the_boundary():
+    kw = dict(model="llama-3-8b", sharding="zero3", dp=8, activation_checkpointing="full", accelerator="h100")
+    r = estimate(**kw)
+    b = r.max_micro_batch
+    assert b >= 1
+    cap = r.capacity_gib * GIB
+    s = setup_from(MemoryParams(**kw))
+    assert mm.total_bytes(s, b) <= cap < mm.total_bytes(s, b + 1)
+    assert any(f"Largest micro batch that fits: {b}." in f for f in r.findings)
+
+
+def test_pipeline_reports_the_first_stage_with_its_in_flight_micro_batches():
+    r1 = estimate(model="llama-3-70b", tp=8, pp=1, dp=8, sharding="zero1")
+    r4 = estimate(model="llama-3-70b", tp=8, pp=4, dp=2, sharding="zero1")
+    assert r4.pipeline_stage == "first"
+    # 1F1B: the first of 4 stages holds 4 micro batches of 20 layers = the activations of all 80.
+    assert r4.activations_gib == pytest.approx(r1.activations_gib, rel=0.02)
+    assert r4.weights_gib < r1.weights_gib / 3
+
+
+def test_flash_attention_and_checkpointing_shrink_activations():
+    base = dict(model="llama-2-7b", seq_len=4096)
+    eager = estimate(**base, flash_attention=False).activations_gib
+    flash = estimate(**base).activations_gib
+    full = estimate(**base, activation_checkpointing="full").activations_gib
+    assert eager > 2 * flash > 0 and full < flash / 5
+
+
+def test_gpu_memory_override_and_headroom_warning():
+    r = estimate(params_b=1, gpu_memory_gib=19)  # 18 GB of states + overhead ~ 18.6 GiB
+    assert r.fits and r.verdict == "warn" and r.capacity_gib == 19
+    assert math.isclose(estimate(params_b=1, gpu_memory_gib=100).total_gib, r.total_gib)
