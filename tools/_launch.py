@@ -1,0 +1,328 @@
+"""Launcher side of the distributed tools: start ranks, follow their side channel, name culprits.
+
+`launch_ranks()` starts `python -m tools._ranks <job>` on every rank through torchrun (one node:
+--standalone; inside a SLURM allocation: one torchrun per node through srun with a c10d rendezvous on
+the first node; with `rdzv_endpoint`: this node's share of a multi-node run), reads the events each
+rank writes (see tools/_ranks.py), and stops everything when the run ends, stalls or overruns:
+nothing is left running. `diagnose()` turns the last state of every rank into culprit findings.
+"""
+
+import json
+import os
+import random
+import re
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from tools import _slurm
+from tools._ranks import EVENT_PREFIX
+from tools.harness import REPO_ROOT, kill_tree, spawn_tree, torchrun_command
+
+# A rank whose last stage lasted at least this share of the process-group timeout was waiting on a
+# peer (timed out), not failing on its own.
+WAITED_SHARE = 0.8
+
+
+@dataclass
+class RankState:
+    rank: int
+    host: str | None = None
+    local_rank: int | None = None
+    pid: int | None = None
+    status: str = "not_started"  # running | done | error | terminated | vanished | stuck | not_started
+    stage: str = "(no report)"
+    stages_seen: int = 0          # how far it got: all ranks walk the same stage sequence
+    stage_entered_t: float | None = None
+    end_t: float | None = None
+    error: str | None = None
+    exitcode: int | None = None
+    stage_seconds: dict = field(default_factory=dict)
+
+    def where(self) -> str:
+        return f"rank {self.rank} ({self.host or 'unknown host'}, pid {self.pid or '?'})"
+
+    def waited_s(self) -> float:
+        if self.stage_entered_t is None or self.end_t is None:
+            return 0.0
+        return max(0.0, self.end_t - self.stage_entered_t)
+
+
+@dataclass
+class LaunchOutcome:
+    command: list[str]
+    world_size: int
+    ranks: dict[int, RankState]
+    data: list[dict]              # every "data" event, in arrival order
+    returncode: int | None
+    stalled: bool                 # the launcher stopped a run that made no progress
+    overran: bool                 # the launcher stopped a run that passed its deadline
+    elapsed_s: float
+    stderr_tail: str
+    output_tail: str              # rank output that was not an event
+
+
+def parse_event(line: str) -> dict | None:
+    """The event in one output line, or None for ordinary output."""
+    at = line.find(EVENT_PREFIX)
+    if at < 0:
+        return None
+    try:
+        event = json.loads(line[at + len(EVENT_PREFIX):])
+    except json.JSONDecodeError:
+        return None
+    return event if isinstance(event, dict) and "ev" in event and "rank" in event else None
+
+
+def apply_event(ranks: dict[int, RankState], event: dict) -> None:
+    state = ranks.setdefault(int(event["rank"]), RankState(rank=int(event["rank"])))
+    state.host, state.local_rank, state.pid = event.get("host"), event.get("local_rank"), event.get("pid")
+    kind, t = event["ev"], float(event.get("t", time.time()))
+    if state.status == "not_started":
+        state.status, state.stage_entered_t = "running", t
+    state.stage = event.get("stage", state.stage)
+    if kind == "stage":
+        state.stages_seen += 1
+        state.stage_entered_t = t
+    elif kind in ("error", "terminated", "done"):
+        state.status = kind
+        state.end_t = t
+        state.error = event.get("error") if kind == "error" else state.error
+        state.stage_seconds = event.get("stage_seconds", state.stage_seconds)
+
+
+_FAILURE_RE = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*\d+\)\s*\n\s*exitcode\s*:\s*(-?\d+)")
+
+
+def torchrun_exitcodes(stderr: str) -> dict[int, int]:
+    """rank -> exit code from torchrun's ChildFailedError summary (empty when there is none)."""
+    return {int(rank): int(code) for rank, code in _FAILURE_RE.findall(stderr)}
+
+
+class _Reader(threading.Thread):
+    """Reads one pipe to the end: events go to a queue, other lines to a bounded tail."""
+
+    def __init__(self, pipe, events: deque | None, tail_lines: int = 200):
+        super().__init__(daemon=True)
+        self.pipe, self.events, self.tail = pipe, events, deque(maxlen=tail_lines)
+
+    def run(self):
+        for raw in iter(self.pipe.readline, b""):
+            line = raw.decode(errors="replace")
+            event = parse_event(line) if self.events is not None else None
+            if event is not None:
+                self.events.append(event)
+            else:
+                self.tail.append(line.rstrip("\n")[:500])
+
+
+def rank_command(job: str, params: dict, nproc_per_node: int, *, nnodes: int = 1,
+                 rdzv_endpoint: str | None = None, rdzv_id: str | None = None) -> list[str]:
+    """torchrun command line that starts `job` on this node's ranks."""
+    return torchrun_command("tools._ranks", nproc_per_node, [job, json.dumps(params)], nnodes=nnodes,
+                            rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id)
+
+
+def per_node_command(tool: str, nnodes: int, nproc_per_node: int, first_host: str, port: int = 29500) -> str:
+    """What to run by hand on every node when we cannot start the other nodes ourselves."""
+    return (f"cd {shlex.quote(str(REPO_ROOT))} && {shlex.quote(sys.executable)} -m tools.{tool} "
+            f"--nnodes {nnodes} --nproc-per-node {nproc_per_node} --rdzv-endpoint {first_host}:{port}")
+
+
+def use_srun(nnodes: int) -> bool:
+    """Start the ranks through srun: we are in a SLURM allocation (not already inside a job step)
+    and the run spans several nodes."""
+    return nnodes > 1 and _slurm.in_allocation() and not os.environ.get("SLURM_STEP_ID") \
+        and shutil.which("srun") is not None
+
+
+def plan_command(job: str, params: dict, nproc_per_node: int, nnodes: int,
+                 rdzv_endpoint: str | None) -> list[str]:
+    """The command to run here: local torchrun, this node's part of a rendezvous, or srun over SLURM."""
+    if rdzv_endpoint:
+        return rank_command(job, params, nproc_per_node, nnodes=nnodes, rdzv_endpoint=rdzv_endpoint,
+                            rdzv_id=f"mleng-{job}")
+    if use_srun(nnodes):
+        return _slurm.srun_torchrun_command(["tools._ranks", job, json.dumps(params)], nnodes=nnodes,
+                                            nproc_per_node=nproc_per_node,
+                                            rdzv_port=29500 + random.randrange(1000))
+    return rank_command(job, params, nproc_per_node)
+
+
+def launch_ranks(command: list[str], world_size: int, *, timeout_s: float, stall_s: float,
+                 deadline_s: float, on_event=None, env: dict | None = None) -> LaunchOutcome:
+    """Run `command` (from plan_command) and follow its ranks until they finish, stall or overrun.
+
+    stall_s: stop when no rank reported anything for this long. deadline_s: stop regardless.
+    On stop, the whole process tree is killed (torchrun workers are their own session leaders, so
+    by descendants, not by process group). on_event(event) is called for every event as it arrives.
+    """
+    run_env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+               "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
+               "PYTHONUNBUFFERED": "1", **(env or {})}
+    t0 = time.monotonic()
+    proc = spawn_tree(command, env=run_env, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                      stdin=subprocess.DEVNULL)
+    events: deque = deque()
+    out_reader, err_reader = _Reader(proc.stdout, events), _Reader(proc.stderr, None, tail_lines=400)
+    out_reader.start()
+    err_reader.start()
+    ranks = {r: RankState(rank=r) for r in range(world_size)}
+    data: list[dict] = []
+    last_progress, stalled, overran = time.monotonic(), False, False
+
+    def drain():
+        nonlocal last_progress
+        while events:
+            event = events.popleft()
+            apply_event(ranks, event)
+            last_progress = time.monotonic()
+            if event["ev"] == "data":
+                data.append(event)
+            if on_event:
+                on_event(event)
+
+    try:
+        while proc.poll() is None:
+            time.sleep(0.05)
+            drain()
+            _mark_gone(ranks)
+            now = time.monotonic()
+            if now - last_progress > stall_s:
+                stalled = True
+                break
+            if now - t0 > deadline_s:
+                overran = True
+                break
+    finally:
+        if proc.poll() is None:
+            kill_tree(proc.pid, grace_s=3.0)
+        proc.wait()
+        out_reader.join(timeout=5)
+        err_reader.join(timeout=5)
+    drain()
+    end = time.time()
+    stderr_tail = "\n".join(err_reader.tail)
+    codes = torchrun_exitcodes(stderr_tail)
+    for state in ranks.values():
+        state.exitcode = codes.get(state.rank)
+        if state.status == "running":  # alive when we stopped it, or gone without a word
+            state.status = "stuck" if (stalled or overran) else "vanished"
+            state.end_t = end
+    return LaunchOutcome(command=command, world_size=max([world_size, *ranks]) if ranks else world_size,
+                         ranks=ranks, data=data, returncode=proc.returncode, stalled=stalled,
+                         overran=overran, elapsed_s=round(time.monotonic() - t0, 2),
+                         stderr_tail=stderr_tail[-4000:], output_tail="\n".join(out_reader.tail)[-2000:])
+
+
+def diagnose(outcome: LaunchOutcome, timeout_s: float) -> tuple[list[int], list[str]]:
+    """(culprit ranks, findings) from the last state of every rank; empty when every rank finished.
+
+    Order of evidence: a culprit the ranks named themselves (e.g. a tensor of the wrong size); ranks
+    that crashed (gone without a report, or a Python error that was not a wait on a peer); then, when
+    ranks timed out or the run stalled, the ranks that were behind them.
+    """
+    states = sorted(outcome.ranks.values(), key=lambda s: s.rank)
+    if all(s.status == "done" for s in states):
+        return [], []
+    findings: list[str] = []
+    culprits: list[int] = []
+
+    for item in outcome.data:
+        if item.get("kind") == "culprits":
+            culprits = sorted(set(item.get("ranks", [])))
+            who = ", ".join(outcome.ranks[r].where() if r in outcome.ranks else f"rank {r}" for r in culprits)
+            findings.append(f"{who}: {item.get('reason', 'named by the other ranks')} "
+                            f"(stage {item.get('stage')}; {_extra(item)}).")
+            return culprits, findings
+
+    def waited_on_peer(s: RankState) -> bool:
+        return s.waited_s() >= WAITED_SHARE * timeout_s or "timed out" in (s.error or "").lower() \
+            or "timeout" in (s.error or "").lower()
+
+    crashed = [s for s in states if s.status == "vanished" and not waited_on_peer(s)]
+    crashed += [s for s in states if s.status == "error" and not waited_on_peer(s)
+                and not _peer_went_away(s.error)]
+    if crashed:
+        first_t = min(s.end_t or 0 for s in crashed)
+        for s in sorted(crashed, key=lambda s: (s.end_t or 0, s.rank)):
+            how = (f"raised {s.error!r}" if s.status == "error"
+                   else f"exited without a report (exit code {s.exitcode})" if s.exitcode is not None
+                   else "exited without a report (crash, abort or kill)")
+            findings.append(f"{s.where()} {how} in stage {s.stage}"
+                            + (f", {s.end_t - first_t:.1f} s after the first failure" if s.end_t and s.end_t > first_t + 0.5 else "")
+                            + ".")
+            culprits.append(s.rank)
+        return culprits, findings + _bystanders(states, culprits)
+
+    most = max((s.stages_seen for s in states), default=0)
+    behind = [s for s in states if s.status == "not_started" or (s.status != "done" and s.stages_seen < most)]
+    if behind:
+        ahead = [s for s in states if s.stages_seen == most]
+        ahead_stage = ahead[0].stage if ahead else "?"
+        for s in behind:
+            findings.append(
+                f"{s.where()} never reported anything: it did not start, or hung before Python ran."
+                if s.status == "not_started" else
+                f"{s.where()} stopped at stage {s.stage} and never reached {ahead_stage}, where "
+                f"{_rank_list(ahead)} waited for it"
+                + (f" until the {timeout_s:g} s timeout." if any(waited_on_peer(a) for a in ahead) else "."))
+            culprits.append(s.rank)
+        return culprits, findings + _bystanders(states, culprits)
+
+    stuck_stage = sorted({s.stage for s in states})
+    first_error = next((s.error for s in states if s.error), None)
+    findings.append(f"All {len(states)} ranks stopped in the same stage ({', '.join(stuck_stage)})"
+                    + (f"; first error: {first_error!r}" if first_error else "")
+                    + ". No single rank is behind: suspect the communication path itself "
+                      "(network, NCCL transport, firewall) rather than one rank.")
+    return [], findings
+
+
+def _mark_gone(ranks: dict[int, RankState]) -> None:
+    """A local rank whose process is gone without a final event crashed: note when, to order failures."""
+    import psutil
+
+    here = socket.gethostname()
+    for state in ranks.values():
+        if state.status != "running" or not state.pid or state.host != here:
+            continue
+        try:
+            gone = psutil.Process(state.pid).status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            gone = True
+        if gone:
+            state.status, state.end_t = "vanished", time.time()
+
+
+def _peer_went_away(error: str | None) -> bool:
+    text = (error or "").lower()
+    return any(k in text for k in ("connection closed by peer", "connection reset", "broken pipe",
+                                   "remote worker crash", "socket closed"))
+
+
+def _rank_list(states: list[RankState]) -> str:
+    ranks = [s.rank for s in states]
+    if len(ranks) > 6:
+        return f"{len(ranks)} ranks ({ranks[0]}..{ranks[-1]})"
+    return "rank " + ", ".join(map(str, ranks)) if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
+
+
+def _bystanders(states: list[RankState], culprits: list[int]) -> list[str]:
+    others = [s for s in states if s.rank not in culprits and s.status != "done"]
+    if not others:
+        return []
+    stages = sorted({s.stage for s in others})
+    return [f"Stopped as a consequence, not the cause: {_rank_list(others)} (in stage {', '.join(stages)})."]
+
+
+def _extra(item: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in item.items()
+                     if k not in ("ev", "rank", "local_rank", "world_size", "host", "pid", "stage", "t",
+                                  "kind", "ranks", "reason"))
