@@ -161,7 +161,7 @@ def flops_per_token(matmul_params: int, arch: Architecture | None, seq_len: int,
     scores: forward QK^T and AV cost 4 x seq x heads x head_dim per layer and token, x3 with backward.
     'full' counts the whole score matrix (PaLM / Megatron convention); 'causal' half of it (what
     a causal flash kernel computes); 'none' leaves it out (the bare 6N rule).
-    Recompute: full re-runs the forward (+2N, +1/3 attention); selective re-runs only attention scores.
+    Recompute: full re-runs each layer's forward (+2N, +1/3 attention); selective only the attention scores.
     """
     matmul = 6.0 * matmul_params
     attn_fwd = 0.0
@@ -170,5 +170,7 @@ def flops_per_token(matmul_params: int, arch: Architecture | None, seq_len: int,
         if attention == "causal":
             attn_fwd /= 2
     model = matmul + 3 * attn_fwd
-    extra = {"none": 0.0, "selective": attn_fwd, "full": matmul / 3 + attn_fwd}[recompute]
+    # Full recomputation re-runs every layer's forward, not the output head (Megatron-LM eq. 3).
+    layer_matmul = matmul_params - (arch.vocab * arch.hidden if arch is not None else 0)
+    extra = {"none": 0.0, "selective": attn_fwd, "full": 2.0 * layer_matmul + attn_fwd}[recompute]
     return TokenFlops(model=model, hardware=model + extra, matmul=matmul, attention=3 * attn_fwd)
