@@ -1,0 +1,124 @@
+"""dist_smoke_test: culprit naming (pure) and real gloo runs with injected faults (2 and 4 ranks)."""
+
+import time
+
+import psutil
+import pytest
+
+from tools._launch import LaunchOutcome, RankState, diagnose, parse_event, torchrun_exitcodes
+from tools.dist_smoke_test import SPEC, DistSmokeTestParams, version_mismatches
+
+
+def _outcome(*states, data=(), stalled=False):
+    return LaunchOutcome(command=["x"], world_size=len(states), ranks={s.rank: s for s in states},
+                         data=list(data), returncode=1, stalled=stalled, overran=False, elapsed_s=1.0,
+                         stderr_tail="", output_tail="")
+
+
+def test_crashed_rank_is_named_not_the_ranks_torchrun_killed_afterwards():
+    crashed = RankState(0 + 1, host="n2", pid=11, status="vanished", stage="init", stages_seen=2,
+                        stage_entered_t=100.0, end_t=100.1, exitcode=3)
+    killed = RankState(0, host="n1", pid=10, status="terminated", stage="init", stages_seen=2,
+                       stage_entered_t=100.0, end_t=100.3)
+    culprits, findings = diagnose(_outcome(killed, crashed), timeout_s=10)
+    assert culprits == [1]
+    assert "rank 1 (n2" in findings[0] and "exit code 3" in findings[0] and "init" in findings[0]
+    assert "not the cause: rank 0" in findings[-1]
+
+
+def test_rank_behind_a_timed_out_peer_is_the_culprit():
+    waiter = RankState(0, host="a", status="error", stage="all_reduce", stages_seen=5, stage_entered_t=10.0,
+                       end_t=20.0, error="Timed out waiting 10000ms for recv operation to complete")
+    slow = RankState(1, host="b", status="terminated", stage="shape_check", stages_seen=4,
+                     stage_entered_t=9.9, end_t=20.1)
+    culprits, findings = diagnose(_outcome(waiter, slow), timeout_s=10)
+    assert culprits == [1]
+    assert "stopped at stage shape_check and never reached all_reduce" in findings[0]
+
+
+def test_a_rank_that_never_reported_is_named_when_the_run_stalls():
+    waiting = RankState(0, host="a", status="stuck", stage="init", stages_seen=2, stage_entered_t=0, end_t=30)
+    silent = RankState(1)
+    culprits, findings = diagnose(_outcome(waiting, silent, stalled=True), timeout_s=10)
+    assert culprits == [1] and "never reported anything" in findings[0]
+
+
+def test_all_ranks_stuck_in_one_stage_blames_the_path_not_a_rank():
+    a = RankState(0, status="stuck", stage="all_reduce", stages_seen=5, stage_entered_t=0, end_t=30)
+    b = RankState(1, status="stuck", stage="all_reduce", stages_seen=5, stage_entered_t=0, end_t=30)
+    culprits, findings = diagnose(_outcome(a, b, stalled=True), timeout_s=10)
+    assert culprits == [] and "same stage (all_reduce)" in findings[0]
+
+
+def test_version_mismatch_names_the_odd_host():
+    versions = {0: {"torch": "2.4.0", "nccl": "2.21.5"}, 1: {"torch": "2.4.0", "nccl": "2.21.5"},
+                2: {"torch": "2.3.1", "nccl": "2.21.5"}}
+    found = version_mismatches(versions, {0: "a", 1: "a", 2: "b"})
+    assert found == ["torch differs across ranks: 2.4.0 on 2 ranks (0..1) on a; 2.3.1 on rank 2 on b."]
+
+
+def test_event_and_torchrun_summary_parsing():
+    assert parse_event('3: @@mleng-rank {"ev": "stage", "rank": 3, "stage": "init"}')["rank"] == 3
+    assert parse_event("plain output") is None
+    summary = ("  rank      : 1 (local_rank: 1)\n  exitcode  : 3 (pid: 9687)\n"
+               "  rank      : 0 (local_rank: 0)\n  exitcode  : -15 (pid: 9686)  (SIGTERM)\n")
+    assert torchrun_exitcodes(summary) == {1: 3, 0: -15}
+
+
+# ------------------------------------------------------------------ real runs (gloo, torchrun)
+
+def _no_rank_processes_left():
+    time.sleep(0.3)
+    left = []
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = " ".join(p.info["cmdline"] or [])
+        if "tools._ranks" in cmd and "smoke" in cmd:
+            left.append((p.pid, cmd[:120]))
+    return left
+
+
+def _run(**kw):
+    t0 = time.monotonic()
+    result = SPEC.run(DistSmokeTestParams(backend="gloo", **kw), lambda f, m: None)
+    return result, time.monotonic() - t0
+
+
+@pytest.mark.parametrize("nproc", [2, 4])
+def test_all_ranks_ok(nproc):
+    result, _ = _run(nproc_per_node=nproc, numel=4096, alloc_mib=1)
+    assert result.verdict == "ok", result.findings
+    assert result.ranks_ok == result.world_size == nproc
+    assert [r.status for r in result.ranks] == ["done"] * nproc
+    assert all("all_reduce" in r.seconds for r in result.ranks)
+    assert not _no_rank_processes_left()
+
+
+@pytest.mark.parametrize("fault, stage", [("exit_in_init", "init"),
+                                          ("sleep_before_all_reduce", "shape_check"),
+                                          ("wrong_size", "shape_check")])
+def test_injected_fault_is_named_with_rank_and_stage(fault, stage):
+    timeout = 5
+    result, elapsed = _run(nproc_per_node=2, pg_timeout_s=timeout, numel=4096, alloc_mib=1,
+                           inject_fault=fault, fault_rank=1)
+    assert result.verdict == "fail"
+    assert result.culprit_ranks == [1], result.findings
+    culprit_line = next(f for f in result.findings if f.startswith("rank 1 "))
+    assert stage in culprit_line
+    assert elapsed < timeout + 10
+    assert not _no_rank_processes_left()
+
+
+def test_four_ranks_one_hangs_the_others_wait_and_only_it_is_named():
+    result, elapsed = _run(nproc_per_node=4, pg_timeout_s=5, numel=4096, alloc_mib=1,
+                           inject_fault="sleep_before_all_reduce", fault_rank=2)
+    assert result.culprit_ranks == [2], result.findings
+    assert elapsed < 5 + 15
+    assert not _no_rank_processes_left()
+
+
+def test_many_nodes_outside_slurm_prints_the_per_node_command(monkeypatch):
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    result = SPEC.run(DistSmokeTestParams(nnodes=2, nproc_per_node=8), lambda f, m: None)
+    assert result.verdict == "info"
+    assert len(result.per_node_commands) == 2
+    assert "--nnodes 2 --nproc-per-node 8 --rdzv-endpoint" in result.per_node_commands[0]
