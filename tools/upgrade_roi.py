@@ -1,0 +1,210 @@
+"""upgrade_roi — is the new accelerator worth it: cost per token, time to train, break-even speedup and price.
+
+The throughput ratio comes from the user's own measurements (tokens/s on both, or a speedup), else
+from the datasheets: the dense TFLOPS ratio for compute-bound work (training, prefill) or the memory
+bandwidth ratio for memory-bound work (decode). Prices are per GPU-hour, in any one currency.
+
+How to run by hand (anywhere, it runs no GPU code):
+    python -m tools.upgrade_roi --current h100 --candidate b200 --current-price-per-gpu-hour 2.5 --candidate-price-per-gpu-hour 5 --current-tokens-per-s-per-gpu 3500
+    python -m tools.upgrade_roi --current a100 --candidate h100 --speedup 2.4 --current-price-per-gpu-hour 1.3 --candidate-price-per-gpu-hour 2.5 --train-tokens 1e12 --num-gpus 256 --json
+"""
+
+from typing import Literal
+
+from pydantic import model_validator
+
+from tools._planning import find_accelerator
+from tools.harness import Field, Params, Progress, Result, ToolFailure, ToolSpec, main
+
+Dtype = Literal["bf16", "fp16", "fp8", "fp4", "tf32", "fp32"]
+
+
+class RoiParams(Params):
+    current: str = Field("h100", max_length=100, description="Accelerator in use now (id, name or alias).")
+    candidate: str = Field("b200", max_length=100, description="Accelerator considered (id, name or alias).")
+    current_price_per_gpu_hour: float | None = Field(None, gt=0, le=1e6, description="Price of one current "
+                                                     "GPU for one hour (any currency, same for both).")
+    candidate_price_per_gpu_hour: float | None = Field(None, gt=0, le=1e6, description="Price of one "
+                                                       "candidate GPU for one hour.")
+    current_tokens_per_s_per_gpu: float | None = Field(None, gt=0, le=1e12, description="Measured throughput "
+                                                       "per GPU on the current accelerator (tokens/s).")
+    candidate_tokens_per_s_per_gpu: float | None = Field(None, gt=0, le=1e12, description="Measured throughput "
+                                                         "per GPU on the candidate, same workload (tokens/s).")
+    speedup: float | None = Field(None, gt=0, le=1000, description="Measured candidate/current throughput "
+                                  "per GPU, when tokens/s are not given for both.")
+    workload: Literal["compute_bound", "memory_bound"] = Field(
+        "compute_bound", description="For a datasheet estimate: compute_bound (training, prefill: TFLOPS "
+        "ratio) or memory_bound (decode, small batches: memory bandwidth ratio).")
+    dtype: Dtype = Field("bf16", description="Matmul dtype on the current accelerator (datasheet estimate).")
+    candidate_dtype: Dtype | None = Field(None, description="Matmul dtype on the candidate (e.g. fp8 where the "
+                                          "current GPU has none); default: same as dtype.")
+    params_b: float | None = Field(None, gt=0, le=100000, description="Model size in billions, to estimate "
+                                   "current tokens/s (6N FLOPs per token at assumed_mfu) when not measured.")
+    assumed_mfu: float = Field(0.4, gt=0, le=1, description="MFU assumed for that estimate (0..1).")
+    train_tokens: float | None = Field(None, gt=0, le=1e18, description="Tokens to train, for the time and "
+                                       "cost to train.")
+    num_gpus: int = Field(8, ge=1, le=1_000_000, description="GPUs used on the current accelerator.")
+    candidate_num_gpus: int | None = Field(None, ge=1, le=1_000_000, description="GPUs on the candidate; "
+                                           "default: same as num_gpus.")
+    gpus_per_node: int = Field(8, ge=1, le=1024, description="GPUs per node, current.")
+    candidate_gpus_per_node: int | None = Field(None, ge=1, le=1024, description="GPUs per node, candidate "
+                                                "(e.g. 4 on GB200 trays); default: same as gpus_per_node.")
+
+    @model_validator(mode="after")
+    def _check(self):
+        if self.candidate_tokens_per_s_per_gpu is not None and self.current_tokens_per_s_per_gpu is None:
+            raise ValueError("candidate_tokens_per_s_per_gpu needs current_tokens_per_s_per_gpu to compare against")
+        if self.speedup is not None and self.candidate_tokens_per_s_per_gpu is not None:
+            raise ValueError("give either speedup or candidate_tokens_per_s_per_gpu, not both")
+        return self
+
+
+class RoiResult(Result):
+    current: str | None = Field(None, description="Current accelerator.")
+    candidate: str | None = Field(None, description="Candidate accelerator.")
+    speedup: float | None = Field(None, description="Candidate/current throughput per GPU used below.")
+    speedup_basis: str | None = Field(None, description="measured | given | datasheet TFLOPS | datasheet bandwidth.")
+    compute_ratio: float | None = Field(None, description="Datasheet dense TFLOPS ratio (candidate/current).")
+    bandwidth_ratio: float | None = Field(None, description="Datasheet memory bandwidth ratio.")
+    memory_ratio: float | None = Field(None, description="Datasheet memory size ratio.")
+    current_tokens_per_s_per_gpu: float | None = Field(None, description="Throughput per GPU now (tokens/s).")
+    candidate_tokens_per_s_per_gpu: float | None = Field(None, description="Throughput per GPU on the candidate.")
+    current_cost_per_mtok: float | None = Field(None, description="Cost per million tokens now.")
+    candidate_cost_per_mtok: float | None = Field(None, description="Cost per million tokens on the candidate.")
+    break_even_speedup: float | None = Field(None, description="Speedup at which both cost the same per token.")
+    candidate_break_even_price: float | None = Field(None, description="Candidate GPU-hour price below which "
+                                                     "it is cheaper per token.")
+    current_hours_to_train: float | None = Field(None, description="Wall hours for train_tokens now.")
+    candidate_hours_to_train: float | None = Field(None, description="Wall hours for train_tokens on the candidate.")
+    current_cost_to_train: float | None = Field(None, description="GPU-hour cost of train_tokens now.")
+    candidate_cost_to_train: float | None = Field(None, description="GPU-hour cost of train_tokens on the candidate.")
+
+
+def _peak(acc: dict, dtype: str) -> float:
+    value = acc.get("dense_tflops", {}).get(dtype)
+    if not value:
+        raise ToolFailure(f"{acc['name']} has no dense {dtype} figure in accelerators.toml (not supported natively): "
+                          "choose another dtype or give a measured speedup")
+    return value
+
+
+def cost_per_mtok(price_per_gpu_hour: float, tokens_per_s_per_gpu: float) -> float:
+    return price_per_gpu_hour / (tokens_per_s_per_gpu * 3600) * 1e6
+
+
+def run(params: RoiParams, progress: Progress) -> RoiResult:
+    cur, cand = find_accelerator(params.current), find_accelerator(params.candidate)
+    cand_dtype = params.candidate_dtype or params.dtype
+    res = RoiResult(current=cur["name"], candidate=cand["name"],
+                    compute_ratio=round(_peak(cand, cand_dtype) / _peak(cur, params.dtype), 3),
+                    bandwidth_ratio=round(cand["memory_bandwidth_tbps"] / cur["memory_bandwidth_tbps"], 3),
+                    memory_ratio=round(cand["memory_gb"] / cur["memory_gb"], 3))
+    cur_tps = params.current_tokens_per_s_per_gpu
+    if params.candidate_tokens_per_s_per_gpu is not None:
+        res.speedup, res.speedup_basis = params.candidate_tokens_per_s_per_gpu / cur_tps, "measured"
+    elif params.speedup is not None:
+        res.speedup, res.speedup_basis = params.speedup, "given"
+    elif params.workload == "compute_bound":
+        res.speedup, res.speedup_basis = res.compute_ratio, f"datasheet TFLOPS ({params.dtype} -> {cand_dtype})"
+    else:
+        res.speedup, res.speedup_basis = res.bandwidth_ratio, "datasheet bandwidth"
+    res.speedup = round(res.speedup, 4)
+    if cur_tps is None and params.params_b is not None:
+        cur_tps = params.assumed_mfu * _peak(cur, params.dtype) * 1e12 / (6 * params.params_b * 1e9)
+    if cur_tps is not None:
+        res.current_tokens_per_s_per_gpu = round(cur_tps, 3)
+        res.candidate_tokens_per_s_per_gpu = round(cur_tps * res.speedup, 3)
+    _costs(params, res)
+    _explain(params, cur, cand, res)
+    return res
+
+
+def _costs(p: RoiParams, res: RoiResult) -> None:
+    cur_tps, cand_tps = res.current_tokens_per_s_per_gpu, res.candidate_tokens_per_s_per_gpu
+    prices = p.current_price_per_gpu_hour is not None and p.candidate_price_per_gpu_hour is not None
+    if prices:
+        res.break_even_speedup = round(p.candidate_price_per_gpu_hour / p.current_price_per_gpu_hour, 4)
+        res.candidate_break_even_price = round(p.current_price_per_gpu_hour * res.speedup, 4)
+    if cur_tps is not None:
+        if prices:
+            res.current_cost_per_mtok = round(cost_per_mtok(p.current_price_per_gpu_hour, cur_tps), 6)
+            res.candidate_cost_per_mtok = round(cost_per_mtok(p.candidate_price_per_gpu_hour, cand_tps), 6)
+        if p.train_tokens:
+            cand_gpus = p.candidate_num_gpus or p.num_gpus
+            res.current_hours_to_train = round(p.train_tokens / (cur_tps * p.num_gpus) / 3600, 3)
+            res.candidate_hours_to_train = round(p.train_tokens / (cand_tps * cand_gpus) / 3600, 3)
+            if prices:
+                res.current_cost_to_train = round(res.current_hours_to_train * p.num_gpus * p.current_price_per_gpu_hour, 2)
+                res.candidate_cost_to_train = round(res.candidate_hours_to_train * cand_gpus * p.candidate_price_per_gpu_hour, 2)
+
+
+def _explain(p: RoiParams, cur: dict, cand: dict, res: RoiResult) -> None:
+    f = res.findings
+    f.append(f"{cand['name']} vs {cur['name']}: {res.speedup:.2f}x throughput per GPU ({res.speedup_basis}).")
+    if res.break_even_speedup is not None:
+        better = res.speedup > res.break_even_speedup
+        f.insert(0, f"The candidate is {'cheaper' if better else 'dearer'} per token: it needs {res.break_even_speedup:.2f}x "
+                    f"to break even at these prices and gives {res.speedup:.2f}x; it wins below "
+                    f"{res.candidate_break_even_price:.2f} per GPU-hour (now {p.candidate_price_per_gpu_hour:g}).")
+    else:
+        f.append("Give both prices per GPU-hour for cost per token, break-even speedup and price.")
+    if res.current_cost_per_mtok is not None:
+        f.append(f"Cost per million tokens: {res.current_cost_per_mtok:.4g} now, {res.candidate_cost_per_mtok:.4g} on the "
+                 f"candidate ({res.current_tokens_per_s_per_gpu:,.0f} -> {res.candidate_tokens_per_s_per_gpu:,.0f} "
+                 "tokens/s per GPU).")
+    if p.current_tokens_per_s_per_gpu is None and p.params_b is not None:
+        f.append(f"Current tokens/s is an estimate: {p.params_b:g}B parameters at {100 * p.assumed_mfu:.0f}% MFU; "
+                 "measure it (mfu_calc checks a measured figure).")
+    if res.current_hours_to_train is not None:
+        cand_gpus = p.candidate_num_gpus or p.num_gpus
+        nodes = -(-cand_gpus // (p.candidate_gpus_per_node or p.gpus_per_node))
+        f.append(f"{p.train_tokens:.3g} tokens: {res.current_hours_to_train / 24:.1f} days on {p.num_gpus} GPUs "
+                 f"({-(-p.num_gpus // p.gpus_per_node)} nodes) now, {res.candidate_hours_to_train / 24:.1f} days on "
+                 f"{cand_gpus} candidate GPUs ({nodes} nodes).")
+    if res.speedup_basis.startswith("datasheet"):
+        other = res.bandwidth_ratio if p.workload == "compute_bound" else res.compute_ratio
+        f.append(f"Datasheet estimate for {p.workload.replace('_', '-')} work; the other ratio is {other:.2f}x "
+                 "(training and prefill are mostly compute-bound, decode is memory-bound). Real speedups are "
+                 "usually below the datasheet ratio: measure before buying.")
+    f.extend(_capability_notes(p, cur, cand, res))
+    f.append("For a fair measurement hold equal: software stack (torch, CUDA, NCCL, kernels), global batch, "
+             "sequence length, precision and model; re-tune parallelism and micro batch for each GPU; compare "
+             "steady-state tokens/s after warm-up, at the node count you will run.")
+    res.next = ["mfu_calc", "matmul_bench", "memory_estimate", "accelerator_specs",
+                "knowledge://insights/upgrade-roi.md", "knowledge://insights/choosing-a-cluster.md"]
+
+
+def _capability_notes(p: RoiParams, cur: dict, cand: dict, res: RoiResult) -> list[str]:
+    notes = []
+    for dtype in ("fp8", "fp4"):
+        has_cur, has_cand = dtype in cur.get("dense_tflops", {}), dtype in cand.get("dense_tflops", {})
+        if has_cand and not has_cur:
+            notes.append(f"The candidate runs {dtype} ({cand['dense_tflops'][dtype]:g} TFLOPS dense), the current "
+                         f"GPU cannot: with {dtype} training or inference the gain can exceed the "
+                         f"{p.dtype} ratio (set candidate_dtype={dtype} to see it).")
+    if res.memory_ratio >= 1.3:
+        notes.append(f"{res.memory_ratio:.1f}x the memory ({cand['memory_gb']:g} vs {cur['memory_gb']:g} GB): fewer GPUs per "
+                     "model replica, less tensor/pipeline parallelism, larger batches or KV cache; this can add "
+                     "throughput beyond the compute ratio (check with memory_estimate).")
+    elif res.memory_ratio <= 0.8:
+        notes.append(f"Less memory ({cand['memory_gb']:g} vs {cur['memory_gb']:g} GB): the same model may need more "
+                     "parallelism or recomputation there; check with memory_estimate.")
+    return notes
+
+
+SPEC = ToolSpec(
+    name="upgrade_roi",
+    summary="Cost per token, time to train, break-even speedup and price for moving to another accelerator.",
+    description=(
+        "Use for 'is the new GPU worth it', 'H100 vs B200 cost per token', 'what price makes H200 pay off'. "
+        "Compares a current and a candidate accelerator: throughput ratio from the user's measured tokens/s "
+        "or speedup, else from datasheets (TFLOPS for compute-bound, memory bandwidth for memory-bound work); "
+        "with prices per GPU-hour it gives cost per million tokens, the speedup needed to break even and the "
+        "candidate price at which it wins; with train_tokens and GPU counts, time and cost to train. Notes when "
+        "fp8/fp4 or memory size change the answer beyond throughput, and what to hold equal when measuring. "
+        "Pure arithmetic, instant, no GPU. Prices are the user's: this tool knows none."),
+    Params=RoiParams, Result=RoiResult, run=run, runs="in_process", store=False,
+)
+
+if __name__ == "__main__":
+    main(SPEC)
