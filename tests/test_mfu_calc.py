@@ -52,11 +52,11 @@ def test_hfu_with_recompute():
 def test_measured_mamf_from_the_store_wins_over_published():
     prov = {"host": "n1", "gpu_names": ["NVIDIA H100 80GB HBM3"]}
     other = {"host": "n2", "gpu_names": ["NVIDIA A100-SXM4-80GB"]}
-    store.save("matmul_bench", {"dtype": "bf16"}, {"verdict": "ok", "mamf_tflops": 700.0}, started=1, ended=2,
+    store.save("matmul_bench", {"dtype": "bf16"}, {"verdict": "ok", "dtype": "bf16", "mamf_tflops": 700.0}, started=1, ended=2,
                provenance=prov, metric_name="mamf_tflops")
     store.save("matmul_bench", {"dtype": "bf16"}, {"verdict": "ok", "mamf_tflops": 999.0}, started=1, ended=2,
                provenance=other, metric_name="mamf_tflops")
-    store.save("matmul_bench", {"dtype": "fp8"}, {"verdict": "ok", "mamf_tflops": 1400.0}, started=1, ended=2,
+    store.save("matmul_bench", {"dtype": "fp8"}, {"verdict": "ok", "dtype": "fp8", "mamf_tflops": 1400.0}, started=1, ended=2,
                provenance=prov, metric_name="mamf_tflops")
     r = mfu(params_b=7, tokens_per_s=3000, accelerator="h100")
     assert r.mamf_tflops == 700.0 and r.mamf_source.startswith("measured")

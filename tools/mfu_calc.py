@@ -91,13 +91,12 @@ def measured_mamf(acc_id: str, dtype: str) -> tuple[float, int] | None:
 
 
 def _mamf_of(row: dict, dtype: str) -> float | None:
+    """matmul_bench results carry `dtype` and `mamf_tflops`; older rows only the params and the metric."""
     result, params = row.get("result") or {}, row.get("params") or {}
-    per_dtype = result.get("mamf_tflops")
-    if isinstance(per_dtype, dict):
-        return per_dtype.get(dtype)
-    if params.get("dtype", "bf16") == dtype and isinstance(row.get("metric_value"), (int, float)):
-        return row["metric_value"]
-    return None
+    if result.get("dtype", params.get("dtype", "bf16")) != dtype:
+        return None
+    value = result.get("mamf_tflops", row.get("metric_value"))
+    return float(value) if isinstance(value, (int, float)) and value > 0 else None
 
 
 def run(params: MfuParams, progress: Progress) -> MfuResult:
