@@ -148,3 +148,77 @@ def test_cases_file_follows_the_issue_rules():
     named = {n for c in cases for n in c["expected"] + c["acceptable"]}
     assert named - CATALOG - {NONE} == set()
     assert len({c["symptom"] for c in cases}) == len(cases), "no repeated symptoms"
+
+
+# ---- against the live server -------------------------------------------------------------------
+
+def test_every_tool_named_in_a_case_is_registered():
+    from tools import BROKEN, registry
+
+    named = {n for c in load_cases(CASES) for n in c["expected"] + c["acceptable"]} - {NONE}
+    assert named - set(registry()) == set(), f"not in the registry (import errors: {sorted(BROKEN)})"
+
+
+def test_eval_reads_tool_descriptions_from_the_live_server():
+    tools = {t.name: t for t in eval_run.live_tools()}
+    from tools import registry
+
+    assert set(tools) == set(registry())
+    spec = registry()["env_report"]
+    assert tools["env_report"].description == spec.description and tools["env_report"].title == spec.summary
+
+
+def test_eval_cli_rejects_cases_naming_unknown_tools(tmp_path, capsys):
+    path = tmp_path / "c.jsonl"
+    path.write_text(json.dumps({"id": "x", "symptom": "s", "expected": ["gpu_doctor"]}) + "\n")
+    assert eval_run.main(["--cases", str(path)], tools=[ToolText("gpu_health", "per GPU health")]) == 2
+    assert "gpu_doctor" in capsys.readouterr().err
+
+
+# ---- inspect-ai task, offline with the mock model driven by the BM25 router ---------------------
+
+def _router_model(seen: dict):
+    """A mockllm model whose 'choice' is the BM25 router's, over the tools inspect offered it."""
+    from inspect_ai.model import ModelOutput, ModelUsage, get_model
+
+    def choose(messages, tools, tool_choice, config):
+        seen["tools"] = sorted(t.name for t in tools)
+        seen["system"] = messages[0].text if messages and messages[0].role == "system" else ""
+        router = BM25Router([ToolText(t.name, t.description) for t in tools])
+        scores = router.scores([messages[-1].text])[0]
+        if scores.max() < 1.0:
+            out = ModelOutput.from_content("mockllm/model", "That is outside what these tools do.")
+        else:
+            out = ModelOutput.for_tool_call("mockllm/model", router.tools[int(scores.argmax())], {})
+        # Explicit usage: otherwise inspect counts tokens with a tokenizer it may try to download.
+        out.usage = ModelUsage(input_tokens=100, output_tokens=10, total_tokens=110)
+        return out
+
+    return get_model("mockllm/model", custom_outputs=choose)
+
+
+def test_inspect_task_scores_the_first_call_offline(tmp_path):
+    pytest.importorskip("inspect_ai")
+    from inspect_ai import eval as inspect_eval
+    from evals.inspect_task import tool_selection
+
+    cases = tmp_path / "cases.jsonl"
+    rows = [("t1", "training stuck, dump the python stack of every rank with py-spy", "hang_stack_dump", []),
+            ("t2", "what is the capital of australia", NONE, []),
+            ("t3", "check gpu health: ECC errors, XID, throttling", "env_report", ["gpu_health"])]
+    cases.write_text("".join(json.dumps({"id": i, "symptom": s, "expected": [e], "acceptable": a}) + "\n"
+                             for i, s, e, a in rows))
+    seen = {}
+    log = inspect_eval(tool_selection(cases=str(cases), split="all"), model=_router_model(seen),
+                       log_dir=str(tmp_path / "logs"), display="none")[0]
+    assert log.status == "success", log.error
+    from tools import registry
+
+    assert seen["tools"] == sorted(registry()), "the model is offered exactly the server's tools"
+    assert "mleng" in seen["system"]
+    answers = {s.id: s.scores["first_call_scorer"].answer for s in log.samples}
+    assert answers == {"t1": "hang_stack_dump", "t2": NONE, "t3": "gpu_health"}
+    metrics = {s.name: s.metrics for s in log.results.scores}
+    assert metrics["top1"]["accuracy"].value == pytest.approx(2 / 3)        # t3 expected env_report
+    assert metrics["top1_acceptable"]["accuracy"].value == pytest.approx(1.0)
+    assert metrics["called_tool"]["accuracy"].value == pytest.approx(2 / 3)

@@ -1,0 +1,101 @@
+"""inspect-ai task: does a real model, given SKILL.md and mleng's MCP tools, call the right tool first?
+
+    pip install 'mleng[evals]'            # inspect-ai (optional extra)
+    inspect eval evals/inspect_task.py --model anthropic/claude-sonnet-4-5
+    inspect eval evals/inspect_task.py --model openai/gpt-4.1 -T split=heldout -T skill=false
+    inspect view                          # browse the transcripts
+
+The task starts the real server (`python server.py`, stdio) once, offers every tool it lists to the
+model, and asks for one turn per case. The first tool call is scored and never executed: a benchmark
+must not run on the machine that runs the eval. A reply without a tool call counts as "(none)".
+
+Task options (-T): cases=FILE (default evals/cases.jsonl), split=tune|heldout|all (default heldout),
+skill=true|false (SKILL.md body as the system prompt, as an agent that loaded the skill would have it).
+Scores: top1 (first call == expected), top1_acceptable (in expected + acceptable), called_tool (1 when
+any tool was called: on "(none)" cases that is a false call).
+"""
+
+import sys
+from pathlib import Path
+
+from inspect_ai import Task, task
+from inspect_ai.dataset import MemoryDataset, Sample
+from inspect_ai.scorer import Score, Target, accuracy, scorer, stderr
+from inspect_ai.model import ChatMessageSystem
+from inspect_ai.solver import Generate, TaskState, generate, solver, use_tools
+from inspect_ai.tool import mcp_server_stdio, mcp_tools
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+if str(REPO_ROOT) not in sys.path:  # inspect loads this file by path
+    sys.path.insert(0, str(REPO_ROOT))
+
+from evals.metrics import NONE, load_cases  # noqa: E402
+
+SKILL_FILE = REPO_ROOT / "SKILL.md"
+PREAMBLE = ("You are a coding agent helping an ML infrastructure engineer on their GPU cluster. You have the "
+            "mleng tools. If one of them is the right first step for the user's message, call it; if the "
+            "request is outside what these tools do, answer without calling a tool.")
+
+
+def skill_body() -> str:
+    """SKILL.md without its frontmatter (what an agent reads after the skill triggers)."""
+    text = SKILL_FILE.read_text(encoding="utf-8") if SKILL_FILE.is_file() else ""
+    if text.startswith("---"):
+        text = text.split("---", 2)[2]
+    return text.strip()
+
+
+def samples(cases_file: str | Path, split: str) -> list[Sample]:
+    return [Sample(id=c["id"], input=c["symptom"], target=c["expected"][0],
+                   metadata={"acceptable": c["acceptable"], "category": c["category"],
+                             "difficulty": c["difficulty"], "split": c["split"]})
+            for c in load_cases(cases_file, split)]
+
+
+def first_tool_call(state: TaskState) -> str:
+    """Name of the first tool the model called in this sample, or "(none)"."""
+    for message in state.messages:
+        if message.role == "assistant":
+            return message.tool_calls[0].function if message.tool_calls else NONE
+    return NONE
+
+
+@scorer(metrics={"top1": [accuracy(), stderr()], "top1_acceptable": [accuracy()], "called_tool": [accuracy()]})
+def first_call_scorer():
+    async def score(state: TaskState, target: Target) -> Score:
+        called = first_tool_call(state)
+        ok = {target.text, *state.metadata.get("acceptable", [])}
+        return Score(value={"top1": float(called == target.text), "top1_acceptable": float(called in ok),
+                            "called_tool": float(called != NONE)},
+                     answer=called, explanation=f"expected {target.text}, acceptable {sorted(ok)}, called {called}")
+
+    return score
+
+
+@solver
+def system_prompt(text: str):
+    """Put `text` first as the system message, verbatim (inspect's system_message() would treat the
+    braces in SKILL.md's examples as template fields)."""
+
+    async def solve(state: TaskState, generate: Generate) -> TaskState:
+        state.messages.insert(0, ChatMessageSystem(content=text))
+        return state
+
+    return solve
+
+
+def server_command() -> tuple[str, list[str]]:
+    return sys.executable, [str(REPO_ROOT / "server.py")]
+
+
+@task
+def tool_selection(cases: str = str(REPO_ROOT / "evals" / "cases.jsonl"), split: str = "heldout",
+                   skill: bool = True) -> Task:
+    command, args = server_command()
+    server = mcp_server_stdio(name="mleng", command=command, args=args, cwd=str(REPO_ROOT))
+    prompt = PREAMBLE + ("\n\n" + skill_body() if skill and skill_body() else "")
+    return Task(
+        dataset=MemoryDataset(samples(cases, split), name=f"mleng-tool-selection-{split}"),
+        solver=[system_prompt(prompt), use_tools(mcp_tools(server)), generate(tool_calls="none")],
+        scorer=first_call_scorer(),
+    )
