@@ -177,7 +177,7 @@ def _read_knowledge(path: str) -> str:
 
 def knowledge_index() -> str:
     """A markdown list of every page: URI, title, summary (from each page's frontmatter)."""
-    from tools.knowledge_search import load_pages
+    from tools._knowledge import load_pages
 
     lines = ["# mleng knowledge index", "", "Read a page with its URI. Search with the knowledge_search tool.", ""]
     for page in load_pages():
@@ -185,9 +185,10 @@ def knowledge_index() -> str:
     return "\n".join(lines) + "\n"
 
 
-def build_server() -> MCPServer:
+def build_server(specs: list[ToolSpec] | None = None) -> MCPServer:
+    """The MCP server over `specs` (default: every tool in the registry; tests add fault-injection tools)."""
     server = MCPServer("mleng", title="mleng — GPU cluster diagnostics", version=VERSION, instructions=INSTRUCTIONS)
-    for spec in registry().values():
+    for spec in registry().values() if specs is None else specs:
         server.add_tool(make_tool_function(spec), name=spec.name, title=spec.summary,
                         description=spec.description, annotations=_annotations(spec), structured_output=True)
 

@@ -10,6 +10,7 @@ that tool's module.
 
 import functools
 import importlib
+import importlib.util
 import logging
 import pkgutil
 import traceback
@@ -44,6 +45,8 @@ def registry() -> dict:
             raise TypeError(f"tools.{info.name}.SPEC is not a ToolSpec")
         if spec.name in specs:
             raise ValueError(f"tool name {spec.name!r} is defined twice")
+        if spec.name != info.name:
+            raise ValueError(f"tools/{info.name}.py defines tool {spec.name!r}: name the file after the tool")
         specs[spec.name] = spec
     return specs
 
@@ -56,8 +59,36 @@ def get_spec(name: str):
     return specs[name]
 
 
-def load_spec(name: str):
-    """Import only tools.<name> and return its SPEC (what a child process does)."""
-    if not name.isidentifier() or name.startswith("_") or name in _NOT_TOOLS:
-        raise ValueError(f"not a tool module name: {name!r}")
-    return importlib.import_module(f"{__name__}.{name}").SPEC
+def load_spec(name: str, module: str | None = None):
+    """Import only the module that defines tool `name` (default tools.<name>) and return its spec.
+
+    This is what a child process does. `module` may be a dotted name or a path to a .py file.
+    """
+    from tools.harness import ToolSpec
+
+    if module is None:
+        if not name.isidentifier() or name.startswith("_") or name in _NOT_TOOLS:
+            raise ValueError(f"not a tool module name: {name!r}")
+        module = f"{__name__}.{name}"
+    if module.endswith(".py"):
+        loader_spec = importlib.util.spec_from_file_location(f"_mleng_ext_{name}", module)
+        mod = importlib.util.module_from_spec(loader_spec)
+        loader_spec.loader.exec_module(mod)
+    else:
+        mod = importlib.import_module(module)
+    for value in vars(mod).values():
+        if isinstance(value, ToolSpec) and value.name == name:
+            return value
+    raise ValueError(f"no tool spec named {name!r} in {module}")
+
+
+def module_of(spec) -> str | None:
+    """Where a child finds `spec`: None for tools.<name>, else a dotted name or a .py path."""
+    import sys
+
+    modname = spec.run.__module__
+    if modname in (f"{__name__}.{spec.name}", "__main__"):
+        return None
+    if modname.startswith(f"{__name__}."):
+        return modname
+    return getattr(sys.modules.get(modname), "__file__", None)

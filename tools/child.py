@@ -1,4 +1,7 @@
-"""Child side of a subprocess tool: `python -m tools.child <tool>` with the params as JSON on stdin.
+"""Child side of a subprocess tool: `python -m tools.child TOOL [MODULE]`, params as JSON on stdin.
+
+MODULE (a dotted name or a .py path) is where the spec lives when it is not `tools.TOOL`: tests use
+it for fault-injection tools that must not be in the registry.
 
 Protocol (JSON lines on stdout, nothing else there):
     {"event": "progress", "fraction": 0.25, "message": "..."}     zero or more
@@ -15,8 +18,8 @@ import sys
 
 
 def main() -> int:
-    if len(sys.argv) != 2:
-        print("usage: python -m tools.child TOOL_NAME < params.json", file=sys.stderr)
+    if len(sys.argv) not in (2, 3):
+        print("usage: python -m tools.child TOOL_NAME [MODULE] < params.json", file=sys.stderr)
         return 2
     wire = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # stray prints, C libraries and NCCL logs must not corrupt the wire
@@ -30,7 +33,7 @@ def main() -> int:
     from tools.harness import ToolFailure
     from tools.store import torch_provenance
 
-    spec = load_spec(sys.argv[1])
+    spec = load_spec(*sys.argv[1:])
     params = spec.Params.model_validate_json(sys.stdin.read())
 
     def progress(fraction: float, message: str) -> None:

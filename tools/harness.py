@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = [
     "Field", "Params", "Result", "ToolSpec", "Progress", "ToolFailure", "main", "load_data",
-    "REPO_ROOT", "KNOWLEDGE_DIR", "spawn_tree", "kill_tree", "torchrun_command", "local_gpu_count",
+    "REPO_ROOT", "KNOWLEDGE_DIR", "spawn_tree", "kill_tree", "descendants", "torchrun_command", "local_gpu_count",
 ]
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -142,31 +142,33 @@ def spawn_tree(cmd: list[str], env: dict | None = None, **popen_kwargs) -> subpr
     return subprocess.Popen(cmd, env=env, start_new_session=True, **popen_kwargs)
 
 
-def kill_tree(pid: int, grace_s: float = 3.0) -> list[int]:
+def kill_tree(pid: int, grace_s: float = 3.0, known: list | None = None) -> list[int]:
     """SIGTERM a process and every descendant, then SIGKILL what is left after `grace_s`.
 
     Descendants are found through parent links (psutil), not the process group: torchrun puts each
-    worker in a session of its own, so a group signal would miss the ranks. Returns the pids signalled.
+    worker in a session of its own, so a group signal would miss the ranks. `known` adds processes
+    seen earlier (psutil.Process objects): once a parent dies its children are reparented and can
+    no longer be found from it. Returns the pids signalled.
     """
     import psutil
 
+    procs = {}
+    for p in known or []:
+        if p.is_running():  # is_running also checks the creation time: a reused pid is not ours
+            procs[p.pid] = p
     try:
         root = psutil.Process(pid)
-        procs = [root, *root.children(recursive=True)]
+        for p in [root, *root.children(recursive=True)]:
+            procs[p.pid] = p
     except psutil.NoSuchProcess:
-        return []
-    for p in procs:
+        pass
+    for p in list(procs.values()):
         try:
+            procs.update({c.pid: c for c in p.children(recursive=True)})
             p.send_signal(signal.SIGTERM)
         except psutil.NoSuchProcess:
             pass
-    _, alive = psutil.wait_procs(procs, timeout=grace_s)
-    # Ranks may have spawned more children while dying (dataloader workers): look once more.
-    for p in list(alive):
-        try:
-            alive.extend(c for c in p.children(recursive=True) if c not in alive)
-        except psutil.NoSuchProcess:
-            pass
+    _, alive = psutil.wait_procs(list(procs.values()), timeout=grace_s)
     for p in alive:
         try:
             p.kill()
@@ -177,7 +179,17 @@ def kill_tree(pid: int, grace_s: float = 3.0) -> list[int]:
         os.killpg(pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
-    return [p.pid for p in procs]
+    return sorted(procs)
+
+
+def descendants(pid: int) -> list:
+    """psutil.Process objects of every live descendant of pid (empty when pid is gone)."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
 
 
 def torchrun_command(module: str, nproc_per_node: int, args: list[str], *, nnodes: int = 1,

@@ -16,8 +16,8 @@ import sys
 import threading
 import time
 
-from tools import store
-from tools.harness import REPO_ROOT, Params, Progress, Result, ToolFailure, ToolSpec, kill_tree
+from tools import module_of, store
+from tools.harness import REPO_ROOT, Params, Progress, Result, ToolFailure, ToolSpec, descendants, kill_tree
 
 STDERR_TAIL_BYTES = 8192
 
@@ -41,7 +41,10 @@ def execute(spec: ToolSpec, params: Params, progress: Progress | None = None, *,
         with gpu_locks(devices, cancel, progress):
             data, child_prov = _run_child(spec, params, progress, timeout_s or spec.timeout_s, cancel)
         provenance.update(child_prov)
-        result = spec.Result.model_validate(data)
+        try:
+            result = spec.Result.model_validate(data)
+        except ValueError as e:
+            raise ToolFailure(f"{spec.name} returned a result that does not match its schema: {e}") from None
     if spec.store:
         result.result_id = store.save(
             spec.name, params.model_dump(mode="json"), result.model_dump(mode="json"),
@@ -52,7 +55,8 @@ def execute(spec: ToolSpec, params: Params, progress: Progress | None = None, *,
 
 def _run_child(spec: ToolSpec, params: Params, progress: Progress, timeout_s: float,
                cancel: threading.Event) -> tuple[dict, dict]:
-    cmd = [sys.executable, "-m", "tools.child", spec.name]
+    module = module_of(spec)
+    cmd = [sys.executable, "-m", "tools.child", spec.name] + ([module] if module else [])
     proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, start_new_session=True)
     events: queue.Queue = queue.Queue()
@@ -63,6 +67,8 @@ def _run_child(spec: ToolSpec, params: Params, progress: Progress, timeout_s: fl
         t.start()
     deadline = time.monotonic() + timeout_s
     outcome = None
+    known: dict[int, object] = {}  # descendants seen so far: found again even after their parent died
+    last_scan = 0.0
     try:
         proc.stdin.write(params.model_dump_json().encode())
         proc.stdin.close()
@@ -73,6 +79,9 @@ def _run_child(spec: ToolSpec, params: Params, progress: Progress, timeout_s: fl
                 raise ToolFailure(
                     f"{spec.name} did not finish within its timeout of {timeout_s:g} s; all its processes"
                     f" were killed. Raise timeout_s or ask for less work.{_tail_note(stderr_tail)}")
+            if time.monotonic() - last_scan > 0.5:
+                known.update({p.pid: p for p in descendants(proc.pid)})
+                last_scan = time.monotonic()
             try:
                 event = events.get(timeout=0.1)
             except queue.Empty:
@@ -84,7 +93,13 @@ def _run_child(spec: ToolSpec, params: Params, progress: Progress, timeout_s: fl
             elif event.get("event") in ("result", "error"):
                 outcome = (event["event"], event)
     finally:
-        kill_tree(proc.pid, grace_s=2.0)
+        if outcome is not None:  # the child is on its way out: let it exit so its status is its own
+            try:
+                proc.wait(timeout=3)
+            except subprocess.TimeoutExpired:
+                pass
+        returncode = proc.poll()
+        kill_tree(proc.pid, grace_s=2.0, known=list(known.values()))
         proc.wait()
         for t in readers:
             t.join(timeout=2)
@@ -93,7 +108,7 @@ def _run_child(spec: ToolSpec, params: Params, progress: Progress, timeout_s: fl
         return event["result"], event.get("provenance") or {}
     if kind == "error":
         raise ToolFailure(event["message"])
-    raise ToolFailure(f"{spec.name} crashed: {_describe_exit(proc.returncode)}.{_tail_note(stderr_tail)}")
+    raise ToolFailure(f"{spec.name} crashed: {_describe_exit(returncode)}.{_tail_note(stderr_tail)}")
 
 
 def _read_events(stream, events: queue.Queue) -> None:

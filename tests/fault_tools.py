@@ -1,0 +1,59 @@
+"""Test-only tools for fault injection (not in the registry: they live outside tools/)."""
+
+import os
+import subprocess
+import sys
+import time
+
+from tools.harness import Field, Params, Result, ToolSpec
+
+
+class FaultParams(Params):
+    pid_file: str = Field("", description="Where the child writes its pid (and its grandchild's).")
+    seconds: float = Field(0.0, ge=0, le=3600, description="How long to sleep.")
+    log_file: str = Field("", description="Where the gpu-locked tool appends start/end times.")
+
+
+class FaultResult(Result):
+    slept_s: float | None = Field(None, description="Seconds slept.")
+
+
+def _sleep_forever(params, progress):
+    # A grandchild in its own session, like a torchrun worker: the runner must still kill it.
+    grandchild = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"], start_new_session=True)
+    with open(params.pid_file, "w") as f:
+        f.write(f"{os.getpid()} {grandchild.pid}")
+    progress(0.1, "sleeping forever")
+    while True:
+        time.sleep(1)
+
+
+def _abort(params, progress):
+    progress(0.5, "about to abort")
+    os.abort()
+
+
+def _gpu_locked(params, progress):
+    with open(params.log_file, "a") as f:
+        f.write(f"start {time.time()}\n")
+    time.sleep(params.seconds)
+    with open(params.log_file, "a") as f:
+        f.write(f"end {time.time()}\n")
+    return FaultResult(verdict="ok", slept_s=params.seconds, findings=[f"slept {params.seconds} s"])
+
+
+def _print_noise(params, progress):
+    print("this goes to stdout but must not corrupt the protocol")
+    os.write(1, b"raw bytes on fd 1\n")
+    return FaultResult(verdict="ok", findings=["done"])
+
+
+SLEEPER = ToolSpec(name="test_sleeper", summary="sleeps forever", description="test only", Params=FaultParams,
+                   Result=FaultResult, run=_sleep_forever, runs="subprocess", timeout_s=60)
+ABORTER = ToolSpec(name="test_aborter", summary="aborts", description="test only", Params=FaultParams,
+                   Result=FaultResult, run=_abort, runs="subprocess", timeout_s=60)
+GPU_LOCKED = ToolSpec(name="test_gpu_locked", summary="holds GPU 0", description="test only", Params=FaultParams,
+                      Result=FaultResult, run=_gpu_locked, runs="subprocess", timeout_s=60,
+                      gpu_devices=lambda p: [0], metric="slept_s")
+NOISY = ToolSpec(name="test_noisy", summary="prints to stdout", description="test only", Params=FaultParams,
+                 Result=FaultResult, run=_print_noise, runs="subprocess", timeout_s=60)
