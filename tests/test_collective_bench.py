@@ -1,0 +1,103 @@
+"""collective_bench: nccl-tests conventions (pure), expected-figure matching, and real gloo runs."""
+
+import tomllib
+
+import pytest
+
+from tools._collectives import bandwidths, busbw_factor, round_size, size_sweep
+from tools.collective_bench import (SPEC, BenchRow, CollectiveBenchParams, OpSummary, expected_busbw, judge,
+                                    parse_size)
+from tools.harness import KNOWLEDGE_DIR
+
+
+@pytest.mark.parametrize("op, n, factor", [("all_reduce", 2, 1.0), ("all_reduce", 8, 1.75),
+                                           ("all_gather", 4, 0.75), ("reduce_scatter", 8, 0.875),
+                                           ("all_to_all", 2, 0.5), ("broadcast", 8, 1.0), ("all_reduce", 1, 0.0)])
+def test_busbw_factors_match_nccl_tests(op, n, factor):
+    assert busbw_factor(op, n) == pytest.approx(factor)
+    algbw, busbw = bandwidths(op, 1 << 30, 0.01, n)
+    assert algbw == pytest.approx((1 << 30) / 0.01 / 1e9) and busbw == pytest.approx(algbw * factor)
+
+
+def test_sizes_follow_b_e_f_and_split_evenly():
+    assert size_sweep(parse_size("32K"), parse_size("16G"), 2)[::10] == [32768, 33554432]
+    assert len(size_sweep(32 << 10, 16 << 30, 2)) == 20
+    assert parse_size("1M") == 1 << 20 and parse_size("256MiB") == 256 << 20 and parse_size(4096) == 4096
+    assert round_size(1000, "all_gather", 3, 4) == 996 and round_size(8, "all_to_all", 4, 4) == 16
+    with pytest.raises(ValueError):
+        CollectiveBenchParams(max_bytes="lots")
+
+
+def test_expected_figure_follows_gpu_count_and_nvls_setting():
+    rec, _ = expected_busbw("h100-sxm", 8, 1, "all_reduce")
+    assert rec["algo"] == "nvls" and rec["busbw_gbps"] == 480
+    rec, _ = expected_busbw("h200", 8, 1, "all_reduce", {"NCCL_NVLS_ENABLE": "0"})
+    assert rec["algo"] == "ring" and rec["busbw_gbps"] == 370
+    rec, _ = expected_busbw("h200", 8, 1, "all_gather")
+    assert rec["algo"] == "ring"
+    rec, note = expected_busbw("h200", 2, 1, "all_reduce", {"NCCL_NVLS_ENABLE": "0"})
+    assert rec["id"] == "2x-h200-nvlink4-ring-measured" and note == ""
+    rec, note = expected_busbw("h100-sxm", 4, 1, "all_reduce")
+    assert rec["gpus"] == 8 and "approximate" in note
+    assert expected_busbw("h200", 8, 2, "all_reduce")[0] is None
+    assert expected_busbw(None, 8, 1, "all_reduce")[0] is None
+
+
+def test_verdict_from_ratio():
+    rec = {"id": "x"}
+    mk = lambda peak: OpSummary(op="all_reduce", avg_busbw_gbps=1, peak_busbw_gbps=peak, peak_bytes=1 << 30,
+                                expected_busbw_gbps=370, ratio=peak / 370)
+    assert judge(mk(360), rec, True)[0] == "ok"
+    assert judge(mk(250), rec, True)[0] == "warn"
+    assert judge(mk(100), rec, True)[0] == "fail"
+    assert judge(mk(100), rec, False)[0] == "info"
+
+
+def test_interconnects_data_is_sourced_and_names_known_accelerators():
+    links = tomllib.loads((KNOWLEDGE_DIR / "data" / "interconnects.toml").read_text())
+    accels = tomllib.loads((KNOWLEDGE_DIR / "data" / "accelerators.toml").read_text())
+    known = {a["id"] for a in accels["accelerator"]}
+    link_ids = {link["id"] for link in links["link"]}
+    for rec in links["link"] + links["expected_busbw"]:
+        assert rec["sources"], rec["id"]
+    for rec in links["expected_busbw"]:
+        assert set(rec["accelerators"]) <= known, rec["id"]
+        assert rec["link"] in link_ids and rec["busbw_gbps"] > 0
+        for point in rec.get("points", []):
+            assert point["busbw_gbps"] > 0 and point["bytes"] > 0
+
+
+# ------------------------------------------------------------------ real runs (gloo)
+
+def _bench(**kw):
+    params = CollectiveBenchParams(backend="gloo", min_bytes="4K", max_bytes="64K", iters=3, warmup=1,
+                                   plot=False, **kw)
+    return SPEC.run(params, lambda f, m: None)
+
+
+@pytest.mark.parametrize("nproc", [2, 4])
+def test_every_op_runs_checked_and_busbw_over_algbw_is_the_factor(nproc):
+    ops = ["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast"]
+    result = _bench(nproc_per_node=nproc, ops=ops)
+    assert result.world_size == nproc and result.wrong_elements == 0, result.findings
+    assert {r.op for r in result.rows} == set(ops) and len(result.rows) == 5 * 5
+    for row in result.rows:
+        assert row.time_us > 0 and row.algbw_gbps > 0
+        assert row.algbw_gbps == pytest.approx(row.bytes / row.time_us / 1e3, rel=0.01, abs=0.002)
+        assert row.busbw_gbps == pytest.approx(row.algbw_gbps * busbw_factor(row.op, nproc), rel=0.01, abs=0.002)
+    assert "busbw" in result.table and result.verdict == "info"
+
+
+def test_planted_wrong_element_is_counted():
+    result = _bench(nproc_per_node=2, ops=["all_reduce", "all_gather"], plant_error_rank=1)
+    assert [r.wrong for r in result.rows] == [1] * len(result.rows)
+    assert result.verdict == "fail" and "wrong elements" in result.findings[0]
+
+
+def test_one_rank_says_busbw_needs_two(tmp_path):
+    result = SPEC.run(CollectiveBenchParams(
+        backend="gloo", nproc_per_node=1, min_bytes="4K", max_bytes="8K", iters=2, warmup=0,
+        plot_path=str(tmp_path / "p.png")), lambda f, m: None)
+    assert "at least 2 ranks" in result.findings[0]
+    assert all(r.busbw_gbps == 0 for r in result.rows)
+    assert result.plot_png and (tmp_path / "p.png").stat().st_size > 1000

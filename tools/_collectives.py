@@ -1,0 +1,227 @@
+"""collective_bench rank side, and the nccl-tests conventions it follows (pure helpers, no torch at import).
+
+Sizes are nccl-tests' "size" column: the bytes of the larger buffer of the op (all_gather: the
+gathered output; reduce_scatter: the full input; all_to_all: what each rank sends in total).
+algbw = size / time; busbw = algbw x factor (nccl-tests doc/PERFORMANCE.md; knowledge://network/busbw.md):
+all_reduce 2(n-1)/n; all_gather, reduce_scatter, all_to_all (n-1)/n; broadcast 1; 0 with one rank.
+
+Timing follows nccl-tests: warm-up, then `iters` calls launched back to back and timed as one batch
+(CUDA events on GPUs, wall clock around the batch on CPU), slowest rank's time; `blocking` instead
+synchronises around every call (what a naive loop measures: small messages look much slower).
+Correctness: after timing, inputs are refilled with exact values, the op runs once more, and wrong
+elements are counted on every rank and summed.
+"""
+
+import os
+import time
+
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def busbw_factor(op: str, world_size: int) -> float:
+    n = world_size
+    if n <= 1:
+        return 0.0
+    if op == "all_reduce":
+        return 2 * (n - 1) / n
+    if op in ("all_gather", "reduce_scatter", "all_to_all"):
+        return (n - 1) / n
+    if op == "broadcast":
+        return 1.0
+    raise ValueError(f"unknown op {op!r}")
+
+
+def size_sweep(min_bytes: int, max_bytes: int, factor: int) -> list[int]:
+    """min, min*f, min*f^2 ... up to max (both inclusive when on the ladder), like nccl-tests -b -e -f."""
+    sizes, size = [], min_bytes
+    while size <= max_bytes:
+        sizes.append(size)
+        if factor <= 1:
+            break
+        size *= factor
+    return sizes
+
+
+def round_size(size: int, op: str, world_size: int, elem_bytes: int) -> int:
+    """Bytes rounded down so each rank's share is whole elements (at least one per rank)."""
+    unit = elem_bytes * (world_size if op in ("all_gather", "reduce_scatter", "all_to_all") else 1)
+    return max(unit, size - size % unit)
+
+
+def buffer_bytes(op: str, size: int, world_size: int) -> int:
+    """Device memory one rank needs for `op` at `size`: input plus output buffers."""
+    share = size // max(world_size, 1)
+    return {"all_reduce": size, "broadcast": size, "all_gather": size + share,
+            "reduce_scatter": size + share, "all_to_all": 2 * size}[op]
+
+
+def bandwidths(op: str, size: int, seconds: float, world_size: int) -> tuple[float, float]:
+    """(algbw, busbw) in GB/s (decimal) for one call of `op` moving `size` bytes in `seconds`."""
+    algbw = size / seconds / 1e9 if seconds > 0 else 0.0
+    return algbw, algbw * busbw_factor(op, world_size)
+
+
+def exact_value_base(dtype: str, world_size: int) -> float:
+    """Per-rank fill step so sums over ranks stay exactly representable (bf16 has 8 bits of mantissa)."""
+    limit = {"float32": 1 << 24, "bfloat16": 256, "float16": 2048}[dtype]
+    return 1.0 if world_size * (world_size + 1) / 2 <= limit else 0.0
+
+
+# ---------------------------------------------------------------------------------------------------
+# Rank side (torch imported inside)
+
+class _Op:
+    """Buffers and a launcher for one op at one size; `fill` + `expected` for the correctness check."""
+
+    def __init__(self, torch, dist, op, size, dtype, device, rank, world):
+        self.torch, self.dist, self.op, self.rank, self.world = torch, dist, op, rank, world
+        elem = DTYPE_BYTES[dtype]
+        count = size // elem
+        share = count // world if op in ("all_gather", "reduce_scatter", "all_to_all") else count
+        kw = {"dtype": getattr(torch, dtype), "device": device}
+        big, small = torch.empty(count, **kw), torch.empty(share, **kw)
+        self.inp, self.out = {"all_reduce": (big, big), "broadcast": (big, big), "all_gather": (small, big),
+                              "reduce_scatter": (big, small), "all_to_all": (big, torch.empty(count, **kw))}[op]
+        self.share = share
+        self.step = exact_value_base(dtype, world)
+
+    def __call__(self):
+        d = self.dist
+        if self.op == "all_reduce":
+            d.all_reduce(self.inp)
+        elif self.op == "broadcast":
+            d.broadcast(self.inp, src=0)
+        elif self.op == "all_gather":
+            d.all_gather_into_tensor(self.out, self.inp)
+        elif self.op == "reduce_scatter":
+            d.reduce_scatter_tensor(self.out, self.inp)
+        else:
+            d.all_to_all_single(self.out, self.inp)
+
+    def fill(self):
+        """Inputs such that every output element is known exactly."""
+        value = (self.rank + 1) * self.step if self.step else 1.0
+        if self.op == "broadcast":
+            self.inp.fill_(7.0 if self.rank == 0 else 0.0)
+        else:
+            self.inp.fill_(value)
+
+    def count_wrong(self) -> int:
+        torch, n = self.torch, self.world
+        if self.op == "broadcast":
+            return int((self.out != 7.0).sum().item())
+        if self.op in ("all_reduce", "reduce_scatter"):
+            expected = n * (n + 1) / 2 if self.step else float(n)
+            return int((self.out != expected).sum().item())
+        # all_gather / all_to_all: chunk j of the output came from rank j
+        expect = (torch.arange(n, device=self.out.device, dtype=self.out.dtype) + 1) if self.step else \
+            torch.ones(n, device=self.out.device, dtype=self.out.dtype)
+        return int((self.out.view(n, -1) != expect.view(n, 1)).sum().item())
+
+
+def _time_batch(op: _Op, iters: int, blocking: bool, device, torch, dist) -> float:
+    """Seconds per call on this rank."""
+    cuda = device.type == "cuda"
+    dist.barrier()
+    if cuda:
+        torch.cuda.synchronize(device)
+    if blocking:
+        total = 0.0
+        for _ in range(iters):
+            dist.barrier()
+            if cuda:
+                torch.cuda.synchronize(device)
+            t0 = time.perf_counter()
+            op()
+            if cuda:
+                torch.cuda.synchronize(device)
+            total += time.perf_counter() - t0
+        return total / iters
+    if cuda:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(iters):
+            op()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3 / iters
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        op()
+    return (time.perf_counter() - t0) / iters
+
+
+def _size_cap(torch, dist, device, world: int) -> int:
+    """Bytes of buffers one rank may allocate: the smallest free memory over ranks, less headroom."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        free = max(0, int(free * 0.85) - (2 << 30))  # NCCL's own buffers and workspace
+    else:
+        import psutil
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+        free = int(psutil.virtual_memory().available * 0.5 / max(local, 1))
+    t = torch.tensor([free], dtype=torch.int64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    return int(t.item())
+
+
+def bench_job(rep, params: dict) -> None:
+    import datetime
+    import warnings
+
+    warnings.filterwarnings("ignore", category=FutureWarning)  # *_tensor ops renamed in newer torch
+    rep.stage("import_torch")
+    import torch
+    import torch.distributed as dist
+
+    from tools._ranks import pick_device, rank_versions
+
+    backend, device = pick_device(params.get("backend", "auto"), rep.local_rank)
+    rep.stage("init")
+    timeout = datetime.timedelta(seconds=float(params.get("timeout_s", 120)))
+    if device.type == "cuda":
+        dist.init_process_group(backend, timeout=timeout, device_id=device)
+    else:
+        dist.init_process_group(backend, timeout=timeout)
+    world, rank = dist.get_world_size(), dist.get_rank()
+    dtype = params.get("dtype", "float32")
+    if rank == 0:
+        env = {k: v for k, v in os.environ.items() if k.startswith("NCCL_")}
+        rep.emit("data", kind="setup", versions=rank_versions(device), backend=backend, world_size=world,
+                 local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", world)), nccl_env=env)
+    cap = _size_cap(torch, dist, device, world)
+    sizes = size_sweep(int(params["min_bytes"]), int(params["max_bytes"]), int(params["factor"]))
+    plant = params.get("plant_error_rank")
+    for op_name in params["ops"]:
+        for size in sizes:
+            size = round_size(size, op_name, world, DTYPE_BYTES[dtype])
+            if buffer_bytes(op_name, size, world) > cap:
+                if rank == 0:
+                    rep.emit("data", kind="skipped", op=op_name, bytes=size, cap_bytes=cap)
+                continue
+            rep.stage(f"{op_name} {size}")
+            op = _Op(torch, dist, op_name, size, dtype, device, rank, world)
+            op.fill()
+            for _ in range(int(params["warmup"])):
+                op()
+            seconds = _time_batch(op, int(params["iters"]), bool(params.get("blocking")), device, torch, dist)
+            op.fill()
+            op()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            if plant is not None and rank == plant:
+                op.out.view(-1)[0] = -3.0  # self-test: a corrupted element the check must count
+            slowest = torch.tensor([seconds], dtype=torch.float64, device=device)
+            wrong = torch.tensor([op.count_wrong()], dtype=torch.int64, device=device)
+            dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+            dist.all_reduce(wrong, op=dist.ReduceOp.SUM)
+            seconds, wrong = float(slowest.item()), int(wrong.item())
+            if rank == 0:
+                algbw, busbw = bandwidths(op_name, size, seconds, world)
+                rep.emit("data", kind="row", op=op_name, bytes=size, count=size // DTYPE_BYTES[dtype],
+                         dtype=dtype, time_us=round(seconds * 1e6, 2), algbw_gbps=round(algbw, 3),
+                         busbw_gbps=round(busbw, 3), wrong=wrong)
+            del op
+    rep.stage("destroy")
+    dist.destroy_process_group()
