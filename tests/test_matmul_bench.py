@@ -1,0 +1,263 @@
+"""matmul_bench on the CPU: the search against synthetic timing landscapes with a planted best, real tiny
+runs on device='cpu', parameter errors, and the verdicts on made-up figures."""
+
+import math
+import random
+import re
+
+import pytest
+from pydantic import ValidationError
+
+from tools import _matmul_search as ms
+from tools._gpu_sampler import decode_reasons, summarize
+from tools._matmul_verdict import compare_to_specs, gpu_spread, judge
+from tools.harness import ToolFailure
+from tools.matmul_bench import SPEC, MatmulBenchParams
+
+
+class Landscape:
+    """A synthetic GPU: TFLOPS per shape from tile/wave quantisation and K amortisation (like a real GEMM
+    library), times a planted bump; per-iteration noise; a fake clock advanced by what measuring costs."""
+
+    def __init__(self, planted=(2304, 1792, 13312), bump=0.08, width=0.35, sms=132, peak=800.0, noise=0.02, seed=0):
+        self.planted, self.bump, self.width, self.sms, self.peak, self.noise = planted, bump, width, sms, peak, noise
+        self.rng = random.Random(seed)
+        self.now = 0.0
+        self.calls = 0
+
+    def tflops(self, shape) -> float:
+        m, n, k = shape
+        tiles = math.ceil(m / 128) * math.ceil(n / 256)
+        eff = (m * n) / (math.ceil(tiles / self.sms) * self.sms * 128 * 256)  # wave fill and tile padding
+        eff *= k / (k + 1024)                                                   # per-tile fixed cost
+        eff *= 1 - 0.03 * max(0.0, math.log2(2 * m * n * k / 1e11))             # big shapes run hotter
+        d2 = sum(math.log2(a / b) ** 2 for a, b in zip(shape, self.planted))
+        return self.peak * eff * (1 + self.bump * math.exp(-d2 / (2 * self.width ** 2)))
+
+    def clock(self) -> float:
+        return self.now
+
+    def measure(self, shape, iterations, warmup):
+        self.calls += 1
+        t = 2 * shape[0] * shape[1] * shape[2] / (self.tflops(shape) * 1e12)
+        self.now += (iterations + warmup) * (t + 40e-6) + 3e-3  # launch overhead and per-shape set-up
+        return ms.Timing(shape, tuple(t * (1 + self.rng.gauss(0, self.noise)) for _ in range(iterations)))
+
+
+def _grid(land):
+    dims = range(2048, 14337, 2048)
+    return ms.exhaustive(land.measure, ms.grid_shapes(dims, dims, dims), iterations=100, warmup=50, clock=land.clock)
+
+
+def _search(land, budget_s=60.0, plan=ms.QUICK):
+    return ms.search(land.measure, plan, final_iterations=100, final_warmup=50, budget_s=budget_s, clock=land.clock)
+
+
+def test_search_finds_planted_best():
+    land = Landscape(planted=(2304, 1792, 13312), bump=0.25, width=0.5, noise=0.02)
+    out = _search(land)
+    near = [(m, n, k) for m in range(256, 4609, 256) for n in range(256, 4609, 256) for k in range(9216, 16385, 512)]
+    true_best = max(near, key=land.tflops)
+    assert land.tflops(out.best.shape) >= 0.99 * land.tflops(true_best)
+    assert all(abs(a - b) <= 768 for a, b in zip(out.best.shape, land.planted)), out.best.shape
+    assert out.best.shape not in ms.QUICK.coarse_shapes()  # found by refinement, not by the coarse screen
+
+
+@pytest.mark.parametrize("sms", [108, 132, 148, 304])
+def test_search_beats_grid_in_a_quarter_of_its_time(sms):
+    """The benchmark's claim on a model of the hardware: best >= the 343-shape grid's best, cost <= 1/4."""
+    search_land, grid_land = Landscape(sms=sms, seed=1), Landscape(sms=sms, seed=1)
+    out, grid = _search(search_land), _grid(grid_land)
+    assert search_land.tflops(out.best.shape) >= grid_land.tflops(grid.best.shape)
+    assert out.elapsed_s <= grid.elapsed_s / 4
+    assert len(grid.tried) == 343
+
+
+def test_mamf_comes_from_full_iteration_finals_only():
+    land = Landscape(noise=0.05)
+    out = _search(land)
+    assert out.best.iterations == 100
+    assert all(t.iterations == 100 for t in out.finals)
+    assert out.best.mean_tflops == max(t.mean_tflops for t in out.finals)
+    assert out.iterations_total > 0 and len(out.tried) > len(out.finals)
+    assert out.geomean_tflops < out.best.mean_tflops
+
+
+def test_time_budget_cuts_the_search_but_finals_still_run():
+    land = Landscape()
+    out = _search(land, budget_s=1.0)
+    assert out.stopped_early
+    assert out.best is not None and out.best.iterations == 100
+    assert out.phase_s["screen_s"] <= 0.45 * 1.0 + 0.2  # one measurement may overrun the share
+
+
+def test_skipped_shapes_do_not_break_the_search():
+    land = Landscape()
+
+    def measure(shape, iterations, warmup):  # pretend the largest shapes do not fit in memory
+        return None if shape[0] * shape[1] > 8192 * 8192 else land.measure(shape, iterations, warmup)
+
+    out = ms.search(measure, ms.QUICK, final_iterations=20, final_warmup=2, budget_s=60, clock=land.clock)
+    assert out.skipped and out.best is not None
+    assert out.best.shape[0] * out.best.shape[1] <= 8192 * 8192
+
+
+def test_warm_until_stable_waits_for_a_plateau():
+    now = [0.0]
+    values = iter([500, 650, 720, 770, 790, 795, 796, 796, 797, 797, 797])
+
+    def batch():
+        now[0] += 1.0
+        return next(values)
+
+    w = ms.warm_until_stable(batch, min_s=2, max_s=30, clock=lambda: now[0])
+    assert w.stable and w.batches == 7 and w.last_tflops == 796  # 795, 796, 796 within 1%
+
+    now[0] = 0.0
+    w = ms.warm_until_stable(lambda: (now.__setitem__(0, now[0] + 1) or 100 * (now[0] % 2 + 1)),
+                             min_s=2, max_s=5, clock=lambda: now[0])
+    assert not w.stable and w.seconds == 5
+
+
+def test_expand_dims_like_the_classic_ranges():
+    assert ms.expand_dims(None, [2048, 14336, 2048], "m") == [2048, 4096, 6144, 8192, 10240, 12288, 14336]
+    assert ms.expand_dims([4096], [0, 1024, 512], "k") == [512, 1024, 4096]  # 0 dropped, merged, sorted
+    with pytest.raises(ValueError, match="n_range"):
+        ms.expand_dims(None, [10, 5, 1], "n")
+
+
+# ---------------------------------------------------------------------------------------------- params
+
+@pytest.mark.parametrize("kwargs,field", [
+    ({"dtype": "int8"}, "dtype"),
+    ({"mode": "fast"}, "mode"),
+    ({"m_range": [0, 1024]}, "m_range"),
+    ({"k_range": [1024, 0, 256]}, "k_range"),
+    ({"n": [0]}, "n"),
+    ({"iterations": 0}, "iterations"),
+    ({"device": "gpu0"}, "device"),
+    ({"time_budget_s": 1}, "time_budget_s"),
+])
+def test_bad_params_name_the_field(kwargs, field):
+    with pytest.raises(ValidationError) as e:
+        MatmulBenchParams(**kwargs)
+    assert field in str(e.value)
+
+
+def test_model_level_errors_name_the_field():
+    with pytest.raises(ValidationError, match="k or k_range"):
+        MatmulBenchParams(mode="shapes", m=[64], n=[64])
+    with pytest.raises(ValidationError, match="m: device='cpu' runs tiny shapes"):
+        MatmulBenchParams(device="cpu", mode="shapes", m=[4096], n=[64], k=[64])
+    with pytest.raises(ValidationError, match="all_gpus"):
+        MatmulBenchParams(device="cpu", all_gpus=True)
+
+
+def test_fp8_refused_cleanly_on_cpu():
+    with pytest.raises(ToolFailure, match="fp8 needs a GPU with fp8 tensor cores"):
+        SPEC.run(MatmulBenchParams(device="cpu", dtype="fp8"), lambda f, m: None)
+
+
+def test_no_gpu_is_a_clear_error():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(ToolFailure, match="No GPU visible to torch.*device='cpu'"):
+        SPEC.run(MatmulBenchParams(), lambda f, m: None)
+
+
+# ---------------------------------------------------------------------------------------------- real CPU runs
+
+def test_quick_run_on_cpu_returns_a_complete_result():
+    events = []
+    r = SPEC.run(MatmulBenchParams(device="cpu", iterations=5, warmup=1), lambda f, m: events.append((f, m)))
+    assert r.verdict == "info" and r.device == "cpu" and r.dtype == "bf16"
+    assert re.fullmatch(r"\d+x\d+x\d+", r.best_shape)
+    assert r.mamf_tflops > 0 and r.best_max_tflops >= r.mamf_tflops
+    assert r.top_shapes[0].shape == r.best_shape and r.top_shapes[0].iterations == 5
+    assert [s.mean_tflops for s in r.top_shapes] == sorted((s.mean_tflops for s in r.top_shapes), reverse=True)
+    assert r.shapes_tried > len(r.top_shapes) and r.geomean_tflops <= r.mamf_tflops
+    assert r.spec_tflops is None and r.telemetry["available"] is False
+    assert any("device='cpu'" in f for f in r.findings) and "TFLOPS" in r.findings[0]
+    fractions = [f for f, _ in events]
+    assert fractions == sorted(fractions) and fractions[-1] == 1.0
+
+
+def test_shapes_mode_on_cpu_measures_exactly_the_given_shapes():
+    r = SPEC.run(MatmulBenchParams(device="cpu", mode="shapes", m=[64, 128], n=[64], k_range=[0, 64, 64],
+                                   iterations=3, warmup=1, dtype="fp32"), lambda f, m: None)
+    assert r.shapes_tried == 2 and {s.shape for s in r.top_shapes} == {"64x64x64", "128x64x64"}
+
+
+# ---------------------------------------------------------------------------------------------- verdicts
+
+def _judge(**over):
+    base = dict(dtype="bf16", device_name="NVIDIA H200", is_cpu=False, mamf_tflops=785.1, best_shape="2048x2048x12288",
+                iterations=100, telemetry={}, gpu_rows=[], slow_gpus=[], gpu_median=None, tunableop_missing=False,
+                stopped_early=False, budget_s=60, warmup_stable=True, shapes_tried=700, geomean_tflops=600.0,
+                wall_time_s=25.0)
+    base.update(over)
+    base["comparison"] = compare_to_specs(base["mamf_tflops"], base["dtype"], base["device_name"])
+    return judge(**base)
+
+
+def test_compare_to_specs_uses_the_data_table():
+    c = compare_to_specs(785.1, "bf16", "NVIDIA H200")
+    assert c["accelerator_id"] == "h200" and c["spec_tflops"] == pytest.approx(989.4)
+    assert c["efficiency_pct"] == pytest.approx(79.4, abs=0.1)
+    assert c["vs_published_pct"] == pytest.approx(98.8, abs=0.1)
+    assert compare_to_specs(1400, "fp8", "NVIDIA H100 80GB HBM3")["vs_published_pct"] is None
+    assert compare_to_specs(10, "bf16", "Mystery Accelerator 9000")["accelerator_id"] is None
+
+
+@pytest.mark.parametrize("mamf,verdict", [(785.1, "ok"), (700.0, "warn"), (550.0, "fail")])
+def test_verdict_against_published_mamf(mamf, verdict):
+    v, findings, nxt = _judge(mamf_tflops=mamf)
+    assert v == verdict
+    assert f"{100 * mamf / 794.5:.1f}%" in findings[1]
+    assert (nxt[0] == "gpu_health") == (verdict != "ok")
+
+
+def test_throttling_warns_and_points_to_gpu_health():
+    tel = summarize([{"sm_clock_mhz": 1400, "power_w": 690.0, "temperature_c": 91, "reasons": 0x40 | 0x4}] * 10
+                    + [{"sm_clock_mhz": 1980, "power_w": 500.0, "temperature_c": 80, "reasons": 0}] * 10,
+                    max_sm_clock_mhz=1980, power_limit_w=700)
+    assert tel["throttled"] and tel["reasons_fraction"]["hw_thermal_slowdown"] == 0.5
+    v, findings, nxt = _judge(telemetry=tel)
+    assert v == "warn" and nxt[0] == "gpu_health"
+    assert any("hw_thermal_slowdown in 50%" in f for f in findings)
+    assert any("SM clock median 1690 MHz" in f and "temperature max 91 C" in f for f in findings)
+
+
+def test_power_cap_alone_is_not_a_warning():
+    tel = summarize([{"sm_clock_mhz": 1750, "power_w": 699.0, "temperature_c": 70, "reasons": 0x4}] * 5, 1980, 700)
+    v, findings, _ = _judge(telemetry=tel)
+    assert v == "ok" and not tel["throttled"] and any("power limit in 100%" in f for f in findings)
+
+
+def test_rocm_without_tunableop_warns():
+    v, findings, nxt = _judge(device_name="AMD Instinct MI300X", mamf_tflops=660.0, tunableop_missing=True)
+    assert v == "warn" and any("PYTORCH_TUNABLEOP_ENABLED" in f for f in findings)
+    assert "knowledge://compute/amd.md" in nxt
+
+
+def test_all_gpus_names_the_slow_gpu():
+    rows, slow, median = gpu_spread([(0, "H200", 780.0, "a"), (1, "H200", 782.0, "a"), (2, "H200", 779.0, "a"),
+                                     (3, "H200", 700.0, "b")])
+    assert slow == [3] and median == pytest.approx(779.5) and rows[3]["vs_median_pct"] == pytest.approx(-10.2, abs=0.1)
+    v, findings, _ = _judge(gpu_rows=rows, slow_gpus=slow, gpu_median=median)
+    assert v == "warn" and any(f.startswith("GPU 3 (H200) reached 700.0 TFLOPS, 10.2% below") for f in findings)
+    rows, slow, median = gpu_spread([(0, "H200", 780.0, "a")])
+    assert slow == [] and _judge(gpu_rows=rows, slow_gpus=slow, gpu_median=median)[0] == "ok"
+
+
+def test_unknown_card_and_other_dtypes_are_info():
+    assert _judge(device_name="Mystery Accelerator 9000")[0] == "info"
+    v, findings, _ = _judge(dtype="fp8", mamf_tflops=1450.0)
+    assert v == "info" and "73.3% of the 1978.9 TFLOPS datasheet peak" in findings[0]
+
+
+def test_decode_throttle_reasons():
+    assert decode_reasons(0x4 | 0x40) == ["sw_power_cap", "hw_thermal_slowdown"]
+    assert summarize([])["available"] is False

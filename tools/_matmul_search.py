@@ -1,0 +1,347 @@
+"""Shape search for matmul_bench: find the matmul shape with the highest mean TFLOPS, fast.
+
+Pure logic, no torch: the caller passes `measure(shape, iterations, warmup) -> Timing`, so the
+search runs the same against a GPU, a CPU, or a synthetic timing function in the tests.
+
+Why not a grid. A grid spends the full 50 + 100 iterations on every shape, most of which are
+clearly behind after a handful of iterations. The search here:
+
+1. screens a coarse set of tile-friendly shapes (powers of two and 1.5x powers of two) with a few
+   iterations each, then keeps the best third and measures those again with three times the
+   iterations, and so on (successive halving): contenders get more iterations, losers few;
+2. refines around the leaders with a pattern search: step each of M, N, K up and down, move to a
+   better neighbour, halve the step when none is better, down to the alignment (256 on GPUs);
+3. measures the few best shapes found the way the published tables do (warm-up, then the mean of
+   `final_iterations`), and reports the best of those means as MAMF. Screening numbers never become
+   the answer: a max over many noisy short measurements is biased upwards.
+"""
+
+import dataclasses
+import math
+import random
+import statistics
+import time
+from collections.abc import Callable, Iterable, Sequence
+
+Shape = tuple[int, int, int]  # (M, N, K): C[M, N] = A[M, K] @ B[K, N]
+
+
+@dataclasses.dataclass(frozen=True)
+class Timing:
+    """Per-iteration times of one shape, in seconds (iterations after warm-up)."""
+
+    shape: Shape
+    times_s: tuple[float, ...]
+
+    @property
+    def flop(self) -> float:
+        m, n, k = self.shape
+        return 2.0 * m * n * k
+
+    @property
+    def iterations(self) -> int:
+        return len(self.times_s)
+
+    @property
+    def mean_tflops(self) -> float:
+        return self.flop / statistics.fmean(self.times_s) / 1e12
+
+    @property
+    def median_tflops(self) -> float:
+        return self.flop / statistics.median(self.times_s) / 1e12
+
+    @property
+    def max_tflops(self) -> float:
+        return self.flop / min(self.times_s) / 1e12
+
+
+MeasureFn = Callable[[Shape, int, int], Timing | None]  # (shape, iterations, warmup); None = shape skipped
+ProgressFn = Callable[[float, str], None]
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchPlan:
+    """How hard to look. `quick` and `thorough` below are the GPU plans; `tiny` is for device='cpu'."""
+
+    mn_values: tuple[int, ...]        # coarse values of M and of N
+    k_values: tuple[int, ...]         # coarse values of K
+    align: int                        # refinement granularity: every dimension is a multiple of this
+    max_dim: int                      # refinement never leaves [align, max_dim]
+    refine_start_step: int            # first pattern-search step (halved down to `align`)
+    screen_iterations: int = 4        # iterations per shape in the first rung
+    eta: int = 3                      # keep 1/eta of the shapes per rung, with eta x the iterations
+    rungs: int = 3
+    refine_seeds: int = 4             # leaders refined by pattern search
+    refine_iterations: int = 24
+    refine_max_moves: int = 12        # per seed
+    final_count: int = 5              # shapes measured the published way at the end
+
+    def coarse_shapes(self) -> list[Shape]:
+        return [(m, n, k) for m in self.mn_values for n in self.mn_values for k in self.k_values]
+
+
+QUICK = SearchPlan(
+    mn_values=(1024, 1536, 2048, 3072, 4096, 6144, 8192, 12288, 16384),
+    k_values=(1024, 2048, 4096, 8192, 12288, 16384),
+    align=256, max_dim=16384, refine_start_step=1024,
+)
+THOROUGH = SearchPlan(
+    mn_values=(1024, 1536, 2048, 2560, 3072, 4096, 5120, 6144, 8192, 10240, 12288, 14336, 16384, 20480),
+    k_values=(1024, 2048, 3072, 4096, 6144, 8192, 12288, 16384, 20480),
+    align=128, max_dim=20480, refine_start_step=1024,
+    screen_iterations=5, rungs=4, refine_seeds=8, refine_iterations=40, refine_max_moves=20, final_count=8,
+)
+TINY = SearchPlan(  # device='cpu': the same logic on shapes a CPU multiplies in milliseconds
+    mn_values=(32, 64, 128, 256), k_values=(64, 256),
+    align=32, max_dim=384, refine_start_step=64,
+    screen_iterations=3, rungs=2, refine_seeds=2, refine_iterations=5, refine_max_moves=4, final_count=3,
+)
+PLANS = {"quick": QUICK, "thorough": THOROUGH, "tiny": TINY}
+
+
+@dataclasses.dataclass
+class SearchOutcome:
+    best: Timing | None                        # the best final mean: MAMF
+    finals: list[Timing]                       # final (full-iteration) measurements, best first
+    tried: dict[Shape, Timing]                 # every shape measured, with its longest measurement
+    iterations_total: int
+    elapsed_s: float
+    phase_s: dict[str, float]
+    skipped: list[Shape] = dataclasses.field(default_factory=list)   # measure() returned None (e.g. no memory)
+    stopped_early: bool = False                # the time budget cut a phase short
+
+    @property
+    def geomean_tflops(self) -> float | None:
+        vals = [t.mean_tflops for t in self.tried.values() if t.mean_tflops > 0]
+        return math.exp(statistics.fmean(math.log(v) for v in vals)) if vals else None
+
+
+class Recorder:
+    """Wraps measure(): keeps the longest measurement per shape, counts iterations, skips, time."""
+
+    def __init__(self, measure: MeasureFn):
+        self.measure = measure
+        self.tried: dict[Shape, Timing] = {}
+        self.skipped: list[Shape] = []
+        self.iterations = 0
+
+    def __call__(self, shape: Shape, iterations: int, warmup: int) -> Timing | None:
+        if shape in self.skipped:
+            return None
+        t = self.measure(shape, iterations, warmup)
+        self.iterations += iterations + warmup
+        if t is None:
+            self.skipped.append(shape)
+            return None
+        old = self.tried.get(shape)
+        if old is None or t.iterations >= old.iterations:
+            self.tried[shape] = t
+        return t
+
+    def ranked(self) -> list[Timing]:
+        return sorted(self.tried.values(), key=lambda t: t.mean_tflops, reverse=True)
+
+
+def successive_halving(rec: Recorder, shapes: Sequence[Shape], plan: SearchPlan,
+                       out_of_time: Callable[[], bool], progress: ProgressFn | None = None,
+                       share: tuple[float, float] = (0.0, 1.0)) -> tuple[list[Timing], bool]:
+    """Screen `shapes` in rungs; returns the survivors of the last rung (best first) and whether time ran out."""
+    pool = list(shapes)
+    iterations, cut = plan.screen_iterations, False
+    survivors: list[Timing] = []
+    for rung in range(plan.rungs):
+        results = []
+        for i, shape in enumerate(pool):
+            if out_of_time():
+                cut = True
+                break
+            t = rec(shape, iterations, 1 if rung == 0 else 2)
+            if t is not None:
+                results.append(t)
+            if progress and i % 16 == 0:
+                frac = share[0] + (share[1] - share[0]) * (rung + i / max(len(pool), 1)) / plan.rungs
+                progress(frac, f"screening rung {rung + 1}/{plan.rungs}: {i}/{len(pool)} shapes, {iterations} iterations each")
+        results.sort(key=lambda t: t.mean_tflops, reverse=True)
+        survivors = results or survivors
+        if cut or len(results) <= plan.refine_seeds:
+            break
+        keep = max(plan.refine_seeds, math.ceil(len(results) / plan.eta))
+        pool = [t.shape for t in results[:keep]]
+        iterations *= plan.eta
+    return survivors, cut
+
+
+# Moves of the pattern search: each axis alone, plus M and N together. The diagonal moves matter:
+# along M*N ~ constant the number of output tiles (and so the wave fill) barely changes, which is
+# how the search walks between the narrow ridges that tile/wave quantisation cuts into the landscape.
+_MOVES = [(1, 0, 0), (-1, 0, 0), (0, 1, 0), (0, -1, 0), (0, 0, 1), (0, 0, -1),
+          (1, -1, 0), (-1, 1, 0), (1, 1, 0), (-1, -1, 0)]
+
+
+def _neighbours(shape: Shape, step: int, plan: SearchPlan) -> list[Shape]:
+    out = []
+    for move in _MOVES:
+        dims = tuple(d + sign * step for d, sign in zip(shape, move))
+        if all(plan.align <= d <= plan.max_dim for d in dims):
+            out.append(dims)
+    return out
+
+
+def pattern_search(rec: Recorder, seed: Shape, plan: SearchPlan, out_of_time: Callable[[], bool]) -> Timing | None:
+    """Hill-climb from `seed` in steps of refine_start_step, halving down to plan.align."""
+    current = rec(seed, plan.refine_iterations, 2)
+    if current is None:
+        return None
+    step, moves = plan.refine_start_step, 0
+    measured: dict[Shape, Timing] = {seed: current}
+    while step >= plan.align and moves < plan.refine_max_moves and not out_of_time():
+        best = current
+        for shape in _neighbours(current.shape, step, plan):
+            if out_of_time():
+                break
+            t = measured.get(shape)
+            if t is None:
+                t = rec(shape, plan.refine_iterations, 2)
+                if t is None:
+                    continue
+                measured[shape] = t
+            if t.mean_tflops > best.mean_tflops:
+                best = t
+        if best is current:
+            step //= 2
+        else:
+            current, moves = best, moves + 1
+    return current
+
+
+def _distinct_top(timings: Iterable[Timing], count: int, exclude: set[Shape] = frozenset()) -> list[Shape]:
+    out: list[Shape] = []
+    for t in timings:
+        if t.shape not in out and t.shape not in exclude:
+            out.append(t.shape)
+        if len(out) == count:
+            break
+    return out
+
+
+def final_measure(rec: Recorder, shapes: Sequence[Shape], iterations: int, warmup: int,
+                  progress: ProgressFn | None = None, share: tuple[float, float] = (0.9, 1.0)) -> list[Timing]:
+    """Measure each shape the published way (warm-up, then `iterations`); best mean first."""
+    finals = []
+    for i, shape in enumerate(shapes):
+        if progress:
+            progress(share[0] + (share[1] - share[0]) * i / max(len(shapes), 1),
+                     f"final: {shape[0]}x{shape[1]}x{shape[2]}, {warmup} warm-up + {iterations} iterations")
+        t = rec(shape, iterations, warmup)
+        if t is not None:
+            finals.append(t)
+    return sorted(finals, key=lambda t: t.mean_tflops, reverse=True)
+
+
+def search(measure: MeasureFn, plan: SearchPlan, *, final_iterations: int, final_warmup: int,
+           budget_s: float, clock: Callable[[], float] = time.monotonic,
+           progress: ProgressFn | None = None, extra_seeds: Sequence[Shape] = (),
+           shuffle_seed: int = 0) -> SearchOutcome:
+    """Successive halving over plan.coarse_shapes(), pattern search around the leaders, then final.
+
+    The budget is shared out: screening may use up to 45% of it, refinement up to 85%; the final
+    measurements always run (they are the answer), so leave them room: the budget is a target.
+    """
+    start = clock()
+    rec = Recorder(measure)
+    phase: dict[str, float] = {}
+
+    def past(fraction: float) -> Callable[[], bool]:
+        return lambda: clock() - start > fraction * budget_s
+
+    shapes = plan.coarse_shapes()
+    random.Random(shuffle_seed).shuffle(shapes)  # no systematic drift (heat, clocks) along one axis
+    shapes = list(dict.fromkeys([*extra_seeds, *shapes]))
+    survivors, cut1 = successive_halving(rec, shapes, plan, past(0.45), progress, (0.0, 0.45))
+    phase["screen_s"] = clock() - start
+
+    t0 = clock()
+    seeds = _distinct_top(survivors, plan.refine_seeds)
+    refine_stop = past(0.85)
+    for i, seed in enumerate(seeds):
+        if refine_stop():
+            break
+        if progress:
+            progress(0.45 + 0.4 * i / max(len(seeds), 1), f"refining around {seed[0]}x{seed[1]}x{seed[2]}")
+        pattern_search(rec, seed, plan, refine_stop)
+    cut2 = refine_stop()
+    phase["refine_s"] = clock() - t0
+
+    t0 = clock()
+    finals = final_measure(rec, _distinct_top(rec.ranked(), plan.final_count), final_iterations, final_warmup,
+                           progress, (0.85, 1.0))
+    phase["final_s"] = clock() - t0
+    return SearchOutcome(best=finals[0] if finals else None, finals=finals, tried=rec.tried,
+                         iterations_total=rec.iterations, elapsed_s=clock() - start, phase_s=phase,
+                         skipped=rec.skipped, stopped_early=cut1 or cut2)
+
+
+def exhaustive(measure: MeasureFn, shapes: Sequence[Shape], *, iterations: int, warmup: int,
+               budget_s: float | None = None, clock: Callable[[], float] = time.monotonic,
+               progress: ProgressFn | None = None) -> SearchOutcome:
+    """Every shape with full iterations, like the classic finder (mode 'shapes' and 'grid')."""
+    start = clock()
+    rec = Recorder(measure)
+    cut = False
+    for i, shape in enumerate(shapes):
+        if budget_s is not None and clock() - start > budget_s:
+            cut = True
+            break
+        if progress and (i % 8 == 0 or len(shapes) < 50):
+            progress(i / len(shapes), f"shape {i + 1}/{len(shapes)}: {shape[0]}x{shape[1]}x{shape[2]}")
+        rec(shape, iterations, warmup)
+    ranked = rec.ranked()
+    elapsed = clock() - start
+    return SearchOutcome(best=ranked[0] if ranked else None, finals=ranked, tried=rec.tried,
+                         iterations_total=rec.iterations, elapsed_s=elapsed, phase_s={"measure_s": elapsed},
+                         skipped=rec.skipped, stopped_early=cut)
+
+
+@dataclasses.dataclass(frozen=True)
+class Warmup:
+    seconds: float
+    batches: int
+    stable: bool
+    last_tflops: float
+
+
+def warm_until_stable(run_batch: Callable[[], float], *, min_s: float, max_s: float, window: int = 3,
+                      tolerance: float = 0.01, clock: Callable[[], float] = time.monotonic) -> Warmup:
+    """Run batches until the last `window` batch throughputs agree within `tolerance` (relative).
+
+    A cold card boosts, heats, then settles; timing before it settles flatters the first shapes.
+    Stops after max_s even if unstable (the caller reports that). run_batch returns TFLOPS.
+    """
+    start = clock()
+    values: list[float] = []
+    while True:
+        values.append(run_batch())
+        elapsed = clock() - start
+        recent = values[-window:]
+        stable = len(recent) == window and (max(recent) - min(recent)) <= tolerance * max(recent)
+        if (stable and elapsed >= min_s) or elapsed >= max_s:
+            return Warmup(seconds=elapsed, batches=len(values), stable=stable, last_tflops=values[-1])
+
+
+def expand_dims(values: Sequence[int] | None, rng: Sequence[int] | None, field: str) -> list[int]:
+    """M/N/K values from an explicit list and/or a classic start/stop/step range (stop inclusive, 0 dropped)."""
+    out = list(values or [])
+    if rng:
+        if len(rng) != 3:
+            raise ValueError(f"{field}_range: give three integers START STOP STEP (got {list(rng)})")
+        start, stop, step = rng
+        if step <= 0 or stop < start or start < 0:
+            raise ValueError(f"{field}_range: need 0 <= START <= STOP and STEP > 0 (got {list(rng)})")
+        out += [v for v in range(start, stop + 1, step) if v > 0]
+    if any(v <= 0 for v in out):
+        raise ValueError(f"{field}: dimensions must be positive (got {out})")
+    return sorted(set(out))
+
+
+def grid_shapes(ms: Sequence[int], ns: Sequence[int], ks: Sequence[int]) -> list[Shape]:
+    return [(m, n, k) for m in ms for n in ns for k in ks]

@@ -1,0 +1,149 @@
+"""matmul_bench's reading of a measurement: spec comparison, per-GPU spread, verdict and findings.
+
+Pure functions (no torch), so the verdicts are tested on the CPU with made-up figures.
+"""
+
+import statistics
+
+from tools.accelerator_specs import match_accelerator
+
+OK_VS_PUBLISHED = 0.90    # >= 90% of the published MAMF: as expected
+FAIL_VS_PUBLISHED = 0.75  # < 75%: something is wrong with the card or the stack
+SLOW_GPU_PCT = 5.0        # all_gpus: flag a GPU this much below the node median
+RANK = {"info": 0, "ok": 1, "warn": 2, "fail": 3}
+THROTTLING_PAGE = "knowledge://compute/throttling-and-clocks.md"
+
+
+def worst(*verdicts: str) -> str:
+    return max(verdicts, key=RANK.__getitem__)
+
+
+def compare_to_specs(mamf_tflops: float, dtype: str, device_name: str) -> dict:
+    """Datasheet and published-MAMF comparison for the accelerator `device_name` matches (if any)."""
+    rec = match_accelerator(device_name) if device_name and device_name != "cpu" else None
+    out = {"accelerator_id": None, "spec_tflops": None, "efficiency_pct": None,
+           "published_mamf_tflops": None, "vs_published_pct": None}
+    if rec is None:
+        return out
+    out["accelerator_id"] = rec["id"]
+    spec = rec.get("dense_tflops", {}).get(dtype)
+    if spec:
+        out["spec_tflops"] = spec
+        out["efficiency_pct"] = round(100 * mamf_tflops / spec, 1)
+    published = rec.get("mamf_bf16_tflops")
+    if published and dtype in ("bf16", "fp16"):  # same tensor-core peak; only bf16 MAMF is published
+        out["published_mamf_tflops"] = published
+        out["vs_published_pct"] = round(100 * mamf_tflops / published, 1)
+    return out
+
+
+def gpu_spread(per_gpu: list[tuple[int, str, float | None, str | None]]) -> tuple[list[dict], list[int], float | None]:
+    """Rows with each GPU's difference from the node median, the GPUs more than SLOW_GPU_PCT below it, the median."""
+    values = [v for _, _, v, _ in per_gpu if v]
+    median = statistics.median(values) if values else None
+    rows, slow = [], []
+    for dev, name, value, shape in per_gpu:
+        pct = round(100 * (value - median) / median, 1) if (value and median) else None
+        rows.append({"device": dev, "name": name, "mamf_tflops": round(value, 1) if value else None,
+                     "best_shape": shape, "vs_median_pct": pct})
+        if value is None or (pct is not None and pct < -SLOW_GPU_PCT):
+            slow.append(dev)
+    return rows, slow, median
+
+
+def _telemetry_findings(tel: dict) -> tuple[str, list[str]]:
+    if not tel.get("available"):
+        return "info", []
+    parts = []
+    if "sm_clock_median_mhz" in tel:
+        top = f" of {tel['max_sm_clock_mhz']} max" if tel.get("max_sm_clock_mhz") else ""
+        parts.append(f"SM clock median {tel['sm_clock_median_mhz']:.0f} MHz (min {tel['sm_clock_min_mhz']}, "
+                     f"max {tel['sm_clock_max_mhz']}{top})")
+    if "power_mean_w" in tel:
+        limit = f" of a {tel['power_limit_w']:.0f} W limit" if tel.get("power_limit_w") else ""
+        parts.append(f"power mean {tel['power_mean_w']:.0f} W, max {tel['power_max_w']:.0f} W{limit}")
+    if "temperature_max_c" in tel:
+        parts.append(f"temperature max {tel['temperature_max_c']} C")
+    findings = [f"During the run ({tel['samples']} NVML samples): " + "; ".join(parts) + "."] if parts else []
+    reasons = tel.get("reasons_fraction", {})
+    verdict = "info"
+    bad = {r: f for r, f in reasons.items() if r in ("hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown",
+                                                      "hw_power_brake_slowdown") and f > 0.05}
+    if bad:
+        verdict = "warn"
+        what = ", ".join(f"{r} in {f:.0%} of samples" for r, f in bad.items())
+        findings.append(f"The card was throttled ({what}): overheating (cooling, airflow, a failed fan) or power "
+                        "delivery (hw_power_brake) slowed it, so this MAMF is below the card's real ceiling. "
+                        "Check gpu_health and the node's cooling, then rerun.")
+    if reasons.get("sw_power_cap", 0) > 0.2:
+        findings.append(f"The card ran at its power limit in {reasons['sw_power_cap']:.0%} of samples (sw_power_cap): "
+                        "normal under a long matmul, and why clocks sat below their maximum. A lowered power limit "
+                        "(nvidia-smi -pl) would show up here too.")
+    return verdict, findings
+
+
+def judge(*, dtype: str, device_name: str, is_cpu: bool, mamf_tflops: float, best_shape: str, iterations: int,
+          comparison: dict, telemetry: dict, gpu_rows: list[dict], slow_gpus: list[int], gpu_median: float | None,
+          tunableop_missing: bool, stopped_early: bool, budget_s: float | None, warmup_stable: bool | None,
+          shapes_tried: int, geomean_tflops: float | None, wall_time_s: float) -> tuple[str, list[str], list[str]]:
+    """(verdict, findings, next) for one matmul_bench run."""
+    findings = [f"MAMF {mamf_tflops:.4g} TFLOPS {dtype} (best per-shape mean of {iterations} iterations) at "
+                f"{best_shape} (MxNxK) on {device_name}"
+                + (f": {comparison['efficiency_pct']:.1f}% of the {comparison['spec_tflops']:g} TFLOPS datasheet peak."
+                   if comparison.get("efficiency_pct") is not None else ".")]
+    nxt = ["knowledge://compute/mamf.md", "knowledge://compute/theoretical-vs-achievable.md"]
+    verdict = "info"
+    if is_cpu:
+        findings.append("device='cpu': this run exercises the shape search on tiny shapes; CPU TFLOPS say nothing "
+                        "about a GPU.")
+    elif comparison.get("vs_published_pct") is not None:
+        ratio = comparison["vs_published_pct"] / 100
+        pub = comparison["published_mamf_tflops"]
+        if ratio >= OK_VS_PUBLISHED:
+            verdict = "ok"
+            findings.append(f"That is {ratio:.1%} of the published MAMF for this card ({pub:g} TFLOPS): as expected.")
+        else:
+            verdict = "warn" if ratio >= FAIL_VS_PUBLISHED else "fail"
+            findings.append(f"That is only {ratio:.1%} of the published MAMF for this card ({pub:g} TFLOPS; expected "
+                            f">= {OK_VS_PUBLISHED:.0%}). Look at clocks, power and throttle reasons below; check the "
+                            "card with gpu_health and the software stack with env_report.")
+            nxt = ["gpu_health", "env_report", THROTTLING_PAGE, *nxt]
+    elif comparison.get("accelerator_id") is None:
+        findings.append(f"No record in the accelerator table matches {device_name!r}, so there is no datasheet or "
+                        "published figure to compare with (accelerator_specs list_all shows the table).")
+    else:
+        findings.append(f"No published {dtype} MAMF for this card to judge against; typical MAMF is 70-90% of the "
+                        "datasheet peak on NVIDIA and 50-70% on AMD.")
+    tel_verdict, tel_findings = _telemetry_findings(telemetry)
+    findings += tel_findings
+    if tel_verdict != "info":
+        verdict = worst(verdict, tel_verdict)
+        nxt = ["gpu_health", THROTTLING_PAGE, *[n for n in nxt if n not in ("gpu_health", THROTTLING_PAGE)]]
+    if tunableop_missing:
+        verdict = worst(verdict, "warn")
+        findings.append("PYTORCH_TUNABLEOP_ENABLED is not set to 1: on ROCm the default GEMM kernels leave much of "
+                        "the card unused, and the published AMD MAMF figures were measured with TunableOp on. "
+                        "Rerun with PYTORCH_TUNABLEOP_ENABLED=1 (each new shape is slow once while it tunes).")
+        nxt.append("knowledge://compute/amd.md")
+    for row in gpu_rows:
+        if row["device"] in slow_gpus:
+            verdict = worst(verdict, "warn")
+            if row["mamf_tflops"] is None:
+                findings.append(f"GPU {row['device']} ({row['name']}) could not be measured.")
+            else:
+                findings.append(f"GPU {row['device']} ({row['name']}) reached {row['mamf_tflops']:.1f} TFLOPS, "
+                                f"{-row['vs_median_pct']:.1f}% below the node median of {gpu_median:.1f}: check it "
+                                "with gpu_health (clocks, throttle reasons, power limit, ECC).")
+    if gpu_rows and not slow_gpus:
+        findings.append(f"All {len(gpu_rows)} GPUs within {SLOW_GPU_PCT:g}% of the node median ({gpu_median:.1f} TFLOPS).")
+    if warmup_stable is False:
+        findings.append("The card's throughput had not settled by the end of the warm-up (clocks or temperature "
+                        "still moving): expect more run-to-run spread than usual.")
+    if stopped_early:
+        findings.append(f"The time budget ({budget_s:g} s) cut the run short; a larger time_budget_s"
+                        " (or mode='thorough') may find a better shape.")
+    geo = f", geometric mean {geomean_tflops:.4g} TFLOPS" if geomean_tflops else ""
+    findings.append(f"{shapes_tried} shapes tried{geo}; {wall_time_s:.1f} s in all.")
+    if "gpu_health" not in nxt and not is_cpu:
+        nxt.append("gpu_health")
+    return verdict, findings, nxt
