@@ -1,6 +1,8 @@
 """Render data tables into knowledge pages from knowledge/data/*.toml (one source of truth).
 
-A page marks a block like this:
+A page marks a block like this (data blocks: accelerators, accelerators.mamf,
+interconnects.links, interconnects.gpu_links, interconnects.network, interconnects.expected_busbw;
+page blocks: index = the pages beside an area README, tree = every area, for knowledge/README.md):
 
     <!-- data:accelerators -->
     (anything; replaced on render)
@@ -132,6 +134,44 @@ def render_network() -> str:
     return _table(["fabric", "line rate per NIC", "GB/s per NIC", "all_reduce busbw per NIC, Ring (GB/s)"], rows)
 
 
+def _frontmatter(page: Path) -> dict[str, str]:
+    """title and summary from a page's frontmatter (simple one-line keys; no YAML dependency)."""
+    m = re.match(r"^---\n(.*?)\n---\n", page.read_text(), re.S)
+    meta = {}
+    for line in (m.group(1).splitlines() if m else []):
+        key, sep, value = line.partition(":")
+        if sep and key in ("title", "summary"):
+            meta[key] = value.strip()
+    return meta
+
+
+def render_index(page: Path | None) -> str:
+    """List the topic pages beside an area README, with their one-sentence summaries."""
+    if page is None:
+        raise ValueError("the index block needs the page it is rendered into")
+    rows = []
+    for topic in sorted(page.parent.glob("*.md")):
+        if topic.name == "README.md":
+            continue
+        meta = _frontmatter(topic)
+        rows.append(f"- [{meta.get('title', topic.stem)}]({topic.name}) — {meta.get('summary', '')}")
+    return "\n".join(rows) + "\n"
+
+
+def render_tree(page: Path | None) -> str:
+    """List every area index and its pages, for knowledge/README.md."""
+    root = page.parent if page is not None else KNOWLEDGE
+    lines = []
+    for index in sorted(root.glob("*/README.md")):
+        area = index.parent.name
+        meta = _frontmatter(index)
+        pages = [f"[{p.stem}]({area}/{p.name})" for p in sorted(index.parent.glob("*.md")) if p.name != "README.md"]
+        lines.append(f"- **[{meta.get('title', area)}]({area}/README.md)** — {', '.join(pages)}")
+    return "\n".join(lines) + "\n"
+
+
+PAGE_RENDERERS = {"index": render_index, "tree": render_tree}
+
 RENDERERS = {
     "accelerators": render_accelerators,
     "accelerators.mamf": render_mamf,
@@ -142,12 +182,14 @@ RENDERERS = {
 }
 
 
-def render_text(text: str) -> str:
-    """Return the page text with every marked data block re-rendered."""
+def render_text(text: str, page: Path | None = None) -> str:
+    """Return the page text with every marked data block re-rendered (page: where it lives)."""
     def sub(m: re.Match) -> str:
         name = m.group("name")
+        if name in PAGE_RENDERERS:
+            return m.group(1) + PAGE_RENDERERS[name](page) + m.group(4)
         if name not in RENDERERS:
-            raise KeyError(f"unknown data block '{name}'; known: {sorted(RENDERERS)}")
+            raise KeyError(f"unknown data block '{name}'; known: {sorted(RENDERERS) + sorted(PAGE_RENDERERS)}")
         return m.group(1) + RENDERERS[name]() + m.group(4)
     return BLOCK.sub(sub, text)
 
@@ -161,7 +203,7 @@ def main(argv: list[str]) -> int:
     stale = []
     for page in pages():
         text = page.read_text()
-        new = render_text(text)
+        new = render_text(text, page)
         if new != text:
             stale.append(page.relative_to(KNOWLEDGE))
             if not check:

@@ -1,0 +1,182 @@
+"""Structural checks of the knowledge tree: frontmatter, links, tool names, data tables, size."""
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+from markdown_it import MarkdownIt
+
+ROOT = Path(__file__).resolve().parents[1]
+KNOWLEDGE = ROOT / "knowledge"
+
+# The tool catalog from DESIGN.md (names are the interface). The lead may switch this to the registry.
+CATALOG = {
+    "env_report", "gpu_health", "gpu_topology", "matmul_bench", "memory_bandwidth_bench",
+    "dist_smoke_test", "collective_bench", "p2p_bandwidth", "hang_stack_dump",
+    "flight_recorder_analyze", "log_triage", "nccl_log_analyze", "memory_estimate", "mfu_calc",
+    "upgrade_roi", "storage_bench", "slurm_status", "slurm_job_diagnose", "launch_script",
+    "accelerator_specs", "knowledge_search", "job_status", "job_cancel", "results_history",
+}
+
+# The agreed page paths other engineers, tools and SKILL.md link to.
+AGREED = {
+    "compute": ["accelerators", "mamf", "theoretical-vs-achievable", "throttling-and-clocks",
+                "gpu-faults", "amd"],
+    "cpu-memory": ["numa-binding", "pinned-memory", "host-memory", "dev-shm"],
+    "network": ["intra-node", "inter-node", "busbw", "expected-bandwidth", "nccl-env",
+                "nccl-debugging"],
+    "storage": ["checkpoint-io", "shared-filesystems", "small-files", "storage-benchmarking"],
+    "orchestration": ["slurm", "launchers", "fault-tolerance", "kubernetes"],
+    "training": ["memory-math", "parallelism", "throughput-tuning", "mixed-precision",
+                 "instabilities", "checkpoints", "reproducibility"],
+    "inference": ["kv-cache", "serving-metrics", "batching"],
+    "debugging": ["hangs", "cuda-errors", "oom", "nans", "logs", "version-drift"],
+    "testing": ["tiny-models", "multi-gpu-testing"],
+    "insights": ["upgrade-roi", "choosing-a-cluster", "lessons"],
+}
+
+# A backticked word that looks like one of our tools (ends like a catalog name does).
+TOOL_LIKE = re.compile(
+    r"^[a-z0-9]+(?:_[a-z0-9]+)*_(?:bench|test|report|health|topology|analyze|triage|estimate|calc|"
+    r"roi|status|diagnose|script|specs|search|history|dump|bandwidth|cancel)$")
+LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")
+URI = re.compile(r"knowledge://([\w./-]+\.md)")
+MAX_LINES = 400
+
+PAGES = sorted(p for p in KNOWLEDGE.rglob("*.md"))
+TOPIC_PAGES = [p for p in PAGES if p.name != "README.md"]
+
+
+def _split(page: Path) -> tuple[dict, str]:
+    text = page.read_text()
+    m = re.match(r"^---\n(.*?)\n---\n(.*)$", text, re.S)
+    assert m, f"{page.relative_to(ROOT)}: no YAML frontmatter between '---' lines"
+    meta = yaml.safe_load(m.group(1))
+    assert isinstance(meta, dict), f"{page.relative_to(ROOT)}: frontmatter is not a mapping"
+    return meta, m.group(2)
+
+
+def _ids(pages):
+    return [str(p.relative_to(KNOWLEDGE)) for p in pages]
+
+
+def test_tree_has_all_agreed_pages_and_indexes():
+    missing = [f"{area}/{name}.md" for area, names in AGREED.items() for name in names
+               if not (KNOWLEDGE / area / f"{name}.md").exists()]
+    missing += [f"{area}/README.md" for area in AGREED if not (KNOWLEDGE / area / "README.md").exists()]
+    if not (KNOWLEDGE / "README.md").exists():
+        missing.append("README.md")
+    assert not missing, f"agreed pages missing: {missing}"
+    assert len(TOPIC_PAGES) >= 40
+
+
+@pytest.mark.parametrize("page", PAGES, ids=_ids(PAGES))
+def test_page_frontmatter_is_valid(page):
+    meta, body = _split(page)
+    rel = page.relative_to(ROOT)
+    for key in ("title", "summary"):
+        assert isinstance(meta.get(key), str) and meta[key].strip(), f"{rel}: '{key}' missing or empty"
+    assert meta["summary"].count(". ") == 0, f"{rel}: summary should be one sentence"
+    for key in ("symptoms", "tools", "sources"):
+        assert isinstance(meta.get(key), list), f"{rel}: '{key}' must be a list"
+    assert meta["sources"], f"{rel}: a page needs sources"
+    bad = [s for s in meta["sources"] if not re.match(r"^https?://\S+$", str(s))]
+    assert not bad, f"{rel}: sources must be URLs: {bad}"
+    if page.name != "README.md":
+        assert meta["symptoms"], f"{rel}: a topic page needs symptoms users type"
+    unknown = set(meta["tools"]) - CATALOG
+    assert not unknown, f"{rel}: frontmatter tools not in the catalog: {sorted(unknown)}"
+    tokens = MarkdownIt().parse(body)
+    assert any(t.type == "heading_open" for t in tokens), f"{rel}: no headings"
+
+
+def _backticked(body: str) -> set[str]:
+    found = set()
+    for tok in MarkdownIt().parse(body):
+        for child in tok.children or []:
+            if child.type == "code_inline":
+                found.add(child.content.strip())
+    return found
+
+
+@pytest.mark.parametrize("page", PAGES, ids=_ids(PAGES))
+def test_backticked_tool_names_are_in_catalog(page):
+    _, body = _split(page)
+    unknown = {w for w in _backticked(body) if TOOL_LIKE.match(w) and w not in CATALOG}
+    assert not unknown, f"{page.relative_to(ROOT)}: tool-like names not in the catalog: {sorted(unknown)}"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=_ids(PAGES))
+def test_relative_links_and_uris_resolve(page):
+    _, body = _split(page)
+    broken = []
+    for target in LINK.findall(body):
+        if re.match(r"^[a-z]+:", target) or target.startswith("#"):
+            continue
+        path = target.split("#", 1)[0]
+        if not (page.parent / path).resolve().exists():
+            broken.append(target)
+    for uri in URI.findall(body):
+        if not (KNOWLEDGE / uri).exists():
+            broken.append(f"knowledge://{uri}")
+    assert not broken, f"{page.relative_to(ROOT)}: broken links: {broken}"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=_ids(PAGES))
+def test_page_is_short(page):
+    n = len(page.read_text().splitlines())
+    assert n <= MAX_LINES, f"{page.relative_to(ROOT)}: {n} lines (max {MAX_LINES}); split the topic"
+
+
+def test_every_catalog_tool_is_referenced_by_a_page():
+    referenced = set()
+    for page in PAGES:
+        meta, body = _split(page)
+        referenced |= set(meta.get("tools") or []) | _backticked(body)
+    missing = CATALOG - referenced
+    assert not missing, f"catalog tools no page mentions: {sorted(missing)}"
+
+
+def test_every_page_is_linked_from_its_area_index():
+    unlinked = []
+    for page in TOPIC_PAGES:
+        index = page.parent / "README.md"
+        if not index.exists() or f"({page.name})" not in index.read_text():
+            unlinked.append(str(page.relative_to(KNOWLEDGE)))
+    root = (KNOWLEDGE / "README.md").read_text() if (KNOWLEDGE / "README.md").exists() else ""
+    unlinked += [f"{area}/README.md" for area in AGREED if f"({area}/README.md)" not in root]
+    assert not unlinked, f"pages no index links to: {unlinked}"
+
+
+def _render_module():
+    spec = importlib.util.spec_from_file_location("knowledge_render", KNOWLEDGE / "render.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_data_tables_in_pages_match_the_data():
+    render = _render_module()
+    stale = [str(p.relative_to(KNOWLEDGE)) for p in PAGES
+             if render.render_text(p.read_text(), p) != p.read_text()]
+    assert not stale, f"pages whose tables disagree with knowledge/data: {stale}; run python knowledge/render.py"
+
+
+def test_render_rewrites_a_stale_block(tmp_path):
+    render = _render_module()
+    stale = "# x\n<!-- data:interconnects.links -->\n| old | table |\n<!-- /data -->\n"
+    out = render.render_text(stale)
+    assert "| old | table |" not in out
+    assert out.startswith("# x\n<!-- data:interconnects.links -->\n") and out.endswith("<!-- /data -->\n")
+    with pytest.raises(KeyError):
+        render.render_text("<!-- data:nonsense -->\n<!-- /data -->")
+
+
+def test_data_pages_carry_the_data_blocks():
+    acc = (KNOWLEDGE / "compute" / "accelerators.md").read_text()
+    bw = (KNOWLEDGE / "network" / "expected-bandwidth.md").read_text()
+    assert "<!-- data:accelerators -->" in acc
+    assert "<!-- data:interconnects.expected_busbw -->" in bw
