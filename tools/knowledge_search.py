@@ -11,7 +11,6 @@ By hand:
 import functools
 import re
 
-from tools._knowledge import load_pages
 from tools.harness import Field, Params, Result, ToolFailure, ToolSpec
 
 STOPWORDS = frozenset(
@@ -52,6 +51,8 @@ def _index(pages: tuple):
 
 def search(query: str, k: int = 5) -> list[tuple[float, object, object]]:
     """[(score, page, section)], best first, at most one section per page."""
+    from tools._knowledge import load_pages  # markdown-it and yaml only when a search is made
+
     pages = load_pages()
     if not pages:
         raise ToolFailure("the knowledge tree is empty: reinstall mleng from a full checkout")
