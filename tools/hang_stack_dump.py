@@ -111,13 +111,27 @@ def _is_python(proc) -> bool:
     return "python" in exe.lower() or "torchrun" in exe.lower()
 
 
+def _ourselves() -> set[int]:
+    """This tool's own processes (and its ancestors: the CLI, the server), never targets."""
+    import psutil
+
+    me = psutil.Process()
+    return {me.pid, *(p.pid for p in me.parents())}
+
+
+def _is_ours(cmdline: list[str]) -> bool:
+    cmd = " ".join(cmdline)
+    return "hang_stack_dump" in cmd or "py-spy" in cmd
+
+
 def _processes_with_env(key: str, value: str) -> list[int]:
     import psutil
 
-    out = []
+    out, ours = [], _ourselves()
     for p in psutil.process_iter():
         try:
-            if p.environ().get(key) == value and _is_python(p):
+            if (p.pid not in ours and p.environ().get(key) == value and _is_python(p)
+                    and not _is_ours(p.cmdline())):
                 out.append(p.pid)
         except (psutil.Error, OSError):
             continue
@@ -154,11 +168,10 @@ def _pattern_targets(pattern: str) -> list[int]:
         rx = re.compile(pattern)
     except re.error as e:
         raise ToolFailure(f"pattern {pattern!r} is not a valid regex: {e}") from None
-    mine = {os.getpid(), *(p.pid for p in psutil.Process().parents())}
-    out = []
+    ours, out = _ourselves(), []
     for p in psutil.process_iter(["cmdline"]):
-        cmd = " ".join(p.info.get("cmdline") or [])
-        if p.pid not in mine and cmd and rx.search(cmd) and "hang_stack_dump" not in cmd and "py-spy" not in cmd:
+        cmdline = p.info.get("cmdline") or []
+        if p.pid not in ours and cmdline and rx.search(" ".join(cmdline)) and not _is_ours(cmdline):
             out.append(p.pid)
     return out
 
@@ -216,7 +229,7 @@ def explain_py_spy_error(pid: int, stderr: str, command: str) -> str:
     if "permission denied" in low or "operation not permitted" in low or "ptrace" in low:
         scope = Path("/proc/sys/kernel/yama/ptrace_scope")
         now = f" (kernel.yama.ptrace_scope is {scope.read_text().strip()} here)" if scope.exists() else ""
-        return (f"no permission to attach to pid {pid}{now}: run as the job's user or root; with Yama set "
+        return (f"no permission to attach to pid {pid}{now}: run as the same user as the job, or root; with Yama set "
                 "`sysctl kernel.yama.ptrace_scope=0` (1 lets only root / CAP_SYS_PTRACE attach to non-children); "
                 "in Docker add `--cap-add SYS_PTRACE`, in Kubernetes securityContext.capabilities.add "
                 f"[SYS_PTRACE]. py-spy said: {err}")
@@ -275,8 +288,9 @@ def _describe(pid: int) -> tuple[str, int | None, int | None]:
 
 
 def _library_file(path: str) -> bool:
+    """Not the user's code: installed packages, the stdlib, frozen modules, native libraries."""
     return ("/site-packages/" in path or "/dist-packages/" in path or "/lib/python3" in path
-            or path.startswith("<"))
+            or path.startswith("<frozen") or ".so" in Path(path).name)
 
 
 def summarise_threads(threads: list[dict], pid: int, max_frames: int) -> dict:
@@ -468,6 +482,7 @@ def run(params: HangStackDumpParams, progress) -> HangStackDumpResult:
             raise ToolFailure("no process matched: check the pid / pattern / job id on THIS node (ps -ef), or use "
                               "slurm_job_id with all_nodes to reach every node of a SLURM job.")
         procs, full = dump_processes(pids, params, progress)
+    procs = list({(p.host, p.pid): p for p in procs}.values())   # nodes sharing a host report alike
     procs.sort(key=lambda p: (p.rank if p.rank is not None else 1 << 30, p.host, p.pid))
     result.failed = sum(1 for p in procs if p.error)
     result.dumped = len(procs) - result.failed

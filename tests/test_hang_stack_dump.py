@@ -1,0 +1,238 @@
+"""hang_stack_dump against live processes: a gloo torchrun job where one rank sleeps in a known function
+while the others wait in all_reduce (the odd rank must be named), single sleepers, non-Python and
+vanished processes. Tests that attach with py-spy skip cleanly where ptrace is not allowed.
+"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from tools import hang_stack_dump as hsd
+from tools.harness import REPO_ROOT, ToolFailure, kill_tree, torchrun_command
+
+WORLD = 3
+STUCK_JOB = textwrap.dedent("""\
+    import datetime, time
+    import torch, torch.distributed as dist
+
+    def load_batch():
+        time.sleep(600)                     # the odd rank sits here
+
+    def main():
+        dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=600))
+        if dist.get_rank() == dist.get_world_size() - 1:
+            print("ODD", flush=True)
+            load_batch()
+        print("WAITING", flush=True)
+        dist.all_reduce(torch.ones(10))     # the others wait here
+
+    main()
+""")
+SLEEPER = "import time\ndef stuck_here():\n    time.sleep(600)\nstuck_here()\n"
+
+
+def _run(**kw):
+    return hsd.run(hsd.HangStackDumpParams(**kw), lambda f, m: None)
+
+
+def _start_sleeper():
+    proc = subprocess.Popen([sys.executable, "-c", SLEEPER])
+    time.sleep(0.3)
+    return proc
+
+
+@pytest.fixture(scope="module")
+def ptrace_ok():
+    proc = _start_sleeper()
+    try:
+        threads, err = hsd.dump_one(proc.pid, False, 20, hsd.py_spy_path())
+    finally:
+        proc.kill()
+        proc.wait()
+    if threads is None:
+        pytest.skip(f"py-spy cannot attach here: {err.strip()[:200]}")
+
+
+@pytest.fixture(scope="module")
+def stuck_job(ptrace_ok, tmp_path_factory):
+    """torchrun --standalone, 3 gloo ranks: ranks 0-1 in all_reduce, rank 2 in load_batch()."""
+    work = tmp_path_factory.mktemp("stuck")
+    (work / "stuck_job.py").write_text(STUCK_JOB)
+    cmd = torchrun_command("stuck_job", WORLD, [])
+    proc = subprocess.Popen(cmd, cwd=work, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                            start_new_session=True, env=dict(os.environ, PYTHONPATH=str(work)))
+    try:
+        seen, deadline = [], time.monotonic() + 120
+        while len(seen) < WORLD and time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            if line.strip() in ("ODD", "WAITING"):
+                seen.append(line.strip())
+        assert len(seen) == WORLD, f"job did not start: {seen}"
+        time.sleep(1.0)                     # the waiting ranks enter all_reduce
+        yield proc
+    finally:
+        kill_tree(proc.pid)
+        proc.wait()
+
+
+def test_launcher_pid_names_the_odd_rank(stuck_job):
+    r = _run(launcher_pid=stuck_job.pid)
+    assert r.verdict == "warn" and r.odd_ranks == [WORLD - 1]
+    odd, majority = r.groups[0], r.groups[1]
+    assert odd.ranks == [2] and odd.where.startswith("load_batch (stuck_job.py:5)") and not odd.in_collective
+    assert majority.ranks == [0, 1] and majority.in_collective and majority.where.startswith("all_reduce (")
+    assert majority.called_from.startswith("main (stuck_job.py:13)")
+    text = " ".join(r.findings)
+    assert "ranks 0, 1 wait in all_reduce" in text and "rank 2 is in load_batch (stuck_job.py:5)" in text
+
+
+def test_pattern_finds_the_ranks_and_leaves_the_launcher_out_of_the_comparison(stuck_job):
+    r = _run(pattern=r"stuck_job")
+    assert r.odd_ranks == [2] and r.dumped == WORLD + 1          # three ranks + torchrun itself
+    assert any("without a rank" in f for f in r.findings)
+    assert sum(len(g.pids) for g in r.groups) == WORLD
+
+
+def test_full_dump_is_saved_with_every_rank(stuck_job, tmp_path):
+    out = tmp_path / "stacks.txt"
+    r = _run(launcher_pid=stuck_job.pid, save_path=str(out))
+    text = out.read_text()
+    assert r.saved_to == str(out)
+    assert sorted(re.findall(r"=== pid \d+ rank (\d)", text)) == ["0", "1", "2"]
+    assert "load_batch (stuck_job.py:5)" in text and "Thread" in text
+
+
+def test_cli_json_through_the_harness_child(stuck_job):
+    workers = [c.pid for c in __import__("psutil").Process(stuck_job.pid).children(recursive=True)]
+    proc = subprocess.run([sys.executable, "-m", "tools.hang_stack_dump", "--pids", *map(str, workers),
+                           "--json"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    doc = json.loads(proc.stdout)
+    assert doc["odd_ranks"] == [2] and doc["verdict"] == "warn"
+
+
+def test_native_frames_on_request(ptrace_ok):
+    proc = _start_sleeper()
+    try:
+        r = _run(pids=[proc.pid], native=True, detail=True)
+    finally:
+        proc.kill()
+        proc.wait()
+    stack = r.processes[0].stack
+    assert any(".so" in f for f in stack), stack              # C frames (libc, libpython) are present
+    assert r.processes[0].called_from.startswith("stuck_here (<string>:3)")
+
+
+def test_single_process_same_place_is_info(ptrace_ok):
+    procs = [_start_sleeper() for _ in range(2)]
+    try:
+        r = _run(pids=[p.pid for p in procs])
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    assert r.verdict == "info" and r.odd_ranks == [] and len(r.groups) == 1
+    assert "sit in the same place: stuck_here (<string>:3)" in r.findings[0]
+
+
+def test_non_python_and_vanished_processes_are_explained(ptrace_ok):
+    sleeper = subprocess.Popen(["sleep", "600"])
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    python = _start_sleeper()
+    try:
+        r = _run(pids=[sleeper.pid, gone.pid, python.pid], detail=True)
+    finally:
+        for p in (sleeper, python):
+            p.kill()
+            p.wait()
+    errors = {p.pid: p.error for p in r.processes}
+    assert "not a Python process" in errors[sleeper.pid] and "gdb -p" in errors[sleeper.pid]
+    assert "exited before or during the dump" in errors[gone.pid]
+    assert errors[python.pid] == "" and r.dumped == 1 and r.failed == 2 and r.verdict == "warn"
+
+
+def test_nothing_dumpable_is_a_clear_failure():
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    with pytest.raises(ToolFailure, match="exited before or during the dump"):
+        _run(pids=[gone.pid])
+
+
+def test_no_target_is_a_clear_failure():
+    with pytest.raises(ToolFailure, match="say which processes"):
+        _run()
+
+
+def test_unmatched_pattern_is_a_clear_failure():
+    with pytest.raises(ToolFailure, match="no process matched"):
+        _run(pattern=r"no-such-command-\d{9}")
+
+
+def test_ptrace_refusal_says_how_to_fix_it():
+    # Text py-spy 0.4.3 printed here when run as `nobody` against a root-owned Python process.
+    stderr = ("Permission Denied: Try running again with elevated permissions by going 'sudo env \"PATH=$PATH\" !!'\n"
+              "Error: Failed to find python version from target process\n\nStack backtrace:\n   0: anyhow")
+    msg = hsd.explain_py_spy_error(4242, stderr, "python train.py")
+    assert "no permission to attach to pid 4242" in msg
+    assert "ptrace_scope" in msg and "SYS_PTRACE" in msg and "same" in msg and "Stack backtrace" not in msg
+
+
+def test_gpu_processes_without_nvml_is_explained():
+    from tools.harness import local_gpu_count
+
+    if local_gpu_count():
+        pytest.skip("this machine has a GPU driver")
+    with pytest.raises(ToolFailure, match="NVML"):
+        _run(gpu_processes=True)
+
+
+def _ps(rank, stack, in_collective=False):
+    return hsd.ProcessStack(pid=1000 + rank, host="n1", rank=rank, stack=stack, in_collective=in_collective)
+
+
+def test_grouping_prefers_the_ranks_outside_a_collective():
+    # Seven ranks in the dataloader, one waiting in all_reduce: the seven are behind, not the one.
+    procs = [_ps(r, ["next (data.py:88)"]) for r in range(7)] + [_ps(7, ["all_reduce (c10d.py:1)"], True)]
+    groups = hsd.group_stacks(procs)
+    odd = hsd.odd_groups(groups)
+    assert [g.ranks for g in odd] == [[0, 1, 2, 3, 4, 5, 6]]
+
+
+def test_grouping_tie_has_no_odd_group():
+    procs = [_ps(0, ["a (x.py:1)"]), _ps(1, ["b (x.py:2)"])]
+    groups = hsd.group_stacks(procs)
+    assert hsd.odd_groups(groups) == []
+    assert "No majority" in hsd.findings_for(groups, [])[-1]
+
+
+def test_all_ranks_in_the_same_collective_points_past_python():
+    procs = [_ps(r, ["all_reduce (c10d.py:1)"], True) for r in range(4)]
+    groups = hsd.group_stacks(procs)
+    text = hsd.findings_for(groups, hsd.odd_groups(groups))[0]
+    assert "All 4 processes (ranks 0-3)" in text and "flight_recorder_analyze" in text
+
+
+def test_slurm_all_nodes_command():
+    p = hsd.HangStackDumpParams(slurm_job_id="4242", all_nodes=True, native=True)
+    cmd = hsd.slurm_all_nodes_command(p, 16)
+    assert cmd[:2] == ["srun", "--overlap"] and "--jobid=4242" in cmd and "--nodes=16" in cmd
+    assert "--ntasks-per-node=1" in cmd and "--label" in cmd and cmd[-1] == "--native"
+    assert cmd[cmd.index("--slurm-job-id") + 1] == "4242" and "--json" in cmd
+
+
+def test_bad_params_are_refused():
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError):
+        hsd.HangStackDumpParams(slurm_job_id="42; rm -rf /")
+    with pytest.raises(ValidationError):
+        hsd.HangStackDumpParams(launcher_pid=0)
