@@ -1,0 +1,53 @@
+"""The `mleng` command line and `python -m tools.<name>`: the same registry, human and JSON output."""
+
+import json
+import os
+import subprocess
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run(*args, env_home):
+    env = {**os.environ, "MLENG_HOME": str(env_home)}
+    return subprocess.run([sys.executable, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_list_shows_every_registered_tool(mleng_home):
+    from tools import registry
+
+    out = run("-m", "tools", "list", env_home=mleng_home)
+    assert out.returncode == 0
+    listed = {line.split()[0] for line in out.stdout.splitlines() if line.strip()}
+    assert listed == set(registry())
+
+
+def test_run_json_and_human_output(mleng_home):
+    out = run("-m", "tools", "run", "accelerator_specs", "--names", "h100", "mi300x", "--json", env_home=mleng_home)
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert [a["id"] for a in data["accelerators"]] == ["h100-sxm", "mi300x"]
+    human = run("-m", "tools.accelerator_specs", "--names", "b200", env_home=mleng_home)
+    assert human.returncode == 0 and human.stdout.startswith("accelerator_specs: INFO")
+
+
+def test_bad_argument_names_the_flag(mleng_home):
+    out = run("-m", "tools", "run", "knowledge_search", "--query", "nccl", "--k", "0", env_home=mleng_home)
+    assert out.returncode == 2 and "--k" in out.stderr and "greater than or equal to 1" in out.stderr
+    out = run("-m", "tools", "run", "no_such_tool", env_home=mleng_home)
+    assert out.returncode == 2 and "unknown tool 'no_such_tool'" in out.stderr
+
+
+def test_subprocess_tool_from_cli_stores_its_result(mleng_home):
+    out = run("-m", "tools", "run", "gpu_health", "--json", env_home=mleng_home)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["result_id"] >= 1
+    hist = run("-m", "tools", "run", "results_history", "--tool", "gpu_health", "--json", env_home=mleng_home)
+    assert json.loads(hist.stdout)["total_matching"] == 1
+
+
+def test_doctor_summarises_this_machine(mleng_home):
+    out = run("-m", "tools", "doctor", env_home=mleng_home)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "mleng doctor on" in out.stdout and "env_report" in out.stdout and "gpu_health" in out.stdout
+    assert "Overall:" in out.stdout
