@@ -180,3 +180,51 @@ def test_data_pages_carry_the_data_blocks():
     bw = (KNOWLEDGE / "network" / "expected-bandwidth.md").read_text()
     assert "<!-- data:accelerators -->" in acc
     assert "<!-- data:interconnects.expected_busbw -->" in bw
+
+
+# Figures quoted in prose (outside rendered tables) and the data they must agree with:
+# (page, the number as written on the page, data file, record id, dotted key inside the record).
+PROSE_FIGURES = [
+    ("network/intra-node.md", "370", "interconnects", "expected_busbw", "8x-h100-nvlink4-ring", "busbw_gbps"),
+    ("network/intra-node.md", "480", "interconnects", "expected_busbw", "8x-h100-nvlink4-nvls", "busbw_gbps"),
+    ("network/intra-node.md", "349", "interconnects", "expected_busbw", "2x-h200-nvlink4-ring-measured", "busbw_gbps"),
+    ("network/busbw.md", "480", "interconnects", "expected_busbw", "8x-h100-nvlink4-nvls", "busbw_gbps"),
+    ("network/busbw.md", "450", "interconnects", "link", "nvlink4", "per_gpu_unidir_gbps"),
+    ("network/inter-node.md", "47", "interconnects", "expected_busbw", "ib-ndr-per-nic", "busbw_gbps"),
+    ("insights/lessons.md", "480", "interconnects", "expected_busbw", "8x-h100-nvlink4-nvls", "busbw_gbps"),
+    ("compute/theoretical-vs-achievable.md", "989", "accelerators", "accelerator", "h100-sxm", "dense_tflops.bf16"),
+    ("compute/amd.md", "668.4", "accelerators", "accelerator", "mi300x", "mamf_bf16_tflops"),
+    ("compute/amd.md", "1307.4", "accelerators", "accelerator", "mi300x", "dense_tflops.bf16"),
+    ("compute/amd.md", "192", "accelerators", "accelerator", "mi300x", "memory_gb"),
+    ("compute/accelerators.md", "141", "accelerators", "accelerator", "h200", "memory_gb"),
+    ("compute/accelerators.md", "180", "accelerators", "accelerator", "b200", "memory_gb"),
+    ("insights/upgrade-roi.md", "1745", "accelerators", "accelerator", "b200", "mamf_bf16_tflops"),
+    ("insights/upgrade-roi.md", "794.5", "accelerators", "accelerator", "h100-sxm", "mamf_bf16_tflops"),
+    ("insights/upgrade-roi.md", "7.7", "accelerators", "accelerator", "b200", "memory_bandwidth_tbps"),
+    ("insights/upgrade-roi.md", "4.8", "accelerators", "accelerator", "h200", "memory_bandwidth_tbps"),
+    ("insights/upgrade-roi.md", "3.35", "accelerators", "accelerator", "h100-sxm", "memory_bandwidth_tbps"),
+    ("inference/serving-metrics.md", "3.35", "accelerators", "accelerator", "h100-sxm", "memory_bandwidth_tbps"),
+    ("compute/mamf.md", "794.5", "accelerators", "accelerator", "h100-sxm", "mamf_bf16_tflops"),
+]
+
+
+def _data_value(stem: str, table: str, record_id: str, key: str):
+    import tomllib
+    with (KNOWLEDGE / "data" / f"{stem}.toml").open("rb") as f:
+        records = [r for r in tomllib.load(f).get(table, []) if r.get("id") == record_id]
+    assert records, f"{stem}.toml has no [[{table}]] with id '{record_id}'"
+    value = records[0]
+    for part in key.split("."):
+        value = value[part]
+    return value
+
+
+@pytest.mark.parametrize("page,written,stem,table,record_id,key", PROSE_FIGURES,
+                         ids=[f"{p[0]}:{p[1]}" for p in PROSE_FIGURES])
+def test_prose_figures_agree_with_data(page, written, stem, table, record_id, key):
+    text = (KNOWLEDGE / page).read_text()
+    assert re.search(rf"(?<![\d.]){re.escape(written)}(?![\d])", text), f"{page} no longer quotes {written}"
+    value = float(_data_value(stem, table, record_id, key))
+    # the page may round (989 for 989.4), but not disagree
+    assert abs(float(written) - value) <= max(0.5, 0.005 * value), (
+        f"{page} says {written} but {stem}.toml {record_id}.{key} = {value}; update the page")
