@@ -5,7 +5,7 @@ import tomllib
 import pytest
 
 from tools._collectives import bandwidths, busbw_factor, round_size, size_sweep
-from tools.collective_bench import (SPEC, BenchRow, CollectiveBenchParams, OpSummary, expected_busbw, judge,
+from tools.collective_bench import (SPEC, CollectiveBenchParams, OpSummary, expected_busbw, judge,
                                     parse_size)
 from tools.harness import KNOWLEDGE_DIR
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from tools import _slurm
 from tools._ranks import EVENT_PREFIX
-from tools.harness import REPO_ROOT, kill_tree, spawn_tree, torchrun_command
+from tools.harness import REPO_ROOT, kill_tree, local_gpu_count, spawn_tree, torchrun_command
 
 # A rank whose last stage lasted at least this share of the process-group timeout was waiting on a
 # peer (timed out), not failing on its own.
@@ -133,6 +133,21 @@ def per_node_command(tool: str, nnodes: int, nproc_per_node: int, first_host: st
     """What to run by hand on every node when we cannot start the other nodes ourselves."""
     return (f"cd {shlex.quote(str(REPO_ROOT))} && {shlex.quote(sys.executable)} -m tools.{tool} "
             f"--nnodes {nnodes} --nproc-per-node {nproc_per_node} --rdzv-endpoint {first_host}:{port}")
+
+
+def layout(nproc_per_node: int | None, nnodes: int | None) -> tuple[int, int]:
+    """(ranks per node, nodes): given values, else every local GPU (2 gloo ranks without GPUs) and the
+    SLURM allocation's node count (1 outside SLURM)."""
+    nodes = nnodes or (len(_slurm.allocation_nodes()) if _slurm.in_allocation() else 1) or 1
+    return nproc_per_node or local_gpu_count() or 2, nodes
+
+
+def manual_start(tool: str, nnodes: int, nproc_per_node: int, rdzv_endpoint: str | None) -> str | None:
+    """The per-node command when several nodes are asked for and we cannot start them (no SLURM, no
+    rendezvous given); None when we can run."""
+    if nnodes > 1 and not rdzv_endpoint and not use_srun(nnodes):
+        return per_node_command(tool, nnodes, nproc_per_node, "<first-node-address>")
+    return None
 
 
 def use_srun(nnodes: int) -> bool:

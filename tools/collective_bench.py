@@ -20,9 +20,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator
 
-from tools import _slurm
 from tools._collectives import OPS, size_sweep
-from tools._launch import diagnose, launch_ranks, per_node_command, plan_command, use_srun
+from tools._launch import diagnose, launch_ranks, layout, manual_start, plan_command
 from tools.harness import Field, Params, Result, ToolSpec, load_data, local_gpu_count
 
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
@@ -208,11 +207,10 @@ def draw_plot(rows: list[BenchRow], expected: dict[str, float], path: str, title
 
 def run(params: CollectiveBenchParams, progress) -> CollectiveBenchResult:
     gpus = local_gpu_count()
-    nnodes = params.nnodes or (len(_slurm.allocation_nodes()) if _slurm.in_allocation() else 1) or 1
-    nproc = params.nproc_per_node or gpus or 2
+    nproc, nnodes = layout(params.nproc_per_node, params.nnodes)
     world = nproc * nnodes
-    if nnodes > 1 and not params.rdzv_endpoint and not use_srun(nnodes):
-        cmd = per_node_command("collective_bench", nnodes, nproc, "<first-node-address>")
+    cmd = manual_start("collective_bench", nnodes, nproc, params.rdzv_endpoint)
+    if cmd:
         return CollectiveBenchResult(verdict="info", world_size=world, nnodes=nnodes, findings=[
             f"{nnodes} nodes asked for outside a SLURM allocation: run this on each node: {cmd}"],
             next=["launch_script"])

@@ -18,8 +18,7 @@ from typing import Literal
 
 from pydantic import BaseModel
 
-from tools import _slurm
-from tools._launch import diagnose, launch_ranks, per_node_command, plan_command, use_srun
+from tools._launch import diagnose, launch_ranks, layout, manual_start, plan_command
 from tools._ranks import FAULTS
 from tools.harness import Field, Params, Result, ToolSpec, local_gpu_count
 
@@ -94,17 +93,11 @@ def _ranks_on(ranks: list[int], hosts: dict[int, str]) -> str:
     return f"{span} on {', '.join(names[:4])}{'...' if len(names) > 4 else ''}"
 
 
-def _defaults(params: DistSmokeTestParams) -> tuple[int, int]:
-    nnodes = params.nnodes or (len(_slurm.allocation_nodes()) if _slurm.in_allocation() else 1) or 1
-    nproc = params.nproc_per_node or local_gpu_count() or 2
-    return nproc, nnodes
-
-
 def run(params: DistSmokeTestParams, progress) -> DistSmokeTestResult:
-    nproc, nnodes = _defaults(params)
+    nproc, nnodes = layout(params.nproc_per_node, params.nnodes)
     world = nproc * nnodes
-    if nnodes > 1 and not params.rdzv_endpoint and not use_srun(nnodes):
-        cmd = per_node_command("dist_smoke_test", nnodes, nproc, "<first-node-address>")
+    cmd = manual_start("dist_smoke_test", nnodes, nproc, params.rdzv_endpoint)
+    if cmd:
         return DistSmokeTestResult(
             verdict="info", world_size=world, nnodes=nnodes, per_node_commands=[cmd] * nnodes,
             findings=[f"{nnodes} nodes asked for outside a SLURM allocation: run this on each node, with the "
