@@ -228,3 +228,16 @@ def test_prose_figures_agree_with_data(page, written, stem, table, record_id, ke
     # the page may round (989 for 989.4), but not disagree
     assert abs(float(written) - value) <= max(0.5, 0.005 * value), (
         f"{page} says {written} but {stem}.toml {record_id}.{key} = {value}; update the page")
+
+
+def test_knowledge_uris_used_elsewhere_resolve():
+    """Tools' `next` lists, data files and SKILL.md point into the tree: those pages must exist."""
+    sources = [*ROOT.glob("tools/*.py"), *KNOWLEDGE.glob("data/*.toml"), ROOT / "SKILL.md", ROOT / "server.py"]
+    broken = []
+    for path in sources:
+        if not path.exists():
+            continue
+        for uri in URI.findall(path.read_text()):
+            if not (KNOWLEDGE / uri).exists():
+                broken.append(f"{path.relative_to(ROOT)}: knowledge://{uri}")
+    assert not broken, "knowledge:// URIs that point at no page:\n" + "\n".join(broken)
