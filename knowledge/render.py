@@ -89,7 +89,7 @@ def render_expected_busbw() -> str:
     for e in data.get("expected_busbw", []):
         gpus = e.get("gpus")
         rows.append([
-            f"`{e['id']}`", ", ".join(e.get("accelerators", [])),
+            f"`{e['id']}`", ", ".join(e.get("accelerators", [])) or "any",
             "per NIC" if gpus == 0 else _num(gpus), e.get("link", ""), e.get("algo", ""),
             e.get("op", ""), _num(e.get("busbw_gbps")), e.get("notes", "").strip().replace("\n", " "),
         ])
