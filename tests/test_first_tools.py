@@ -78,3 +78,19 @@ def test_env_warnings():
 def test_accelerator_name_matching(name, expected):
     rec = match_accelerator(name)
     assert (rec["id"] if rec else None) == expected
+
+
+def test_real_h200_reading_from_the_gpu_machine_judges_healthy():
+    """gpu_health --json captured on the 2xH200 machine (tests/fixtures/gpu): re-judging it must agree."""
+    import json
+    from pathlib import Path
+
+    from tools.gpu_health import GpuHealthResult
+
+    data = json.loads((Path(__file__).parent / "fixtures/gpu/h200x2_gpu_health.json").read_text())
+    result = GpuHealthResult.model_validate(data)
+    for g in result.gpus:
+        assess(g)
+        assert g.verdict == "ok", g.problems
+        assert g.nvlink_active == g.nvlink_total == 18 and g.pcie_width == 16
+    assert match_accelerator(result.gpus[0].name)["id"] == "h200"
