@@ -75,9 +75,18 @@ def _flat_params(spec: ToolSpec) -> list[inspect.Parameter]:
     return out
 
 
+TEXT_JSON_LIMIT = 12_000  # characters of JSON in the text copy; structuredContent always has everything
+
+
 def _to_call_result(spec: ToolSpec, result) -> CallToolResult:
-    data = result.model_dump(mode="json", exclude_none=True)
-    content: list[Any] = [TextContent(type="text", text=json.dumps(data, indent=1))]
+    """Text: the human summary, then the result's JSON, bounded. Structured content: the whole result."""
+    from tools.cli import format_result
+
+    data = json.dumps(result.model_dump(mode="json", exclude_none=True), separators=(",", ":"))
+    if len(data) > TEXT_JSON_LIMIT:
+        data = (data[:TEXT_JSON_LIMIT] + f"… [truncated: {len(data)} characters in all; the structured result "
+                "holds everything]")
+    content: list[Any] = [TextContent(type="text", text=f"{format_result(spec, result)}\n\nResult JSON:\n{data}")]
     plot = getattr(result, "plot_png", None)  # a tool that draws a plot names the PNG file here
     if plot and Path(plot).is_file() and Path(plot).stat().st_size < 5_000_000:
         import base64

@@ -60,7 +60,8 @@ async def test_first_tools_called_and_results_validate(mode, name, args):
     assert not r.is_error, r.content[0].text
     result = registry()[name].Result.model_validate(r.structured_content)
     assert result.verdict in ("ok", "warn", "fail", "info") and result.findings
-    assert json.loads(r.content[0].text)["verdict"] == result.verdict
+    text = r.content[0].text
+    assert text.startswith(f"{name}: ") and json.loads(text.split("Result JSON:\n", 1)[1])["verdict"] == result.verdict
 
 
 async def test_gpu_health_on_a_machine_without_gpus_is_info_not_a_crash():
