@@ -223,5 +223,7 @@ def bench_job(rep, params: dict) -> None:
                          dtype=dtype, time_us=round(seconds * 1e6, 2), algbw_gbps=round(algbw, 3),
                          busbw_gbps=round(busbw, 3), wrong=wrong)
             del op
+            if device.type == "cuda" and size >= 1 << 30:
+                torch.cuda.empty_cache()  # give GiB-sized blocks back so the next op's buffers fit
     rep.stage("destroy")
     dist.destroy_process_group()

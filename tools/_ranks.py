@@ -193,7 +193,12 @@ def smoke_job(rep: RankReporter, params: dict) -> None:
     rep.stage("all_reduce")
     data = torch.full((numel,), float(rep.rank + 1), dtype=torch.float32, device=device)
     work = dist.all_reduce(data, async_op=True)
-    work.wait(timeout=timeout)
+    if params.get("watchdog_only") and device.type == "cuda":
+        # Leave timeouts to NCCL's watchdog (what a training job sees): it dumps the flight recorder
+        # (TORCH_NCCL_DUMP_ON_TIMEOUT=1) and tears the process down. Used to record real FR dumps.
+        work.wait()
+    else:
+        work.wait(timeout=timeout)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
