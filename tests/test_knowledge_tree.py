@@ -205,6 +205,9 @@ PROSE_FIGURES = [
     ("insights/upgrade-roi.md", "3.35", "accelerators", "accelerator", "h100-sxm", "memory_bandwidth_tbps"),
     ("inference/serving-metrics.md", "3.35", "accelerators", "accelerator", "h100-sxm", "memory_bandwidth_tbps"),
     ("compute/mamf.md", "794.5", "accelerators", "accelerator", "h100-sxm", "mamf_bf16_tflops"),
+    ("compute/memory-bandwidth.md", "3.35", "accelerators", "accelerator", "h100-sxm", "memory_bandwidth_tbps"),
+    ("compute/memory-bandwidth.md", "4.8", "accelerators", "accelerator", "h200", "memory_bandwidth_tbps"),
+    ("compute/memory-bandwidth.md", "989", "accelerators", "accelerator", "h100-sxm", "dense_tflops.bf16"),
 ]
 
 
