@@ -10,9 +10,10 @@ How a shape is timed (the careful way; each point changes the answer if skipped)
 - the card is warmed until its throughput is stable (see warm_until_stable), not for a fixed time.
 """
 
-import time
+import statistics
 
 from tools._matmul_search import Shape, Timing, Warmup, warm_until_stable
+from tools._timing import iteration_times
 
 DTYPES = ("bf16", "fp16", "tf32", "fp32", "fp8")
 FP8_ALIGN = 16  # torch._scaled_mm needs every dimension divisible by 16
@@ -124,42 +125,29 @@ class MatmulTimer:
             op = self._op(a, b, c)
             for _ in range(warmup):
                 op()
-            times = self._time_cpu(op, c, iterations) if self.is_cpu else self._time_gpu(op, c, iterations)
+            times = tuple(iteration_times(op, iterations, self.device, before=lambda: self._refresh(c)))
         except torch.OutOfMemoryError:
             times = None
+            torch.cuda.empty_cache()
         finally:
-            a = b = c = op = None  # noqa: F841 - release before the next shape allocates
+            a = b = c = op = None  # release before the next shape allocates
         return Timing(shape, times) if times else None
 
-    def _time_gpu(self, op, c, iterations: int) -> tuple[float, ...]:
-        torch = self.torch
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(iterations)]
-        ends = [torch.cuda.Event(enable_timing=True) for _ in range(iterations)]
-        for start, end in zip(starts, ends):
-            c.normal_()          # the output really gets written: fresh values every iteration
-            self.flush.zero_()   # evict A, B, C from L2
-            start.record()
-            op()
-            end.record()
-        torch.cuda.synchronize(self.device)
-        return tuple(s.elapsed_time(e) / 1e3 for s, e in zip(starts, ends))
-
-    @staticmethod
-    def _time_cpu(op, c, iterations: int) -> tuple[float, ...]:
-        times = []
-        for _ in range(iterations):
-            c.normal_()
-            t0 = time.perf_counter()
-            op()
-            times.append(time.perf_counter() - t0)
-        return tuple(times)
+    def _refresh(self, c) -> None:
+        """Outside the timed region: fresh output values (the card really writes), and on a GPU an L2 flush."""
+        c.normal_()
+        if self.flush is not None:
+            self.flush.zero_()
 
     # ------------------------------------------------------------------------------------------
-    def warm_up(self, *, min_s: float, max_s: float, shape: Shape | None = None) -> Warmup:
-        """Run one large shape in batches until its throughput is stable (1% over 3 batches)."""
+    def warm_up(self, *, min_s: float, max_s: float, shape: Shape | None = None, batch_s: float = 0.5) -> Warmup:
+        """Run one large shape in batches of about batch_s seconds until the throughput of the last three
+        batches agrees within 1%. Batches this long see clocks fall as the card heats; short ones would not."""
         if shape is None:
             shape = (256, 256, 256) if self.is_cpu else (8192, 8192, 8192)
-        batch = 4 if self.is_cpu else 20
+        probe = self.measure(shape, 5, 2)
+        per_iteration = statistics.fmean(probe.times_s) if probe else 0.01
+        batch = max(5, min(2000, round(batch_s / max(per_iteration, 1e-6))))
 
         def run_batch() -> float:
             t = self.measure(shape, batch, 1)

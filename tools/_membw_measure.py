@@ -12,32 +12,20 @@ bytes over the mean time, and the best iteration is reported beside it.
 import os
 import statistics
 import threading
-import time
 from pathlib import Path
+
+from tools._timing import iteration_times
 
 
 def time_op(op, iterations: int, warmup: int, device) -> list[float]:
-    """Seconds per iteration of op() on `device` ('cpu' or a torch cuda device)."""
-    import torch
-
+    """Seconds per iteration of op() after `warmup` untimed runs."""
     for _ in range(warmup):
         op()
-    if device == "cpu":
-        out = []
-        for _ in range(iterations):
-            t0 = time.perf_counter()
-            op()
-            out.append(time.perf_counter() - t0)
-        return out
-    torch.cuda.synchronize(device)
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(iterations)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(iterations)]
-    for start, end in zip(starts, ends):
-        start.record()
-        op()
-        end.record()
-    torch.cuda.synchronize(device)
-    return [s.elapsed_time(e) / 1e3 for s, e in zip(starts, ends)]
+    if str(device) != "cpu":
+        import torch
+
+        torch.cuda.synchronize(device)
+    return iteration_times(op, iterations, device)
 
 
 def figure(test: str, bytes_per_iter: int, times_s: list[float], size_bytes: int) -> dict:
@@ -54,17 +42,22 @@ def device_tests(device, size_bytes: int, iterations: int, warmup: int, tests: s
     n = size_bytes // 4
     src = torch.rand(n, device=device, dtype=torch.float32)  # random: no compressible patterns
     dst = torch.empty_like(src)
-    out, rows = torch.empty(1, device=device, dtype=torch.float32), []
+    out = torch.empty(1, device=device, dtype=torch.float32)
     kernels = {
         "copy": (lambda: dst.copy_(src), 2 * n * 4),
         "read": (lambda: torch.sum(src, dim=(0,), keepdim=True, out=out), n * 4),
         "write": (lambda: dst.fill_(1.5), n * 4),
     }
-    for test, (op, nbytes) in kernels.items():
-        if test in tests:
-            rows.append(figure(test, nbytes, time_op(op, iterations, warmup, device), n * 4))
-    del src, dst
-    return rows
+    return [figure(test, nbytes, time_op(op, iterations, warmup, device), n * 4)
+            for test, (op, nbytes) in kernels.items() if test in tests]
+
+
+def _host_copies(device, dev, host, pinned: bool, iterations: int, warmup: int, tests: set[str]) -> list[dict]:
+    kind, nbytes = ("pinned" if pinned else "pageable"), host.numel() * host.element_size()
+    ops = {f"h2d_{kind}": ("h2d", lambda: dev.copy_(host, non_blocking=pinned)),
+           f"d2h_{kind}": ("d2h", lambda: host.copy_(dev, non_blocking=pinned))}
+    return [figure(name, nbytes, time_op(op, iterations, warmup, device), nbytes)
+            for name, (test, op) in ops.items() if test in tests]
 
 
 def host_link_tests(device, size_bytes: int, iterations: int, warmup: int, tests: set[str]) -> list[dict]:
@@ -76,17 +69,7 @@ def host_link_tests(device, size_bytes: int, iterations: int, warmup: int, tests
     rows = []
     for pinned in (True, False):
         host = torch.rand(n, dtype=torch.float32)
-        if pinned:
-            host = host.pin_memory()
-        kind = "pinned" if pinned else "pageable"
-        if "h2d" in tests:
-            rows.append(figure(f"h2d_{kind}", n * 4,
-                               time_op(lambda: dev.copy_(host, non_blocking=pinned), iterations, warmup, device), n * 4))
-        if "d2h" in tests:
-            rows.append(figure(f"d2h_{kind}", n * 4,
-                               time_op(lambda: host.copy_(dev, non_blocking=pinned), iterations, warmup, device), n * 4))
-        del host
-    del dev
+        rows += _host_copies(device, dev, host.pin_memory() if pinned else host, pinned, iterations, warmup, tests)
     return rows
 
 

@@ -182,7 +182,8 @@ def _measure_device(device, params, progress, share, plan_shapes=None):
         timer = MatmulTimer(device, params.dtype)
         with GpuSampler(None if is_cpu else device) as sampler:
             progress(lo, "warming the card until its throughput is stable")
-            warm = timer.warm_up(min_s=0.1 if is_cpu else 3.0, max_s=0.5 if is_cpu else 30.0)
+            warm = timer.warm_up(min_s=0.1 if is_cpu else 3.0, max_s=0.5 if is_cpu else 30.0,
+                                 batch_s=0.02 if is_cpu else 0.5)
             if plan_shapes is not None:
                 rec = search.Recorder(timer.measure)
                 finals = search.final_measure(rec, plan_shapes, params.iterations, params.warmup, sub, (0.1, 1.0))
