@@ -210,9 +210,13 @@ stop() {
   return 0
 }
 
+# One start/stop at a time on this machine (test sessions also hold /tmp/slurm-local.lock for their
+# whole run, see tests/slurm_cluster.py).
+with_lock() { exec 9>"$D.op.lock"; flock -w 300 9 || { say "another start/stop is still running"; return 1; }; "$@"; }
+
 case "${1:-}" in
-  start) start ;;
-  stop) stop ;;
+  start) with_lock start ;;
+  stop) with_lock stop ;;
   status) sinfo -N -l ;;
   env) echo "export SLURM_CONF=$SLURM_CONF" ;;
   *) echo "usage: $0 start|stop|status|env   (knobs: NODES CPUS GPUS ACCOUNTING MINJOBAGE)" >&2; exit 2 ;;

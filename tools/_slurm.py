@@ -34,7 +34,7 @@ import shutil
 import subprocess
 
 __all__ = [
-    "SlurmError", "in_allocation", "allocation_nodes", "allocation_head_address", "expand_hostlist",
+    "SlurmError", "failures_as_tool_failure", "in_allocation", "allocation_nodes", "allocation_head_address", "expand_hostlist",
     "srun_torchrun_command", "split_labelled_output", "run_cmd", "json_or_none", "parse_kv_line",
     "parse_exit_code", "decode_wait_status", "parse_duration_s", "format_duration",
     "explain_pending_reason", "explain_state", "signal_name",
@@ -43,7 +43,22 @@ __all__ = [
 
 class SlurmError(RuntimeError):
     """A SLURM command is missing or failed; the message says what to do. Tools turn it into
-    a ToolFailure."""
+    a ToolFailure (see `failures_as_tool_failure`)."""
+
+
+def failures_as_tool_failure(run):
+    """Decorator for a tool's run(): a SlurmError becomes a ToolFailure with the same message."""
+    import functools
+
+    @functools.wraps(run)
+    def wrapper(params, progress):
+        from tools.harness import ToolFailure
+
+        try:
+            return run(params, progress)
+        except SlurmError as e:
+            raise ToolFailure(str(e)) from None
+    return wrapper
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -1,0 +1,134 @@
+"""A real local SLURM cluster for tests (scripts/slurm-local.sh), shared by one pytest session.
+
+    from tests.slurm_cluster import slurm_cluster   # noqa: F401  (the fixture)
+
+    @pytest.mark.slurm
+    def test_x(slurm_cluster): ...
+
+Two logical nodes n1, n2 on this host (4 CPUs and 1 fake GPU each), partitions debug (default) and
+gpu, accounting through slurmdbd + MariaDB unless MLENG_SLURM_ACCOUNTING=0. The fixture starts it
+once per session (installing the Debian packages on a fresh machine, ~30 s; ~3 s when installed),
+points SLURM_CONF at it for the tests and every tool they run, and stops it at the end. Where it
+cannot start (not root, no apt, packages unavailable, daemons fail) every test using it is skipped
+with the reason.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+SCRIPT = REPO / "scripts" / "slurm-local.sh"
+CLUSTER_DIR = "/tmp/slurm-local"
+START_TIMEOUT_S = 200
+# Several pytest sessions on one machine (CI shards, engineers side by side) would restart each
+# other's cluster: a session holds this lock from start to stop, others wait for it.
+LOCK_PATH = "/tmp/slurm-local.lock"
+LOCK_WAIT_S = 240
+TERMINAL = {"COMPLETED", "FAILED", "TIMEOUT", "CANCELLED", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED",
+            "BOOT_FAIL", "DEADLINE"}
+
+
+class Cluster:
+    def __init__(self, conf: str, accounting: bool, nodes: list[str]):
+        self.conf = conf
+        self.accounting = accounting
+        self.nodes = nodes
+
+    def cmd(self, *argv: str, check: bool = True) -> str:
+        proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=60,
+                              env={**os.environ, "SLURM_CONF": self.conf})
+        if check and proc.returncode:
+            raise AssertionError(f"{' '.join(argv)} -> {proc.returncode}: {proc.stderr.strip()}")
+        return proc.stdout
+
+    def sbatch(self, *args: str, cwd: Path) -> str:
+        return self.cmd("sbatch", "--parsable", f"--chdir={cwd}", *args).strip().split(";")[0]
+
+    def job_state(self, job_id: str) -> str:
+        out = self.cmd("scontrol", "show", "job", "-o", job_id, check=False)
+        for word in out.split():
+            if word.startswith("JobState="):
+                return word.split("=", 1)[1]
+        return "UNKNOWN"
+
+    def wait_state(self, job_id: str, states: set[str] = TERMINAL, timeout_s: float = 60) -> str:
+        deadline = time.monotonic() + timeout_s
+        state = self.job_state(job_id)
+        while state not in states and time.monotonic() < deadline:
+            time.sleep(0.25)
+            state = self.job_state(job_id)
+        return state
+
+    def wait_nodes_idle(self, timeout_s: float = 30) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            states = set(self.cmd("sinfo", "-h", "-N", "-o", "%T", check=False).split())
+            if states == {"idle"}:
+                return
+            time.sleep(0.2)
+        raise AssertionError(f"nodes did not return to idle: {self.cmd('sinfo', '-N', check=False)}")
+
+
+def _why_not() -> str | None:
+    if os.name != "posix" or not hasattr(os, "geteuid") or os.geteuid() != 0:
+        return "the local SLURM cluster needs root (it starts munged, slurmctld and slurmd)"
+    if not shutil.which("slurmctld") and not shutil.which("apt-get"):
+        return "SLURM is not installed and there is no apt-get to install slurmctld/slurmd/munge"
+    return None
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    reason = _why_not()
+    if reason:
+        pytest.skip(reason)
+    lock = open(LOCK_PATH, "w")
+    deadline = time.monotonic() + LOCK_WAIT_S
+    while True:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                lock.close()
+                pytest.skip(f"another test session held the local SLURM cluster ({LOCK_PATH}) for "
+                            f"{LOCK_WAIT_S} s")
+            time.sleep(1)
+    try:
+        yield from _cluster()
+    finally:
+        lock.close()  # releases the lock
+
+
+def _cluster():
+    accounting = os.environ.get("MLENG_SLURM_ACCOUNTING", "1") != "0"
+    env = {**os.environ, "NODES": "2", "CPUS": "4", "GPUS": "1", "ACCOUNTING": "1" if accounting else "0",
+           "SLURM_LOCAL_DIR": CLUSTER_DIR}
+    try:
+        proc = subprocess.run(["bash", str(SCRIPT), "start"], capture_output=True, text=True, env=env,
+                              timeout=START_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        subprocess.run(["bash", str(SCRIPT), "stop"], env=env, capture_output=True, timeout=60)
+        pytest.skip(f"the local SLURM cluster did not start within {START_TIMEOUT_S} s")
+    if proc.returncode != 0:
+        subprocess.run(["bash", str(SCRIPT), "stop"], env=env, capture_output=True, timeout=60)
+        pytest.skip(f"the local SLURM cluster did not start: {proc.stderr.strip()[-800:]}")
+    conf = f"{CLUSTER_DIR}/etc/slurm.conf"
+    old = os.environ.get("SLURM_CONF")
+    os.environ["SLURM_CONF"] = conf  # tools under test (and their child processes) find the cluster
+    try:
+        yield Cluster(conf, accounting, ["n1", "n2"])
+    finally:
+        subprocess.run(["bash", str(SCRIPT), "stop"], env=env, capture_output=True, timeout=120)
+        if old is None:
+            os.environ.pop("SLURM_CONF", None)
+        else:
+            os.environ["SLURM_CONF"] = old

@@ -1,0 +1,298 @@
+"""slurm_status — partitions, drained/down nodes with reasons, GPU use, and your jobs' pending reasons.
+
+Reads what the SLURM client commands report: `sinfo --json` / `squeue --json` where this SLURM
+has them (21.08+), `scontrol show node|partition -o` and `squeue -o` format strings otherwise.
+Read-only; needs the SLURM client commands and a reachable slurmctld (SLURM_CONF if not default).
+
+By hand (a login node, or inside a job):
+    python -m tools.slurm_status
+    python -m tools.slurm_status --partition gpu --all-users --json
+Local throwaway cluster to try it on: `scripts/slurm-local.sh start`, then
+    SLURM_CONF=/tmp/slurm-local/etc/slurm.conf python -m tools.slurm_status
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import re
+import shutil
+import time
+from datetime import datetime
+
+from pydantic import BaseModel
+
+from tools import _slurm
+from tools.harness import Field, Params, Result, ToolFailure, ToolSpec
+
+PROBLEM_WORDS = ("DRAIN", "DOWN", "FAIL", "NOT_RESPONDING", "INVAL", "NO_RESPOND", "MAINT", "REBOOT",
+                 "POWER_DOWN", "POWERED_DOWN", "UNKNOWN")
+
+
+class SlurmStatusParams(Params):
+    partition: str | None = Field(None, max_length=200,
+                                  description="Only this partition (default: every partition).")
+    user: str | None = Field(None, max_length=100,
+                             description="Whose jobs to list (default: the user running the tool).")
+    all_users: bool = Field(False, description="List every user's jobs, not only one user's.")
+    max_jobs: int = Field(50, ge=0, le=5000, description="At most this many jobs in the result.")
+
+
+class PartitionInfo(BaseModel):
+    name: str
+    state: str = Field(description="UP, DOWN, DRAIN or INACTIVE.")
+    default: bool = False
+    nodes_total: int = 0
+    nodes_idle: int = Field(0, description="Nodes with nothing running and no problem flag.")
+    nodes_in_use: int = Field(0, description="Nodes running jobs (allocated or mixed).")
+    nodes_unavailable: int = Field(0, description="Nodes drained, down, failing or not responding.")
+    gpus_total: int = 0
+    gpus_used: int = 0
+    gpus_free: int = Field(0, description="GPUs on usable nodes not allocated to any job.")
+
+
+class NodeProblem(BaseModel):
+    node: str
+    state: str = Field(description="Base state plus flags, e.g. IDLE+DRAIN, DOWN+NOT_RESPONDING.")
+    reason: str | None = None
+    set_by: str | None = Field(None, description="Who set the reason (user name).")
+    since: str | None = Field(None, description="When the reason was set (ISO 8601, local time).")
+    partitions: list[str] = Field(default_factory=list)
+
+
+class JobInfo(BaseModel):
+    job_id: str
+    name: str = ""
+    user: str = ""
+    state: str = ""
+    partition: str = ""
+    nodes: str = Field("", description="Node list (running) or count requested (pending).")
+    reason: str = ""
+    reason_explained: str = Field("", description="What the pending reason means, in plain words.")
+    time_used: str = ""
+    time_limit: str = ""
+
+
+class SlurmStatusResult(Result):
+    slurm_version: str | None = Field(None, description="SLURM version of the client commands.")
+    source: str = Field("", description="json (sinfo/squeue --json) or text (format strings).")
+    partitions: list[PartitionInfo] = Field(default_factory=list)
+    problem_nodes: list[NodeProblem] = Field(default_factory=list,
+                                             description="Drained, down, failing or not-responding nodes.")
+    jobs: list[JobInfo] = Field(default_factory=list, description="Jobs of the user (or everyone), pending first.")
+    jobs_left_out: int = Field(0, description="Jobs not listed because of max_jobs.")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Nodes: one normalised dict per node from either source
+
+def _number(value):
+    """22.05 prints plain numbers; 23.02+ wraps them as {"set": true, "infinite": false, "number": N}."""
+    if isinstance(value, dict):
+        return value.get("number") if value.get("set", True) and not value.get("infinite") else None
+    return value
+
+
+def gres_count(gres: str | None, name: str = "gpu") -> int:
+    """'gpu:h100:8(S:0-1),nic:1' -> 8. Sums every entry of that gres name."""
+    total = 0
+    for m in re.finditer(rf"(?:^|,){name}(?::[^:,(]+)?:(\d+)", gres or ""):
+        total += int(m.group(1))
+    return total
+
+
+def nodes_from_json(doc: dict) -> list[dict]:
+    out = []
+    for n in doc.get("nodes", []):
+        state = n.get("state")
+        states = [s.upper() for s in (state if isinstance(state, list) else [state or "UNKNOWN"])]
+        states += [f.upper() for f in n.get("state_flags", []) or [] if f.upper() not in states]
+        changed = _number(n.get("reason_changed_at"))
+        out.append({
+            "name": n.get("name", "?"), "state": "+".join(states), "partitions": n.get("partitions") or [],
+            "reason": n.get("reason") or None, "set_by": n.get("reason_set_by_user") or None,
+            "since": datetime.fromtimestamp(changed).isoformat(timespec="seconds") if changed else None,
+            "gpus": gres_count(n.get("gres")), "gpus_used": gres_count(n.get("gres_used")),
+            "alloc_cpus": _number(n.get("alloc_cpus")) or 0,
+        })
+    return out
+
+
+def nodes_from_scontrol(text: str) -> list[dict]:
+    out = []
+    for line in text.splitlines():
+        if not line.strip().startswith("NodeName="):
+            continue
+        f = _slurm.parse_kv_line(line)
+        reason, set_by, since = f.get("Reason") or None, None, None
+        m = re.fullmatch(r"(.*?)\s*\[([^@\]]*)@([^\]]*)\]", reason or "")
+        if m:
+            reason, set_by, since = m.group(1), m.group(2), m.group(3)
+        out.append({
+            "name": f.get("NodeName", "?"), "state": f.get("State", "UNKNOWN").upper().replace("*", "+NOT_RESPONDING"),
+            "partitions": [p for p in f.get("Partitions", "").split(",") if p],
+            "reason": reason if reason not in (None, "(null)", "none") else None, "set_by": set_by,
+            "since": since, "gpus": gres_count(f.get("Gres")), "gpus_used": gres_count(f.get("GresUsed")),
+            "alloc_cpus": int(f.get("CPUAlloc", "0") or 0),
+        })
+    return out
+
+
+def is_problem(state: str) -> bool:
+    return any(w in state for w in PROBLEM_WORDS)
+
+
+def summarise_partitions(partition_lines: str, nodes: list[dict]) -> list[PartitionInfo]:
+    parts = []
+    for line in partition_lines.splitlines():
+        if not line.strip().startswith("PartitionName="):
+            continue
+        f = _slurm.parse_kv_line(line)
+        name = f["PartitionName"]
+        members = [n for n in nodes if name in n["partitions"]]
+        usable = [n for n in members if not is_problem(n["state"])]
+        in_use = [n for n in usable if n["alloc_cpus"] or n["gpus_used"]
+                  or any(s in n["state"] for s in ("ALLOC", "MIX", "COMPLETING"))]
+        parts.append(PartitionInfo(
+            name=name, state=f.get("State", "UNKNOWN"), default=f.get("Default") == "YES",
+            nodes_total=len(members), nodes_in_use=len(in_use), nodes_idle=len(usable) - len(in_use),
+            nodes_unavailable=len(members) - len(usable),
+            gpus_total=sum(n["gpus"] for n in members), gpus_used=sum(n["gpus_used"] for n in members),
+            gpus_free=sum(max(0, n["gpus"] - n["gpus_used"]) for n in usable)))
+    return parts
+
+
+# ---------------------------------------------------------------------------------------------------
+# Jobs
+
+def jobs_from_json(doc: dict, now: float) -> list[JobInfo]:
+    jobs = []
+    for j in doc.get("jobs", []):
+        state = j.get("job_state")
+        state = (state[0] if isinstance(state, list) and state else state) or "UNKNOWN"
+        start, limit = _number(j.get("start_time")) or 0, _number(j.get("time_limit"))
+        used = max(0, now - start) if state == "RUNNING" and start else 0
+        task = _number(j.get("array_task_id"))
+        jid = f"{j.get('array_job_id')}_{task}" if task is not None and j.get("array_job_id") else str(j.get("job_id"))
+        jobs.append(JobInfo(
+            job_id=jid, name=j.get("name", ""), user=j.get("user_name", ""), state=state,
+            partition=j.get("partition", ""),
+            nodes=j.get("nodes") or str(_number(j.get("node_count")) or ""), reason=j.get("state_reason", ""),
+            time_used=_slurm.format_duration(used), time_limit=_slurm.format_duration(limit * 60 if limit else None)))
+    return jobs
+
+
+SQUEUE_FORMAT = "%i|%j|%u|%T|%P|%D|%R|%r|%M|%l"
+
+
+def jobs_from_text(text: str) -> list[JobInfo]:
+    jobs = []
+    for line in text.splitlines():
+        cols = line.split("|")
+        if len(cols) != 10:
+            continue
+        jid, name, user, state, part, count, nodes_or_reason, reason, used, limit = cols
+        jobs.append(JobInfo(job_id=jid, name=name, user=user, state=state, partition=part,
+                            nodes=count if state == "PENDING" else nodes_or_reason, reason=reason,
+                            time_used=used, time_limit=limit))
+    return jobs
+
+
+ACTIVE = ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING")
+
+
+def _job_findings(jobs: list[JobInfo]) -> tuple[list[str], bool]:
+    findings, stuck = [], False
+    for j in jobs:
+        if j.state == "PENDING":
+            j.reason_explained = _slurm.explain_pending_reason(j.reason)
+            never = any(w in j.reason for w in ("NeverSatisfied", "PartitionNodeLimit", "PartitionTimeLimit",
+                                                "BadConstraints", "Invalid", "HeldAdmin", "PartitionDown"))
+            stuck |= never
+            findings.append(f"Job {j.job_id} ({j.name}) is PENDING on {j.partition} because of {j.reason}: "
+                            f"{j.reason_explained}.")
+    return findings, stuck
+
+
+@_slurm.failures_as_tool_failure
+def run(params: SlurmStatusParams, progress) -> SlurmStatusResult:
+    progress(0.1, "asking slurmctld for nodes")
+    version = _slurm.run_cmd(["sinfo", "--version"]).strip().replace("slurm ", "") or None
+    node_doc = _slurm.json_or_none(["sinfo"])
+    if node_doc is not None:
+        nodes, source = nodes_from_json(node_doc), "json"
+    else:
+        nodes, source = nodes_from_scontrol(_slurm.run_cmd(["scontrol", "show", "node", "-d", "-o"])), "text"
+    progress(0.4, "reading partitions")
+    parts = summarise_partitions(_slurm.run_cmd(["scontrol", "show", "partition", "-o"]), nodes)
+    if params.partition:
+        parts = [p for p in parts if p.name == params.partition]
+        if not parts:
+            raise ToolFailure(f"partition {params.partition!r} does not exist; partitions here: "
+                              f"{', '.join(sorted({p for n in nodes for p in n['partitions']})) or 'none'}")
+        nodes = [n for n in nodes if params.partition in n["partitions"]]
+
+    progress(0.6, "reading jobs")
+    user = params.user or os.environ.get("USER") or getpass.getuser()
+    job_doc = _slurm.json_or_none(["squeue"])
+    if job_doc is not None:
+        jobs = jobs_from_json(job_doc, time.time())
+    else:
+        argv = ["squeue", "-h", "-o", SQUEUE_FORMAT] + ([] if params.all_users else ["-u", user])
+        jobs = jobs_from_text(_slurm.run_cmd(argv))
+    jobs = [j for j in jobs if j.state in ACTIVE and (params.all_users or j.user == user)
+            and (not params.partition or params.partition in j.partition.split(","))]
+    jobs.sort(key=lambda j: (j.state != "PENDING", j.job_id))
+
+    problems = [NodeProblem(node=n["name"], state=n["state"], reason=n["reason"], set_by=n["set_by"],
+                            since=n["since"], partitions=n["partitions"]) for n in nodes if is_problem(n["state"])]
+    findings = []
+    for p in parts:
+        gpu = f"; GPUs {p.gpus_free} free of {p.gpus_total} ({p.gpus_used} in use)" if p.gpus_total else ""
+        findings.append(f"Partition {p.name} is {p.state}: {p.nodes_total} nodes, {p.nodes_idle} idle, "
+                        f"{p.nodes_in_use} in use, {p.nodes_unavailable} unavailable{gpu}.")
+    for n in problems:
+        who = f", set by {n.set_by}" if n.set_by else ""
+        when = f" since {n.since}" if n.since else ""
+        findings.append(f"Node {n.node} is {n.state}{when}{who}: reason {n.reason or '(none given)'!r}.")
+    job_findings, stuck = _job_findings(jobs)
+    findings += job_findings
+    whose = "all users" if params.all_users else f"user {user}"
+    running = sum(j.state == "RUNNING" for j in jobs)
+    findings.append(f"{len(jobs)} active jobs for {whose}: {running} running, "
+                    f"{sum(j.state == 'PENDING' for j in jobs)} pending.")
+
+    down_parts = [p for p in parts if p.state != "UP"]
+    verdict = "warn" if problems or stuck or down_parts else "ok"
+    nxt = ["knowledge://orchestration/slurm.md"]
+    if problems:
+        nxt += ["gpu_health", "knowledge://compute/gpu-faults.md"]
+    nxt.append("slurm_job_diagnose")
+    left_out = max(0, len(jobs) - params.max_jobs)
+    progress(1.0, "done")
+    return SlurmStatusResult(verdict=verdict, findings=findings, next=nxt, slurm_version=version, source=source,
+                             partitions=parts, problem_nodes=problems, jobs=jobs[:params.max_jobs],
+                             jobs_left_out=left_out)
+
+
+SPEC = ToolSpec(
+    name="slurm_status",
+    summary="SLURM partitions, drained/down nodes with reasons, GPU use, and your jobs' pending reasons.",
+    description=(
+        "Look at a SLURM cluster from a login node: every partition's state with idle / in-use / unavailable "
+        "node counts and GPUs free and used; nodes that are drained, down, failing or not responding with "
+        "the reason, who set it and since when; the user's running and pending jobs with the pending reason "
+        "in plain words (Priority, Resources, ReqNodeNotAvail, Dependency, QOS/association limits). Use for "
+        "'my job is stuck in PD', 'why is nothing running', 'which nodes are drained', 'are GPUs free'. "
+        "Read-only, a few seconds; needs SLURM client commands (sinfo, squeue, scontrol). Not for a job "
+        "that already ended (slurm_job_diagnose) or for GPU hardware faults (gpu_health)."),
+    Params=SlurmStatusParams, Result=SlurmStatusResult, run=run,
+    runs="subprocess", read_only=True, destructive=False, idempotent=True, open_world=True,
+    timeout_s=120, store=False,
+    doctor=lambda ctx: {} if shutil.which("sinfo") else None, doctor_order=60,  # only where SLURM is
+)
+
+if __name__ == "__main__":
+    from tools.harness import main
+
+    main(SPEC)
