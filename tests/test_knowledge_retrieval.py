@@ -64,3 +64,26 @@ def test_paraphrased_questions_also_reach_target():
 ])
 def test_issue_examples_rank_first(question, expected):
     assert _top3(question)[0] == expected
+
+
+def test_tool_selection_symptoms_reach_pages_that_name_the_tool():
+    """Cross-check with the tool-selection eval (written separately, not tuned on these pages):
+    for a user's symptom, the top 3 pages should name the tool that case expects, so an agent that
+    reads them is pointed at the right measurement. Meta cases (knowledge_search itself, job
+    handles, out-of-scope) are left out."""
+    cases_path = ROOT / "evals" / "cases.jsonl"
+    if not cases_path.exists():
+        pytest.skip("evals/cases.jsonl not present")
+    skip = {"knowledge_search", "job_status", "job_cancel", "(none)"}
+    cases = [json.loads(line) for line in cases_path.read_text().splitlines() if line.strip()]
+    cases = [c for c in cases if c.get("expected") and c["expected"][0] not in skip]
+    assert len(cases) >= 50
+    misses = []
+    for case in cases:
+        named = set()
+        for _, page, _ in search(case["symptom"], k=3):
+            named |= set(page.tools)
+        if not set(case["expected"]) & named:
+            misses.append(case["id"])
+    rate = 1 - len(misses) / len(cases)
+    assert rate >= TARGET_TOP3, f"{rate:.1%} of tool cases reach a page naming the tool; misses: {misses}"
