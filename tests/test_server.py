@@ -212,3 +212,9 @@ def test_http_request_without_token_is_refused(tmp_path):
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def test_server_start_imports_no_torch():
+    code = "import sys, server; server.build_server(); print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "False", out.stderr
