@@ -47,6 +47,7 @@ class Setup:
     micro_batch: int = 1
     activation_checkpointing: str = "none"
     flash_attention: bool = True
+    kernels: str = "fused"
     sequence_parallel: bool = True
     dropout: bool = False
     kv_dtype: str = "bf16"
@@ -120,19 +121,28 @@ def layer_activation_bytes(s: Setup, micro_batch: int) -> tuple[float, float]:
     seq, b, h, t = s.seq_len / s.cp, micro_batch, a.hidden, s.tp
     sbh = seq * b * h
     kv = 2 * seq * b * a.kv_dim
+    eager = s.kernels == "eager"
     split = 2 * sbh + 2 * kv + 2 * sbh  # q, k and v, the attention output (o-proj input)
-    split += (6 if a.gated_mlp else 4) * seq * b * a.ffn  # gate/up outputs + product, or act in/out
+    # Gated: gate and up outputs + their product (eager autograd also keeps silu(gate)); else act in/out.
+    split += ((8 if eager else 6) if a.gated_mlp else 4) * seq * b * a.ffn
     keep_scores = not s.flash_attention and s.activation_checkpointing == "none"
     if keep_scores:  # softmax output (2 bytes), + mask (1) and dropout output (2) with dropout
         split += (5 if s.dropout else 2) * a.heads * seq * seq * b
     elif s.flash_attention:
         split += 4 * seq * b * a.heads  # fp32 log-sum-exp per row
-    # 2 norm inputs, the qkv and mlp inputs, and the two dropout masks (1 byte each) when dropout is on
-    replicated = 4 * sbh + 2 * sbh + 2 * sbh + (2 * sbh if s.dropout else 0)
+    # 2 norms, the qkv and mlp inputs, and the two dropout masks (1 byte each) when dropout is on
+    replicated = 2 * norm_bytes(s) * sbh + 2 * sbh + 2 * sbh + (2 * sbh if s.dropout else 0)
     sp = s.sequence_parallel and t > 1
-    layer = split / t + (replicated / t if sp else replicated)
-    layer_input = 2 * sbh / (t if sp else 1)
+    scale = 2 if s.precision == "fp32" else 1  # activations in fp32 rather than 16-bit
+    layer = scale * (split / t + (replicated / t if sp else replicated))
+    layer_input = scale * 2 * sbh / (t if sp else 1)
     return layer, layer_input
+
+
+def norm_bytes(s: Setup) -> int:
+    """Bytes a norm saves per element: its bf16 input when fused; eager PyTorch RMSNorm upcasts and
+    keeps two fp32 tensors (the input copy and the normalised product)."""
+    return 8 if s.kernels == "eager" else 2
 
 
 def activation_bytes(s: Setup, st: Stage, micro_batch: int) -> tuple[float, float]:
@@ -149,7 +159,8 @@ def activation_bytes(s: Setup, st: Stage, micro_batch: int) -> tuple[float, floa
     logits = 0.0
     if st.head:
         seq = s.seq_len / s.cp
-        held += 4 * seq * micro_batch * a.hidden / (s.tp if s.sequence_parallel and s.tp > 1 else 1)
+        # final norm + output-head input
+        held += (norm_bytes(s) + 2) * seq * micro_batch * a.hidden / (s.tp if s.sequence_parallel and s.tp > 1 else 1)
         logits = 4 * seq * micro_batch * a.vocab / s.tp  # fp32 logits for the loss (Korthikanti's 4sbv)
     return held, logits
 

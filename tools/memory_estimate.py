@@ -50,6 +50,9 @@ class MemoryParams(ModelParams):
         "inputs only).")
     flash_attention: bool = Field(True, description="Fused attention that never stores the seq x seq "
                                   "score matrix.")
+    kernels: Literal["fused", "eager"] = Field(
+        "eager", description="eager: plain PyTorch / Hugging Face modules (RMSNorm keeps fp32 copies, SwiGLU "
+        "keeps silu output); fused: Megatron / Transformer Engine / compiled kernels (Korthikanti's formula).")
     sequence_parallel: bool = Field(True, description="With tp > 1, also split norm/dropout activations "
                                     "(Megatron sequence parallelism).")
     dropout: bool = Field(False, description="Dropout on (stores 1-byte masks); most LLM pretraining runs "
@@ -98,8 +101,8 @@ class MemoryResult(Result):
     capacity_gib: float | None = Field(None, description="Memory the fit was checked against (GiB).")
     fits: bool | None = Field(None, description="Total <= capacity (None without an accelerator).")
     max_micro_batch: int | None = Field(None, description="Largest micro batch (inference: sequences) that fits.")
-    changes_to_fit: list[str] = Field(default_factory=list, description="Single changes that make it fit, "
-                                      "least disruptive first, each with its new total.")
+    changes_to_fit: list[str] = Field(default_factory=list, description="Changes (single, else pairs) that make "
+                                      "it fit, least disruptive first, each with its new total.")
 
 
 CATEGORIES = ("weights", "gradients", "master_weights", "optimizer_states", "gathered_params", "activations",
@@ -109,7 +112,7 @@ CATEGORIES = ("weights", "gradients", "master_weights", "optimizer_states", "gat
 def setup_from(p: MemoryParams) -> mm.Setup:
     fields = {k: getattr(p, k) for k in ("mode", "precision", "optimizer", "fp32_grads", "sharding",
                                           "shard_group_size", "tp", "pp", "dp", "cp", "seq_len", "micro_batch",
-                                          "activation_checkpointing", "flash_attention", "sequence_parallel",
+                                          "activation_checkpointing", "flash_attention", "kernels", "sequence_parallel",
                                           "dropout", "kv_dtype")}
     return mm.Setup(arch=p.architecture(), total_params=p.total_params(), **fields)
 
@@ -125,6 +128,8 @@ def candidate_changes(p: MemoryParams) -> list[tuple[str, dict]]:
         changes += [("activation_checkpointing=selective", {"activation_checkpointing": "selective"})]
     if not p.flash_attention:
         changes += [("flash_attention=true", {"flash_attention": True})]
+    if p.kernels == "eager":
+        changes += [("kernels=fused", {"kernels": "fused"})]
     if p.activation_checkpointing != "full":
         changes += [("activation_checkpointing=full", {"activation_checkpointing": "full"})]
     order = ["none", "zero1", "zero2", "zero3"]
@@ -139,8 +144,19 @@ def candidate_changes(p: MemoryParams) -> list[tuple[str, dict]]:
 
 
 def changes_that_fit(p: MemoryParams, capacity_bytes: float) -> list[str]:
+    """Single changes that fit; when none does, pairs of them."""
+    singles = candidate_changes(p)
+    found = _fitting(p, singles, capacity_bytes)
+    if not found:
+        pairs = [(f"{a} + {b}", {**ua, **ub}) for i, (a, ua) in enumerate(singles) for b, ub in singles[i + 1:]
+                 if not ua.keys() & ub.keys()]
+        found = _fitting(p, pairs, capacity_bytes)
+    return found
+
+
+def _fitting(p: MemoryParams, changes: list[tuple[str, dict]], capacity_bytes: float) -> list[str]:
     found = []
-    for label, update in candidate_changes(p):
+    for label, update in changes:
         try:
             q = MemoryParams(**{**p.model_dump(exclude_unset=True), **update})
         except ValidationError:  # e.g. tp that no longer divides the heads
@@ -211,9 +227,9 @@ def _judge_fit(params: MemoryParams, s: mm.Setup, total: float, res: MemoryResul
                             f"{res.accelerator}.")
         res.changes_to_fit = changes_that_fit(params, cap)
         if res.changes_to_fit:
-            res.findings.append("Single changes that fit: " + "; ".join(res.changes_to_fit[:4]) + ".")
+            res.findings.append("Changes that fit: " + "; ".join(res.changes_to_fit[:4]) + ".")
         else:
-            res.findings.append("No single change fits: combine them, or add GPUs (tp/pp/dp) or CPU offload.")
+            res.findings.append("No single change or pair fits: add GPUs (tp/pp/dp), combine more, or offload to CPU.")
     if res.max_micro_batch == 0:
         res.findings.append("Even a micro batch of 1 sequence does not fit.")
     elif res.max_micro_batch is not None:
