@@ -87,3 +87,16 @@ def test_tool_selection_symptoms_reach_pages_that_name_the_tool():
             misses.append(case["id"])
     rate = 1 - len(misses) / len(cases)
     assert rate >= TARGET_TOP3, f"{rate:.1%} of tool cases reach a page naming the tool; misses: {misses}"
+
+
+if __name__ == "__main__":
+    # Print the figures for docs/benchmarks.md:  python tests/test_knowledge_retrieval.py
+    import sys
+    rows = _rows()
+    for style in ("symptom-style", "paraphrase", "all"):
+        sub = [r for r in rows if style == "all" or r.get("style", "symptom-style") == style]
+        top = [_top3(r["question"]) for r in sub]
+        top1 = sum(bool(t) and t[0] == r["expected"] for r, t in zip(sub, top))
+        top3 = sum(r["expected"] in t for r, t in zip(sub, top))
+        print(f"{style:14s} n={len(sub):3d}  top-1 {top1 / len(sub):.1%}  top-3 {top3 / len(sub):.1%}")
+    sys.exit(0)
