@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+from tests.slurm_cluster import slurm_cluster  # noqa: F401  (session fixture, only started when used)
 from tools import hang_stack_dump as hsd
 from tools.harness import REPO_ROOT, ToolFailure, kill_tree, torchrun_command
 
@@ -236,3 +237,37 @@ def test_bad_params_are_refused():
         hsd.HangStackDumpParams(slurm_job_id="42; rm -rf /")
     with pytest.raises(ValidationError):
         hsd.HangStackDumpParams(launcher_pid=0)
+
+
+SLURM_RANKS = textwrap.dedent("""\
+    import os, time
+
+    def forward():
+        time.sleep(600)
+
+    def save_checkpoint():
+        time.sleep(600)                     # SLURM_PROCID 2 is the odd one
+
+    print("UP", os.environ["SLURM_PROCID"], flush=True)
+    save_checkpoint() if os.environ["SLURM_PROCID"] == "2" else forward()
+""")
+
+
+@pytest.mark.slurm
+def test_slurm_job_dumped_on_every_node(ptrace_ok, slurm_cluster, tmp_path):  # noqa: F811
+    (tmp_path / "ranks.py").write_text(SLURM_RANKS)
+    job = slurm_cluster.sbatch("-N2", "-n3", "-t", "5", "--wrap", f"srun {sys.executable} {tmp_path}/ranks.py",
+                                 cwd=tmp_path)
+    try:
+        assert slurm_cluster.wait_state(job, {"RUNNING"}, timeout_s=60) == "RUNNING"
+        deadline = time.monotonic() + 60
+        while len(hsd._processes_with_env("SLURM_JOB_ID", job)) < 3 and time.monotonic() < deadline:
+            time.sleep(0.3)
+        time.sleep(0.5)
+        r = _run(slurm_job_id=job, all_nodes=True, per_process_timeout_s=20)
+        assert "--overlap" in r.slurm_command and f"--jobid={job}" in r.slurm_command and "--nodes=2" in r.slurm_command
+        assert r.odd_ranks == [2], r.findings
+        assert sorted(p.rank for p in r.processes) == [0, 1, 2]
+        assert r.groups[0].where.startswith("save_checkpoint (ranks.py:7)")
+    finally:
+        slurm_cluster.cmd("scancel", job, check=False)
