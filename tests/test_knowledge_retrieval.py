@@ -7,6 +7,7 @@ Target from issue 7: the expected page is in the top 3 for at least 90% of quest
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,8 @@ QUESTIONS = ROOT / "evals" / "knowledge_questions.jsonl"
 TARGET_TOP3 = 0.90
 
 pytest.importorskip("bm25s")
+if str(ROOT) not in sys.path:  # also runnable as a script from the repository root
+    sys.path.insert(0, str(ROOT))
 from tools.knowledge_search import search  # noqa: E402
 
 
@@ -91,7 +94,6 @@ def test_tool_selection_symptoms_reach_pages_that_name_the_tool():
 
 if __name__ == "__main__":
     # Print the figures for docs/benchmarks.md:  python tests/test_knowledge_retrieval.py
-    import sys
     rows = _rows()
     for style in ("symptom-style", "paraphrase", "all"):
         sub = [r for r in rows if style == "all" or r.get("style", "symptom-style") == style]
