@@ -84,6 +84,7 @@ QUICK = SearchPlan(
     mn_values=(1024, 1536, 2048, 3072, 4096, 6144, 8192, 12288, 16384),
     k_values=(1024, 2048, 4096, 8192, 12288, 16384),
     align=256, max_dim=16384, refine_start_step=1024,
+    screen_iterations=3, refine_seeds=5,
 )
 THOROUGH = SearchPlan(
     mn_values=(1024, 1536, 2048, 2560, 3072, 4096, 5120, 6144, 8192, 10240, 12288, 14336, 16384, 20480),

@@ -136,7 +136,7 @@ def judge(*, dtype: str, device_name: str, is_cpu: bool, mamf_tflops: float, bes
                                 "with gpu_health (clocks, throttle reasons, power limit, ECC).")
     if gpu_rows and not slow_gpus:
         findings.append(f"All {len(gpu_rows)} GPUs within {SLOW_GPU_PCT:g}% of the node median ({gpu_median:.1f} TFLOPS).")
-    if warmup_stable is False:
+    if warmup_stable is False and not is_cpu:
         findings.append("The card's throughput had not settled by the end of the warm-up (clocks or temperature "
                         "still moving): expect more run-to-run spread than usual.")
     if stopped_early:
