@@ -51,10 +51,7 @@ def _missing(stem: str) -> str:
     return f"_`knowledge/data/{stem}.toml` is not present yet; run `python knowledge/render.py` once it is._\n"
 
 
-def render_accelerators() -> str:
-    data = _load("accelerators")
-    if data is None:
-        return _missing("accelerators")
+def render_accelerators(data: dict) -> str:
     rows = []
     for acc in data.get("accelerator", []):
         tf = acc.get("dense_tflops", {})
@@ -72,19 +69,13 @@ def render_accelerators() -> str:
     return _table(header, rows)
 
 
-def render_links() -> str:
-    data = _load("interconnects")
-    if data is None:
-        return _missing("interconnects")
+def render_links(data: dict) -> str:
     rows = [[f"`{link['id']}`", link.get("name", ""), _num(link.get("per_gpu_unidir_gbps"))]
             for link in data.get("link", [])]
     return _table(["id", "name", "GB/s per GPU, one direction"], rows)
 
 
-def render_expected_busbw() -> str:
-    data = _load("interconnects")
-    if data is None:
-        return _missing("interconnects")
+def render_expected_busbw(data: dict) -> str:
     rows = []
     for e in data.get("expected_busbw", []):
         gpus = e.get("gpus")
@@ -96,10 +87,7 @@ def render_expected_busbw() -> str:
     return _table(["id", "accelerators", "GPUs", "link", "algo", "op", "busbw GB/s", "notes"], rows)
 
 
-def render_mamf() -> str:
-    data = _load("accelerators")
-    if data is None:
-        return _missing("accelerators")
+def render_mamf(data: dict) -> str:
     rows = []
     for acc in data.get("accelerator", []):
         mamf, bf16 = acc.get("mamf_bf16_tflops"), acc.get("dense_tflops", {}).get("bf16")
@@ -108,26 +96,20 @@ def render_mamf() -> str:
     return _table(["accelerator", "datasheet bf16 TFLOPS (dense)", "published MAMF bf16 TFLOPS", "share"], rows)
 
 
-def _links(kinds: set[str]) -> list[dict]:
-    data = _load("interconnects") or {}
+def _links(data: dict, kinds: set[str]) -> list[dict]:
     return [link for link in data.get("link", []) if link.get("kind") in kinds]
 
 
-def render_gpu_links() -> str:
-    if _load("interconnects") is None:
-        return _missing("interconnects")
+def render_gpu_links(data: dict) -> str:
     rows = [[link.get("name", link["id"]), _num(link.get("links_per_gpu")), _num(link.get("per_gpu_unidir_gbps"))]
-            for link in _links({"nvlink", "pcie"})]
+            for link in _links(data, {"nvlink", "pcie"})]
     return _table(["link", "links per GPU", "GB/s per GPU, one direction"], rows)
 
 
-def render_network() -> str:
-    data = _load("interconnects")
-    if data is None:
-        return _missing("interconnects")
+def render_network(data: dict) -> str:
     per_nic = {e["link"]: e.get("busbw_gbps") for e in data.get("expected_busbw", []) if e.get("gpus") == 0}
     rows = []
-    for link in _links({"infiniband", "roce", "efa"}):
+    for link in _links(data, {"infiniband", "roce", "efa"}):
         gbits = link.get("per_nic_gbits")
         rows.append([link.get("name", link["id"]), f"{_num(gbits)} Gb/s" if gbits else "–",
                      _num(link.get("per_gpu_unidir_gbps")), _num(per_nic.get(link["id"]))])
@@ -172,13 +154,14 @@ def render_tree(page: Path | None) -> str:
 
 PAGE_RENDERERS = {"index": render_index, "tree": render_tree}
 
+# block name -> (data file stem, renderer taking that file's parsed TOML)
 RENDERERS = {
-    "accelerators": render_accelerators,
-    "accelerators.mamf": render_mamf,
-    "interconnects.gpu_links": render_gpu_links,
-    "interconnects.network": render_network,
-    "interconnects.links": render_links,
-    "interconnects.expected_busbw": render_expected_busbw,
+    "accelerators": ("accelerators", render_accelerators),
+    "accelerators.mamf": ("accelerators", render_mamf),
+    "interconnects.gpu_links": ("interconnects", render_gpu_links),
+    "interconnects.network": ("interconnects", render_network),
+    "interconnects.links": ("interconnects", render_links),
+    "interconnects.expected_busbw": ("interconnects", render_expected_busbw),
 }
 
 
@@ -190,7 +173,9 @@ def render_text(text: str, page: Path | None = None) -> str:
             return m.group(1) + PAGE_RENDERERS[name](page) + m.group(4)
         if name not in RENDERERS:
             raise KeyError(f"unknown data block '{name}'; known: {sorted(RENDERERS) + sorted(PAGE_RENDERERS)}")
-        return m.group(1) + RENDERERS[name]() + m.group(4)
+        stem, renderer = RENDERERS[name]
+        data = _load(stem)
+        return m.group(1) + (renderer(data) if data is not None else _missing(stem)) + m.group(4)
     return BLOCK.sub(sub, text)
 
 
