@@ -197,3 +197,20 @@ def test_pickle_and_json_dumps_agree():
         ra, rb = analyse(a), analyse(b)
         assert [(g.problem, g.seq, g.culprit_ranks) for g in ra.groups] == \
                [(g.problem, g.seq, g.culprit_ranks) for g in rb.groups]
+
+
+NCCL_DIRS = sorted(p.parent for p in FIXTURES.glob("nccl_*/expected.json"))
+
+
+@pytest.mark.skipif(not NCCL_DIRS, reason="no NCCL dumps yet: run scripts/gpu_fr_dumps.sh on a GPU machine "
+                                          "and copy its nccl_* directories here")
+@pytest.mark.parametrize("scenario", NCCL_DIRS, ids=[p.name for p in NCCL_DIRS])
+def test_nccl_dumps_from_the_gpu_machine(scenario):
+    expected = json.loads((scenario / "expected.json").read_text())
+    r = analyse_dir(scenario, prefix="rank_")
+    assert r.backend == "nccl"
+    if not expected["culprit_ranks"]:
+        assert r.verdict == "ok" and r.culprit_ranks == []
+        return
+    problems = {g.problem for g in r.groups if set(expected["culprit_ranks"]) <= set(g.culprit_ranks)}
+    assert problems & set(expected["problems"]), (r.findings, [g.model_dump() for g in r.groups])

@@ -50,9 +50,13 @@ def _start_sleeper():
 
 @pytest.fixture(scope="module")
 def ptrace_ok():
+    try:
+        py_spy = hsd.py_spy_path()
+    except ToolFailure as e:
+        pytest.skip(str(e))
     proc = _start_sleeper()
     try:
-        threads, err = hsd.dump_one(proc.pid, False, 20, hsd.py_spy_path())
+        threads, err = hsd.dump_one(proc.pid, False, 20, py_spy)
     finally:
         proc.kill()
         proc.wait()
@@ -271,3 +275,34 @@ def test_slurm_job_dumped_on_every_node(ptrace_ok, slurm_cluster, tmp_path):  # 
         assert r.groups[0].where.startswith("save_checkpoint (ranks.py:7)")
     finally:
         slurm_cluster.cmd("scancel", job, check=False)
+
+
+GPU_HOLDER = textwrap.dedent("""\
+    import time, torch
+    def hold_gpu_memory():
+        x = torch.ones(64 << 20, device="cuda")     # 256 MiB
+        torch.cuda.synchronize()
+        print("HOLDING", flush=True)
+        time.sleep(600)
+    hold_gpu_memory()
+""")
+
+
+@pytest.mark.gpu
+def test_gpu_processes_are_found_through_nvml(ptrace_ok, tmp_path):
+    (tmp_path / "holder.py").write_text(GPU_HOLDER)
+    proc = subprocess.Popen([sys.executable, str(tmp_path / "holder.py")], stdout=subprocess.PIPE, text=True,
+                            env=dict(os.environ, CUDA_VISIBLE_DEVICES=os.environ.get("CUDA_VISIBLE_DEVICES", "0")))
+    try:
+        assert proc.stdout.readline().strip() == "HOLDING"
+        try:
+            r = _run(gpu_processes=True, detail=True)
+        except ToolFailure as e:
+            if "PID namespace" in str(e):
+                pytest.skip(str(e))
+            raise
+        mine = [p for p in r.processes if p.pid == proc.pid]
+        assert mine and mine[0].stack and mine[0].stack[0].startswith("hold_gpu_memory (holder.py:6)"), r.processes
+    finally:
+        proc.kill()
+        proc.wait()

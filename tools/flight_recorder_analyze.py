@@ -6,9 +6,9 @@ tool reads one dump per rank, lines the ranks up per process group by collective
 names the first place they part ways: ranks that never issued a collective the others wait in, a
 different op, size or dtype, a rank still inside an earlier collective, or a rank that left no dump.
 
-Turn dumps on before the job (either env var generation works):
-    TORCH_FR_BUFFER_SIZE=2000 TORCH_FR_DUMP_ON_TIMEOUT=1 TORCH_FR_DUMP_TEMP_FILE=/shared/fr/rank_
-    (torch < 2.9: TORCH_NCCL_TRACE_BUFFER_SIZE, TORCH_NCCL_DUMP_ON_TIMEOUT, TORCH_NCCL_DEBUG_INFO_TEMP_FILE)
+Turn dumps on before the job (either env var generation works; TORCH_NCCL_DUMP_ON_TIMEOUT is read by both):
+    TORCH_FR_BUFFER_SIZE=2000 TORCH_NCCL_DUMP_ON_TIMEOUT=1 TORCH_FR_DUMP_TEMP_FILE=/shared/fr/rank_
+    (older torch: TORCH_NCCL_TRACE_BUFFER_SIZE=2000 and TORCH_NCCL_DEBUG_INFO_TEMP_FILE=/shared/fr/rank_)
 Then, on any machine (no GPU, torch not needed):
     python -m tools.flight_recorder_analyze --path /shared/fr            # a directory, walked recursively
     python -m tools.flight_recorder_analyze --path /shared/fr --prefix rank_ --json
@@ -425,7 +425,8 @@ SPEC = ToolSpec(
     summary="PyTorch flight-recorder dumps → the first mismatched or missing collective per process group, culprit ranks.",
     description=(
         "Reads the per-rank flight-recorder dumps PyTorch writes when a NCCL collective times out "
-        "(TORCH_FR_DUMP_ON_TIMEOUT / older TORCH_NCCL_DUMP_ON_TIMEOUT; pickle or JSON, any torch version) and, "
+        "(TORCH_NCCL_DUMP_ON_TIMEOUT=1 with TORCH_FR_BUFFER_SIZE or the older TORCH_NCCL_TRACE_BUFFER_SIZE; pickle "
+        "or JSON, any torch version) and, "
         "per process group, finds the first collective where ranks disagree: ranks that never issued the "
         "collective the others wait in (e.g. 'ranks 0-6 wait in all_reduce #812 from train.py:212; rank 7 last "
         "issued #811'), a different op / size / dtype, ranks still inside an earlier collective, ranks that left "

@@ -184,8 +184,8 @@ def _gpu_targets() -> list[int]:
     except Exception as e:
         raise ToolFailure(f"gpu_processes needs NVML and it is not available here ({e}): no NVIDIA driver on "
                           "this machine. Pick the processes with pids, launcher_pid or pattern instead.") from None
+    pids = set()
     try:
-        pids = set()
         for i in range(pynvml.nvmlDeviceGetCount()):
             h = pynvml.nvmlDeviceGetHandleByIndex(i)
             for fn in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
@@ -193,9 +193,19 @@ def _gpu_targets() -> list[int]:
                     pids.update(p.pid for p in getattr(pynvml, fn)(h))
                 except pynvml.NVMLError:
                     pass
-        return sorted(pids)
     finally:
         pynvml.nvmlShutdown()
+    import psutil
+
+    visible = sorted(p for p in pids if psutil.pid_exists(p))
+    if not pids:
+        raise ToolFailure("NVML lists no process holding GPU memory on this node: the job is not running here, "
+                          "or it has not touched the GPU yet. Use pattern or launcher_pid.")
+    if not visible:
+        raise ToolFailure(f"NVML reports pids {sorted(pids)[:8]} holding GPU memory, but none exists in this PID "
+                          "namespace (a container that does not share the host's pids?): use pattern or "
+                          "launcher_pid from inside the job's container.")
+    return visible
 
 
 def resolve_targets(params: HangStackDumpParams) -> list[int]:
