@@ -41,7 +41,7 @@ AGREED = {
 # A backticked word that looks like one of our tools (ends like a catalog name does).
 TOOL_LIKE = re.compile(
     r"^[a-z0-9]+(?:_[a-z0-9]+)*_(?:bench|test|report|health|topology|analyze|triage|estimate|calc|"
-    r"roi|status|diagnose|script|specs|search|history|dump|bandwidth|cancel)$")
+    r"roi|status|diagnose|script|specs|search|history|dump|bandwidth|cancel|benchmark|analyzer|analysis)$")
 LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")
 URI = re.compile(r"knowledge://([\w./-]+\.md)")
 MAX_LINES = 400
