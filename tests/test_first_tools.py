@@ -66,7 +66,8 @@ def test_env_warnings():
     for needle in ("CUDA_LAUNCH_BLOCKING=1", "NCCL_P2P_DISABLE=1", "NCCL_DEBUG=INFO", "TORCH_NCCL_ASYNC_ERROR_HANDLING",
                    "TORCH_FR_BUFFER_SIZE", "built for CUDA 12.8 but the driver supports CUDA 12.4", "More than one NCCL"):
         assert needle in text
-    assert env_warnings({"NCCL_DEBUG": "WARN"}, "12.4", "12.8", []) == []
+    assert env_warnings({"NCCL_DEBUG": "WARN"}, "12.4", "12.8", [], dev_shm_gib=64.0) == []
+    assert "--shm-size" in env_warnings({}, None, None, [], dev_shm_gib=0.0625)[0]
 
 
 @pytest.mark.parametrize("name,expected", [

@@ -44,7 +44,7 @@ def tool_parser(spec: ToolSpec, prog: str) -> argparse.ArgumentParser:
         flags = [f"--{name.replace('_', '-')}"] + ([f"--{name}"] if "_" in name else [])
         default = "(required)" if field.is_required() else repr(
             field.default_factory() if field.default_factory else field.default)
-        help_text = f"{field.description} [default: {default}]"
+        help_text = f"{field.description} [default: {default}]".replace("%", "%%")  # argparse formats help with %
         if _is_bool(field.annotation):
             parser.add_argument(*flags, dest=name, action=argparse.BooleanOptionalAction, default=None, help=help_text)
         elif _is_list(field.annotation):

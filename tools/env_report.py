@@ -14,6 +14,7 @@ import glob
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 from importlib import metadata
@@ -91,6 +92,7 @@ class EnvReportResult(Result):
     packages: dict[str, str] = Field(default_factory=dict, description="Versions of key ML packages present.")
     env: dict[str, str] = Field(default_factory=dict, description="NCCL_*, TORCH_*, CUDA_*, PYTORCH_* and related variables.")
     nccl_libraries: list[str] = Field(default_factory=list, description="libnccl copies found (pip packages, LD_LIBRARY_PATH, LD_PRELOAD).")
+    dev_shm_gib: float | None = Field(None, description="Size of /dev/shm, GiB (binary); None when absent.")
     warnings: list[str] = Field(default_factory=list, description="Mismatches and harmful settings, one sentence each.")
 
 
@@ -136,10 +138,19 @@ def _version_tuple(v: str | None) -> tuple[int, ...]:
         return ()
 
 
+# Below this, NCCL's shared-memory transport and DataLoader workers fail with "No space left on device"
+# or bus errors; containers default to 64 MiB (docker --shm-size).
+MIN_DEV_SHM_GIB = 1.0
+
+
 def env_warnings(env: dict[str, str], torch_cuda: str | None, driver_max_cuda: str | None,
-                 nccl_libraries: list[str]) -> list[str]:
+                 nccl_libraries: list[str], dev_shm_gib: float | None = None) -> list[str]:
     """Pure: the warnings for a set of variables and versions (tested directly)."""
     out = []
+    if dev_shm_gib is not None and dev_shm_gib < MIN_DEV_SHM_GIB:
+        out.append(f"/dev/shm is only {dev_shm_gib * 1024:.0f} MiB: NCCL's shared-memory transport and DataLoader "
+                   "workers need more (bus errors, 'No space left on device'). In docker use --shm-size=16g or "
+                   "--ipc=host.")
     for var, (bad, why) in HARMFUL_ENV.items():
         value = env.get(var)
         if value is not None and (bad is None or value.upper() in bad):
@@ -177,7 +188,11 @@ def run(params: EnvReportParams, progress) -> EnvReportResult:
         except (subprocess.TimeoutExpired, json.JSONDecodeError, IndexError) as e:
             probe_note = f"torch probe failed: {type(e).__name__}"
     libs = _nccl_libraries(packages)
-    warnings = env_warnings(env, probe.get("cuda"), driver_cuda, libs)
+    try:
+        shm_gib = round(shutil.disk_usage("/dev/shm").total / 2**30, 2)
+    except OSError:
+        shm_gib = None
+    warnings = env_warnings(env, probe.get("cuda"), driver_cuda, libs, shm_gib)
     if probe_note:
         warnings.insert(0, probe_note)
     if probe.get("cuda") and driver and not probe.get("cuda_available"):
@@ -187,7 +202,8 @@ def run(params: EnvReportParams, progress) -> EnvReportResult:
         python=platform.python_version(), torch=probe.get("torch") or packages.get("torch"),
         torch_cuda=probe.get("cuda"), torch_hip=probe.get("hip"), cudnn=probe.get("cudnn"), nccl=probe.get("nccl"),
         cuda_available=probe.get("cuda_available"), gpu_count=probe.get("device_count"), driver=driver,
-        driver_max_cuda=driver_cuda, packages=packages, env=env, nccl_libraries=libs, warnings=warnings)
+        driver_max_cuda=driver_cuda, packages=packages, env=env, nccl_libraries=libs, dev_shm_gib=shm_gib,
+        warnings=warnings)
     stack = f"torch {result.torch or 'not installed'}"
     if result.torch_cuda:
         stack += f" (CUDA {result.torch_cuda}, cuDNN {result.cudnn}, NCCL {result.nccl})"
