@@ -58,7 +58,12 @@ class MatmulTimer:
             self.out_dtype = self.in_dtype
         if not self.is_cpu:
             # tf32 and fp32 differ only in this switch; set it every time, someone may have changed it.
-            torch.backends.cuda.matmul.allow_tf32 = dtype == "tf32"
+            # torch >= 2.9 has fp32_precision and warns about allow_tf32; never mix the two APIs.
+            matmul = torch.backends.cuda.matmul
+            if hasattr(matmul, "fp32_precision"):
+                matmul.fp32_precision = "tf32" if dtype == "tf32" else "ieee"
+            else:
+                matmul.allow_tf32 = dtype == "tf32"
 
     def _fp8_dtype(self):
         torch = self.torch

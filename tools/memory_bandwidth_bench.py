@@ -193,6 +193,13 @@ def run(params: MemoryBandwidthParams, progress) -> MemoryBandwidthResult:
     res.link_expected_gbps = pcie_link_gbps(res.pcie_max_gen, res.pcie_max_width)
     res.measurements = [BandwidthRow(**r) for r in rows]
     judge(res)
+    if device != "cpu":
+        import torch
+
+        l2 = int(getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or 0)
+        if l2 and (params.size_mib << 20) < 8 * l2:
+            res.findings.append(f"size_mib={params.size_mib} is under 8x this GPU's {l2 / 2**20:.0f} MiB L2 cache: part "
+                                "of each pass hits the cache and the figures overstate memory bandwidth.")
     progress(1.0, "done")
     return res
 
