@@ -122,3 +122,23 @@ def test_many_nodes_outside_slurm_prints_the_per_node_command(monkeypatch):
     assert result.verdict == "info"
     assert len(result.per_node_commands) == 2
     assert "--nnodes 2 --nproc-per-node 8 --rdzv-endpoint" in result.per_node_commands[0]
+
+
+def test_two_nodes_started_by_hand_each_report_their_own_ranks():
+    import json
+    import socket
+    import subprocess
+    import sys
+
+    from tools.harness import REPO_ROOT
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "tools.dist_smoke_test", "--json", "--nnodes", "2", "--nproc-per-node", "1",
+           "--backend", "gloo", "--rdzv-endpoint", f"127.0.0.1:{port}", "--pg-timeout-s", "20", "--alloc-mib", "1"]
+    nodes = [subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True) for _ in range(2)]
+    results = [json.loads(p.communicate(timeout=90)[0]) for p in nodes]
+    assert sorted(r["ranks"][0]["rank"] for r in results) == [0, 1]
+    assert all(r["verdict"] == "ok" and r["world_size"] == 2 and len(r["ranks"]) == 1 for r in results)
+    assert all("of 2; the other nodes report on their own" in r["findings"][1] for r in results)

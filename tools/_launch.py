@@ -174,6 +174,9 @@ def launch_ranks(command: list[str], world_size: int, *, timeout_s: float, stall
                  deadline_s: float, on_event=None, env: dict | None = None) -> LaunchOutcome:
     """Run `command` (from plan_command) and follow its ranks until they finish, stall or overrun.
 
+    world_size: ranks expected to report here (0 when this node is one of several started by hand:
+    only the ranks that report are followed).
+
     stall_s: stop when no rank reported anything for this long. deadline_s: stop regardless.
     On stop, the whole process tree is killed (torchrun workers are their own session leaders, so
     by descendants, not by process group). on_event(event) is called for every event as it arrives.
@@ -190,13 +193,14 @@ def launch_ranks(command: list[str], world_size: int, *, timeout_s: float, stall
     err_reader.start()
     ranks = {r: RankState(rank=r) for r in range(world_size)}
     data: list[dict] = []
-    last_progress, stalled, overran = time.monotonic(), False, False
+    last_progress, stalled, overran, reported_world = time.monotonic(), False, False, world_size
 
     def drain():
-        nonlocal last_progress
+        nonlocal last_progress, reported_world
         while events:
             event = events.popleft()
             apply_event(ranks, event)
+            reported_world = max(reported_world, int(event.get("world_size") or 0))
             last_progress = time.monotonic()
             if event["ev"] == "data":
                 data.append(event)
@@ -230,7 +234,7 @@ def launch_ranks(command: list[str], world_size: int, *, timeout_s: float, stall
         if state.status == "running":  # alive when we stopped it, or gone without a word
             state.status = "stuck" if (stalled or overran) else "vanished"
             state.end_t = end
-    return LaunchOutcome(command=command, world_size=max([world_size, *ranks]) if ranks else world_size,
+    return LaunchOutcome(command=command, world_size=max([reported_world, *(r + 1 for r in ranks)]),
                          ranks=ranks, data=data, returncode=proc.returncode, stalled=stalled,
                          overran=overran, elapsed_s=round(time.monotonic() - t0, 2),
                          stderr_tail=stderr_tail[-4000:], output_tail="\n".join(out_reader.tail)[-2000:])

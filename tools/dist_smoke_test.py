@@ -113,7 +113,8 @@ def run(params: DistSmokeTestParams, progress) -> DistSmokeTestResult:
             progress((STAGES.index(event["stage"]) + 1) / len(STAGES), f"rank 0: {event['stage']}")
 
     progress(0.0, f"starting {world} ranks")
-    outcome = launch_ranks(command, world, timeout_s=params.pg_timeout_s, stall_s=params.pg_timeout_s + 10,
+    outcome = launch_ranks(command, 0 if params.rdzv_endpoint else world, timeout_s=params.pg_timeout_s,
+                           stall_s=params.pg_timeout_s + 10,
                            deadline_s=3 * params.pg_timeout_s + 60, on_event=on_event)
     return summarize(outcome, params, nnodes)
 
@@ -127,15 +128,18 @@ def summarize(outcome, params: DistSmokeTestParams, nnodes: int) -> DistSmokeTes
     states = sorted(outcome.ranks.values(), key=lambda s: s.rank)
     ok = [s for s in states if s.status == "done"]
     world = outcome.world_size
-    if len(ok) == world:
+    if states and len(ok) == len(states) and (len(states) == world or params.rdzv_endpoint):
         verdict = "warn" if mismatches else "ok"
         stage_max = {}
         for s in ok:
             for stage, sec in s.stage_seconds.items():
                 stage_max[stage] = max(stage_max.get(stage, 0.0), sec)
         slow = ", ".join(f"{k} {stage_max[k]:.3f} s" for k in ("init", "barrier", "all_reduce") if k in stage_max)
-        findings = [f"All {world} ranks on {len(set(hosts.values()))} host(s) joined, passed the barrier and an "
+        findings = [f"All {len(states)} ranks on {len(set(hosts.values()))} host(s) joined, passed the barrier and an "
                     f"exact all_reduce check ({backend}); slowest rank per stage: {slow}."]
+        if len(states) < world:
+            findings.append(f"This node ran ranks {states[0].rank}..{states[-1].rank} of {world}; the other nodes "
+                            "report on their own (run the same command there).")
         if world == 1:
             findings.append("World size 1 checks only this rank's setup: run with at least 2 ranks to test "
                             "communication.")
@@ -145,7 +149,8 @@ def summarize(outcome, params: DistSmokeTestParams, nnodes: int) -> DistSmokeTes
         if outcome.stalled:
             findings.append(f"No rank reported progress for {params.pg_timeout_s + 10:g} s: the run was stopped "
                             "and every rank process killed.")
-        findings.insert(0, f"{len(ok)} of {world} ranks passed.")
+        findings.insert(0, f"{len(ok)} of {len(states) or world} ranks passed"
+                           + (" on this node." if params.rdzv_endpoint else "."))
         nxt = ["hang_stack_dump", "nccl_log_analyze", "knowledge://debugging/hangs.md",
                "knowledge://network/nccl-debugging.md"]
     findings += mismatches
