@@ -85,8 +85,8 @@ class PcieWatcher:
         self._nvml = nvml_handle_for_torch_device(torch_index)
         if self._nvml:
             nv, h = self._nvml
-            self.max_gen = _try(lambda: nv.nvmlDeviceGetGpuMaxPcieLinkGeneration(h)) or _try(
-                lambda: nv.nvmlDeviceGetMaxPcieLinkGeneration(h))
+            # The most this GPU *in this slot* can do (not the GPU alone): a Gen5 card in a Gen4 slot is not downtrained.
+            self.max_gen = _try(lambda: nv.nvmlDeviceGetMaxPcieLinkGeneration(h))
             self.max_width = _try(lambda: nv.nvmlDeviceGetMaxPcieLinkWidth(h))
             bus = _try(lambda: nv.nvmlDeviceGetPciInfo(h).busId)
             self.bus_id = bus.decode() if isinstance(bus, bytes) else bus
