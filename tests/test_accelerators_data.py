@@ -106,3 +106,10 @@ def test_spot_checks(records):
     assert by_id["mi300x"]["dense_tflops"]["bf16"] == pytest.approx(1307.4)
     assert by_id["mi300x"]["memory_gb"] == 192
     assert by_id["h100-sxm"]["mamf_bf16_tflops"] == 794.5
+
+
+@pytest.mark.parametrize("name,expected", sorted(NAMES.items()))
+def test_match_accelerator_finds_reported_names(name, expected):
+    from tools.accelerator_specs import match_accelerator
+
+    assert match_accelerator(name)["id"] == expected
