@@ -214,3 +214,14 @@ def test_nccl_dumps_from_the_gpu_machine(scenario):
         return
     problems = {g.problem for g in r.groups if set(expected["culprit_ranks"]) <= set(g.culprit_ranks)}
     assert problems & set(expected["problems"]), (r.findings, [g.model_dump() for g in r.groups])
+
+
+@pytest.mark.parametrize("scenario,needle", [
+    ("op_mismatch/json", "Culprit rank 2"),        # JSON dumps are re-pickled for it
+    ("hung/pickle", "missing ranks: {3}"),
+])
+def test_pytorch_analyser_second_opinion_agrees(scenario, needle):
+    pytest.importorskip("torch")
+    r = analyse_dir(FIXTURES / scenario, torch_analyser=True)
+    assert any(needle in line for line in r.torch_analyser_output), r.torch_analyser_output
+    assert len(r.torch_analyser_output) <= 40

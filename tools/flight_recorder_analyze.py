@@ -52,6 +52,10 @@ class FlightRecorderParams(Params):
         "at the end of the name. Empty: every file that ends in a number (optionally .json/.pkl)."))
     max_groups: int = Field(20, ge=1, le=1000, description="Report at most this many process groups.")
     detail: bool = Field(False, description="Also return each rank's last collectives per group.")
+    torch_analyser: bool = Field(False, description=(
+        "Also run PyTorch's own analyser (torch.distributed.flight_recorder.fr_trace) on the same dumps, "
+        "with the gloo pg_config it cannot read rebuilt; its lines come back in torch_analyser_output. "
+        "Needs torch; 2-10 s."))
 
 
 class GroupReport(BaseModel):
@@ -78,6 +82,8 @@ class FlightRecorderResult(Result):
     unreadable_files: list[str] = Field(default_factory=list, description="Files that could not be read, with why.")
     culprit_ranks: list[int] = Field(default_factory=list, description="Ranks named as the cause, all groups together.")
     groups: list[GroupReport] = Field(default_factory=list, description="One report per process group.")
+    torch_analyser_output: list[str] = Field(default_factory=list, description=(
+        "PyTorch's fr_trace findings (first 40 lines), when torch_analyser was asked for."))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -379,6 +385,48 @@ def analyse(dumps: dict[int, RankDump], detail: bool = False, max_groups: int = 
 
 
 # ---------------------------------------------------------------------------------------------------
+# PyTorch's own analyser, as a second opinion
+
+def _pg_config_usable(raw: dict) -> bool:
+    cfg = raw.get("pg_config") or {}
+    return bool(cfg) and "" not in cfg and all(
+        isinstance(v, dict) and str(v.get("ranks", "")) not in ("", "[]") for v in cfg.values())
+
+
+def torch_analyser(dumps: dict[int, RankDump], groups: list[GroupReport], timeout_s: float = 120) -> list[str]:
+    """Run torch.distributed.flight_recorder.fr_trace on pickled copies of the dumps; its findings as lines."""
+    import importlib.util
+    import subprocess
+    import sys
+    import tempfile
+
+    if importlib.util.find_spec("torch") is None:
+        return ["PyTorch's analyser was not run: torch is not installed in this Python."]
+    config = {g.name: {"name": g.name, "desc": g.desc, "ranks": str(sorted(g.ranks))} for g in groups}
+    with tempfile.TemporaryDirectory(prefix="mleng-fr-") as tmp:
+        for rank, d in dumps.items():
+            raw = _load(Path(d.path))
+            if not _pg_config_usable(raw):
+                raw["pg_config"] = config       # gloo writes one '' key, which fr_trace cannot read
+            raw.setdefault("entries", [])
+            for e in raw["entries"]:
+                e["process_group"] = tuple(e.get("process_group") or ())
+                e.setdefault("frames", [])
+            (Path(tmp) / f"fr_{rank}").write_bytes(pickle.dumps(raw))
+        cmd = [sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", tmp, "-p", "fr_",
+               "--allow-incomplete-ranks"]
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return [f"PyTorch's analyser gave no answer in {timeout_s:.0f} s."]
+    lines = [ln.rstrip() for ln in (proc.stdout + "\n" + proc.stderr).splitlines()
+             if ln.strip() and "tabulate is not installed" not in ln]
+    if proc.returncode != 0:
+        return [f"PyTorch's analyser failed (exit {proc.returncode}):"] + lines[-15:]
+    return lines[:40] or ["PyTorch's analyser printed no error for these dumps."]
+
+
+# ---------------------------------------------------------------------------------------------------
 # The tool
 
 def run(params: FlightRecorderParams, progress) -> FlightRecorderResult:
@@ -416,6 +464,9 @@ def run(params: FlightRecorderParams, progress) -> FlightRecorderResult:
     else:
         result.verdict = "ok"
         result.next = ["hang_stack_dump", "knowledge://debugging/hangs.md"]
+    if params.torch_analyser:
+        progress(0.8, "running PyTorch's fr_trace for a second opinion")
+        result.torch_analyser_output = torch_analyser(dumps, result.groups)
     progress(1.0, "done")
     return result
 
