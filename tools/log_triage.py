@@ -35,7 +35,16 @@ from pathlib import Path
 
 from pydantic import BaseModel, model_validator
 
-from tools.harness import Field, Params, Progress, Result, ToolFailure, ToolSpec, load_data, main
+from tools.harness import (
+    Field,
+    Params,
+    Progress,
+    Result,
+    ToolFailure,
+    ToolSpec,
+    load_data,
+    main,
+)
 
 CHUNK_BYTES = 4 << 20          # read size; memory stays a small multiple of this whatever the log size
 MAX_LINE_CHARS = 400           # evidence lines are cut to this
@@ -45,13 +54,13 @@ TEXT_EXTENSIONS_SKIPPED = {".pt", ".pth", ".bin", ".safetensors", ".pkl", ".pick
 
 # Rank labels at the start of a line: torchrun `[rank3]:` and `[default3]:`, srun --label `3: `,
 # mpirun --tag-output `[1,3]<stdout>:`.
-_LINE_RANK = re.compile(r"^[ \t]*(?:\[(?:rank|default)(\d+)\]:|(\d{1,6}): |\[\d+,(\d+)\]<std(?:out|err)>:)", re.M)
+_LINE_RANK = re.compile(r"^[ \t]*(?:\[(?:rank|default)(\d+)\]:|(\d{1,6}): |\[\d+,(\d+)\]<std(?:out|err)>:)", re.MULTILINE)
 # Rank named inside a message when the line has no label: `[Rank 3]`, `[PG ID 0 PG GUID 0(default_pg) Rank 3]`.
 _MSG_RANK = re.compile(r"\[(?:PG [^\]\n]*?)?Rank (\d+)\]")
 # Rank in a file path: rank3.log, rank_3, log-rank-3.txt, torchelastic .../attempt_0/3/stderr.log
-_PATH_RANK = (re.compile(r"rank[_-]?(\d+)", re.I), re.compile(r"attempt_\d+/(\d+)/std(?:out|err)\.log$"))
+_PATH_RANK = (re.compile(r"rank[_-]?(\d+)", re.IGNORECASE), re.compile(r"attempt_\d+/(\d+)/std(?:out|err)\.log$"))
 
-_MONTHS = {m: i for i, m in enumerate("jan feb mar apr may jun jul aug sep oct nov dec".split(), 1)}
+_MONTHS = {m: i for i, m in enumerate(["jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"], 1)}
 _TS_ISO = re.compile(r"(\d{4})-(\d{2})-(\d{2})[T _](\d{2}):(\d{2}):(\d{2}(?:[.,]\d+)?)")
 _TS_GLOG = re.compile(r"\b[IWEF](\d{2})(\d{2}) (\d{2}):(\d{2}):(\d{2}(?:\.\d+)?)")
 _TS_SYSLOG = re.compile(r"\b(Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) +(\d{1,2}) (\d{2}):(\d{2}):(\d{2})")
@@ -87,7 +96,7 @@ def load_signatures() -> list[Signature]:
     sigs = []
     for order, raw in enumerate(data.get("signature", [])):
         try:
-            flags = re.M | (re.I if raw.get("ignore_case") else 0)
+            flags = re.MULTILINE | (re.IGNORECASE if raw.get("ignore_case") else 0)
             sigs.append(Signature(
                 id=raw["id"], name=raw["name"], category=raw["category"], severity=raw["severity"],
                 role=raw["role"], keywords=tuple(raw["keywords"]), regex=re.compile(raw["pattern"], flags),
@@ -483,13 +492,11 @@ def oom_figures(line: str) -> dict:
 
 def _post_oom(details, extra, rank, line, after):
     details.update(oom_figures(line))
-    return None
 
 
 def _post_watchdog(details, extra, rank, line, after):
     if rank is not None and len(extra) < MAX_RANKS_TRACKED:
         extra.setdefault(rank, (int(details["seq"]), details["op"], details.get("numel_in")))
-    return None
 
 
 def _post_exitcode(details, extra, rank, line, after):
@@ -540,14 +547,12 @@ def _post_root_cause(details, extra, rank, line, after):
         extra.setdefault("root", (root_rank, code, host))
     for entry in summary.get("failures", []):
         extra.setdefault("failures", {})[entry[0]] = entry[1]
-    return None
 
 
 def _post_xid(details, extra, rank, line, after):
     meaning = xid_meaning(int(details["xid"]))
     if meaning:
         details["xid_meaning"] = meaning
-    return None
 
 
 def _post_loss_scale(details, extra, rank, line, after):
@@ -556,7 +561,6 @@ def _post_loss_scale(details, extra, rank, line, after):
         value = float(scale)
         extra["min_scale"] = min(extra.get("min_scale", value), value)
         extra["last_scale"] = value
-    return None
 
 
 def describe_exit(code: int) -> str:
@@ -610,14 +614,14 @@ class FirstFailure(BaseModel):
     details: dict[str, str] = Field(default_factory=dict, description="Values parsed from it.")
 
 
-class LogTriageParams(Params):
+class LogInputParams(Params):
+    """Where logs come from: paths or pasted text (shared by log_triage and nccl_log_analyze)."""
+
     paths: list[str] = Field(default_factory=list, max_length=64, description=(
         "Log files, directories (read recursively) or globs ('logs/*.err'); .gz is read through. "
         "Give paths or text, not both."))
     text: str | None = Field(None, max_length=50_000_000, description="Pasted log text instead of paths.")
     max_files: int = Field(2000, ge=1, le=100_000, description="Read at most this many files.")
-    max_signatures: int = Field(12, ge=1, le=100, description="Report at most this many distinct signatures.")
-    evidence_lines: int = Field(3, ge=0, le=20, description="Matching lines kept per signature.")
 
     @model_validator(mode="after")
     def _one_input(self):
@@ -625,6 +629,11 @@ class LogTriageParams(Params):
             raise ValueError("give either paths (files, directories, globs) or text (a pasted log), not both "
                              "and not neither")
         return self
+
+
+class LogTriageParams(LogInputParams):
+    max_signatures: int = Field(12, ge=1, le=100, description="Report at most this many distinct signatures.")
+    evidence_lines: int = Field(3, ge=0, le=20, description="Matching lines kept per signature.")
 
 
 class LogTriageResult(Result):
@@ -669,7 +678,7 @@ def _on_rank(rank: int | None) -> str:
     return f" on rank {rank}" if rank is not None else ""
 
 
-def _ranks_phrase(ranks) -> str:
+def ranks_phrase(ranks) -> str:
     ranks = set(ranks)
     return f"rank {format_ranks(ranks)}" if len(ranks) == 1 else f"ranks {format_ranks(ranks)}"
 
@@ -682,11 +691,11 @@ def _watchdog_findings(per_rank: dict) -> list[str]:
         by_seq.setdefault(seq, {}).setdefault(op, []).append(rank)
     for seq, ops in sorted(by_seq.items()):
         if len(ops) > 1:
-            parts = "; ".join(f"{_ranks_phrase(rs)} in {op}" for op, rs in sorted(ops.items()))
+            parts = "; ".join(f"{ranks_phrase(rs)} in {op}" for op, rs in sorted(ops.items()))
             out.append(f"Collective mismatch at SeqNum {seq}: {parts}. The ranks disagree on which collective "
                        "comes next: a rank-dependent code path; flight_recorder_analyze shows the history.")
     if len(by_seq) > 1:
-        parts = "; ".join(f"SeqNum {seq} on {_ranks_phrase(r for rs in ops.values() for r in rs)}"
+        parts = "; ".join(f"SeqNum {seq} on {ranks_phrase(r for rs in ops.values() for r in rs)}"
                           for seq, ops in sorted(by_seq.items())[:6])
         out.append(f"Ranks time out at different sequence numbers ({parts}): they wait in different collectives "
                    "or different process groups; the ranks furthest behind are the first suspects.")
@@ -712,9 +721,10 @@ def _silent_rank_findings(state: ScanState) -> list[str]:
     if not silent:
         return []
     verb = "reports" if len(silent) == 1 else "report"
-    return [f"{_ranks_phrase(waiting).capitalize()} timed out waiting in a collective; {_ranks_phrase(silent)} "
+    text = (f"{ranks_phrase(waiting).capitalize()} timed out waiting in a collective; {ranks_phrase(silent)} "
             f"{verb} no error of its own: likely stuck before the collective (data loading, a different code "
-            "path) or dead. Dump the stacks of the live ranks (hang_stack_dump) or read the flight recorder."]
+            "path) or dead. Dump the stacks of the live ranks (hang_stack_dump) or read the flight recorder.")
+    return [text]
 
 
 def _special_findings(tally: Tally) -> list[str]:
@@ -729,8 +739,9 @@ def _special_findings(tally: Tally) -> list[str]:
                    "not fragmentation: the working set does not fit; cut batch / sequence, shard more, or "
                    "checkpoint activations (memory_estimate)")
         free = f", {d['free_gib']} GiB free of {d['total_gib']} GiB" if "free_gib" in d else ""
-        return [f"CUDA OOM{_on_rank(first.rank)}: asked for {d['tried_gib']} GiB{free}, "
-                f"{d['reserved_unallocated_gib']} GiB reserved but unallocated: {verdict}."]
+        text = (f"CUDA OOM{_on_rank(first.rank)}: asked for {d['tried_gib']} GiB{free}, "
+                f"{d['reserved_unallocated_gib']} GiB reserved but unallocated: {verdict}.")
+        return [text]
     if sig_id == "nccl_watchdog_timeout":
         head = (f"NCCL watchdog timeout on {len(tally.ranks) or 'some'} rank(s): first {d.get('op')} "
                 f"SeqNum {d.get('seq')} after {int(d.get('timeout_ms', 0)) / 1000:g} s timeout")
@@ -741,7 +752,7 @@ def _special_findings(tally: Tally) -> list[str]:
         killed = sorted(r for r, c in others.items() if c in (-15, 143))
         return [f"torchrun's root cause names rank {root_rank}" + (f" on {host}" if host else "")
                 + f" ({describe_exit(code)}): the first rank to exit, not always the one that caused the failure"
-                + (f"; {_ranks_phrase(killed)} {'was' if len(killed) == 1 else 'were'} stopped with SIGTERM (bystanders, "
+                + (f"; {ranks_phrase(killed)} {'was' if len(killed) == 1 else 'were'} stopped with SIGTERM (bystanders, "
                    "or the hung rank)" if killed
                    else "") + "."]
     if sig_id == "xid":
@@ -773,7 +784,7 @@ def _summarise(state: ScanState, scanned: list[str], skipped: list[str], max_sig
     for tally in shown:
         if tally is first_tally:
             continue
-        ranks = f" on {_ranks_phrase(tally.ranks)}" if tally.ranks else ""
+        ranks = f" on {ranks_phrase(tally.ranks)}" if tally.ranks else ""
         findings.append(f"{tally.sig.name}: {tally.count} line(s){ranks}, first at {_where(tally.first)}.")
     mib = state.bytes / (1 << 20)
     findings.append(f"Read {len(scanned)} file(s), {mib:.1f} MiB, {state.lines} lines in {seconds:.1f} s.")
