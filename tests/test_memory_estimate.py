@@ -167,6 +167,21 @@ def test_largest_micro_batch_is_the_boundary():
     assert any(f"Largest micro batch that fits: {b}." in f for f in r.findings)
 
 
+def test_inference_fit_offers_kv_and_weight_changes_and_concurrency():
+    r = estimate(model="mistral-7b", mode="inference", accelerator="l4", micro_batch=8, seq_len=8192)
+    assert r.fits is False
+    assert any(c.startswith("kv_dtype=fp8") for c in r.changes_to_fit)
+    assert 1 <= r.max_micro_batch < 8
+    assert any(f"Most concurrent sequences that fit: {r.max_micro_batch}." in f for f in r.findings)
+
+
+def test_suggestions_keep_tensor_parallelism_inside_a_node():
+    r = estimate(model="llama-3.1-405b", tp=8, pp=16, dp=8, sharding="zero1", seq_len=8192, accelerator="h100",
+                 kernels="fused")
+    assert r.fits is False and r.changes_to_fit
+    assert not any("tp=16" in c for c in r.changes_to_fit)
+
+
 def test_pipeline_reports_the_first_stage_with_its_in_flight_micro_batches():
     r1 = estimate(model="llama-3-70b", tp=8, pp=1, dp=8, sharding="zero1")
     r4 = estimate(model="llama-3-70b", tp=8, pp=4, dp=2, sharding="zero1")

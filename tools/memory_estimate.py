@@ -117,11 +117,14 @@ def setup_from(p: MemoryParams) -> mm.Setup:
     return mm.Setup(arch=p.architecture(), total_params=p.total_params(), **fields)
 
 
+MAX_TP = 8  # tensor parallelism beyond one NVLink domain (8 GPUs) is slow: not suggested
+
+
 def candidate_changes(p: MemoryParams) -> list[tuple[str, dict]]:
     """Single changes worth trying, least disruptive first."""
     if p.mode == "inference":
         changes = [("kv_dtype=fp8", {"kv_dtype": "fp8"}), ("precision=fp8 (fp8 weights)", {"precision": "fp8"})]
-        changes += [(f"tp={p.tp * k}", {"tp": p.tp * k}) for k in (2, 4)]
+        changes += [(f"tp={p.tp * k}", {"tp": p.tp * k}) for k in (2, 4) if p.tp * k <= MAX_TP]
         return changes
     changes = []
     if p.activation_checkpointing == "none":
@@ -137,7 +140,8 @@ def candidate_changes(p: MemoryParams) -> list[tuple[str, dict]]:
         changes += [(f"sharding={s}", {"sharding": s}) for s in order[order.index(p.sharding) + 1:]]
     if p.optimizer in ("adam", "adamw"):
         changes += [("optimizer=adam_8bit", {"optimizer": "adam_8bit"})]
-    changes += [(f"tp={p.tp * 2}", {"tp": p.tp * 2}), (f"pp={p.pp * 2}", {"pp": p.pp * 2})]
+    changes += [(f"tp={p.tp * 2}", {"tp": p.tp * 2})] if p.tp * 2 <= MAX_TP else []
+    changes += [(f"pp={p.pp * 2}", {"pp": p.pp * 2})]
     if p.sharding in ("zero3", "fsdp_full_shard"):
         changes += [(f"dp={p.dp * 2} (more GPUs to shard over)", {"dp": p.dp * 2})]
     return changes
@@ -233,8 +237,8 @@ def _judge_fit(params: MemoryParams, s: mm.Setup, total: float, res: MemoryResul
     if res.max_micro_batch == 0:
         res.findings.append("Even a micro batch of 1 sequence does not fit.")
     elif res.max_micro_batch is not None:
-        unit = "concurrent sequences" if s.mode == "inference" else "micro batch"
-        res.findings.append(f"Largest {unit} that fits: {res.max_micro_batch}.")
+        what = "Most concurrent sequences that fit" if s.mode == "inference" else "Largest micro batch that fits"
+        res.findings.append(f"{what}: {res.max_micro_batch}.")
 
 
 SPEC = ToolSpec(
