@@ -27,6 +27,9 @@ STUCK_JOB = textwrap.dedent("""\
 
     def main():
         dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=600))
+        # Every rank keeps a dataloader worker process alive (idle, with the rank's RANK in its env).
+        loader = iter(torch.utils.data.DataLoader(range(64), batch_size=4, num_workers=1))
+        next(loader)
         if dist.get_rank() == dist.get_world_size() - 1:
             print("ODD", flush=True)
             load_batch()
@@ -94,14 +97,17 @@ def test_launcher_pid_names_the_odd_rank(stuck_job):
     odd, majority = r.groups[0], r.groups[1]
     assert odd.ranks == [2] and odd.where.startswith("load_batch (stuck_job.py:5)") and not odd.in_collective
     assert majority.ranks == [0, 1] and majority.in_collective and majority.where.startswith("all_reduce (")
-    assert majority.called_from.startswith("main (stuck_job.py:13)")
+    assert majority.called_from.startswith("main (stuck_job.py:16)")
+    # The dataloader workers (children of the ranks, same RANK) are dumped but not taken for odd ranks.
+    assert len(r.groups) == 2 and sum(p.role == "helper" for p in r.processes) == WORLD
+    assert any("child process(es) of ranks" in f for f in r.findings)
     text = " ".join(r.findings)
     assert "ranks 0, 1 wait in all_reduce" in text and "rank 2 is in load_batch (stuck_job.py:5)" in text
 
 
 def test_pattern_finds_the_ranks_and_leaves_the_launcher_out_of_the_comparison(stuck_job):
     r = _run(pattern=r"stuck_job")
-    assert r.odd_ranks == [2] and r.dumped == WORLD + 1          # three ranks + torchrun itself
+    assert r.odd_ranks == [2] and r.dumped == 2 * WORLD + 1      # ranks, their workers, torchrun
     assert any("without a rank" in f for f in r.findings)
     assert sum(len(g.pids) for g in r.groups) == WORLD
 
@@ -111,7 +117,7 @@ def test_full_dump_is_saved_with_every_rank(stuck_job, tmp_path):
     r = _run(launcher_pid=stuck_job.pid, save_path=str(out))
     text = out.read_text()
     assert r.saved_to == str(out)
-    assert sorted(re.findall(r"=== pid \d+ rank (\d)", text)) == ["0", "1", "2"]
+    assert sorted(set(re.findall(r"=== pid \d+ rank (\d)", text))) == ["0", "1", "2"]
     assert "load_batch (stuck_job.py:5)" in text and "Thread" in text
 
 

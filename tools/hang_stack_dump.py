@@ -55,6 +55,10 @@ class ProcessStack(BaseModel):
     rank: int | None = Field(None, description="Global rank from RANK / SLURM_PROCID, if readable.")
     local_rank: int | None = Field(None, description="LOCAL_RANK / SLURM_LOCALID, if readable.")
     command: str = Field("", description="Command line (shortened).")
+    parent_pid: int = Field(0, description="Parent process id.")
+    role: str = Field("rank", description=(
+        "rank | helper (a child of a rank with the same RANK: dataloader worker, compile worker) | "
+        "other (no rank in its environment: launcher, unrelated process)."))
     stack: list[str] = Field(default_factory=list, description="Main-thread frames, innermost first.")
     called_from: str = Field("", description="Innermost main-thread frame in user code.")
     in_collective: bool = Field(False, description="Whether the main thread is inside torch.distributed.")
@@ -157,7 +161,7 @@ def _launcher_targets(pid: int) -> list[int]:
                 ranked.append(p.pid)
         except (psutil.Error, OSError):
             pass
-    # Dataloader workers inherit RANK too; they are ranks' children, kept: a stuck worker matters.
+    # Dataloader workers inherit RANK too; kept (a stuck worker matters) but not compared with ranks.
     return ranked or [p.pid for p in kids]
 
 
@@ -282,19 +286,31 @@ def dump_one(pid: int, native: bool, timeout_s: float, py_spy: str) -> tuple[lis
         return None, f"unreadable py-spy output: {proc.stdout[:200]}"
 
 
-def _describe(pid: int) -> tuple[str, int | None, int | None]:
+def _describe(pid: int) -> tuple[str, int, int | None, int | None]:
+    """(command line, parent pid, rank, local rank) of a live process."""
     import psutil
 
     try:
         p = psutil.Process(pid)
-        command = " ".join(p.cmdline())[:300]
+        command, ppid = " ".join(p.cmdline())[:300], p.ppid()
     except psutil.Error:
-        return "", None, None
+        return "", 0, None, None
     try:
         env = p.environ()
     except (psutil.Error, OSError):
         env = {}
-    return command, _env_int(env, RANK_VARS), _env_int(env, LOCAL_RANK_VARS)
+    return command, ppid, _env_int(env, RANK_VARS), _env_int(env, LOCAL_RANK_VARS)
+
+
+def assign_roles(procs: list[ProcessStack]) -> None:
+    """Ranks are compared with ranks; a rank's own children (same RANK) and rank-less processes are not."""
+    by_pid = {(p.host, p.pid): p for p in procs}
+    for p in procs:
+        parent = by_pid.get((p.host, p.parent_pid))
+        if p.rank is None:
+            p.role = "other"
+        elif parent is not None and parent.rank == p.rank:
+            p.role = "helper"
 
 
 def _library_file(path: str) -> bool:
@@ -454,10 +470,10 @@ def dump_processes(pids: list[int], params: HangStackDumpParams, progress) -> tu
     full = []
 
     def one(pid: int) -> ProcessStack:
-        command, rank, local_rank = _describe(pid)
+        command, ppid, rank, local_rank = _describe(pid)
         threads, err = dump_one(pid, params.native, params.per_process_timeout_s, py_spy)
         full.append(render_full_dump(pid, command, rank, threads, err))
-        ps = ProcessStack(pid=pid, host=host, rank=rank, local_rank=local_rank, command=command)
+        ps = ProcessStack(pid=pid, host=host, rank=rank, local_rank=local_rank, command=command, parent_pid=ppid)
         if threads is None:
             ps.error = explain_py_spy_error(pid, err, command) if "no answer" not in err else err
         else:
@@ -499,17 +515,23 @@ def run(params: HangStackDumpParams, progress) -> HangStackDumpResult:
     if params.save_path and full:
         Path(params.save_path).expanduser().write_text("\n".join(full))
         result.saved_to = str(Path(params.save_path).expanduser())
-    ranked = [p for p in procs if p.rank is not None]
-    groups = group_stacks(ranked or procs)    # launchers and helpers (no RANK) are not compared with ranks
+    assign_roles(procs)
+    ranked = [p for p in procs if p.role == "rank"]
+    groups = group_stacks(ranked or procs)    # launchers and ranks' own children are not compared with ranks
     odd = odd_groups(groups)
     result.groups = (odd + [g for g in groups if g not in odd])[:params.max_groups]
     result.odd_ranks = sorted(r for g in odd for r in g.ranks)
     shown = procs if (params.detail or len(procs) <= 64) else [p for p in procs if p.error][:64]
     result.processes = shown if params.detail else [p.model_copy(update={"stack": []}) for p in shown]
     result.findings = findings_for(groups, odd)
-    if ranked and len(ranked) < len(procs):
-        result.findings.append(f"{len(procs) - len(ranked)} process(es) without a rank in their environment "
-                               "(launchers, helpers) were dumped but not compared with the ranks: see processes.")
+    helpers = [p for p in procs if p.role == "helper"]
+    others = [p for p in procs if p.role == "other"]
+    if ranked and helpers:
+        result.findings.append(f"{len(helpers)} child process(es) of ranks (dataloader or compile workers) were "
+                               "dumped but not compared with the ranks: see processes (detail=true for stacks).")
+    if ranked and others:
+        result.findings.append(f"{len(others)} process(es) without a rank in their environment (launchers, "
+                               "others) were dumped but not compared with the ranks: see processes.")
     errors = [p.error for p in procs if p.error] + problems
     if errors:
         result.findings.append(f"{len(errors)} process(es) not dumped; first: {errors[0]}")
