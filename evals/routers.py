@@ -34,9 +34,9 @@ class ToolText:
 
 
 _WORD = re.compile(r"[a-z0-9]+")
-_STOP = frozenset("""a an and are as at be but by can do does for from has have how i if in into is it its
-me my of on or our so than that the their then there these this to too was we what when where which
-who why will with you your""".split())
+_STOP = frozenset("""a an and are as at be but by can do does for from has have i if in into is it its
+me my of on or our so than that the their then there these this to too was we
+will with you your""".split())
 
 
 def _stem(word: str) -> str:
@@ -92,9 +92,12 @@ class EmbedRouter:
                 owner.append(i)
         self._chunk_vecs = self._encoder.encode(chunks)
         self._owner = np.asarray(owner)
+        self._cache: dict[str, np.ndarray] = {}  # calibration and scoring often share queries
 
     def scores(self, queries: list[str]) -> np.ndarray:
-        sims = self._encoder.encode(queries) @ self._chunk_vecs.T  # (queries, chunks), cosine
+        todo = sorted({q for q in queries if q not in self._cache}, key=len)  # similar lengths pad less
+        self._cache.update(zip(todo, self._encoder.encode(todo)))
+        sims = np.stack([self._cache[q] for q in queries]) @ self._chunk_vecs.T  # (queries, chunks), cosine
         out = np.full((len(queries), len(self.tools)), -1.0)
         for i in range(len(self.tools)):
             out[:, i] = sims[:, self._owner == i].max(axis=1)

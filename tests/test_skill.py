@@ -1,0 +1,134 @@
+"""SKILL.md and the Claude Code plugin layout: valid, consistent with the registry and the knowledge tree.
+
+An agent trusts what SKILL.md says: a tool name, argument, command line or page that does not exist
+sends it down a dead end, so each is checked against the real thing.
+"""
+
+import fnmatch
+import json
+import re
+import shlex
+import sys
+from pathlib import Path
+
+import pytest
+
+from tools import registry
+
+ROOT = Path(__file__).resolve().parent.parent
+SKILL = ROOT / "SKILL.md"
+PLUGIN_SKILL = ROOT / "skills" / "mleng" / "SKILL.md"
+COMMON_ARGS = {"wait_s", "timeout_s"}  # the server adds these to every subprocess tool
+
+
+def _text() -> str:
+    return SKILL.read_text(encoding="utf-8")
+
+
+def _body() -> str:
+    return _text().split("---", 2)[2]
+
+
+def _tool_table() -> list[list[str]]:
+    """Rows of the table whose header starts with `| tool |`, as lists of cells."""
+    lines = _body().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("| tool |"))
+    rows = []
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in line.strip().strip("|").split("|")])
+    return rows
+
+
+def test_skill_validates_with_skills_ref():
+    skills_ref = pytest.importorskip("skills_ref")
+    assert skills_ref.validate(PLUGIN_SKILL.parent) == []
+    props = skills_ref.read_properties(PLUGIN_SKILL.parent)
+    assert props.name == "mleng" == PLUGIN_SKILL.parent.name
+    assert len(props.description) < 1024
+
+
+def test_plugin_copy_is_identical_to_the_top_level_skill():
+    assert PLUGIN_SKILL.read_bytes() == SKILL.read_bytes(), "run: cp SKILL.md skills/mleng/SKILL.md"
+
+
+def test_description_speaks_the_users_words_and_says_what_it_is_not_for():
+    import yaml
+
+    description = yaml.safe_load(_text().split("---", 2)[1])["description"]
+    for phrase in ("stuck", "hangs", "NCCL timeout", "slow all-reduce", "OOM", "MFU", "Xid", "SLURM"):
+        assert phrase in description, phrase
+    assert "Not for" in description
+
+
+def test_body_is_short():
+    assert len(_body().splitlines()) < 500
+
+
+def test_every_registered_tool_is_in_the_table_and_every_table_tool_exists():
+    names = [re.fullmatch(r"`(\w+)`", row[0]).group(1) for row in _tool_table()]
+    assert sorted(names) == sorted(registry())
+
+
+def test_key_arguments_in_the_table_are_real_parameters():
+    for row in _tool_table():
+        spec = registry()[row[0].strip("`")]
+        fields = set(spec.Params.model_fields) | COMMON_ARGS
+        for arg in re.findall(r"`([\w*]+)`", row[-1]):
+            assert fnmatch.filter(fields, arg), f"{spec.name}: no parameter {arg!r}"
+
+
+def test_tools_named_in_the_decision_tree_exist():
+    tree = _body().split("## Symptom → first tool")[1].split("## Tools")[0]
+    named = set(re.findall(r"->\s*(\w+)", tree)) | set(re.findall(r"`(\w+)`", tree))
+    named = {n for n in named if "_" in n or n in registry()}
+    assert named - set(registry()) == set()
+    assert len(named) >= 15
+
+
+def test_command_lines_parse_with_the_real_cli():
+    from tools.cli import _coerce, tool_parser
+
+    lines = re.findall(r"python -m tools\.(\w+)([^\n#`)]*)", _body())
+    assert len(lines) >= 5
+    for name, rest in lines:
+        spec = registry()[name]  # KeyError: SKILL.md names a module that is not a tool
+        args = shlex.split(rest)
+        if args == ["--help"]:
+            continue
+        parsed = vars(tool_parser(spec, prog=name).parse_args(args))  # SystemExit on an unknown flag
+        spec.Params(**{k: _coerce(v) for k, v in parsed.items() if k in spec.Params.model_fields and v is not None})
+    for name in re.findall(r"mleng run (\w+)", _body()):
+        assert name in registry()
+
+
+def test_knowledge_pages_it_names_exist():
+    pages = set(re.findall(r"knowledge://([\w./-]+\.md)", _body()))
+    assert len(pages) >= 20
+    missing = sorted(p for p in pages if not (ROOT / "knowledge" / p).is_file())
+    assert missing == []
+
+
+def test_plugin_manifest_and_mcp_config():
+    manifest = json.loads((ROOT / ".claude-plugin" / "plugin.json").read_text())
+    assert manifest["name"] == "mleng"
+    server = json.loads((ROOT / ".mcp.json").read_text())["mcpServers"]["mleng"]
+    assert server["args"][-1].endswith("/server.py")
+
+
+@pytest.mark.anyio
+async def test_the_mcp_json_command_starts_the_server_and_lists_every_tool():
+    """What Claude Code runs from .mcp.json (with ${CLAUDE_PLUGIN_ROOT} set) serves the registry."""
+    from mcp import Client, StdioServerParameters
+
+    server = json.loads((ROOT / ".mcp.json").read_text())["mcpServers"]["mleng"]
+
+    def expand(s: str) -> str:
+        return re.sub(r"\$\{CLAUDE_PLUGIN_ROOT(:-[^}]*)?\}", str(ROOT), s)
+
+    command = sys.executable if server["command"] in ("python", "python3") else expand(server["command"])
+    params = StdioServerParameters(command=command, args=[expand(a) for a in server["args"]], cwd=str(ROOT))
+    async with Client(params) as client:
+        names = {t.name for t in (await client.list_tools()).tools}
+    assert names == set(registry())
