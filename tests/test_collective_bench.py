@@ -83,8 +83,8 @@ def test_every_op_runs_checked_and_busbw_over_algbw_is_the_factor(nproc):
     assert {r.op for r in result.rows} == set(ops) and len(result.rows) == 5 * 5
     for row in result.rows:
         assert row.time_us > 0 and row.algbw_gbps > 0
-        assert row.algbw_gbps == pytest.approx(row.bytes / row.time_us / 1e3, rel=0.01, abs=0.002)
-        assert row.busbw_gbps == pytest.approx(row.algbw_gbps * busbw_factor(row.op, nproc), rel=0.01, abs=0.002)
+        assert row.algbw_gbps == pytest.approx(row.bytes / row.time_us / 1e3, rel=0.01)
+        assert row.busbw_gbps == pytest.approx(row.algbw_gbps * busbw_factor(row.op, nproc), rel=0.01)
     assert "busbw" in result.table and result.verdict == "info"
 
 

@@ -142,3 +142,13 @@ def test_two_nodes_started_by_hand_each_report_their_own_ranks():
     assert sorted(r["ranks"][0]["rank"] for r in results) == [0, 1]
     assert all(r["verdict"] == "ok" and r["world_size"] == 2 and len(r["ranks"]) == 1 for r in results)
     assert all("of 2; the other nodes report on their own" in r["findings"][1] for r in results)
+
+
+def test_rank_count_follows_cuda_visible_devices(monkeypatch):
+    from tools._launch import layout, visible_gpus
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3,5")
+    assert visible_gpus() == 3 and layout(None, 1) == (3, 1)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert visible_gpus() == 0 and layout(None, 1) == (2, 1)  # no GPUs: 2 gloo ranks
+    assert layout(4, 3) == (4, 3)

@@ -7,6 +7,7 @@ rank writes (see tools/_ranks.py), and stops everything when the run ends, stall
 nothing is left running. `diagnose()` turns the last state of every rank into culprit findings.
 """
 
+import glob
 import json
 import os
 import random
@@ -135,11 +136,20 @@ def per_node_command(tool: str, nnodes: int, nproc_per_node: int, first_host: st
             f"--nnodes {nnodes} --nproc-per-node {nproc_per_node} --rdzv-endpoint {first_host}:{port}")
 
 
+def visible_gpus() -> int:
+    """GPUs the ranks will see: CUDA_VISIBLE_DEVICES when set, else NVML's count, else /dev/nvidiaN files
+    (NVML's Python binding may be missing where torch is installed)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return len([d for d in visible.split(",") if d.strip() and not d.strip().startswith("-")])
+    return local_gpu_count() or len(glob.glob("/dev/nvidia[0-9]*"))
+
+
 def layout(nproc_per_node: int | None, nnodes: int | None) -> tuple[int, int]:
-    """(ranks per node, nodes): given values, else every local GPU (2 gloo ranks without GPUs) and the
+    """(ranks per node, nodes): given values, else every visible GPU (2 gloo ranks without GPUs) and the
     SLURM allocation's node count (1 outside SLURM)."""
     nodes = nnodes or (len(_slurm.allocation_nodes()) if _slurm.in_allocation() else 1) or 1
-    return nproc_per_node or local_gpu_count() or 2, nodes
+    return nproc_per_node or visible_gpus() or 2, nodes
 
 
 def manual_start(tool: str, nnodes: int, nproc_per_node: int, rdzv_endpoint: str | None) -> str | None:

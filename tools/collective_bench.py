@@ -21,7 +21,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, BeforeValidator
 
 from tools._collectives import OPS, size_sweep
-from tools._launch import diagnose, launch_ranks, layout, manual_start, plan_command
+from tools._launch import diagnose, launch_ranks, layout, manual_start, plan_command, visible_gpus
 from tools.harness import Field, Params, Result, ToolSpec, load_data, local_gpu_count
 
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
@@ -206,7 +206,7 @@ def draw_plot(rows: list[BenchRow], expected: dict[str, float], path: str, title
 # ---------------------------------------------------------------------------------------------------
 
 def run(params: CollectiveBenchParams, progress) -> CollectiveBenchResult:
-    gpus = local_gpu_count()
+    gpus = visible_gpus()
     nproc, nnodes = layout(params.nproc_per_node, params.nnodes)
     world = nproc * nnodes
     cmd = manual_start("collective_bench", nnodes, nproc, params.rdzv_endpoint)
