@@ -73,6 +73,23 @@ def test_search_beats_grid_in_a_quarter_of_its_time(sms):
     assert len(grid.tried) == 343
 
 
+@pytest.mark.parametrize("sms", [108, 132])
+def test_thorough_is_no_worse_than_quick(sms):
+    quick_land, thorough_land = Landscape(sms=sms), Landscape(sms=sms)
+    quick = _search(quick_land)
+    thorough = ms.search(thorough_land.measure, ms.THOROUGH, final_iterations=100, final_warmup=50, budget_s=300,
+                         clock=thorough_land.clock)
+    assert thorough_land.tflops(thorough.best.shape) >= 0.995 * quick_land.tflops(quick.best.shape)
+    assert len(thorough.tried) > len(quick.tried)
+
+
+def test_refinement_seeds_come_from_different_basins():
+    ranked = [ms.Timing(s, (1.0,)) for s in [(2048, 2048, 8192), (2048, 2048, 8448), (2304, 2048, 8192),
+                                              (8192, 1024, 4096), (1024, 8192, 4096)]]
+    assert ms._diverse_top(ranked, 3) == [(2048, 2048, 8192), (8192, 1024, 4096), (1024, 8192, 4096)]
+    assert ms._diverse_top(ranked, 5)[3:] == [(2048, 2048, 8448), (2304, 2048, 8192)]  # topped up in rank order
+
+
 def test_mamf_comes_from_full_iteration_finals_only():
     land = Landscape(noise=0.05)
     out = _search(land)

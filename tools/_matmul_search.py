@@ -84,13 +84,13 @@ QUICK = SearchPlan(
     mn_values=(1024, 1536, 2048, 3072, 4096, 6144, 8192, 12288, 16384),
     k_values=(1024, 2048, 4096, 8192, 12288, 16384),
     align=256, max_dim=16384, refine_start_step=1024,
-    screen_iterations=3, refine_seeds=5,
+    screen_iterations=3, refine_seeds=5, final_count=8,
 )
 THOROUGH = SearchPlan(
     mn_values=(1024, 1536, 2048, 2560, 3072, 4096, 5120, 6144, 8192, 10240, 12288, 14336, 16384, 20480),
     k_values=(1024, 2048, 3072, 4096, 6144, 8192, 12288, 16384, 20480),
     align=128, max_dim=20480, refine_start_step=1024,
-    screen_iterations=5, rungs=4, refine_seeds=8, refine_iterations=40, refine_max_moves=20, final_count=8,
+    screen_iterations=5, rungs=4, refine_seeds=8, refine_iterations=40, refine_max_moves=20, final_count=10,
 )
 TINY = SearchPlan(  # device='cpu': the same logic on shapes a CPU multiplies in milliseconds
     mn_values=(32, 64, 128, 256), k_values=(64, 256),
@@ -215,14 +215,26 @@ def pattern_search(rec: Recorder, seed: Shape, plan: SearchPlan, out_of_time: Ca
     return current
 
 
-def _distinct_top(timings: Iterable[Timing], count: int, exclude: set[Shape] = frozenset()) -> list[Shape]:
+def _distinct_top(timings: Iterable[Timing], count: int) -> list[Shape]:
     out: list[Shape] = []
     for t in timings:
-        if t.shape not in out and t.shape not in exclude:
+        if t.shape not in out:
             out.append(t.shape)
         if len(out) == count:
             break
     return out
+
+
+def _diverse_top(timings: Sequence[Timing], count: int, min_log2_gap: float = 0.5) -> list[Shape]:
+    """The best shapes, skipping any within ~1.4x in every dimension of one already picked (same basin),
+    so the refinement starts from different places; topped up with the next best if too few differ."""
+    picked: list[Shape] = []
+    for t in timings:
+        if all(max(abs(math.log2(a / b)) for a, b in zip(t.shape, p, strict=True)) > min_log2_gap for p in picked):
+            picked.append(t.shape)
+        if len(picked) == count:
+            return picked
+    return picked + [s for s in _distinct_top(timings, count + len(picked)) if s not in picked][:count - len(picked)]
 
 
 def final_measure(rec: Recorder, shapes: Sequence[Shape], iterations: int, warmup: int,
@@ -262,7 +274,7 @@ def search(measure: MeasureFn, plan: SearchPlan, *, final_iterations: int, final
     phase["screen_s"] = clock() - start
 
     t0 = clock()
-    seeds = _distinct_top(survivors, plan.refine_seeds)
+    seeds = _diverse_top(survivors, plan.refine_seeds)
     refine_stop = past(0.85)
     for i, seed in enumerate(seeds):
         if refine_stop():
