@@ -56,17 +56,11 @@ class MfuResult(Result):
 
 
 def local_gpu_name() -> str | None:
-    try:
-        import pynvml
+    """Name of this machine's first GPU through NVML (None without a driver)."""
+    from tools.store import host_provenance
 
-        pynvml.nvmlInit()
-        try:
-            name = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(0))
-            return name.decode() if isinstance(name, bytes) else name
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception:
-        return None
+    names = host_provenance()["gpu_names"]
+    return names[0] if names else None
 
 
 def measured_mamf(acc_id: str, dtype: str) -> tuple[float, int] | None:
