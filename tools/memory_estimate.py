@@ -105,10 +105,6 @@ class MemoryResult(Result):
                                       "it fit, least disruptive first, each with its new total.")
 
 
-CATEGORIES = ("weights", "gradients", "master_weights", "optimizer_states", "gathered_params", "activations",
-              "logits", "kv_cache", "framework_overhead", "nccl_buffers")
-
-
 def setup_from(p: MemoryParams) -> mm.Setup:
     fields = {k: getattr(p, k) for k in ("mode", "precision", "optimizer", "fp32_grads", "sharding",
                                           "shard_group_size", "tp", "pp", "dp", "cp", "seq_len", "micro_batch",
@@ -127,7 +123,7 @@ def candidate_changes(p: MemoryParams) -> list[tuple[str, dict]]:
         changes += [(f"tp={p.tp * k}", {"tp": p.tp * k}) for k in (2, 4) if p.tp * k <= MAX_TP]
         return changes
     changes = []
-    if p.activation_checkpointing == "none":
+    if p.activation_checkpointing == "none" and not p.flash_attention:  # with flash it saves nothing more
         changes += [("activation_checkpointing=selective", {"activation_checkpointing": "selective"})]
     if not p.flash_attention:
         changes += [("flash_attention=true", {"flash_attention": True})]
