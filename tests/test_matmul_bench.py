@@ -63,6 +63,18 @@ def test_search_finds_planted_best():
     assert out.best.shape not in ms.QUICK.coarse_shapes()  # found by refinement, not by the coarse screen
 
 
+def test_cpu_plan_finds_planted_best_among_tiny_shapes():
+    """The plan device='cpu' uses, on a smooth landscape whose best (224x160x320) is off its coarse grid."""
+    planted = (224, 160, 320)
+
+    def measure(shape, iterations, warmup):
+        d2 = sum(math.log2(a / b) ** 2 for a, b in zip(shape, planted, strict=True))
+        return ms.Timing(shape, (2 * shape[0] * shape[1] * shape[2] / (1e12 * math.exp(-d2)),) * iterations)
+
+    out = ms.search(measure, ms.TINY, final_iterations=5, final_warmup=1, budget_s=60, clock=lambda: 0.0)
+    assert out.best.shape == planted and planted not in ms.TINY.coarse_shapes()
+
+
 @pytest.mark.parametrize("sms", [108, 132, 148, 304])
 def test_search_beats_grid_in_a_quarter_of_its_time(sms):
     """The benchmark's claim on a model of the hardware: best >= the 343-shape grid's best, cost <= 1/4."""
