@@ -290,3 +290,14 @@ def test_unknown_card_and_other_dtypes_are_info():
 def test_decode_throttle_reasons():
     assert decode_reasons(0x4 | 0x40) == ["sw_power_cap", "hw_thermal_slowdown"]
     assert summarize([])["available"] is False
+
+
+def test_runs_as_a_subprocess_tool_through_the_runner():
+    """What the server and CLI do: child process, JSON lines, result stored with its headline metric."""
+    from tools import store
+    from tools.runner import execute
+
+    r = execute(SPEC, MatmulBenchParams(device="cpu", mode="shapes", m=[64], n=[64], k=[64, 128], iterations=3,
+                                        warmup=1, dtype="fp32"), timeout_s=120)
+    assert r.shapes_tried == 2 and r.result_id is not None and r.best_shape in {"64x64x64", "64x64x128"}
+    assert store.query("matmul_bench")[0]["metric_value"] == r.mamf_tflops

@@ -113,3 +113,12 @@ def test_no_gpu_is_a_clear_error():
         pytest.skip("this machine has a GPU")
     with pytest.raises(ToolFailure, match="No GPU visible to torch"):
         SPEC.run(MemoryBandwidthParams(), lambda f, m: None)
+
+
+def test_runs_as_a_subprocess_tool_through_the_runner():
+    from tools import store
+    from tools.runner import execute
+
+    r = execute(SPEC, MemoryBandwidthParams(device="cpu", size_mib=8, tests=["copy"], iterations=2), timeout_s=120)
+    assert r.copy_tbps > 0 and r.read_tbps is None and r.result_id is not None
+    assert store.query("memory_bandwidth_bench")[0]["metric_value"] == r.copy_tbps
