@@ -269,3 +269,20 @@ def test_training_peak_memory_on_gpu(micro_batch, seq_len):
           f"eager={(eparts['activations'] + eparts['logits']) / GIB:.2f} GiB")
     # torch AMP keeps the residual stream in fp32 (norm inputs 4 B), so it lands above the eager estimate.
     assert 0.75 * fused <= peak <= 1.35 * eager
+
+
+def test_hybrid_shard_shards_within_its_group_only():
+    n = ModelParams(model="llama-3-8b").architecture().total_params()
+    full = estimate(model="llama-3-8b", dp=16, sharding="fsdp_full_shard")
+    hybrid = estimate(model="llama-3-8b", dp=16, sharding="fsdp_hybrid_shard", shard_group_size=8)
+    assert full.optimizer_states_gib == pytest.approx(n * 8 / 16 / GIB, abs=0.01)
+    assert hybrid.optimizer_states_gib == pytest.approx(n * 8 / 8 / GIB, abs=0.01)
+    with pytest.raises(ValidationError, match="must divide dp x cp = 12"):
+        MemoryParams(model="llama-3-8b", dp=12, sharding="fsdp_hybrid_shard", shard_group_size=8)
+
+
+def test_context_parallel_splits_the_sequence():
+    one = estimate(model="llama-3-8b", seq_len=32768)
+    four = estimate(model="llama-3-8b", seq_len=32768, cp=4)
+    assert four.activations_gib == pytest.approx(one.activations_gib / 4, rel=0.01)
+    assert four.logits_gib == pytest.approx(one.logits_gib / 4, rel=0.01)
