@@ -101,3 +101,22 @@ def test_one_rank_says_busbw_needs_two(tmp_path):
     assert "at least 2 ranks" in result.findings[0]
     assert all(r.busbw_gbps == 0 for r in result.rows)
     assert result.plot_png and (tmp_path / "p.png").stat().st_size > 1000
+
+
+def test_expected_across_nodes_is_per_nic_figure_times_active_ports(tmp_path):
+    from tools._collectives import rdma_ports
+
+    for i, (rate, state) in enumerate([("400 Gb/sec (4X NDR)", "4: ACTIVE")] * 8 + [("400 Gb/sec (4X NDR)", "1: DOWN")]):
+        port = tmp_path / "class" / "infiniband" / f"mlx5_{i}" / "ports" / "1"
+        port.mkdir(parents=True)
+        (port / "rate").write_text(rate + "\n")
+        (port / "state").write_text(state + "\n")
+        (port / "link_layer").write_text("InfiniBand\n")
+    ports = rdma_ports(str(tmp_path))
+    assert len(ports) == 9 and sum(p["active"] for p in ports) == 8 and ports[0]["rate_gbits"] == 400.0
+    rec, note = expected_busbw("h100-sxm", 8, 2, "all_reduce", {}, ports)
+    assert rec["busbw_gbps"] == pytest.approx(47.0 * 8) and rec["id"] == "ib-ndr-per-nic x 8"
+    assert "NCCL_ALGO=RING" in note
+    rec, note = expected_busbw("h100-sxm", 8, 2, "all_reduce", {"NCCL_ALGO": "Ring"}, ports)
+    assert note == ""
+    assert expected_busbw("h100-sxm", 8, 2, "all_reduce", {}, [])[0] is None

@@ -69,6 +69,28 @@ def exact_value_base(dtype: str, world_size: int) -> float:
     return 1.0 if world_size * (world_size + 1) / 2 <= limit else 0.0
 
 
+def rdma_ports(sysfs: str = "/sys") -> list[dict]:
+    """InfiniBand/RoCE ports of this node from sysfs: name, rate (Gb/s), active, link layer."""
+    import glob
+
+    def read(path):
+        try:
+            with open(path) as f:
+                return f.read().strip()
+        except OSError:
+            return ""
+
+    ports = []
+    for port in sorted(glob.glob(os.path.join(sysfs, "class", "infiniband", "*", "ports", "*"))):
+        dev = os.path.basename(os.path.dirname(os.path.dirname(port)))
+        rate = read(os.path.join(port, "rate")).split(" ")[0]
+        ports.append({"name": f"{dev}/{os.path.basename(port)}",
+                      "rate_gbits": float(rate) if rate.replace(".", "", 1).isdigit() else None,
+                      "active": "ACTIVE" in read(os.path.join(port, "state")),
+                      "link_layer": read(os.path.join(port, "link_layer")) or None})
+    return ports
+
+
 # ---------------------------------------------------------------------------------------------------
 # Rank side (torch imported inside)
 
@@ -194,8 +216,10 @@ def bench_job(rep, params: dict) -> None:
     dtype = params.get("dtype", "float32")
     if rank == 0:
         env = {k: v for k, v in os.environ.items() if k.startswith("NCCL_")}
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
         rep.emit("data", kind="setup", versions=rank_versions(device), backend=backend, world_size=world,
-                 local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", world)), nccl_env=env)
+                 local_world_size=local_world, nccl_env=env,
+                 rdma_ports=rdma_ports() if local_world < world else [])
     cap = _size_cap(torch, dist, device, world)
     sizes = size_sweep(int(params["min_bytes"]), int(params["max_bytes"]), int(params["factor"]))
     plant = params.get("plant_error_rank")

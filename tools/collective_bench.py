@@ -107,17 +107,46 @@ class CollectiveBenchResult(Result):
 # ---------------------------------------------------------------------------------------------------
 # Expected busbw (pure)
 
+def nic_link(rate_gbits: float | None, link_layer: str | None) -> str | None:
+    """interconnects.toml link id for an RDMA port's rate and link layer."""
+    if not rate_gbits:
+        return None
+    ethernet = (link_layer or "").lower() == "ethernet"
+    if rate_gbits >= 800:
+        return "ib-xdr"
+    if rate_gbits >= 400:
+        return "roce-400" if ethernet else "ib-ndr"
+    return "ib-hdr" if rate_gbits >= 200 and not ethernet else None
+
+
+def expected_across_nodes(ports: list[dict], nccl_env: dict) -> tuple[dict | None, str]:
+    """Per-NIC expected busbw x the active RDMA ports of the first node (Ring across nodes)."""
+    active = [p for p in ports if p.get("active")]
+    kinds = {nic_link(p.get("rate_gbits"), p.get("link_layer")) for p in active}
+    if not active or len(kinds) != 1 or None in kinds:
+        return None, ("no expected figure across nodes: no single kind of active InfiniBand/RoCE port found "
+                      "on the first node (gpu_topology lists the NICs)")
+    link = kinds.pop()
+    rec = next((r for r in load_data("interconnects").get("expected_busbw", [])
+                if r.get("link") == link and r.get("gpus") == 0), None)
+    if not rec:
+        return None, f"no per-NIC figure for {link}"
+    note = "" if nccl_env.get("NCCL_ALGO", "").lower() == "ring" else \
+        "2-node runs with Tree or NVLS can read above the fabric; set NCCL_ALGO=RING to measure the network"
+    return ({"id": f"{rec['id']} x {len(active)}", "busbw_gbps": rec["busbw_gbps"] * len(active), "algo": "ring"},
+            note)
+
+
 def expected_busbw(accelerator_id: str | None, gpus_per_node: int, nnodes: int, op: str,
-                   nccl_env: dict | None = None) -> tuple[dict | None, str]:
+                   nccl_env: dict | None = None, rdma: list[dict] | None = None) -> tuple[dict | None, str]:
     """(interconnects.toml expected_busbw record, note) for this hardware, or (None, why not)."""
     if accelerator_id == "cpu":
         return None, "CPU ranks (gloo): no expected figure"
     if not accelerator_id:
         return None, "GPU not recognised, so no expected figure"
-    if nnodes > 1:
-        return None, ("no single expected figure across nodes: compare with the per-NIC figures "
-                      "(ib-ndr-per-nic ~47 GB/s per NIC) times the NICs NCCL uses (gpu_topology)")
     env = nccl_env or {}
+    if nnodes > 1:
+        return expected_across_nodes(rdma or [], env)
     nvls_off = env.get("NCCL_NVLS_ENABLE") == "0" or env.get("NCCL_ALGO", "").lower() in ("ring", "tree")
     records = [r for r in load_data("interconnects").get("expected_busbw", [])
                if accelerator_id in r.get("accelerators", []) and r.get("gpus", 0) > 0]
@@ -234,7 +263,8 @@ def run(params: CollectiveBenchParams, progress) -> CollectiveBenchResult:
 
     progress(0.0, f"starting {world} ranks")
     t0 = time.monotonic()
-    outcome = launch_ranks(plan_command("bench", job, nproc, nnodes, params.rdzv_endpoint), world,
+    outcome = launch_ranks(plan_command("bench", job, nproc, nnodes, params.rdzv_endpoint),
+                           0 if params.rdzv_endpoint else world,
                            timeout_s=params.pg_timeout_s, stall_s=params.pg_timeout_s + 60,
                            deadline_s=840, on_event=on_event)
     wall = round(time.monotonic() - t0, 2)
@@ -262,10 +292,14 @@ def build_result(outcome, params: CollectiveBenchParams, nnodes: int, wall_s: fl
         result.next = ["dist_smoke_test", "hang_stack_dump", "knowledge://network/nccl-debugging.md"]
         if not rows:
             return result
+    if not rows and not failure:
+        result.findings = ["This node's ranks finished; rank 0 runs on another node and reports the figures there."]
+        return result
     verdicts, findings, expected_by_op = [], [], {}
     gpus_per_node = setup.get("local_world_size", world)
     for op in dict.fromkeys(r.op for r in rows):
-        record, note = expected_busbw(accel_id, gpus_per_node, nnodes, op, setup.get("nccl_env"))
+        record, note = expected_busbw(accel_id, gpus_per_node, nnodes, op, setup.get("nccl_env"),
+                                      setup.get("rdma_ports"))
         summary = summarize_rows(rows, op, record)
         result.summary.append(summary)
         if summary.expected_busbw_gbps:
@@ -281,7 +315,8 @@ def build_result(outcome, params: CollectiveBenchParams, nnodes: int, wall_s: fl
     first = result.summary[0] if result.summary else None
     if first:
         result.busbw_gbps, result.expected_busbw_gbps = first.peak_busbw_gbps, first.expected_busbw_gbps
-        record, _ = expected_busbw(accel_id, gpus_per_node, nnodes, first.op, setup.get("nccl_env"))
+        record, _ = expected_busbw(accel_id, gpus_per_node, nnodes, first.op, setup.get("nccl_env"),
+                                   setup.get("rdma_ports"))
         result.expected_source = record["id"] if record else None
     result.wrong_elements = sum(r.wrong for r in rows)
     if result.wrong_elements:

@@ -57,6 +57,7 @@ class RankReport(BaseModel):
     stage: str = Field("", description="Last stage it reported.")
     seconds: dict[str, float] = Field(default_factory=dict, description="Seconds per stage.")
     error: str | None = Field(None, description="Its error, when it raised one.")
+    versions: str | None = Field(None, description="torch / CUDA / NCCL / driver it reported.")
 
 
 class DistSmokeTestResult(Result):
@@ -137,6 +138,9 @@ def summarize(outcome, params: DistSmokeTestParams, nnodes: int) -> DistSmokeTes
         slow = ", ".join(f"{k} {stage_max[k]:.3f} s" for k in ("init", "barrier", "all_reduce") if k in stage_max)
         findings = [f"All {len(states)} ranks on {len(set(hosts.values()))} host(s) joined, passed the barrier and an "
                     f"exact all_reduce check ({backend}); slowest rank per stage: {slow}."]
+        common = _versions_text(next(iter(versions.values()), None))
+        if common and not mismatches:
+            findings.append(f"Same versions on every rank: {common}.")
         if len(states) < world:
             findings.append(f"This node ran ranks {states[0].rank}..{states[-1].rank} of {world}; the other nodes "
                             "report on their own (run the same command there).")
@@ -158,13 +162,19 @@ def summarize(outcome, params: DistSmokeTestParams, nnodes: int) -> DistSmokeTes
         nxt.append("env_report")
     rows = [RankReport(rank=s.rank, host=s.host, local_rank=s.local_rank,
                        device=_device(versions.get(s.rank)), status=s.status, stage=s.stage,
-                       seconds=s.stage_seconds, error=s.error)
+                       seconds=s.stage_seconds, error=s.error, versions=_versions_text(versions.get(s.rank)))
             for s in states if len(states) <= 16 or s.status != "done" or s.rank == 0]
     return DistSmokeTestResult(
         verdict=verdict, findings=findings, next=nxt, world_size=world, nnodes=nnodes, backend=backend,
         ranks_ok=len(ok), culprit_ranks=culprits, hosts=sorted(set(hosts.values())),
         version_mismatches=mismatches, ranks=rows, elapsed_s=outcome.elapsed_s,
         launch_command=" ".join(outcome.command)[:2000])
+
+
+def _versions_text(info: dict | None) -> str | None:
+    if not info:
+        return None
+    return " ".join(f"{k} {info[k]}" for k in VERSION_KEYS if info.get(k))
 
 
 def _device(info: dict | None) -> str | None:
