@@ -153,3 +153,10 @@ def test_slow_filesystem_warns(tmp_path):
     sb._judge(r)
     assert r.verdict == "warn"
     assert any("under 100 MB/s" in f for f in r.findings) and any("500 file creates" in f for f in r.findings)
+
+
+def test_block_size_must_suit_direct_io():
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="multiple of 4"):
+        sb.StorageParams(block_kib=6)

@@ -25,6 +25,8 @@ import threading
 import time
 from typing import Literal
 
+from pydantic import field_validator
+
 from tools import _storage_io as sio
 from tools.harness import Field, Params, Progress, Result, ToolFailure, ToolSpec, main
 
@@ -46,6 +48,14 @@ class StorageParams(Params):
                                                      "(auto), fio only, or the Python implementation.")
     direct_io: Literal["auto", "on", "off"] = Field("auto", description="O_DIRECT (bypass the page cache): "
                                                     "where supported (auto), required (on), or never (off).")
+
+
+    @field_validator("block_kib")
+    @classmethod
+    def _aligned(cls, v: int) -> int:
+        if v % 4:
+            raise ValueError(f"block_kib={v} must be a multiple of 4 (direct I/O needs 4 KiB-aligned blocks)")
+        return v
 
 
 class StorageResult(Result):
