@@ -112,6 +112,16 @@ class PcieWatcher:
         return False
 
 
+def torch_bus_id(index: int) -> str | None:
+    """PCI address of torch's cuda:index as sysfs writes it ('0000:18:00.0'), when NVML cannot say."""
+    import torch
+
+    props = torch.cuda.get_device_properties(index)
+    if getattr(props, "pci_bus_id", None) is None:
+        return None
+    return f"{getattr(props, 'pci_domain_id', 0):04x}:{props.pci_bus_id:02x}:{getattr(props, 'pci_device_id', 0):02x}.0"
+
+
 def _try(fn):
     try:
         return fn()

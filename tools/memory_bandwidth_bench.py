@@ -175,7 +175,7 @@ def run(params: MemoryBandwidthParams, progress) -> MemoryBandwidthResult:
         with mm.PcieWatcher(params.device) as link:
             rows += mm.host_link_tests(device, params.host_size_mib << 20, params.iterations, params.warmup, tests)
         res.pcie_gen, res.pcie_width, res.pcie_max_gen, res.pcie_max_width = link.gen, link.width, link.max_gen, link.max_width
-        placement = mm.numa_placement(link.bus_id)
+        placement = mm.numa_placement(link.bus_id or mm.torch_bus_id(params.device))
         res.gpu_numa_node, res.cpus_on_gpu_node = placement["gpu_numa_node"], placement["cpus_on_gpu_node"]
     by_test = {r["test"]: r["mean_gbps"] for r in rows}
     for t in ("copy", "read", "write"):
