@@ -286,3 +286,20 @@ def test_context_parallel_splits_the_sequence():
     four = estimate(model="llama-3-8b", seq_len=32768, cp=4)
     assert four.activations_gib == pytest.approx(one.activations_gib / 4, rel=0.01)
     assert four.logits_gib == pytest.approx(one.logits_gib / 4, rel=0.01)
+
+
+def test_hand_computed_total_for_a_small_architecture():
+    p = MemoryParams(layers=2, hidden=1024, heads=8, ffn=4096, vocab=1000, gated_mlp=False, seq_len=1024,
+                     kernels="fused")
+    # Parameters: embedding 1,024,000 + 2 x (4 x 1024^2 + 2 x 1024 x 4096 + 2 norms x 1024) + final norm 1024
+    # + head 1,024,000 = 27,218,944; x 18 bytes = 489,940,992.
+    # One layer, s = 1024, b = 1, h = 1024 (sbh = 1,048,576): q, k, v, o-proj input 8 sbh; GELU MLP in/out
+    # 4 x s x ffn = 16,777,216; flash log-sum-exp 4 x s x heads = 32,768; two norms, qkv and mlp inputs
+    # 8 sbh -> 33,587,200 per layer, x 2 = 67,174,400; + final norm and head input 4 sbh = 71,368,704.
+    # Logits 4 x s x vocab = 4,096,000. Overhead 0.5 GiB + 5% of the 565,405,696 tensor bytes.
+    stage, parts = mm.breakdown(setup_from(p))
+    assert p.architecture().total_params() == 27_218_944
+    assert parts["weights"] + parts["gradients"] + parts["master_weights"] + parts["optimizer_states"] == 489_940_992
+    assert parts["activations"] == 71_368_704
+    assert parts["logits"] == 4_096_000
+    assert sum(parts.values()) == pytest.approx(565_405_696 * 1.05 + 0.5 * GIB)
