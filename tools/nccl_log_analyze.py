@@ -73,6 +73,13 @@ MSG = {name: re.compile(rx) for name, rx in {
     "tuning_row": r"^\s*(?P<op>Broadcast|Reduce|AllGather|ReduceScatter|AllReduce)\s*\|(?P<cells>.*)$",
 }.items()}
 
+# A literal each message of that kind contains: a cheap test before the regex (NCCL logs run to millions of lines).
+HINTS = {"bootstrap": "Bootstrap", "plugin_loaded": "NET/Plugin", "plugin_none": "NET/Plugin", "ib_using": "NET/IB",
+         "ib_none": "NET/IB", "socket_using": "NET/Socket", "network": "network ", "init": " - Init ", "nodes": "nNodes",
+         "env": "NCCL_", "gdr": "GPU Direct RDMA", "p2p_off": "P2P is disabled", "nvls": "NVLS multicast",
+         "channels": "coll channels", "edge": " via ", "ring": " : ", "trees": "Tree", "pattern": "Pattern ",
+         "topo_net": "NET[", "algo_choice": "Bytes -> Algo", "tuning_header": "|", "tuning_row": "|"}
+
 PATTERNS = {1: "balanced tree", 2: "split tree", 3: "tree", 4: "ring", 5: "NVLS", 6: "NVLS tree", 7: "CollNet direct",
             8: "CollNet chain"}
 ALGOS = {"0": "Tree", "1": "Ring", "2": "CollNetDirect", "3": "CollNetChain", "4": "NVLS", "5": "NVLSTree", "6": "PAT"}
@@ -165,6 +172,8 @@ def _parse_info(parsed: Parsed, proc: Proc, msg: str) -> None:
         proc.version = v["v"]
         return
     for name, rx in MSG.items():
+        if HINTS[name] not in msg:
+            continue
         m = rx.search(msg)
         if m:
             _HANDLERS[name](parsed, proc, m)
@@ -305,13 +314,15 @@ def _on_algo_choice(parsed, proc, m):
 def _on_tuning_header(parsed, proc, m):
     cells = [c.strip() for c in m["cells"].split("|") if c.strip()]
     if m["kind"] == "Latency/AlgBw":  # NCCL <= 2.18: "Tree/    LL | Tree/ LL128 | ..."
-        parsed.tuning_pairs = [tuple(p.strip() for p in c.split("/")) for c in cells]
+        parsed.tuning_pairs = [tuple(p.strip() for p in c.split("/")) for c in cells if "/" in c]
     elif m["kind"] == "Algorithm":
         parsed.tuning_pairs = [(c, None) for c in cells]
     elif parsed.tuning_pairs and parsed.tuning_pairs[0][1] is None:  # Protocol row under an Algorithm row
         algos = [a for a, _ in parsed.tuning_pairs]
-        per_algo = max(1, len(cells) // max(1, len(algos)))
-        parsed.tuning_pairs = [(algos[i // per_algo], proto) for i, proto in enumerate(cells) if i // per_algo < len(algos)]
+        protos = [p for c in cells for p in c.split()]  # one cell per protocol, or one per algorithm
+        per_algo = max(1, len(protos) // max(1, len(algos)))
+        parsed.tuning_pairs = [(algos[i // per_algo], proto) for i, proto in enumerate(protos)
+                               if i // per_algo < len(algos)]
 
 
 def _on_tuning_row(parsed, proc, m):
