@@ -111,6 +111,7 @@ def stage_params(s: Setup, st: Stage) -> float:
     if st.embedding:
         held += a.embedding_params()
     if st.head:
+        held += a.final_norm_params()
         held += a.head_params() if s.pp == 1 else a.vocab * a.hidden  # a tied head is a copy on the last stage
     return held / s.tp
 

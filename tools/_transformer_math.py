@@ -57,9 +57,12 @@ class Architecture:
         """Output projection weights held apart from the embedding (0 when tied)."""
         return 0 if self.tied_embeddings else self.vocab * self.hidden
 
+    def final_norm_params(self) -> int:
+        return self.hidden * (2 if self.linear_bias else 1)
+
     def total_params(self) -> int:
-        final_norm = self.hidden * (2 if self.linear_bias else 1)
-        return self.embedding_params() + self.layers * self.layer_params() + final_norm + self.head_params()
+        return (self.embedding_params() + self.layers * self.layer_params() + self.final_norm_params()
+                + self.head_params())
 
     def matmul_params(self) -> int:
         """Parameters that take part in a matmul for every token: all layers plus the output head
