@@ -160,3 +160,13 @@ def test_block_size_must_suit_direct_io():
 
     with pytest.raises(ValidationError, match="multiple of 4"):
         sb.StorageParams(block_kib=6)
+
+
+def test_without_direct_io_it_drops_the_cache_and_says_so(tmp_path, monkeypatch):
+    r = bench(tmp_path, engine="python", direct_io="off")
+    assert r.direct_io is False and r.seq_read_mbps > 0
+    assert any("O_DIRECT not used" in f for f in r.findings)
+    monkeypatch.setattr(sio, "direct_io_supported", lambda d: False)
+    with pytest.raises(ToolFailure, match="O_DIRECT is not supported"):
+        bench(tmp_path, direct_io="on")
+    assert os.listdir(tmp_path) == []

@@ -27,14 +27,15 @@ class DataFigures:
 
 
 def direct_io_supported(directory: str) -> bool:
+    """Whether files here can be opened with O_DIRECT (tmpfs before Linux 6.6, some FUSE mounts: no)."""
+    if not hasattr(os, "O_DIRECT"):
+        return False
     probe = os.path.join(directory, "direct-probe")
     try:
-        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | getattr(os, "O_DIRECT", 0), 0o600)
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_DIRECT, 0o600))
+        return True
     except OSError:
         return False
-    else:
-        os.close(fd)
-        return hasattr(os, "O_DIRECT")
     finally:
         if os.path.exists(probe):
             os.unlink(probe)
