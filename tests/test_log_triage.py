@@ -291,3 +291,19 @@ def test_command_line_json():
     result = json.loads(out.stdout)
     assert result["verdict"] == "fail" and result["first_failure"]["rank"] == 3
     assert re.search(r"torchrun_oom_rank3\.log:18$", result["first_failure"]["location"])
+
+
+def test_step_counters_are_not_taken_for_srun_labels():
+    lines = [f"{step}: loss 2.3 lr 1e-4" if step % 10 == 0 else f"step {step} ok" for step in range(1, 300)]
+    lines.append("[rank0]:[E1129 10:00:00.0 1 ProcessGroupNCCL.cpp:632] [Rank 0] Watchdog caught collective operation "
+                 "timeout: WorkNCCL(SeqNum=5, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for "
+                 "600013 milliseconds before timing out.")
+    result = triage_text("\n".join(lines))
+    assert result.ranks_seen == "0"
+    assert not any("reports no error" in f or "report no error" in f for f in result.findings)
+
+
+def test_windows_line_endings():
+    result = triage_text("step 1\r\n[rank2]: OSError: [Errno 28] No space left on device\r\nstep 2\r\n")
+    assert (result.first_failure.signature, result.first_failure.rank) == ("no_space_left", 2)
+    assert not result.first_failure.text.endswith("\r")

@@ -55,6 +55,9 @@ TEXT_EXTENSIONS_SKIPPED = {".pt", ".pth", ".bin", ".safetensors", ".pkl", ".pick
 # Rank labels at the start of a line: torchrun `[rank3]:` and `[default3]:`, srun --label `3: `,
 # mpirun --tag-output `[1,3]<stdout>:`.
 _LINE_RANK = re.compile(r"^[ \t]*(?:\[(?:rank|default)(\d+)\]:|(\d{1,6}): |\[\d+,(\d+)\]<std(?:out|err)>:)", re.MULTILINE)
+_LINE_RANK_NO_SRUN = re.compile(r"^[ \t]*(?:\[(?:rank|default)(\d+)\]:|(?!)(\d)|\[\d+,(\d+)\]<std(?:out|err)>:)",
+                                re.MULTILINE)
+_SRUN_LABEL = re.compile(r"^[ \t]*\d{1,6}: ", re.MULTILINE)
 # Rank named inside a message when the line has no label: `[Rank 3]`, `[PG ID 0 PG GUID 0(default_pg) Rank 3]`.
 _MSG_RANK = re.compile(r"\[(?:PG [^\]\n]*?)?Rank (\d+)\]")
 # Rank in a file path: rank3.log, rank_3, log-rank-3.txt, torchelastic .../attempt_0/3/stderr.log
@@ -241,18 +244,23 @@ def rank_of_path(path: str) -> int | None:
     return None
 
 
-def line_rank(line: str) -> int | None:
+def srun_labelled(block: str) -> bool:
+    """Whether `N: ` at line starts are srun --label task ids (most lines have one), not step counters."""
+    return len(_SRUN_LABEL.findall(block)) * 3 >= block.count("\n") + 1
+
+
+def line_rank(line: str, srun: bool = True) -> int | None:
     """Rank from the line's label, else from a `[Rank N]` inside the message."""
-    m = _LINE_RANK.match(line)
+    m = (_LINE_RANK if srun else _LINE_RANK_NO_SRUN).match(line)
     if m:
         return int(next(g for g in m.groups() if g is not None))
     m = _MSG_RANK.search(line)
     return int(m.group(1)) if m else None
 
 
-def ranks_in_block(block: str) -> set[int]:
+def ranks_in_block(block: str, srun: bool = True) -> set[int]:
     """Every rank label at a line start in this block (C-speed findall, not a Python loop per line)."""
-    return {int(a or b or c) for a, b, c in set(_LINE_RANK.findall(block))}
+    return {int(a or b or c) for a, b, c in set((_LINE_RANK if srun else _LINE_RANK_NO_SRUN).findall(block))}
 
 
 def timestamp_key(line: str) -> tuple | None:
@@ -384,11 +392,12 @@ def _suspect_lines(block: str, low: str, gates: tuple[str, ...]) -> list[int]:
     return sorted(starts)
 
 
-def _scan_block(block: str, base_line: int, label: str, file_rank: int | None, state: ScanState) -> int:
-    """Match one block; returns the number of lines it holds."""
+def _scan_block(block: str, base_line: int, label: str, file_rank: int | None, state: ScanState,
+                srun: bool = True) -> int:
+    """Match one block; returns the number of lines it holds. srun: honour `N: ` labels (srun --label)."""
     nlines = block.count("\n") + (0 if block.endswith("\n") else 1)
     if len(state.ranks_seen) < MAX_RANKS_TRACKED:
-        state.ranks_seen |= ranks_in_block(block)
+        state.ranks_seen |= ranks_in_block(block, srun)
     starts = _suspect_lines(block, block.lower(), state.gates)
     if not starts:
         return nlines
@@ -416,7 +425,7 @@ def _scan_block(block: str, base_line: int, label: str, file_rank: int | None, s
             if sig.id not in seen_ids:
                 seen_ids.add(sig.id)
                 chosen.append((sig, m))
-        rank = line_rank(lines[idx])
+        rank = line_rank(lines[idx], srun)
         if rank is None:
             rank = file_rank
         line_end = ends[idx] if ends[idx] >= 0 else len(block)
@@ -714,7 +723,8 @@ def _silent_rank_findings(state: ScanState) -> list[str]:
     known = set(state.ranks_seen) | waiting
     summary = tallies["torchrun_child_failed"].extra if "torchrun_child_failed" in tallies else {}
     known |= set(summary.get("failures", {})) | ({summary["root"][0]} if "root" in summary else set())
-    known |= set(range(max(known) + 1))
+    if len(known) * 2 > max(known) + 1:  # labels look like ranks 0..N-1: ranks missing in between count too
+        known |= set(range(max(known) + 1))
     failed_themselves = set().union(*(t.ranks for t in tallies.values()
                                       if t.first_cause is not None and t.sig.severity == "error"))
     silent = sorted(known - waiting - failed_themselves)
@@ -835,10 +845,12 @@ def triage_paths(paths: list[str], *, max_files: int = 2000, max_signatures: int
         label, file_rank, line_no = str(path), rank_of_path(str(path)), 1
         try:
             for n_block, block in enumerate(iter_text_blocks(path)):
-                if n_block == 0 and file_rank is not None and ranks_in_block(block):
-                    file_rank = None  # a multi-rank log whose name happens to say "rank3"
+                if n_block == 0:
+                    srun = srun_labelled(block)
+                    if file_rank is not None and ranks_in_block(block, srun):
+                        file_rank = None  # a multi-rank log whose name happens to say "rank3"
                 state.bytes += len(block)
-                line_no += _scan_block(block, line_no, label, file_rank, state)
+                line_no += _scan_block(block, line_no, label, file_rank, state, srun)
         except NotText as exc:
             if len(paths) == 1 and len(files) == 1:
                 raise ToolFailure(f"{path}: {exc}. log_triage reads text logs (plain or .gz); for flight-recorder "
@@ -861,10 +873,10 @@ def triage_text(text: str, *, max_signatures: int = 12, evidence_lines: int = 3)
         raise ToolFailure("the text holds binary data (NUL bytes), not a log; paste the text output of the job")
     state = _new_state(evidence_lines)
     t0 = time.monotonic()
-    line_no = 1
+    line_no, srun = 1, srun_labelled(text[:CHUNK_BYTES])
     for block in iter_text_chunks_of_string(text):
         state.bytes += len(block.encode("utf-8", errors="replace"))
-        line_no += _scan_block(block, line_no, "<text>", None, state)
+        line_no += _scan_block(block, line_no, "<text>", None, state, srun)
     state.lines = line_no - 1
     return _summarise(state, ["<text>"], [], max_signatures, time.monotonic() - t0)
 
