@@ -122,6 +122,9 @@ def test_oom_on_rank_3_is_the_first_failure_and_called_fragmentation():
     assert any("fragmentation" in f and "expandable_segments" in f for f in result.findings)
     # the file name says rank3, but its lines carry their own labels: torchrun's lines get no rank
     assert _sig(result, "torchrun_sigterm_workers").ranks == ""
+    assert result.by_rank == {"1": "nccl_remote_error", "3": "cuda_oom"}
+    assert "By rank, first error: rank 1: NCCL remote process exited or network error; rank 3: CUDA out of memory." \
+        in result.findings
 
 
 def test_old_oom_format_without_fragmentation():

@@ -343,6 +343,7 @@ class ScanState:
     gates: tuple[str, ...] = ()
     tallies: dict = field(default_factory=dict)
     ranks_seen: set = field(default_factory=set)
+    rank_first: dict = field(default_factory=dict)   # rank -> signature id of its first error line
     lines: int = 0
     bytes: int = 0
     hits: int = 0
@@ -443,6 +444,8 @@ def _record(state: ScanState, sig: Signature, m: re.Match, line: str, line_no: i
     if post:
         role = post(details, tally.extra, rank, line, lambda n: _after_lines(block, line_end, n)) or role
     state.hits += 1
+    if rank is not None and sig.severity == "error" and len(state.rank_first) < MAX_RANKS_TRACKED:
+        state.rank_first.setdefault(rank, sig.id)
     hit = Hit(label, line_no, rank, line[:MAX_LINE_CHARS], details, role, state.hits)
     tally.count += 1
     if rank is not None and len(tally.ranks) < MAX_RANKS_TRACKED:
@@ -652,6 +655,9 @@ class LogTriageResult(Result):
     signatures: list[SignatureHit] = Field(default_factory=list, description="Signatures found, first failure first, "
                                            "then by first occurrence.")
     signatures_omitted: int = Field(0, description="Distinct signatures found but left out (max_signatures).")
+    by_rank: dict[str, str] = Field(default_factory=dict, description=(
+        "Ranks (as ranges) -> the signature of their first error line, e.g. {'3': 'cuda_oom', '0-2': "
+        "'nccl_remote_error'}; at most 20 groups."))
     files_scanned: list[str] = Field(default_factory=list, description="Files read (at most 50 listed).")
     files_skipped: list[str] = Field(default_factory=list, description="Files not read, with the reason.")
     lines_scanned: int = Field(0, description="Lines read.")
@@ -791,6 +797,11 @@ def _summarise(state: ScanState, scanned: list[str], skipped: list[str], max_sig
     for tally in shown:
         findings.extend(_special_findings(tally))
     findings.extend(_silent_rank_findings(state))
+    by_rank = _by_rank(state)
+    if len(state.rank_first) > 1 and len(by_rank) > 1:
+        names = {t.sig.id: t.sig.name for t in tallies}
+        findings.append("By rank, first error: " + "; ".join(
+            f"{ranks_phrase(_parse_ranges(r))}: {names[sig]}" for r, sig in list(by_rank.items())[:6]) + ".")
     for tally in shown:
         if tally is first_tally:
             continue
@@ -818,7 +829,25 @@ def _summarise(state: ScanState, scanned: list[str], skipped: list[str], max_sig
                                    details={k: str(v) for k, v in first.details.items()}) if first else None,
         signatures=[_hit_model(t) for t in shown], signatures_omitted=len(ordered) - len(shown),
         files_scanned=scanned[:50], files_skipped=skipped[:50], lines_scanned=state.lines,
-        bytes_scanned=state.bytes, ranks_seen=format_ranks(state.ranks_seen), seconds=round(seconds, 3))
+        bytes_scanned=state.bytes, ranks_seen=format_ranks(state.ranks_seen), seconds=round(seconds, 3),
+        by_rank=by_rank)
+
+
+def _by_rank(state: ScanState) -> dict[str, str]:
+    """Group ranks by the signature of their first error line; groups in order of their lowest rank."""
+    groups: dict[str, list[int]] = {}
+    for rank, sig_id in state.rank_first.items():
+        groups.setdefault(sig_id, []).append(rank)
+    ordered = sorted(groups.items(), key=lambda kv: min(kv[1]))[:20]
+    return {format_ranks(ranks): sig_id for sig_id, ranks in ordered}
+
+
+def _parse_ranges(text: str) -> list[int]:
+    out = []
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        out.extend(range(int(lo), int(hi or lo) + 1))
+    return out
 
 
 def _hit_model(t: Tally) -> SignatureHit:
