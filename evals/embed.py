@@ -7,7 +7,9 @@ Only `tokenizers` (Rust, no torch), `safetensors` and numpy are needed at run ti
 """
 
 import functools
+import hashlib
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -117,7 +119,51 @@ class MiniLM:
         return np.concatenate(out).astype(np.float32) if out else np.zeros((0, 384), np.float32)
 
 
+class CachedEncoder:
+    """MiniLM with a disk cache of vectors keyed by the text's hash, in $MLENG_HOME/cache/.
+
+    Encoding is the slow part of the embed router on a small CPU (hundreds of texts, tens of seconds
+    on 2 busy cores); tool descriptions and cases rarely change between runs, so most come from the cache.
+    """
+
+    def __init__(self, cache_file: Path | None = None):
+        from tools.store import mleng_home
+
+        self.model = None  # loaded on the first miss
+        self.cache_file = cache_file or mleng_home() / "cache" / "minilm-l6-v2.npz"
+        self.vectors: dict[str, np.ndarray] = {}
+        try:
+            with np.load(self.cache_file) as data:
+                self.vectors = {k: data[k] for k in data.files}
+        except (OSError, ValueError):
+            pass  # no cache yet, or a damaged one: start afresh
+
+    @staticmethod
+    def key(text: str) -> str:
+        return hashlib.sha1(text.encode()).hexdigest()
+
+    def encode(self, texts: list[str]) -> np.ndarray:
+        missing = sorted({t for t in texts if self.key(t) not in self.vectors}, key=len)  # similar lengths pad less
+        if missing:
+            self.model = self.model or MiniLM()
+            self.vectors.update((self.key(t), v) for t, v in zip(missing, self.model.encode(missing)))
+            self._save()
+        if not texts:
+            return np.zeros((0, 384), np.float32)
+        return np.stack([self.vectors[self.key(t)] for t in texts])
+
+    def _save(self) -> None:
+        try:
+            self.cache_file.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.cache_file.with_suffix(f".{os.getpid()}.tmp.npz")
+            np.savez(tmp, **self.vectors)
+            os.replace(tmp, self.cache_file)
+        except OSError:
+            pass  # a read-only home only costs speed
+
+
 @functools.cache
-def encoder() -> MiniLM:
-    """One shared encoder per process (loading takes ~0.3 s)."""
-    return MiniLM()
+def encoder() -> CachedEncoder:
+    """One shared encoder per process."""
+    model_dir()  # fail early, with the install hint, when the weights are missing
+    return CachedEncoder()

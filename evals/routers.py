@@ -5,14 +5,15 @@ description edit makes BM25 or MiniLM pick the wrong tool more often, an agent i
 
 - `BM25Router`: bm25s over each tool's name (underscores split) + title + description.
 - `EmbedRouter`: all-MiniLM-L6-v2 cosine similarity (evals/embed.py, numpy, offline); a tool's score
-  is the best of its whole text and each of its sentences, so one on-point sentence in a long
-  description counts.
+  is the best match among its name + title and each sentence of its description, so one on-point
+  sentence in a long description counts (and nothing is cut at the model's 256 tokens).
 - `HybridRouter`: a weighted sum of both, each scaled by constants fixed at calibration (not per
   query, so the absolute level still tells how confident the match is).
 - `calibrate()`: on the tune split only, picks the hybrid weight and the abstention threshold: below
   it the router answers "(none)" (call no tool).
 """
 
+import logging
 import re
 from dataclasses import dataclass
 
@@ -60,6 +61,7 @@ class BM25Router:
     def __init__(self, tools: list[ToolText], k1: float = 1.2, b: float = 0.75):
         import bm25s
 
+        logging.getLogger("bm25s").setLevel(logging.WARNING)  # it logs every index build at DEBUG
         self.tools = [t.name for t in tools]
         self._index = bm25s.BM25(k1=k1, b=b)
         self._index.index([tokenize(t.text()) for t in tools], show_progress=False)
@@ -87,17 +89,17 @@ class EmbedRouter:
         self._encoder = encoder()
         chunks, owner = [], []
         for i, t in enumerate(tools):
-            for chunk in [t.text()] + _sentences(t.description):
+            # Name + title, then each sentence: short texts encode fast and a long description is not
+            # cut off at the model's 256 tokens.
+            head = " ".join(p for p in (t.name.replace("_", " "), t.title) if p)
+            for chunk in [head] + _sentences(t.description):
                 chunks.append(chunk)
                 owner.append(i)
         self._chunk_vecs = self._encoder.encode(chunks)
         self._owner = np.asarray(owner)
-        self._cache: dict[str, np.ndarray] = {}  # calibration and scoring often share queries
 
     def scores(self, queries: list[str]) -> np.ndarray:
-        todo = sorted({q for q in queries if q not in self._cache}, key=len)  # similar lengths pad less
-        self._cache.update(zip(todo, self._encoder.encode(todo)))
-        sims = np.stack([self._cache[q] for q in queries]) @ self._chunk_vecs.T  # (queries, chunks), cosine
+        sims = self._encoder.encode(queries) @ self._chunk_vecs.T  # (queries, chunks), cosine
         out = np.full((len(queries), len(self.tools)), -1.0)
         for i in range(len(self.tools)):
             out[:, i] = sims[:, self._owner == i].max(axis=1)

