@@ -51,7 +51,7 @@ start_munge() {
   [ -s /etc/munge/munge.key ] || mungekey -c -k /etc/munge/munge.key
   chown munge:munge /etc/munge/munge.key && chmod 400 /etc/munge/munge.key
   install -d -o munge -g munge -m 0755 /run/munge           # no systemd: make the socket dir
-  runuser -u munge -- /usr/sbin/munged
+  runuser -u munge -- /usr/sbin/munged 9>&-
   touch "$D/run/munged.ours"
   for _ in $(seq 50); do munge_works && return 0; sleep 0.1; done
   say "munged did not come up"; return 1
@@ -65,7 +65,7 @@ start_accounting() {
   fi
   setsid mariadbd --user=root --datadir="$D/mysql" --socket="$D/run/mysqld.sock" \
     --pid-file="$D/run/mysqld.pid" --port=3306 --bind-address=127.0.0.1 \
-    --innodb-buffer-pool-size=64M --log-error="$D/log/mysqld.err" </dev/null >/dev/null 2>&1 &
+    --innodb-buffer-pool-size=64M --log-error="$D/log/mysqld.err" </dev/null >/dev/null 2>&1 9>&- &
   for _ in $(seq 100); do mariadb -S "$D/run/mysqld.sock" -e 'select 1' >/dev/null 2>&1 && break; sleep 0.1; done
   mariadb -S "$D/run/mysqld.sock" -e "
     CREATE USER IF NOT EXISTS 'slurm'@'127.0.0.1' IDENTIFIED BY 'slurmpw';
@@ -87,7 +87,7 @@ StoragePass=slurmpw
 StorageLoc=slurm_acct_db
 EOF
   chmod 600 "$D/etc/slurmdbd.conf"                            # slurmdbd refuses a readable file
-  slurmdbd
+  slurmdbd 9>&-
   for _ in $(seq 100); do
     (exec 3<>/dev/tcp/127.0.0.1/6819) 2>/dev/null && return 0; sleep 0.1
   done
@@ -168,8 +168,8 @@ start() {
   start_munge
   write_conf
   [ "$ACCOUNTING" = 1 ] && start_accounting   # slurmdbd must be up before slurmctld registers
-  slurmctld
-  for n in $(node_names); do slurmd -N "$n"; done
+  slurmctld 9>&-
+  for n in $(node_names); do slurmd -N "$n" 9>&-; done
   for _ in $(seq 300); do                # "idle*" means not responding yet: wait for plain idle
     if [ "$(sinfo -h -N -o '%T' 2>/dev/null | sort -u)" = idle ]; then
       echo "export SLURM_CONF=$SLURM_CONF"; return 0
@@ -211,7 +211,8 @@ stop() {
 }
 
 # One start/stop at a time on this machine (test sessions also hold /tmp/slurm-local.lock for their
-# whole run, see tests/slurm_cluster.py).
+# whole run, see tests/slurm_cluster.py). Daemons are started with fd 9 closed (`9>&-`): a daemon
+# that inherited it would hold the lock for its whole life.
 with_lock() { exec 9>"$D.op.lock"; flock -w 300 9 || { say "another start/stop is still running"; return 1; }; "$@"; }
 
 case "${1:-}" in

@@ -31,7 +31,7 @@ START_TIMEOUT_S = 200
 # Several pytest sessions on one machine (CI shards, engineers side by side) would restart each
 # other's cluster: a session holds this lock from start to stop, others wait for it.
 LOCK_PATH = "/tmp/slurm-local.lock"
-LOCK_WAIT_S = 240
+LOCK_WAIT_S = 180
 TERMINAL = {"COMPLETED", "FAILED", "TIMEOUT", "CANCELLED", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED",
             "BOOT_FAIL", "DEADLINE"}
 

@@ -38,6 +38,9 @@ def jobs(slurm_cluster, tmp_path_factory):  # noqa: F811
         "ok": slurm_cluster.sbatch("-J", "fine", "--wrap", "echo all good", cwd=work),
         "fail": slurm_cluster.sbatch("-J", "crash", "-o", "crash-%j.log", str(work / "fail.sh"), cwd=work),
         "cancel": slurm_cluster.sbatch("-J", "unwanted", "--wrap", "sleep 300", cwd=work),
+        # A 2-node step in which the task on the second node exits 3.
+        "step": slurm_cluster.sbatch("-J", "two-nodes", "-N", "2", "--wrap",
+                                     "srun bash -c 'if [ $SLURM_PROCID = 1 ]; then exit 3; fi; sleep 1'", cwd=work),
     }
     return {"dir": work, "ids": ids, "submitted": time.monotonic()}
 
@@ -70,6 +73,18 @@ def test_exit_3_is_diagnosed_with_step_and_log(slurm_cluster, jobs):  # noqa: F8
         assert any(s.step == "batch" and s.exit_code == 3 for s in r.steps)
     if HAS_TRIAGE:  # the CUDA OOM line in the log is named by log_triage
         assert any("memory" in f.lower() for f in r.log_findings), r.log_findings
+
+
+def test_failing_step_and_node_of_a_two_node_job(slurm_cluster, jobs):  # noqa: F811
+    job = jobs["ids"]["step"]
+    assert slurm_cluster.wait_state(job) == "FAILED"
+    r = diagnose(job)
+    assert r.verdict == "fail" and r.exit_code == 3
+    assert r.failing_node == "n2"  # srun's own "srun: error: n2: task 1: Exited with exit code 3"
+    assert any("srun named the failing node" in f and "n2" in f for f in r.findings)
+    if slurm_cluster.accounting:
+        assert r.failing_step == "0"  # the srun step, not the batch script around it
+        assert any(s.step == "0" and s.exit_code == 3 for s in r.steps)
 
 
 def test_cancelled_job(slurm_cluster, jobs):  # noqa: F811
