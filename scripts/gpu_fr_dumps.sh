@@ -2,7 +2,8 @@
 # Real NCCL flight-recorder dumps from deliberately broken jobs, for flight_recorder_analyze's fixtures.
 #
 # Needs 2+ NVIDIA GPUs on one node, torch with NCCL. Run from the repository root:
-#     OUT=/tmp/fr-out bash scripts/gpu_fr_dumps.sh            # ~4-6 min with 4 GPUs
+#     OUT=/tmp/fr-out bash scripts/gpu_fr_dumps.sh            # ~5-7 min with 4 GPUs
+# Needs py-spy, pydantic and psutil for the hang_stack_dump part (the dumps themselves need only torch).
 # Writes $OUT/nccl_<scenario>/rank_<r> (pickles written by PyTorch's watchdog on timeout, or by the
 # job at the end when nothing timed out), expected.json (the right diagnosis), torchrun.log,
 # analysis.json (our analyser, when pydantic is importable) and torch_fr_trace.txt (PyTorch's own
@@ -16,6 +17,7 @@ set -u
 OUT=${OUT:-/tmp/fr-out}
 cd "$(dirname "$0")/.."
 NGPU=$(python -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0)
+[ "${FR_CPU_DRYRUN:-0}" = 1 ] && NGPU=3        # plumbing check on a CPU box (gloo, no automatic dumps)
 if [ "$NGPU" -lt 2 ]; then
   echo "gpu_fr_dumps: needs at least 2 GPUs, found $NGPU" >&2
   exit 2
@@ -62,4 +64,30 @@ for scenario in healthy hung op_mismatch skipped subgroup; do
     > "$dir/torch_fr_trace.txt" 2>&1 || true
 done
 rm -f "$OUT"/nccl_*/rank_*.tmp
+
+# hang_stack_dump on a live NCCL hang: the 'hung' job again, with a 10-minute PG timeout, dumped with
+# py-spy while it hangs (expected: the last rank named odd, the others waiting in torch.cuda.synchronize).
+echo "== hang_stack_dump on a live NCCL hang (world $WORLD)"
+sd="$OUT/stackdump"; rm -rf "$sd"; mkdir -p "$sd"
+FR_PG_TIMEOUT_S=600 python -m torch.distributed.run --standalone --nproc-per-node "$WORLD" \
+  tests/fixtures/flight_recorder/make_nccl_dumps.py hung > "$sd/torchrun.log" 2>&1 &
+TR=$!
+for _ in $(seq 180); do
+  [ "$(grep -c '^BREAK' "$sd/torchrun.log" 2>/dev/null)" -ge "$WORLD" ] && break
+  sleep 1
+done
+sleep 3
+t0=$(date +%s%N)
+timeout 120 python -m tools.hang_stack_dump --launcher-pid "$TR" --json > "$sd/hang_stack_dump.json" 2>&1
+t1=$(date +%s%N)
+timeout 300 python -m tools.hang_stack_dump --launcher-pid "$TR" --native --save-path "$sd/native_stacks.txt" \
+  --json > "$sd/hang_stack_dump_native.json" 2>&1
+t2=$(date +%s%N)
+echo "   plain: $(( (t1 - t0) / 1000000 )) ms, native: $(( (t2 - t1) / 1000000 )) ms"
+python -c "import json,sys; d=json.load(open(sys.argv[1])); print('   odd ranks', d.get('odd_ranks'), '|', ' '.join(d.get('findings', [])[:3]))" \
+  "$sd/hang_stack_dump.json" 2>/dev/null || echo "   (hang_stack_dump failed: $(tail -2 "$sd/hang_stack_dump.json"))"
+kill "$TR" 2>/dev/null
+for _ in $(seq 45); do kill -0 "$TR" 2>/dev/null || break; sleep 1; done
+kill -9 "$TR" 2>/dev/null
+wait "$TR" 2>/dev/null
 echo "done: $OUT"

@@ -312,3 +312,12 @@ def test_gpu_processes_are_found_through_nvml(ptrace_ok, tmp_path):
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_rank_blocked_in_cuda_synchronize_counts_as_waiting():
+    frames = [{"name": "synchronize", "filename": "/venv/lib/python3.12/site-packages/torch/cuda/__init__.py", "line": 1},
+              {"name": "step", "filename": "/job/train.py", "line": 50}]
+    s = hsd.summarise_threads([{"os_thread_id": 7, "thread_name": "MainThread", "frames": frames}], 7, 12)
+    assert s["in_collective"] and s["called_from"] == "step (/job/train.py:50)"
+    launcher = [{"name": "_invoke_run", "filename": "/x/site-packages/torch/distributed/elastic/agent/server/api.py"}]
+    assert not hsd.summarise_threads([{"os_thread_id": 8, "frames": launcher}], 8, 12)["in_collective"]

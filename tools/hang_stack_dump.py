@@ -34,7 +34,6 @@ from tools.harness import REPO_ROOT, Field, Params, Result, ToolFailure, ToolSpe
 
 RANK_VARS = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
 LOCAL_RANK_VARS = ("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK")
-WAIT_FRAMES = {"wait", "synchronize", "barrier", "monitored_barrier", "_wait", "get", "result", "join"}
 MAX_PROCESSES = 1024
 LAUNCHER_FILES = ("torch/distributed/elastic/", "torch/distributed/run.py", "torch/distributed/launch")
 
@@ -45,7 +44,9 @@ class StackGroup(BaseModel):
     hosts: list[str] = Field(default_factory=list, description="Hosts these processes run on.")
     where: str = Field("", description="Innermost frame: function (file:line).")
     called_from: str = Field("", description="Innermost frame in user code (outside torch and the stdlib).")
-    in_collective: bool = Field(False, description="Whether the stack is inside torch.distributed.")
+    in_collective: bool = Field(False, description=(
+        "Whether the stack waits on other ranks: inside torch.distributed, or in torch.cuda.synchronize "
+        "(NCCL collectives return at once; the wait shows up at the next synchronize)."))
     stack: list[str] = Field(default_factory=list, description="Main-thread frames, innermost first (bounded).")
 
 
@@ -319,13 +320,20 @@ def _library_file(path: str) -> bool:
             or path.startswith("<frozen") or ".so" in Path(path).name)
 
 
+def _waits_on_peers(frame: dict) -> bool:
+    """Inside torch.distributed (not the launcher), or blocked on the GPU stream where a NCCL kernel waits."""
+    path = str(frame.get("filename", ""))
+    if "torch/distributed/" in path:
+        return not any(x in path for x in LAUNCHER_FILES)
+    return "torch/cuda/" in path and frame.get("name") == "synchronize"
+
+
 def summarise_threads(threads: list[dict], pid: int, max_frames: int) -> dict:
     """Main-thread frames (bounded), the user's innermost frame, and whether it waits in torch.distributed."""
     t = main_thread(threads, pid) or {}
     frames = t.get("frames") or []
     user = next((f for f in frames if f.get("filename") and not _library_file(str(f["filename"]))), None)
-    in_dist = any("torch/distributed/" in str(f.get("filename", "")) and not any(
-        x in str(f.get("filename", "")) for x in LAUNCHER_FILES) for f in frames)
+    in_dist = any(_waits_on_peers(f) for f in frames)
     return {"stack": [_frame(f) for f in frames][:max_frames], "called_from": _frame(user) if user else "",
             "in_collective": in_dist}
 
