@@ -267,7 +267,7 @@ def test_large_log_streams_in_bounded_memory(tmp_path):
         f.writelines(block for _ in range(reps - reps // 2))
     size = path.stat().st_size
     tracemalloc.start()
-    result = triage_paths([path])
+    result = triage_paths([path], workers=1)  # one process, so that tracemalloc sees all of the scan
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     assert size > 120 << 20
@@ -310,3 +310,24 @@ def test_windows_line_endings():
     result = triage_text("step 1\r\n[rank2]: OSError: [Errno 28] No space left on device\r\nstep 2\r\n")
     assert (result.first_failure.signature, result.first_failure.rank) == ("no_space_left", 2)
     assert not result.first_failure.text.endswith("\r")
+
+
+def test_a_big_file_split_over_processes_gives_the_same_answer(tmp_path):
+    path = tmp_path / "split.log"
+    rng = __import__("random").Random(7)
+    examples = {s.id: s.example for s in load_signatures() if not s.fallback}
+    ids = sorted(examples)
+    with open(path, "w") as f:
+        for i in range(60_000):
+            if i % 997 == 0:
+                f.write(f"[rank{i % 16}]: {examples[rng.choice(ids)]}\n")
+            else:
+                f.write(f"[rank{i % 16}]:[I1129 12:00:{i % 60:02d}.5 1 train.py:88] step {i} loss 2.{i % 97:02d}\n")
+    one = triage_paths([path], workers=1, max_signatures=100, evidence_lines=5)
+    three = triage_paths([path], workers=3, max_signatures=100, evidence_lines=5)
+    assert one.first_failure == three.first_failure
+    assert [(s.id, s.count, s.ranks, s.first, s.evidence, s.details) for s in one.signatures] == \
+        [(s.id, s.count, s.ranks, s.first, s.evidence, s.details) for s in three.signatures]
+    assert (one.lines_scanned, one.bytes_scanned, one.by_rank) == (three.lines_scanned, three.bytes_scanned,
+                                                                   three.by_rank)
+    assert one.findings[:-1] == three.findings[:-1]  # the last one is the timing
