@@ -1048,9 +1048,9 @@ SPEC = ToolSpec(
         "ChildFailedError, rendezvous failures, SLURM time limit / node failure, disk full, stale NFS handles, "
         "dataloader deaths, version mismatches) and reports the chronologically first *cause* rather than the "
         "cascade on the other ranks, with per-rank counts and evidence lines. Streams files of any size in "
-        "bounded memory (~30 MB/s per core; plain files over 96 MiB are split over up to 8 processes). Not for NCCL_DEBUG=INFO setup logs (use nccl_log_analyze), for "
-        "flight-recorder dumps (flight_recorder_analyze) or for a job that hangs with nothing in its log "
-        "(hang_stack_dump). Read-only; needs no GPU."),
+        "bounded memory (~30 MB/s per core; plain files over 96 MiB are split over up to 8 processes). Not for "
+        "NCCL_DEBUG=INFO setup logs (use nccl_log_analyze), for flight-recorder dumps (flight_recorder_analyze) "
+        "or for a job that hangs with nothing in its log (hang_stack_dump). Read-only; needs no GPU."),
     Params=LogTriageParams, Result=LogTriageResult, run=run,
     runs="in_process", read_only=True, destructive=False, idempotent=True, open_world=False,
     timeout_s=600, store=True,
