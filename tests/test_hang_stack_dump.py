@@ -18,6 +18,7 @@ from tools import hang_stack_dump as hsd
 from tools.harness import REPO_ROOT, ToolFailure, kill_tree, torchrun_command
 
 WORLD = 3
+JOB = f"stuck_job_{os.getpid()}"   # unique: other test sessions on this machine run the same job
 STUCK_JOB = textwrap.dedent("""\
     import datetime, time
     import torch, torch.distributed as dist
@@ -71,8 +72,8 @@ def ptrace_ok():
 def stuck_job(ptrace_ok, tmp_path_factory):
     """torchrun --standalone, 3 gloo ranks: ranks 0-1 in all_reduce, rank 2 in load_batch()."""
     work = tmp_path_factory.mktemp("stuck")
-    (work / "stuck_job.py").write_text(STUCK_JOB)
-    cmd = torchrun_command("stuck_job", WORLD, [])
+    (work / f"{JOB}.py").write_text(STUCK_JOB)
+    cmd = torchrun_command(JOB, WORLD, [])
     proc = subprocess.Popen(cmd, cwd=work, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                             start_new_session=True, env=dict(os.environ, PYTHONPATH=str(work)))
     try:
@@ -95,18 +96,18 @@ def test_launcher_pid_names_the_odd_rank(stuck_job):
     r = _run(launcher_pid=stuck_job.pid)
     assert r.verdict == "warn" and r.odd_ranks == [WORLD - 1]
     odd, majority = r.groups[0], r.groups[1]
-    assert odd.ranks == [2] and odd.where.startswith("load_batch (stuck_job.py:5)") and not odd.in_collective
+    assert odd.ranks == [2] and odd.where.startswith(f"load_batch ({JOB}.py:5)") and not odd.in_collective
     assert majority.ranks == [0, 1] and majority.in_collective and majority.where.startswith("all_reduce (")
-    assert majority.called_from.startswith("main (stuck_job.py:16)")
+    assert majority.called_from.startswith(f"main ({JOB}.py:16)")
     # The dataloader workers (children of the ranks, same RANK) are dumped but not taken for odd ranks.
     assert len(r.groups) == 2 and sum(p.role == "helper" for p in r.processes) == WORLD
     assert any("child process(es) of ranks" in f for f in r.findings)
     text = " ".join(r.findings)
-    assert "ranks 0, 1 wait in all_reduce" in text and "rank 2 is in load_batch (stuck_job.py:5)" in text
+    assert "ranks 0, 1 wait in all_reduce" in text and f"rank 2 is in load_batch ({JOB}.py:5)" in text
 
 
 def test_pattern_finds_the_ranks_and_leaves_the_launcher_out_of_the_comparison(stuck_job):
-    r = _run(pattern=r"stuck_job")
+    r = _run(pattern=JOB)
     assert r.odd_ranks == [2] and r.dumped == 2 * WORLD + 1      # ranks, their workers, torchrun
     assert any("without a rank" in f for f in r.findings)
     assert sum(len(g.pids) for g in r.groups) == WORLD
@@ -118,7 +119,7 @@ def test_full_dump_is_saved_with_every_rank(stuck_job, tmp_path):
     text = out.read_text()
     assert r.saved_to == str(out)
     assert sorted(set(re.findall(r"=== pid \d+ rank (\d)", text))) == ["0", "1", "2"]
-    assert "load_batch (stuck_job.py:5)" in text and "Thread" in text
+    assert f"load_batch ({JOB}.py:5)" in text and "Thread" in text
 
 
 def test_cli_json_through_the_harness_child(stuck_job):
