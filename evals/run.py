@@ -2,6 +2,7 @@
 
     mleng eval --cases evals/cases.jsonl --router bm25 --split heldout
     mleng eval --cases evals/cases.jsonl --router hybrid --json
+    mleng eval --cases evals/cases.jsonl --split tune --descriptions new.json   # try a wording first
     python -m evals.run --cases FILE ...          (the same, without the console script)
 
 Tool names and descriptions come from the live MCP server through the in-memory client
@@ -77,6 +78,14 @@ def format_report(report: dict) -> str:
     return "\n".join(lines)
 
 
+def with_descriptions(tools: list[ToolText], overrides: dict) -> list[ToolText]:
+    """`tools` with the descriptions in `overrides` ({name: text}) swapped in."""
+    unknown = sorted(set(overrides) - {t.name for t in tools})
+    if unknown or not all(isinstance(v, str) for v in overrides.values()):
+        raise ValueError(f"expected {{tool name: description}} for known tools; unknown: {unknown}")
+    return [ToolText(t.name, overrides.get(t.name, t.description), t.title) for t in tools]
+
+
 def check_names(cases: list[dict], tools: list[ToolText]) -> list[str]:
     """Tool names that cases use but the server does not offer."""
     known = {t.name for t in tools} | {NONE}
@@ -90,6 +99,9 @@ def main(argv: list[str] | None = None, tools: list[ToolText] | None = None) -> 
     parser.add_argument("--split", choices=("tune", "heldout", "all"), default="all",
                         help="which cases of the file to score (default all)")
     parser.add_argument("--json", action="store_true", help="print the metrics as one JSON object")
+    parser.add_argument("--descriptions", metavar="FILE",
+                        help="what-if: a JSON object {tool: description} that replaces those live descriptions "
+                             "(try a wording on the tune split before editing the tool)")
     args = parser.parse_args(argv)
 
     started = time.monotonic()
@@ -103,6 +115,12 @@ def main(argv: list[str] | None = None, tools: list[ToolText] | None = None) -> 
         print(f"mleng eval: no cases with split={args.split} in {args.cases}", file=sys.stderr)
         return 2
     tools = tools if tools is not None else live_tools()
+    if args.descriptions:
+        try:
+            tools = with_descriptions(tools, json.loads(Path(args.descriptions).read_text()))
+        except (OSError, ValueError) as e:
+            print(f"mleng eval: --descriptions {args.descriptions}: {e}", file=sys.stderr)
+            return 2
     unknown = check_names(cases, tools)
     if unknown:
         print(f"mleng eval: cases name tools the server does not offer: {', '.join(unknown)}", file=sys.stderr)

@@ -249,3 +249,20 @@ def test_heldout_routing_with_bm25_stays_above_the_floor(capsys):
     below = {k: round(report[k], 3) for k, floor in HELDOUT_FLOOR.items() if report[k] < floor}
     assert below == {}, f"held-out routing fell below the floor {HELDOUT_FLOOR}: {below}; confusions: " + \
         "; ".join(f"{c['expected']}->{c['predicted']} x{c['count']}" for c in report["confusion"][:8])
+
+
+def test_what_if_descriptions_change_what_is_scored(tmp_path, capsys):
+    tools = [ToolText("gpu_health", "per GPU ECC, XID, throttling"), ToolText("storage_bench", "disk throughput")]
+    cases = tmp_path / "c.jsonl"
+    cases.write_text(json.dumps({"id": "a", "symptom": "lustre checkpoint save is slow", "expected": ["storage_bench"]})
+                     + "\n")
+    argv = ["--cases", str(cases), "--json"]
+    assert eval_run.main(argv, tools=tools) == 0
+    before = json.loads(capsys.readouterr().out)["top1"]
+    wording = tmp_path / "d.json"
+    wording.write_text(json.dumps({"storage_bench": "checkpoint save throughput on lustre, nfs, local nvme"}))
+    assert eval_run.main(argv + ["--descriptions", str(wording)], tools=tools) == 0
+    assert (before, json.loads(capsys.readouterr().out)["top1"]) == (0.0, 1.0)
+    wording.write_text(json.dumps({"storage_benchmark": "typo"}))
+    assert eval_run.main(argv + ["--descriptions", str(wording)], tools=tools) == 2
+    assert "storage_benchmark" in capsys.readouterr().err
