@@ -179,3 +179,16 @@ def test_live_two_gpu_log(tmp_path):
     assert r.world_size == 2 and r.transports.get("p2p", 0) + r.transports.get("nvls", 0) > 0
     r = analyze(tmp_path / "nccl_2gpu_p2p_disabled.log")
     assert {"p2p_disabled", "intra_node_via_cpu"} & set(r.problems)
+
+
+def test_rdma_plugin_with_sharp_devices():
+    host = "qh100-gpu19:49355:49414 [1] NCCL INFO "
+    lines = [host + "NET/Plugin: Loaded net plugin NCCL RDMA Plugin v6 (v6)",
+             host + "NET/IB : Using [0]mlx5_0:1/IB/SHARP [1]mlx5_1:1/IB/SHARP [RO]; OOB ibp25s0:10.20.0.119<0>",
+             host + "Using network IBext",
+             host + "Channel 00/0 : 9[1] -> 1[1] [receive] via NET/IBext/1/GDRDMA",
+             host + "comm 0x5 rank 1 nranks 16 cudaDev 1 nvmlDev 1 busId 2a000 commId 0x9 - Init COMPLETE"]
+    r = analyse(parse_text("\n".join(lines)))
+    assert r.net_plugin == ["NCCL RDMA Plugin v6"] and r.network == ["IBext"]
+    assert [n.name for n in r.nics] == ["mlx5_0", "mlx5_1"] and r.gdr == "on"
+    assert r.bootstrap_interfaces == {"qh100-gpu19": "ibp25s0"} and r.ranks[0].nics_used == ["mlx5_1"]
