@@ -11,7 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from tools.flight_recorder_analyze import (FlightRecorderParams, analyse, rank_list, read_dumps, run, SPEC)
+from tools.flight_recorder_analyze import (
+    SPEC,
+    FlightRecorderParams,
+    analyse,
+    rank_list,
+    read_dumps,
+    run,
+)
 from tools.harness import ToolFailure
 
 FIXTURES = Path(__file__).parent / "fixtures" / "flight_recorder"

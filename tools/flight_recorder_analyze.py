@@ -416,7 +416,7 @@ def torch_analyser(dumps: dict[int, RankDump], groups: list[GroupReport], timeou
         cmd = [sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", tmp, "-p", "fr_",
                "--allow-incomplete-ranks"]
         try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+            proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=timeout_s)
         except subprocess.TimeoutExpired:
             return [f"PyTorch's analyser gave no answer in {timeout_s:.0f} s."]
     lines = [ln.rstrip() for ln in (proc.stdout + "\n" + proc.stderr).splitlines()

@@ -23,8 +23,6 @@ import shutil
 import socket
 import subprocess
 import sys
-import time
-from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -109,9 +107,11 @@ def _env_int(env: dict, names) -> int | None:
 
 
 def _is_python(proc) -> bool:
+    import psutil
+
     try:
         exe = " ".join(proc.cmdline()[:1]) + " " + proc.name()
-    except Exception:
+    except (psutil.Error, OSError):
         return False
     return "python" in exe.lower() or "torchrun" in exe.lower()
 
@@ -153,7 +153,11 @@ def _launcher_targets(pid: int) -> list[int]:
     except psutil.NoSuchProcess:
         raise ToolFailure(f"launcher pid {pid} does not exist (the job ended, or it runs on another node)") from None
     if not kids and name == "srun":
-        job = root.environ().get("SLURM_JOB_ID", "")
+        try:
+            job = root.environ().get("SLURM_JOB_ID", "")
+        except (psutil.Error, OSError):
+            raise ToolFailure(f"cannot read srun's environment (pid {pid}): run as the job's user or root, or "
+                              "pass slurm_job_id") from None
         return [p for p in _processes_with_env("SLURM_JOB_ID", job) if p != pid] if job else []
     ranked = []
     for p in kids:
@@ -184,9 +188,12 @@ def _pattern_targets(pattern: str) -> list[int]:
 def _gpu_targets() -> list[int]:
     try:
         import pynvml
-
+    except ImportError:
+        raise ToolFailure("gpu_processes needs nvidia-ml-py (`pip install nvidia-ml-py`), or pick the processes "
+                          "with pids, launcher_pid or pattern.") from None
+    try:
         pynvml.nvmlInit()
-    except Exception as e:
+    except (OSError, pynvml.NVMLError) as e:
         raise ToolFailure(f"gpu_processes needs NVML and it is not available here ({e}): no NVIDIA driver on "
                           "this machine. Pick the processes with pids, launcher_pid or pattern instead.") from None
     pids = set()
@@ -274,11 +281,11 @@ def dump_one(pid: int, native: bool, timeout_s: float, py_spy: str) -> tuple[lis
     """(threads from `py-spy dump --json`, error text)."""
     cmd = [py_spy, "dump", "--json", "--pid", str(pid)] + (["--native"] if native else [])
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s,
+        proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=timeout_s,
                               env=dict(os.environ, RUST_BACKTRACE="0"))
     except subprocess.TimeoutExpired:
-        return None, f"py-spy gave no answer for pid {pid} in {timeout_s:.0f} s (a process in uninterruptible " \
-                     "I/O, D state, cannot be read: look at `cat /proc/PID/stack` as root)"
+        return None, (f"py-spy gave no answer for pid {pid} in {timeout_s:.0f} s: a process in uninterruptible "
+                      f"I/O (state D) cannot be read; as root, `cat /proc/{pid}/stack` shows where the kernel holds it")
     if proc.returncode != 0:
         return None, proc.stderr
     try:
@@ -450,7 +457,7 @@ def run_all_nodes(params: HangStackDumpParams, cmd: list[str]) -> tuple[list[Pro
 
     timeout = params.per_process_timeout_s * 4 + 60
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=timeout)
     except FileNotFoundError:
         raise ToolFailure("srun is not on PATH: run this on a node of the cluster (login or compute).") from None
     except subprocess.TimeoutExpired:
