@@ -106,6 +106,8 @@ def test_hang_names_the_silent_rank_although_torchrun_blames_the_one_that_timed_
 def test_size_mismatch_is_reported_with_the_sizes():
     result = triage_paths([LOGS / "gloo_size_mismatch.log"])
     hit = _sig(result, "gloo_size_mismatch")
+    assert result.first_failure.signature == "gloo_size_mismatch"  # not the generic "terminate called" above it
+    assert "Received data size" in _sig(result, "cpp_terminate").details["what"]
     assert hit.count == 2
     assert {hit.details["got"], hit.details["expected"]} <= {"1000", "992", "1004"}
 

@@ -90,6 +90,7 @@ class Signature:
     keywords: tuple[str, ...]
     regex: re.Pattern
     fallback: bool
+    weak: bool
     meaning: str
     next: tuple[str, ...]
     example: str
@@ -106,7 +107,8 @@ def load_signatures() -> list[Signature]:
             sigs.append(Signature(
                 id=raw["id"], name=raw["name"], category=raw["category"], severity=raw["severity"],
                 role=raw["role"], keywords=tuple(raw["keywords"]), regex=re.compile(raw["pattern"], flags),
-                fallback=bool(raw.get("fallback", False)), meaning=raw["meaning"], next=tuple(raw["next"]),
+                fallback=bool(raw.get("fallback", False)), weak=bool(raw.get("weak", raw.get("fallback", False))),
+                meaning=raw["meaning"], next=tuple(raw["next"]),
                 example=raw.get("example", ""), order=order))
         except (KeyError, re.error) as exc:
             raise ToolFailure(f"log_signatures.toml entry {raw.get('id', order)!r} is malformed ({exc}); "
@@ -577,6 +579,13 @@ def _post_root_cause(details, extra, rank, line, after):
         extra.setdefault("failures", {})[entry[0]] = entry[1]
 
 
+def _post_terminate(details, extra, rank, line, after):
+    what = next((ln.strip() for ln in after(2) if "what()" in ln), None)
+    if what:
+        details["what"] = what[:300]
+    return None
+
+
 def _post_xid(details, extra, rank, line, after):
     meaning = xid_meaning(int(details["xid"]))
     if meaning:
@@ -608,6 +617,7 @@ _POST = {
     "torchrun_worker_failed": _post_exitcode,
     "torchrun_child_failed": _post_root_cause,
     "xid": _post_xid,
+    "cpp_terminate": _post_terminate,
     "fp16_overflow_skip": _post_loss_scale,
 }
 
@@ -696,7 +706,15 @@ def _pick_first_failure(tallies: list[Tally]) -> Hit | None:
     errors = [t for t in tallies if t.sig.severity == "error"]
     causes = [t.first_cause for t in errors if t.first_cause]
     if causes:
-        return _chronological(causes)[0]
+        ordered = _chronological(causes)
+        weak = {t.first_cause.order for t in errors if t.first_cause and t.sig.weak}
+        first = ordered[0]
+        # a generic line (a bare exception, "terminate called ...") followed within 3 lines by a specific
+        # cause: the specific one says what happened
+        for later in ordered[1:]:
+            if first.order in weak and later.file == first.file and 0 < later.line_no - first.line_no <= 3:
+                return later
+        return first
     cascades = [t.first for t in errors if t.first]
     return _chronological(cascades)[0] if cascades else None
 
