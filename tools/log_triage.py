@@ -583,7 +583,6 @@ def _post_terminate(details, extra, rank, line, after):
     what = next((ln.strip() for ln in after(2) if "what()" in ln), None)
     if what:
         details["what"] = what[:300]
-    return None
 
 
 def _post_xid(details, extra, rank, line, after):
