@@ -188,6 +188,7 @@ def _router_model(seen: dict):
     return get_model("mockllm/model", custom_outputs=choose)
 
 
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # inspect's retry helper uses an old tenacity argument
 def test_inspect_task_scores_the_first_call_offline(tmp_path):
     pytest.importorskip("inspect_ai")
     from inspect_ai import eval as inspect_eval
@@ -206,7 +207,7 @@ def test_inspect_task_scores_the_first_call_offline(tmp_path):
     from tools import registry
 
     assert seen["tools"] == sorted(registry()), "the model is offered exactly the server's tools"
-    assert "mleng" in seen["system"]
+    assert "mleng" in seen["system"] and "## Symptom → first tool" in seen["system"], "SKILL.md is the system prompt"
     answers = {s.id: s.scores["first_call_scorer"].answer for s in log.samples}
     assert answers == {"t1": "hang_stack_dump", "t2": NONE, "t3": "gpu_health"}
     metrics = {s.name: s.metrics for s in log.results.scores}
