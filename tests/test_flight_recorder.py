@@ -232,3 +232,19 @@ def test_pytorch_analyser_second_opinion_agrees(scenario, needle):
     r = analyse_dir(FIXTURES / scenario, torch_analyser=True)
     assert any(needle in line for line in r.torch_analyser_output), r.torch_analyser_output
     assert len(r.torch_analyser_output) <= 40
+
+
+def test_max_groups_never_hides_the_broken_group():
+    r = analyse_dir(FIXTURES / "subgroup" / "pickle", max_groups=1)
+    assert [g.desc for g in r.groups] == ["pair_b"] and r.culprit_ranks == [2]
+
+
+def test_point_to_point_entries_are_counted_not_compared(tmp_path):
+    for f in (FIXTURES / "healthy" / "json").iterdir():
+        data = json.loads(f.read_text())
+        data["entries"].append({**data["entries"][-1], "is_p2p": True, "profiling_name": "nccl:send 0->1",
+                                "collective_seq_id": 0, "p2p_seq_id": 1})
+        (tmp_path / f.name).write_text(json.dumps(data))
+    r = analyse_dir(tmp_path)
+    assert r.p2p_ops == 4 and r.culprit_ranks == [] and r.verdict == "ok"
+    assert any("point-to-point" in f for f in r.findings)

@@ -81,6 +81,7 @@ class FlightRecorderResult(Result):
         "Ranks the process groups list but no readable dump was found for: crashed, killed, or dumped elsewhere."))
     unreadable_files: list[str] = Field(default_factory=list, description="Files that could not be read, with why.")
     culprit_ranks: list[int] = Field(default_factory=list, description="Ranks named as the cause, all groups together.")
+    p2p_ops: int = Field(0, description="Point-to-point entries (send/recv) in the dumps; these are not compared.")
     groups: list[GroupReport] = Field(default_factory=list, description="One report per process group.")
     torch_analyser_output: list[str] = Field(default_factory=list, description=(
         "PyTorch's fr_trace findings (first 40 lines), when torch_analyser was asked for."))
@@ -121,6 +122,7 @@ class RankDump:
     pg_config: dict
     groups: dict = field(default_factory=lambda: defaultdict(list))     # (name, desc) -> [Op]
     backend: str = ""
+    p2p_ops: int = 0
 
 
 def _rank_of(name: str, prefix: str) -> int | None:
@@ -172,7 +174,8 @@ def _parse(rank: int, path: Path, data: dict) -> RankDump:
                     pg_config=data.get("pg_config") or {})
     for e in data.get("entries") or []:
         if e.get("is_p2p"):
-            continue                       # send/recv are paired differently; collectives name hangs
+            dump.p2p_ops += 1              # send/recv are paired differently; collectives name hangs
+            continue
         seq = e.get("collective_seq_id", e.get("seq_id"))
         if seq is None:
             continue
@@ -375,12 +378,16 @@ def analyse(dumps: dict[int, RankDump], detail: bool = False, max_groups: int = 
     result = FlightRecorderResult(dump_version=versions.most_common(1)[0][0],
                                   backend=backends.most_common(1)[0][0] if backends else "",
                                   ranks_found=sorted(found), ranks_without_dump=sorted(no_dump))
-    for (name, desc), ops_by_rank in sorted(per_group.items(), key=lambda kv: (len(kv[0][0]), kv[0]))[:max_groups]:
+    reports = []
+    for (name, desc), ops_by_rank in sorted(per_group.items(), key=lambda kv: (len(kv[0][0]), kv[0])):
         is_default = desc == "default_pg" or name == "0"
         members = set(configured.get(name, ())) or (expected if is_default else set(ops_by_rank))
         for r in members & found:           # a member with a dump but no entry in this group
             ops_by_rank.setdefault(r, [])
-        result.groups.append(analyse_group(name, desc, ops_by_rank, members, no_dump, detail))
+        reports.append(analyse_group(name, desc, ops_by_rank, members, no_dump, detail))
+    # Groups with a problem first, so that max_groups never hides one.
+    result.groups = sorted(reports, key=lambda g: g.problem == "none")[:max_groups]
+    result.p2p_ops = sum(d.p2p_ops for d in dumps.values())
     return result
 
 
@@ -446,6 +453,9 @@ def run(params: FlightRecorderParams, progress) -> FlightRecorderResult:
     if unreadable:
         result.findings.append(f"{len(unreadable)} file(s) could not be read: {unreadable[0]}"
                                + (" (and more, see unreadable_files)" if len(unreadable) > 1 else ""))
+    if result.p2p_ops:
+        result.findings.append(f"{result.p2p_ops} point-to-point entries (send/recv, e.g. pipeline stages) were not "
+                               "compared: a hang between pipeline stages can hide there; see hang_stack_dump.")
     if len(versions) > 1:
         result.findings.append(f"Ranks wrote different dump format versions {versions}: mixed torch builds in "
                                "one job cause hangs of their own (see env_report).")
