@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Real NCCL_DEBUG=INFO logs for tests/fixtures/nccl/real/ (nccl_log_analyze's fixtures), from a GPU machine.
 #
-#   OUT=/tmp/nccl-logs bash scripts/gpu_nccl_logs.sh        # ~1-2 min; needs torch with CUDA, >= 1 GPU
-#   mkdir -p tests/fixtures/nccl/real && cp -r $OUT/* tests/fixtures/nccl/real/
+#   OUT=/tmp/nccl-logs bash scripts/gpu_nccl_logs.sh        # ~3 min; needs torch with CUDA, >= 1 GPU
+#   mkdir -p tests/fixtures/nccl/real tests/fixtures/logs/real
+#   cp -r $OUT/failures/* tests/fixtures/logs/real/ && rm -r $OUT/failures && cp -r $OUT/* tests/fixtures/nccl/real/
 #
 # Each run is a torchrun of a tiny all_reduce (3 x 256 MiB) with
 # NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,GRAPH,ENV,TUNING,NET, stdout+stderr kept whole:
@@ -13,6 +14,10 @@
 #   nccl_<N>gpu.log               every GPU of the machine, when it has more than 2
 #   nccl_2gpu_files/              two ranks with NCCL_DEBUG_FILE=.../nccl.%h.%p (one file per process)
 #   versions.txt                  torch / CUDA / NCCL / driver / GPU names, for the fixture README
+# and real failures for log_triage (tests/fixtures/logs/real/), under $OUT/failures/:
+#   watchdog_2gpu.log             rank 1 sleeps before an all_reduce, rank 0's NCCL watchdog fires after 20 s
+#   cuda_oom_1gpu.log             a 1 TiB allocation: the CUDA OOM message with its real figures
+#   device_assert_1gpu.log        an out-of-range index on the GPU: device-side assert
 # A run that fails or hangs (120 s limit) leaves its log with the error; the script carries on.
 set -u
 OUT=${OUT:-$(pwd)/nccl-logs}
@@ -38,6 +43,37 @@ dist.barrier()
 if dist.get_rank() == 0:
     print(f"all_reduce ok: world_size={dist.get_world_size()} value={x[0].item():.0f}", flush=True)
 dist.destroy_process_group()
+PYEOF
+
+cat > "$WORK/failure.py" <<'PYEOF'
+import datetime
+import os
+import sys
+import time
+
+import torch
+
+scenario = sys.argv[1]
+if scenario == "watchdog":
+    import torch.distributed as dist
+
+    local_rank = int(os.environ["LOCAL_RANK"])
+    torch.cuda.set_device(local_rank)
+    dist.init_process_group("nccl", timeout=datetime.timedelta(seconds=20), device_id=torch.device("cuda", local_rank))
+    x = torch.ones(1 << 20, device="cuda")
+    dist.all_reduce(x)
+    torch.cuda.synchronize()
+    print(f"rank {dist.get_rank()}: first all_reduce done", flush=True)
+    if dist.get_rank() == 1:
+        time.sleep(90)  # never joins the second all_reduce
+    dist.all_reduce(x)
+    torch.cuda.synchronize()
+elif scenario == "cuda_oom":
+    keep = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    torch.empty(1 << 40, dtype=torch.uint8, device="cuda")
+elif scenario == "device_assert":
+    t = torch.zeros(10, device="cuda")
+    print(t[torch.tensor([20], device="cuda")].sum().item())
 PYEOF
 
 NGPU=$($PY -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0)
@@ -71,5 +107,18 @@ if [ "$NGPU" -ge 2 ]; then
 fi
 if [ "$NGPU" -gt 2 ]; then
   run "nccl_${NGPU}gpu.log" "$NGPU"
+fi
+
+fail() {  # fail <log name> <nproc> <scenario>
+  echo "== failures/$1"
+  timeout -k 10 150 $PY -m torch.distributed.run --standalone --nproc-per-node "$2" "$WORK/failure.py" "$3" \
+    > "$OUT/failures/$1" 2>&1
+  echo "   exit $? (a failure is expected), $(wc -l < "$OUT/failures/$1") lines"
+}
+mkdir -p "$OUT/failures"
+fail cuda_oom_1gpu.log 1 cuda_oom
+fail device_assert_1gpu.log 1 device_assert
+if [ "$NGPU" -ge 2 ]; then
+  fail watchdog_2gpu.log 2 watchdog
 fi
 echo "logs in $OUT"

@@ -333,3 +333,34 @@ def test_a_big_file_split_over_processes_gives_the_same_answer(tmp_path):
     assert (one.lines_scanned, one.bytes_scanned, one.by_rank) == (three.lines_scanned, three.bytes_scanned,
                                                                    three.by_rank)
     assert one.findings[:-1] == three.findings[:-1]  # the last one is the timing
+
+
+# ---------------------------------------------------------------------------------------------------
+# Real GPU failures (tests/fixtures/logs/real/, made on the GPU machine by scripts/gpu_nccl_logs.sh)
+
+REAL = LOGS / "real"
+
+
+def _real(name):
+    path = REAL / name
+    if not path.exists():
+        pytest.skip(f"{path} not made yet (scripts/gpu_nccl_logs.sh on the GPU machine)")
+    return triage_paths([path])
+
+
+def test_real_nccl_watchdog_names_the_sleeping_rank():
+    result = _real("watchdog_2gpu.log")
+    assert _sig(result, "nccl_watchdog_timeout").ranks == "0"
+    assert any("rank 1 reports no error" in f for f in result.findings)
+
+
+def test_real_cuda_oom():
+    result = _real("cuda_oom_1gpu.log")
+    assert result.first_failure.signature == "cuda_oom"
+    assert result.first_failure.details["tried_gib"] == "1024.00"
+
+
+def test_real_device_side_assert():
+    result = _real("device_assert_1gpu.log")
+    assert {"cuda_device_side_assert", "cuda_kernel_assert"} & set(_ids(result))
+    assert result.first_failure.signature in ("cuda_device_side_assert", "cuda_kernel_assert")
