@@ -1,8 +1,8 @@
 """log_triage — known failure signatures in training / job logs: the first failure, per rank, with evidence.
 
-Reads log files (any size, streamed in bounded memory; .gz too; files over 96 MiB are split over worker
-processes), directories (recursively) or globs, or
-pasted text, and matches every line against the signature catalog in knowledge/data/log_signatures.toml
+Reads log files (any size, streamed in bounded memory; .gz too; plain files over 96 MiB are split over
+worker processes), directories (recursively), globs or pasted text, and matches every line against the
+signature catalog in knowledge/data/log_signatures.toml
 (NCCL watchdog timeouts, CUDA OOM, XID, NaN loss, OOM killer, SLURM time limit, ...). It understands
 rank prefixes (torchrun `[rank3]:` / `[default3]:`, srun `--label` `3: `, mpirun `[1,3]<stdout>:`) and
 per-rank file names (`rank3.log`, torchelastic `attempt_0/3/stderr.log`), and reports, for each
@@ -14,8 +14,12 @@ By hand (no GPU needed, it only reads files):
     python -m tools.log_triage --paths train.log
     python -m tools.log_triage --paths 'logs/*.err' slurm-1234.out --json
     python -m tools.log_triage --text "$(tail -n 2000 train.log)"
-One node or many: point it at the files every rank wrote (a shared directory), or at the srun output
-of the job (`srun --label` keeps the rank on every line).
+One GPU or one node: the torchrun output (torchrun labels lines `[rankN]:`), or the per-rank files of
+`torchrun --log-dir DIR --redirects 3` (`python -m tools.log_triage --paths DIR`; the rank taken from
+`attempt_N/<r>/stderr.log` is the local rank, which is the rank on one node).
+Under SLURM: the job's output, ideally from `srun --label` so every line carries its rank:
+    python -m tools.log_triage --paths slurm-$SLURM_JOB_ID.out /var/log/kern.log
+(slurm_job_diagnose finds a job's files itself and calls triage_paths on them).
 
 Library use (stable; slurm_job_diagnose imports it):
     from tools.log_triage import triage_paths, triage_text
@@ -52,7 +56,7 @@ from tools.harness import (
 CHUNK_BYTES = 4 << 20          # read size; memory stays a small multiple of this whatever the log size
 MAX_LINE_CHARS = 400           # evidence lines are cut to this
 MAX_RANKS_TRACKED = 100_000    # per signature
-TEXT_EXTENSIONS_SKIPPED = {".pt", ".pth", ".bin", ".safetensors", ".pkl", ".pickle", ".npy", ".npz",
+BINARY_EXTENSIONS = {".pt", ".pth", ".bin", ".safetensors", ".pkl", ".pickle", ".npy", ".npz",
                            ".so", ".png", ".jpg", ".zip", ".tar", ".whl"}
 
 # Rank labels at the start of a line: torchrun `[rank3]:` and `[default3]:`, srun --label `3: `,
@@ -153,7 +157,7 @@ def resolve_paths(paths: list[str], max_files: int) -> tuple[list[Path], list[st
         for cand in candidates:
             if not cand.is_file():
                 continue
-            if cand.suffix.lower() in TEXT_EXTENSIONS_SKIPPED:
+            if cand.suffix.lower() in BINARY_EXTENSIONS:
                 skipped.append(f"{cand} (not a log: {cand.suffix} file)")
             elif cand not in files:
                 files.append(cand)
