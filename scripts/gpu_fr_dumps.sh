@@ -7,8 +7,10 @@
 # Writes $OUT/nccl_<scenario>/rank_<r> (pickles written by PyTorch's watchdog on timeout, or by the
 # job at the end when nothing timed out), expected.json (the right diagnosis), torchrun.log,
 # analysis.json (our analyser, when pydantic is importable) and torch_fr_trace.txt (PyTorch's own
-# analyser, for comparison). Copy the nccl_* directories into tests/fixtures/flight_recorder/ and
-# tests/test_flight_recorder.py checks them automatically.
+# analyser, for comparison), torchNNN_gloo_* (the CPU gloo scenarios made with this torch) and
+# stackdump/ (hang_stack_dump on a live NCCL hang). Copy the nccl_* and torch*_gloo_* directories into
+# tests/fixtures/flight_recorder/: tests/test_flight_recorder.py checks every directory there that
+# has an expected.json.
 #
 # Half the scenarios use the older env var names (TORCH_NCCL_TRACE_BUFFER_SIZE,
 # TORCH_NCCL_DEBUG_INFO_TEMP_FILE) and half the current ones (TORCH_FR_BUFFER_SIZE,
@@ -31,11 +33,11 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >> "$OUT/versio
 
 expect() {  # scenario -> expected diagnosis (culprits any of: problem one of)
   case "$1" in
-    healthy)     echo '{"culprit_ranks": [], "problems": ["none"]}' ;;
-    hung)        echo "{\"culprit_ranks\": [$LAST], \"problems\": [\"missing_ranks\", \"no_dump\"]}" ;;
-    op_mismatch) echo '{"culprit_ranks": [1], "problems": ["op_mismatch"]}' ;;
-    skipped)     echo '{"culprit_ranks": [1], "problems": ["op_mismatch", "size_mismatch"]}' ;;
-    subgroup)    echo "{\"culprit_ranks\": [$LAST], \"problems\": [\"missing_ranks\", \"no_dump\"]}" ;;
+    healthy)     echo '{"culprit_ranks": [], "problems": ["none"], "prefix": "rank_"}' ;;
+    hung)        echo "{\"culprit_ranks\": [$LAST], \"problems\": [\"missing_ranks\", \"no_dump\"], \"prefix\": \"rank_\"}" ;;
+    op_mismatch) echo '{"culprit_ranks": [1], "problems": ["op_mismatch"], "prefix": "rank_"}' ;;
+    skipped)     echo '{"culprit_ranks": [1], "problems": ["op_mismatch", "size_mismatch"], "prefix": "rank_"}' ;;
+    subgroup)    echo "{\"culprit_ranks\": [$LAST], \"problems\": [\"missing_ranks\", \"no_dump\"], \"prefix\": \"rank_\"}" ;;
   esac
 }
 
@@ -64,6 +66,27 @@ for scenario in healthy hung op_mismatch skipped subgroup; do
     > "$dir/torch_fr_trace.txt" 2>&1 || true
 done
 rm -f "$OUT"/nccl_*/rank_*.tmp
+
+# The CPU (gloo) scenarios again with this machine's torch, a version other than the CPU box's:
+# flight_recorder_analyze must read either.
+TV=$(python -c "import torch; print('torch' + ''.join(torch.__version__.split('+')[0].split('.')[:2]))")
+for scenario in hung op_mismatch; do
+  echo "== gloo $scenario with $TV"
+  dir="$OUT/${TV}_gloo_$scenario"; rm -rf "$dir"
+  FR_OUT_DIR="$OUT/.gloo" timeout 120 python tests/fixtures/flight_recorder/make_dumps.py "$scenario" > /dev/null 2>&1
+  mkdir -p "$dir" && cp "$OUT/.gloo/$scenario/pickle/"fr_* "$dir/" 2>/dev/null
+  if python -c "import pickle,sys; sys.exit(0 if pickle.load(open(sys.argv[1], 'rb')).get('entries') else 1)" \
+       "$dir/fr_0" 2>/dev/null; then
+    case "$scenario" in
+      hung) echo '{"culprit_ranks": [3], "problems": ["missing_ranks"], "prefix": "fr_"}' > "$dir/expected.json" ;;
+      op_mismatch) echo '{"culprit_ranks": [2], "problems": ["op_mismatch"], "prefix": "fr_"}' > "$dir/expected.json" ;;
+    esac
+  else
+    echo "$TV wrote no gloo flight-recorder entries (or no dump): nothing to check" > "$dir/NOTE.txt"
+  fi
+  echo "   dumps: $(cd "$dir" && ls fr_* 2>/dev/null | tr '\n' ' ')"
+done
+rm -rf "$OUT/.gloo"
 
 # hang_stack_dump on a live NCCL hang: the 'hung' job again, with a 10-minute PG timeout, dumped with
 # py-spy while it hangs (expected: the last rank named odd, the others waiting in torch.cuda.synchronize).

@@ -206,16 +206,17 @@ def test_pickle_and_json_dumps_agree():
                [(g.problem, g.seq, g.culprit_ranks) for g in rb.groups]
 
 
-NCCL_DIRS = sorted(p.parent for p in FIXTURES.glob("nccl_*/expected.json"))
+GPU_MACHINE_DIRS = sorted(p.parent for p in FIXTURES.glob("*/expected.json"))
 
 
-@pytest.mark.skipif(not NCCL_DIRS, reason="no NCCL dumps yet: run scripts/gpu_fr_dumps.sh on a GPU machine "
-                                          "and copy its nccl_* directories here")
-@pytest.mark.parametrize("scenario", NCCL_DIRS, ids=[p.name for p in NCCL_DIRS])
-def test_nccl_dumps_from_the_gpu_machine(scenario):
+@pytest.mark.skipif(not GPU_MACHINE_DIRS, reason="no dumps from the GPU machine yet: run scripts/gpu_fr_dumps.sh "
+                                                 "there and copy its nccl_* and torch*_gloo_* directories here")
+@pytest.mark.parametrize("scenario", GPU_MACHINE_DIRS, ids=[p.name for p in GPU_MACHINE_DIRS])
+def test_dumps_from_the_gpu_machine(scenario):
+    """NCCL dumps written by PyTorch's watchdog, and gloo dumps from that machine's (other) torch version."""
     expected = json.loads((scenario / "expected.json").read_text())
-    r = analyse_dir(scenario, prefix="rank_")
-    assert r.backend == "nccl"
+    r = analyse_dir(scenario, prefix=expected.get("prefix", ""))
+    assert r.backend == ("nccl" if scenario.name.startswith("nccl_") else "gloo")
     if not expected["culprit_ranks"]:
         assert r.verdict == "ok" and r.culprit_ranks == []
         return
