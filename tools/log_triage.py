@@ -1062,8 +1062,9 @@ SPEC = ToolSpec(
     name="log_triage",
     summary="Find known failure signatures in training / job logs and name the first failure, per rank.",
     description=(
-        "Use when a run failed or misbehaved and there are logs: a torchrun / srun / SLURM output file, per-rank "
-        "log files, a directory of them, or pasted text. Matches 70+ known signatures (NCCL watchdog timeouts "
+        "Use when a run crashed, died or failed and there is output to read (what killed my job, what is the real "
+        "cause in this traceback): a torchrun / srun / SLURM output file, per-rank log files, a directory of them, "
+        "or pasted text. Matches 70+ known signatures (NCCL watchdog timeouts "
         "with op and SeqNum, NCCL error classes, CUDA OOM with a fragmentation call, illegal memory access, "
         "device-side asserts, XID / ECC, NaN loss, fp16 overflow, OOM killer / exit 137, segfaults, torchrun "
         "ChildFailedError, rendezvous failures, SLURM time limit / node failure, disk full, stale NFS handles, "

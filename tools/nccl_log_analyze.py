@@ -739,13 +739,15 @@ SPEC = ToolSpec(
     summary="Read NCCL_DEBUG=INFO output: transports, NICs, GPUDirect RDMA, rings/trees, versions; flag what is wrong.",
     description=(
         "Use when you have NCCL_DEBUG=INFO output (a training log, NCCL_DEBUG_FILE files, nccl-tests output) and want "
-        "to know how NCCL connected the GPUs and whether that is right: NCCL version per process, rank -> host/GPU/bus "
-        "id, network (IB, RoCE, Socket, plugin), NICs and speeds, GPUDirect RDMA, P2P / SHM / NVLS, channels, ring and "
-        "tree graphs, TUNING algorithm choices, NCCL_* settings, WARN lines. Flags socket fallback where InfiniBand "
-        "exists, GDR off, hosts with different NICs or bootstrap interfaces, idle or slow NICs, P2P disabled, traffic "
-        "through the CPU, mismatched NCCL versions, ranks whose init never completed. Best with "
-        "NCCL_DEBUG_SUBSYS=INIT,GRAPH,ENV,TUNING,NET. Not for finding which rank crashed in a training log "
-        "(log_triage) or for measuring bandwidth (collective_bench). Read-only, reads files only, needs no GPU."),
+        "to know how NCCL connected the GPUs and whether that is right (did it fall back to sockets, which NIC or "
+        "interface such as eth0 / ib0 / mlx5_0 did each rank pick, what ring and tree did it build): NCCL version "
+        "per process, rank -> host/GPU/bus id, network (IB, RoCE, Socket, plugin), NICs and speeds, GPUDirect RDMA, "
+        "P2P / SHM / NVLS, channels, ring and tree graphs, TUNING algorithm choices, NCCL_* settings, WARN lines. "
+        "Flags socket fallback where InfiniBand exists, GDR off, hosts with different NICs or bootstrap interfaces, "
+        "idle or slow NICs, P2P disabled, traffic through the CPU, mismatched NCCL versions, ranks whose init never "
+        "completed. Best with NCCL_DEBUG_SUBSYS=INIT,GRAPH,ENV,TUNING,NET. Not for finding which rank crashed in a "
+        "training log (log_triage) or for measuring bandwidth (collective_bench). Read-only, reads files only, "
+        "needs no GPU."),
     Params=NcclLogParams, Result=NcclLogResult, run=run,
     runs="in_process", read_only=True, destructive=False, idempotent=True, open_world=False, timeout_s=300,
 )
