@@ -14,7 +14,8 @@ Metrics (all fractions of cases, with Wilson 95% intervals):
   (for a single first call this is 1 - abstain_accuracy; both are reported because both are asked for);
 - false_abstain_rate: over tool cases, the share where it abstained although a tool was expected;
 - per_tool: precision / recall / support of the first call per label, and a confusion list
-  (expected -> predicted, count, case ids) of the wrong first calls.
+  (expected -> predicted, count, case ids) of the wrong first calls;
+- by_difficulty, by_category: top1 and n within each group (where the router is weak).
 """
 
 import json
@@ -81,12 +82,16 @@ def evaluate(cases: list[dict], rankings: list[list[str]]) -> dict:
     none_cases = tool_cases = 0
     predicted_count, correct_count, expected_count = Counter(), Counter(), Counter()
     confusion = defaultdict(list)
+    groups = {"by_difficulty": defaultdict(lambda: [0, 0]), "by_category": defaultdict(lambda: [0, 0])}
     for case, ranking in zip(cases, rankings):
         first = ranking[0] if ranking else NONE
         # The label this case counts under: the first call when it is one of the expected ones.
         want = first if first in case["expected"] else case["expected"][0]
         ok = set(case["expected"]) | set(case["acceptable"])
         hits["top1"] += first == want
+        for key, field in (("by_difficulty", "difficulty"), ("by_category", "category")):
+            groups[key][case[field]][0] += first == want
+            groups[key][case[field]][1] += 1
         hits["top1_acceptable"] += first in ok
         hits["top3"] += bool(set(case["expected"]) & set(ranking[:3] if ranking else [NONE]))
         if want == NONE:
@@ -125,6 +130,8 @@ def evaluate(cases: list[dict], rankings: list[list[str]]) -> dict:
         "ci95": {name: r["ci95"] for name, r in rates.items()},
         "counts": {name: [r["k"], r["n"]] for name, r in rates.items()},
         "per_tool": per_tool,
+        **{key: {name: {"top1": round(k / n, 4), "n": n} for name, (k, n) in sorted(g.items())}
+           for key, g in groups.items()},
         "confusion": [
             {"expected": want, "predicted": got, "count": len(ids), "ids": ids}
             for (want, got), ids in sorted(confusion.items(), key=lambda kv: (-len(kv[1]), kv[0]))

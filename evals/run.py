@@ -66,6 +66,8 @@ def format_report(report: dict) -> str:
              f"(threshold {report['calibration']['threshold']}, {report['seconds']} s)"]
     for key in ("top1", "top1_acceptable", "top3", "abstain_accuracy", "false_call_rate", "false_abstain_rate"):
         lines.append("  " + _fmt_rate(report, key))
+    lines.append("  top1 by difficulty: " + ", ".join(f"{k} {v['top1']:.0%} (n={v['n']})"
+                                                   for k, v in report["by_difficulty"].items()))
     lines.append("  per tool (first call):       support  predicted  precision  recall")
     for label, row in report["per_tool"].items():
         p = "-" if row["precision"] is None else f"{row['precision']:.2f}"

@@ -57,6 +57,7 @@ def test_metrics_on_hand_made_cases():
     assert (triage["support"], triage["predicted"], triage["precision"], triage["recall"]) == (1, 2, 0.0, 0.0)
     none = r["per_tool"][NONE]
     assert (none["support"], none["predicted"], none["precision"], none["recall"]) == (2, 2, 0.5, 0.5)
+    assert r["by_difficulty"] == {"easy": {"top1": round(2 / 6, 4), "n": 6}}
     confusion = {(c["expected"], c["predicted"]): c["ids"] for c in r["confusion"]}
     assert confusion == {("hang_stack_dump", "log_triage"): ["b"], ("gpu_health", "log_triage"): ["c"],
                          (NONE, "gpu_health"): ["e"], ("log_triage", NONE): ["f"]}
