@@ -364,3 +364,13 @@ def test_real_device_side_assert():
     result = _real("device_assert_1gpu.log")
     assert {"cuda_device_side_assert", "cuda_kernel_assert"} & set(_ids(result))
     assert result.first_failure.signature in ("cuda_device_side_assert", "cuda_kernel_assert")
+
+
+def test_a_sigkilled_rank_in_torchruns_summary_is_the_cause():
+    text = "\n".join(["torch.distributed.elastic.multiprocessing.errors.ChildFailedError:", "=" * 44,
+                      "train.py FAILED", "-" * 44, "Root Cause (first observed failure):", "[0]:",
+                      "  rank      : 5 (local_rank: 5)", "  exitcode  : -9 (pid: 81723)", "  error_file: <N/A>",
+                      "  traceback : Signal 9 (SIGKILL) received by PID 81723", "=" * 44])
+    ff = triage_text(text).first_failure
+    assert (ff.signature, ff.rank, ff.role) == ("torchrun_child_failed", 5, "cause")
+    assert ff.details["exit_meaning"].startswith("SIGKILL")

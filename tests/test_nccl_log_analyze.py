@@ -192,3 +192,12 @@ def test_rdma_plugin_with_sharp_devices():
     assert r.net_plugin == ["NCCL RDMA Plugin v6"] and r.network == ["IBext"]
     assert [n.name for n in r.nics] == ["mlx5_0", "mlx5_1"] and r.gdr == "on"
     assert r.bootstrap_interfaces == {"qh100-gpu19": "ibp25s0"} and r.ranks[0].nics_used == ["mlx5_1"]
+
+
+def test_pasted_fragments_with_prose_around_them():
+    r = analyse(parse_text("NCCL INFO Channel 00/0 : 0[0] -> 8[0] [send] via NET/IB/0 ... is GPUDirect RDMA on? "
+                           "I don't see GDRDMA anywhere"))
+    assert r.transports == {"net_ib": 1} and r.gdr == "off" and "gdr_off" in r.problems
+    r = analyse(parse_text("NCCL WARN NET/IB : No device found.\nNCCL INFO NET/Socket : Using [0]bond0:172.16.3.4<0>\n"
+                           "NCCL INFO Using network Socket"))
+    assert "socket_inter_node" in r.problems and [n.name for n in r.nics] == ["bond0"]

@@ -75,6 +75,7 @@ _TS_ISO = re.compile(r"(\d{4})-(\d{2})-(\d{2})[T _](\d{2}):(\d{2}):(\d{2}(?:[.,]
 _TS_GLOG = re.compile(r"\b[IWEF](\d{2})(\d{2}) (\d{2}):(\d{2}):(\d{2}(?:\.\d+)?)")
 _TS_SYSLOG = re.compile(r"\b(Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) +(\d{1,2}) (\d{2}):(\d{2}):(\d{2})")
 
+SILENT_DEATHS = (-9, -11, -7, 137, 139, 135)  # exit codes of SIGKILL, SIGSEGV, SIGBUS (as -N or 128+N)
 _SIGNALS = {1: "SIGHUP", 2: "SIGINT", 6: "SIGABRT", 7: "SIGBUS", 9: "SIGKILL", 11: "SIGSEGV", 15: "SIGTERM"}
 _SIGNAL_HINTS = {9: "killed, often by the OOM killer or the scheduler", 6: "aborted (a C++ exception or assert)",
                  11: "segfault in native code", 7: "bus error, often /dev/shm exhausted",
@@ -465,6 +466,8 @@ def _record(state: ScanState, sig: Signature, m: re.Match, line: str, line_no: i
     post = _POST.get(sig.id)
     if post:
         role = post(details, tally.extra, rank, line, lambda n: _after_lines(block, line_end, n)) or role
+        override = details.pop("rank_override", None)
+        rank = override if rank is None and override is not None else rank
     state.hits += 1
     if rank is not None and sig.severity == "error" and len(state.rank_first) < MAX_RANKS_TRACKED:
         state.rank_first.setdefault(rank, sig.id)
@@ -538,7 +541,7 @@ def _post_exitcode(details, extra, rank, line, after):
     details["exit_meaning"] = describe_exit(code)
     # SIGKILL / SIGSEGV / SIGBUS often leave no other trace: the exit is the evidence. Exit 1 follows a
     # Python traceback, SIGABRT a C++ exception or the NCCL watchdog, SIGTERM the launcher's cleanup.
-    return "cause" if code in (-9, -11, -7, 137, 139, 135) else "cascade"
+    return "cause" if code in SILENT_DEATHS else "cascade"
 
 
 _ROOT_FIELD = re.compile(r"^\s*(time|host|rank|exitcode|error_file|traceback)\s*:\s*(.*?)\s*$")
@@ -573,14 +576,18 @@ def parse_torchrun_summary(lines: list[str]) -> dict:
 
 def _post_root_cause(details, extra, rank, line, after):
     summary = parse_torchrun_summary(after(80) if "Root Cause" not in line else [line] + after(12))
-    if summary.get("root"):
-        root_rank, code, host = summary["root"][0]
-        details.update(root_rank=str(root_rank), root_exitcode=str(code), exit_meaning=describe_exit(code))
-        if host:
-            details["root_host"] = host
-        extra.setdefault("root", (root_rank, code, host))
     for entry in summary.get("failures", []):
         extra.setdefault("failures", {})[entry[0]] = entry[1]
+    if not summary.get("root"):
+        return None
+    root_rank, code, host = summary["root"][0]
+    details.update(root_rank=str(root_rank), root_exitcode=str(code), exit_meaning=describe_exit(code))
+    if host:
+        details["root_host"] = host
+    extra.setdefault("root", (root_rank, code, host))
+    details["rank_override"] = root_rank
+    # a rank killed by SIGKILL / SIGSEGV / SIGBUS often leaves no other trace: the summary is the evidence
+    return "cause" if code in SILENT_DEATHS else None
 
 
 def _post_terminate(details, extra, rank, line, after):

@@ -62,7 +62,8 @@ MSG = {name: re.compile(rx) for name, rx in {
     "channels": r"^(?P<coll>\d+) coll channels, (?:(?P<collnet>\d+) collnet channels, )?(?:(?P<nvls>\d+) nvls "
                 r"channels, )?(?P<p2p>\d+) p2p channels, (?P<per_peer>\d+) p2p channels per peer",
     "edge": r"^(?:Channel|Ring) (?P<ch>\d+)(?:/(?P<sub>\d+))? : (?P<src>\d+)(?:\[(?P<srcdev>\w+)\])? -> "
-            r"(?P<dst>\d+)(?:\[(?P<dstdev>\w+)\])?(?: \[(?P<dir>send|receive)\])? via (?P<via>.+?)\s*$",
+            r"(?P<dst>\d+)(?:\[(?P<dstdev>\w+)\])?(?: \[(?P<dir>send|receive)\])? via "
+            r"(?P<via>NET/[^/]+/\S+|\S+(?: pointer/\S+)?)",
     "ring": r"^(?:Channel (?P<ch>\d+)/\d+|Ring (?P<ch2>\d+)) :(?P<order>(?:\s+\d+)+)\s*$",
     "trees": r"^Trees? (?P<trees>\[\d+\].*)$",
     "pattern": r"^Pattern (?P<pattern>\d+), crossNic (?P<cross>\d+), nChannels (?P<nch>\d+), (?:bw|speed) "
@@ -531,7 +532,7 @@ def _check_network(parsed: Parsed, procs: list[Proc], nodes: int, rep: _Report) 
         rep.flag("socket_fallback", "fail", f"Inter-node traffic uses TCP sockets although {why}: expect a few GB/s "
                  "instead of ~45 GB/s per 400 Gb/s NIC. Unset NCCL_IB_DISABLE, and make the RDMA stack visible "
                  "(/dev/infiniband in the container, libibverbs, the NIC's driver).")
-    elif sockets_used and (nodes > 1 or t["net_socket"]):
+    elif sockets_used and (nodes > 1 or t["net_socket"] or all(p.host == "?" for p in procs)):
         rep.flag("socket_inter_node", "warn", "Inter-node traffic uses TCP sockets (no RDMA NIC found"
                  + (": 'NET/IB : No device found'" if any(p.ib_none for p in procs) else "") + "); fine on "
                  "Ethernet-only clusters, but collectives between nodes will be limited to a few GB/s.")
@@ -634,7 +635,7 @@ def _nic_models(parsed: Parsed, procs: list[Proc]) -> list[NicInfo]:
     nics, seen = [], set()
     for p in procs:
         entries = [(i, n, layer) for i, (n, _, layer) in sorted(p.ib_nics.items())]
-        if not entries and "Socket" in p.networks:
+        if not entries and ("Socket" in p.networks or not p.networks):
             entries = [(i, n, "Socket") for i, n in enumerate(p.socket_ifaces)]
         for idx, name, kind in entries:
             if (p.host, idx, name) not in seen and len(nics) < 64:
