@@ -1,4 +1,4 @@
-"""A real local SLURM cluster for tests (scripts/slurm-local.sh), shared by one pytest session.
+"""A real local SLURM cluster for tests (scripts/slurm-local.sh), one per test module that uses it.
 
     from tests.slurm_cluster import slurm_cluster   # noqa: F401  (the fixture)
 
@@ -7,10 +7,12 @@
 
 Two logical nodes n1, n2 on this host (4 CPUs and 1 fake GPU each), partitions debug (default) and
 gpu, accounting through slurmdbd + MariaDB unless MLENG_SLURM_ACCOUNTING=0. The fixture starts it
-once per session (installing the Debian packages on a fresh machine, ~30 s; ~3 s when installed),
-points SLURM_CONF at it for the tests and every tool they run, and stops it at the end. Where it
-cannot start (not root, no apt, packages unavailable, daemons fail) every test using it is skipped
-with the reason.
+for each module that uses it (installing the Debian packages on a fresh machine, ~30 s; ~4 s when
+installed), points SLURM_CONF at it for the tests and every tool they run, and stops it after the
+module's last test. Module scope, not session: a pytest session holds a machine-wide lock while the
+cluster is up, and a session-long hold would make every other session on the machine wait for a whole
+suite. Where it cannot start (not root, no apt, packages unavailable, daemons fail, the lock stays
+taken) every test using it is skipped with the reason.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ SCRIPT = REPO / "scripts" / "slurm-local.sh"
 CLUSTER_DIR = "/tmp/slurm-local"
 START_TIMEOUT_S = 200
 # Several pytest sessions on one machine (CI shards, engineers side by side) would restart each
-# other's cluster: a session holds this lock from start to stop, others wait for it.
+# other's cluster: whoever has it up holds this lock from start to stop, others wait for it.
 LOCK_PATH = "/tmp/slurm-local.lock"
 LOCK_WAIT_S = 180
 TERMINAL = {"COMPLETED", "FAILED", "TIMEOUT", "CANCELLED", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED",
@@ -85,7 +87,7 @@ def _why_not() -> str | None:
     return None
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def slurm_cluster():
     reason = _why_not()
     if reason:

@@ -1,7 +1,7 @@
 """The SLURM tools against a real local SLURM (scripts/slurm-local.sh via tests/slurm_cluster.py).
 
-Jobs that take time (one killed at its 1-minute limit, ~60-90 s) are submitted once, at the start of
-the session, and the tests that need them run last, so the waiting overlaps the other tests.
+Jobs that take time (one killed at its 1-minute limit, ~60-90 s) are submitted once, when the module's
+cluster starts, and the tests that need them run last, so the waiting overlaps the other tests.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ exit 3
 """
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def jobs(slurm_cluster, tmp_path_factory):  # noqa: F811
     """Submit the four diagnosed jobs at once; the 1-minute TIMEOUT one runs while other tests do."""
     work = tmp_path_factory.mktemp("slurm-jobs")
