@@ -212,6 +212,12 @@ def test_missing_path_is_a_clear_error():
         triage_paths(["/nonexistent/*.log"])
 
 
+def test_a_directory_without_logs_is_a_clear_error(tmp_path):
+    (tmp_path / "model.safetensors").write_bytes(b"\0" * 100)
+    with pytest.raises(ToolFailure, match="no files to read.*safetensors"):
+        triage_paths([tmp_path])
+
+
 def test_empty_file_is_reported_as_empty(tmp_path):
     (tmp_path / "empty.log").write_text("")
     result = triage_paths([tmp_path / "empty.log"])

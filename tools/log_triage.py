@@ -162,6 +162,9 @@ def resolve_paths(paths: list[str], max_files: int) -> tuple[list[Path], list[st
                 skipped.append(f"{cand} (not a log: {cand.suffix} file)")
             elif cand not in files:
                 files.append(cand)
+    if not files:
+        raise ToolFailure(f"no files to read in {', '.join(map(repr, paths))}"
+                          + (f" ({'; '.join(skipped[:3])})" if skipped else "") + ": give log files or a directory of them")
     if len(files) > max_files:
         skipped.append(f"{len(files) - max_files} more files not read (max_files={max_files})")
         files = files[:max_files]
