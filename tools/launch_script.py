@@ -75,7 +75,7 @@ class LaunchScriptParams(Params):
 
 class LaunchScriptResult(Result):
     mode: str = Field("", description="sbatch | srun | torchrun.")
-    script: str = Field("", description="The sbatch script (sbatch mode).")
+    script: str = Field("", description="The sbatch script, or (srun/torchrun modes) the lines to run, one per line.")
     commands: list[str] = Field(default_factory=list, description="srun line, or one torchrun command per node.")
     script_path: str | None = Field(None, description="Where the script was written (submit or script_path).")
     submitted: bool = Field(False, description="Whether sbatch accepted it.")
@@ -169,13 +169,13 @@ def torchrun_lines(params: LaunchScriptParams, nproc: int) -> list[str]:
         if params.nnodes == 1:
             return [_tool_line(params, nproc)]
         host = params.rdzv_host or "FIRST_NODE"
-        return [f"# node {i}: " + shlex.join([params.python or sys.executable, "-m", f"tools.{params.tool}",
-                                               "--nnodes", str(params.nnodes), "--nproc-per-node", str(nproc),
-                                               "--rdzv-endpoint", f"{host}:{params.rdzv_port}", *params.tool_args])
-                for i in range(params.nnodes)]
+        same_everywhere = shlex.join([params.python or sys.executable, "-m", f"tools.{params.tool}",
+                                      "--nnodes", str(params.nnodes), "--nproc-per-node", str(nproc),
+                                      "--rdzv-endpoint", f"{host}:{params.rdzv_port}", *params.tool_args])
+        return [same_everywhere] * params.nnodes
     host = params.rdzv_host or "FIRST_NODE"
     exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in _exports(params).items())
-    return [f"# node {i}: " + (exports + " " if exports else "")
+    return [(exports + " " if exports else "")
             + _torchrun_line(params, nproc, f"{host}:{params.rdzv_port}", "mleng",
                              f"--rdzv-conf=is_host={int(i == 0)}", None) for i in range(params.nnodes)]
 
@@ -201,6 +201,10 @@ def run(params: LaunchScriptParams, progress) -> LaunchScriptResult:
                         "address unless rdzv_host was given.")
     else:
         result.script = sbatch_script(params, nproc, workdir)
+    if params.mode == "torchrun":
+        result.script = "".join(f"# on node {i}\n{c}\n" for i, c in enumerate(result.commands))
+    elif params.mode == "srun":
+        result.script = result.commands[0] + "\n"
     path = params.script_path or (os.path.join(workdir, f"{params.job_name}.sbatch") if params.submit else None)
     if path and params.mode == "sbatch":
         Path(path).parent.mkdir(parents=True, exist_ok=True)
