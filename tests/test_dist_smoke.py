@@ -152,3 +152,32 @@ def test_rank_count_follows_cuda_visible_devices(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     assert visible_gpus() == 0 and layout(None, 1) == (2, 1)  # no GPUs: 2 gloo ranks
     assert layout(4, 3) == (4, 3)
+
+
+def test_launcher_stops_a_silent_run_and_names_the_rank_that_stalled(tmp_path):
+    import sys
+
+    from tools._launch import launch_ranks
+
+    # Two fake "ranks" in one process tree: rank 0 reaches stage 2 and waits, rank 1 stops at stage 1.
+    script = tmp_path / "ranks.py"
+    script.write_text(
+        "import json, os, subprocess, sys, time\n"
+        "def emit(rank, ev, stage):\n"
+        "    line = '@@mleng-rank ' + json.dumps({'ev': ev, 'rank': rank, 'world_size': 2, 'host': 'h',\n"
+        "        'pid': os.getpid(), 'stage': stage, 't': time.time()}) + '\\n'\n"
+        "    os.write(1, line.encode())\n"
+        "if len(sys.argv) == 1:\n"
+        "    child = subprocess.Popen([sys.executable, __file__, 'child'], start_new_session=True)\n"
+        "    emit(0, 'start', 'start'); emit(0, 'stage', 'init'); emit(0, 'stage', 'all_reduce')\n"
+        "    time.sleep(600)\n"
+        "else:\n"
+        "    emit(1, 'start', 'start'); emit(1, 'stage', 'init')\n"
+        "    time.sleep(600)\n")
+    t0 = time.monotonic()
+    outcome = launch_ranks([sys.executable, str(script)], 2, timeout_s=1, stall_s=2, deadline_s=60)
+    assert outcome.stalled and time.monotonic() - t0 < 10
+    culprits, findings = diagnose(outcome, timeout_s=1)
+    assert culprits == [1] and "stopped at stage init and never reached all_reduce" in findings[0]
+    time.sleep(0.3)
+    assert not [p for p in psutil.process_iter(["cmdline"]) if str(script) in " ".join(p.info["cmdline"] or [])]
