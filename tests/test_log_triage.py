@@ -383,10 +383,10 @@ def test_a_sigkilled_rank_in_torchruns_summary_is_the_cause():
 
 
 VARIANTS = [
-    ("[E ProcessGroupNCCL.cpp:737] [Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=469508, "
-     "OpType=ALLREDUCE, Timeout(ms)=1800000) ran for 1802212 milliseconds before timing out.", "nccl_watchdog_timeout"),
-    ("torch.OutOfMemoryError: HIP out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 191.98 GiB "
-     "of which 1.10 GiB is free.", "cuda_oom"),
+    (("[E ProcessGroupNCCL.cpp:737] [Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=469508, "
+     "OpType=ALLREDUCE, Timeout(ms)=1800000) ran for 1802212 milliseconds before timing out."), "nccl_watchdog_timeout"),
+    (("torch.OutOfMemoryError: HIP out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 191.98 GiB "
+     "of which 1.10 GiB is free."), "cuda_oom"),
     ("RuntimeError: CUDA driver error: out of memory", "cuda_oom"),
     ("torch.AcceleratorError: CUDA error: an illegal memory access was encountered", "cuda_illegal_memory_access"),
     ("srun: error: gpu-node01: tasks 0-7: Killed", "srun_task_failed"),
@@ -397,19 +397,27 @@ VARIANTS = [
      "grad_norm_nan"),
     ("Loss is nan, stopping training", "loss_nan"),
     ("Gradient overflow.  Skipping step, loss scaler 0 reducing loss scale to 32768.0", "fp16_overflow_skip"),
-    ("NVRM: Xid (PCI:0000:3b:00): 48, pid=1234, name=python, An uncorrectable double bit error (DBE) has been "
-     "detected on GPU in the framebuffer at partition 0, subpartition 0.", "xid"),
+    (("NVRM: Xid (PCI:0000:3b:00): 48, pid=1234, name=python, An uncorrectable double bit error (DBE) has been "
+     "detected on GPU in the framebuffer at partition 0, subpartition 0."), "xid"),
     ("OSError: [Errno 122] Disk quota exceeded", "disk_quota_exceeded"),
     ("cp: error writing '/scratch/ckpt/model.pt': No space left on device", "no_space_left"),
-    ("torch.distributed.DistNetworkError: The client socket has timed out after 600000ms while trying to connect to "
-     "(10.0.0.1, 29500).", "rendezvous_timeout"),
-    ("[W1129 socket.cpp:752] [c10d] The client socket has failed to connect to [node-0]:29500 (errno: 113 - No route "
-     "to host).", "rendezvous_connection_error"),
-    ("node1:12:34 [0] transport/net_ib.cc:818 NCCL WARN NET/IB : Got completion with error 12, opcode 1, len 0, "
-     "vendor err 129", "nccl_ib_completion_error"),
+    (("torch.distributed.DistNetworkError: The client socket has timed out after 600000ms while trying to connect to "
+     "(10.0.0.1, 29500)."), "rendezvous_timeout"),
+    (("[W1129 socket.cpp:752] [c10d] The client socket has failed to connect to [node-0]:29500 (errno: 113 - No route "
+     "to host)."), "rendezvous_connection_error"),
+    (("node1:12:34 [0] transport/net_ib.cc:818 NCCL WARN NET/IB : Got completion with error 12, opcode 1, len 0, "
+     "vendor err 129"), "nccl_ib_completion_error"),
 ]
 
 
 @pytest.mark.parametrize(("line", "sig_id"), VARIANTS, ids=[v[1] + str(i) for i, v in enumerate(VARIANTS)])
 def test_format_variants_across_versions(line, sig_id):
     assert sig_id in _ids(triage_text(line))
+
+
+def test_culprits_named_by_the_message_itself():
+    r = triage_text("RuntimeError: [Rank 0]: Ranks 3, 7 failed to pass monitoredBarrier in 30000 ms")
+    assert any("rank(s) 3, 7 as not arriving within 30 s" in f for f in r.findings)
+    r = triage_text("torch.distributed.DistStoreError: Timed out after 901 seconds waiting for clients. 15/16 clients "
+                    "joined.")
+    assert any(f.startswith("Only 15 of 16 processes reached the store") for f in r.findings)

@@ -818,6 +818,16 @@ def _special_findings(tally: Tally) -> list[str]:
                 + (f"; {ranks_phrase(killed)} {'was' if len(killed) == 1 else 'were'} stopped with SIGTERM (bystanders, "
                    "or the hung rank)" if killed
                    else "") + "."]
+    if sig_id == "monitored_barrier_failed":
+        return [(f"monitored_barrier names rank(s) {d['culprit'].strip()} as not arriving within "
+                f"{int(d['timeout_ms']) / 1000:g} s: those are the stuck or dead ranks.")]
+    if sig_id == "rendezvous_timeout" and "joined" in d:
+        missing = int(d["expected"]) - int(d["joined"])
+        return [(f"Only {d['joined']} of {d['expected']} processes reached the store in {d['waited_s']} s: {missing} "
+                "never started, crashed before init, or cannot reach MASTER_ADDR:MASTER_PORT.")]
+    if sig_id == "nccl_duplicate_gpu":
+        return [(f"Ranks {d['rank_a']} and {d['rank_b']} both use the GPU at bus id {d['device']}: set the device from "
+                "LOCAL_RANK (torch.cuda.set_device) or give each task its own CUDA_VISIBLE_DEVICES.")]
     if sig_id == "xid":
         return [f"XID {d['xid']} on GPU at PCI {d['pci']}: {d.get('xid_meaning', 'see the XID table')}."]
     if sig_id == "fp16_overflow_skip" and "min_scale" in tally.extra:
