@@ -132,3 +132,17 @@ async def test_the_mcp_json_command_starts_the_server_and_lists_every_tool():
     async with Client(params) as client:
         names = {t.name for t in (await client.list_tools()).tools}
     assert names == set(registry())
+
+
+def test_worked_example_calls_are_valid_arguments():
+    import ast
+
+    section = _body().split("## Worked examples")[1].split("\n## ")[0]
+    calls = re.findall(r"`(\w+)\((.*?)\)`", section, flags=re.S)
+    assert len(calls) >= 10
+    for name, args in calls:
+        spec = registry()[name]
+        call = ast.parse(f"f({' '.join(args.split())})", mode="eval").body
+        kwargs = {kw.arg: ast.literal_eval(kw.value) for kw in call.keywords}
+        assert not call.args, f"{name}: use keyword arguments"
+        spec.Params(**{k: v for k, v in kwargs.items() if k not in COMMON_ARGS})  # ValidationError if wrong
