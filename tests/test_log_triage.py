@@ -101,6 +101,7 @@ def test_hang_names_the_silent_rank_although_torchrun_blames_the_one_that_timed_
     assert result.first_failure.signature == "gloo_timeout" and result.first_failure.role == "cascade"
     assert any("root cause names rank 0" in f for f in result.findings)
     assert any(f.startswith("Rank 0 timed out") and "rank 1 reports no error" in f for f in result.findings)
+    assert result.suspect_ranks == [1]
 
 
 def test_size_mismatch_is_reported_with_the_sizes():
@@ -143,6 +144,7 @@ def test_watchdog_timeouts_on_ranks_0_to_6_point_at_rank_7():
     assert (wd.count, wd.ranks) == (7, "0-6")
     assert wd.details["op"] == "ALLREDUCE" and wd.details["seq"] == "1580" and wd.details["timeout_ms"] == "600000"
     assert any("Ranks 0-6 timed out" in f and "rank 7 reports no error" in f for f in result.findings)
+    assert result.suspect_ranks == [7]
     assert result.first_failure.role == "cascade"
 
 

@@ -694,6 +694,8 @@ class LogTriageResult(Result):
     signatures: list[SignatureHit] = Field(default_factory=list, description="Signatures found, first failure first, "
                                            "then by first occurrence.")
     signatures_omitted: int = Field(0, description="Distinct signatures found but left out (max_signatures).")
+    suspect_ranks: list[int] = Field(default_factory=list, description=(
+        "Ranks that report no error while others timed out waiting for them in a collective (first 64)."))
     by_rank: dict[str, str] = Field(default_factory=dict, description=(
         "Ranks (as ranges) -> the signature of their first error line, e.g. {'3': 'cuda_oom', '0-2': "
         "'nccl_remote_error'}; at most 20 groups."))
@@ -767,12 +769,13 @@ def _watchdog_findings(per_rank: dict) -> list[str]:
 TIMEOUT_SIGNATURES = ("nccl_watchdog_timeout", "gloo_timeout", "nccl_watchdog_work_state")
 
 
-def _silent_rank_findings(state: ScanState) -> list[str]:
-    """Ranks that timed out waiting vs ranks that said nothing: the silent ones are the suspects."""
+def _silent_ranks(state: ScanState) -> tuple[list[int], list[str]]:
+    """Ranks that timed out waiting vs ranks that said nothing: the silent ones are the suspects.
+    Returns (suspect ranks, findings)."""
     tallies = state.tallies
     waiting = set().union(*(tallies[i].ranks for i in TIMEOUT_SIGNATURES if i in tallies))
     if not waiting:
-        return []
+        return [], []
     known = set(state.ranks_seen) | waiting
     summary = tallies["torchrun_child_failed"].extra if "torchrun_child_failed" in tallies else {}
     known |= set(summary.get("failures", {})) | ({summary["root"][0]} if "root" in summary else set())
@@ -782,12 +785,12 @@ def _silent_rank_findings(state: ScanState) -> list[str]:
                                       if t.first_cause is not None and t.sig.severity == "error"))
     silent = sorted(known - waiting - failed_themselves)
     if not silent:
-        return []
+        return [], []
     verb = "reports" if len(silent) == 1 else "report"
     text = (f"{ranks_phrase(waiting).capitalize()} timed out waiting in a collective; {ranks_phrase(silent)} "
             f"{verb} no error of its own: likely stuck before the collective (data loading, a different code "
             "path) or dead. Dump the stacks of the live ranks (hang_stack_dump) or read the flight recorder.")
-    return [text]
+    return silent, [text]
 
 
 def _special_findings(tally: Tally) -> list[str]:
@@ -853,7 +856,8 @@ def _summarise(state: ScanState, scanned: list[str], skipped: list[str], max_sig
         findings.append(sig.meaning)
     for tally in shown:
         findings.extend(_special_findings(tally))
-    findings.extend(_silent_rank_findings(state))
+    suspects, silent_findings = _silent_ranks(state)
+    findings.extend(silent_findings)
     by_rank = _by_rank(state)
     if len(state.rank_first) > 1 and len(by_rank) > 1:
         names = {t.sig.id: t.sig.name for t in tallies}
@@ -887,7 +891,7 @@ def _summarise(state: ScanState, scanned: list[str], skipped: list[str], max_sig
         signatures=[_hit_model(t) for t in shown], signatures_omitted=len(ordered) - len(shown),
         files_scanned=scanned[:50], files_skipped=skipped[:50], lines_scanned=state.lines,
         bytes_scanned=state.bytes, ranks_seen=format_ranks(state.ranks_seen), seconds=round(seconds, 3),
-        by_rank=by_rank)
+        by_rank=by_rank, suspect_ranks=suspects[:64])
 
 
 def _by_rank(state: ScanState) -> dict[str, str]:
