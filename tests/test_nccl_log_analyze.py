@@ -201,3 +201,21 @@ def test_pasted_fragments_with_prose_around_them():
     r = analyse(parse_text("NCCL WARN NET/IB : No device found.\nNCCL INFO NET/Socket : Using [0]bond0:172.16.3.4<0>\n"
                            "NCCL INFO Using network Socket"))
     assert "socket_inter_node" in r.problems and [n.name for n in r.nics] == ["bond0"]
+
+
+def _graph_log(graph_type):
+    h = "box:10:11 [{g}] NCCL INFO "
+    lines = [h.format(g=g) + f"comm 0x1{g} rank {g} nranks 2 cudaDev {g} busId {g}000 commId 0x7 - Init COMPLETE"
+             for g in range(2)]
+    lines.append(h.format(g=0) + f"Pattern 4, crossNic 0, nChannels 2, bw 12.000000/12.000000, type {graph_type}, "
+                 "sameChannels 1")
+    lines.append(h.format(g=0) + "Channel 00/0 : 0[0] -> 2[0] [send] via NET/IB/0/GDRDMA")
+    return "\n".join(lines)
+
+
+def test_paths_through_pcie_switches_or_across_the_cpu():
+    r = analyse(parse_text(_graph_log("PXB/SYS")))
+    assert "intra_node_pcie" in r.problems and "nic_via_cpu" in r.problems
+    assert r.verdict == "warn"  # PCIe between GPUs is information; the NIC across the CPU is a warning
+    r = analyse(parse_text(_graph_log("NVL/PIX")))
+    assert r.problems == [] and r.verdict == "ok"
