@@ -6,6 +6,7 @@ vanished processes. Tests that attach with py-spy skip cleanly where ptrace is n
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import textwrap
@@ -114,8 +115,8 @@ def test_pattern_finds_the_ranks_and_leaves_the_launcher_out_of_the_comparison(s
 
 
 def test_full_dump_is_saved_with_every_rank(stuck_job, tmp_path):
-    out = tmp_path / "stacks.txt"
-    r = _run(launcher_pid=stuck_job.pid, save_path=str(out))
+    out = tmp_path / f"stacks-{socket.gethostname()}.txt"
+    r = _run(launcher_pid=stuck_job.pid, save_path=str(tmp_path / "stacks-{host}.txt"))
     text = out.read_text()
     assert r.saved_to == str(out)
     assert sorted(set(re.findall(r"=== pid \d+ rank (\d)", text))) == ["0", "1", "2"]
@@ -239,6 +240,9 @@ def test_slurm_all_nodes_command():
     assert cmd[:2] == ["srun", "--overlap"] and "--jobid=4242" in cmd and "--nodes=16" in cmd
     assert "--ntasks-per-node=1" in cmd and "--label" in cmd and cmd[-1] == "--native"
     assert cmd[cmd.index("--slurm-job-id") + 1] == "4242" and "--json" in cmd
+    p.save_path = "/shared/stacks.txt"
+    cmd = hsd.slurm_all_nodes_command(p, 16)
+    assert cmd[cmd.index("--save-path") + 1] == "/shared/stacks.txt.{host}"       # one file per node
 
 
 def test_bad_params_are_refused():

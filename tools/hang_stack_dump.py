@@ -78,7 +78,9 @@ class HangStackDumpParams(Params):
         "With slurm_job_id: run `srun --overlap --jobid` to dump every node and merge the reports. "
         "Without it the command is only returned."))
     native: bool = Field(False, description="Add C/C++ frames (py-spy --native; ~1 s per torch process).")
-    save_path: str = Field("", max_length=4096, description="Write every full dump (all threads) to this file.")
+    save_path: str = Field("", max_length=4096, description=(
+        "Write every full dump (all threads) to this file; '{host}' in it becomes the host name. With "
+        "all_nodes each node writes its own file (a '.{host}' suffix is added when '{host}' is missing)."))
     max_frames: int = Field(12, ge=1, le=200, description="Frames kept per stack in the report.")
     max_groups: int = Field(8, ge=1, le=200, description="Stack groups reported (largest and odd ones first).")
     per_process_timeout_s: float = Field(30.0, gt=0, le=600, description="Give up on one py-spy after this.")
@@ -438,6 +440,9 @@ def slurm_all_nodes_command(params: HangStackDumpParams, nnodes: int | None) -> 
         cmd.append(f"--nodes={nnodes}")
     cmd += [sys.executable, "-m", "tools.hang_stack_dump", "--slurm-job-id", params.slurm_job_id, "--detail",
             "--max-frames", str(params.max_frames), "--json"]
+    if params.save_path:
+        path = params.save_path if "{host}" in params.save_path else params.save_path + ".{host}"
+        cmd += ["--save-path", path]
     return cmd + (["--native"] if params.native else [])
 
 
@@ -528,8 +533,11 @@ def run(params: HangStackDumpParams, progress) -> HangStackDumpResult:
     result.failed = sum(1 for p in procs if p.error)
     result.dumped = len(procs) - result.failed
     if params.save_path and full:
-        Path(params.save_path).expanduser().write_text("\n".join(full))
-        result.saved_to = str(Path(params.save_path).expanduser())
+        path = Path(params.save_path.replace("{host}", socket.gethostname())).expanduser()
+        path.write_text("\n".join(full))
+        result.saved_to = str(path)
+    elif params.save_path:
+        result.saved_to = params.save_path if "{host}" in params.save_path else params.save_path + ".{host}"
     assign_roles(procs)
     ranked = [p for p in procs if p.role == "rank"]
     groups = group_stacks(ranked or procs)    # launchers and ranks' own children are not compared with ranks
