@@ -133,7 +133,8 @@ def main(argv: list[str] | None = None, tools: list[ToolText] | None = None) -> 
         print(f"mleng eval: {e}", file=sys.stderr)
         return 2
     report = {"router": args.router, "cases": str(args.cases), "split": args.split, **evaluate(cases, ranked),
-              "calibration": calibration, "seconds": round(time.monotonic() - started, 1)}
+              "calibration": calibration, "seconds": round(time.monotonic() - started, 1),
+              "predictions": [{"id": c["id"], "expected": c["expected"], "top3": r[:3]} for c, r in zip(cases, ranked)]}
     print(json.dumps(report, indent=1) if args.json else format_report(report))
     return 0
 

@@ -255,7 +255,7 @@ HELDOUT_FLOOR = {"top1": 0.55, "top3": 0.72, "top1_acceptable": 0.62}
 def test_heldout_routing_with_bm25_stays_above_the_floor(capsys):
     assert eval_run.main(["--cases", str(CASES), "--router", "bm25", "--split", "heldout", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
-    assert report["n"] == len(load_cases(CASES, "heldout"))
+    assert report["n"] == len(load_cases(CASES, "heldout")) == len(report["predictions"])
     assert set(report) >= {"n", "top1", "top1_acceptable", "top3", "abstain_accuracy", "false_call_rate", "per_tool"}
     below = {k: round(report[k], 3) for k, floor in HELDOUT_FLOOR.items() if report[k] < floor}
     assert below == {}, f"held-out routing fell below the floor {HELDOUT_FLOOR}: {below}; confusions: " + \
