@@ -79,6 +79,11 @@ def test_each_signature_is_found_inside_an_ordinary_log(sig):
     assert _sig(result, sig.id).first == "<text>:151"
 
 
+def test_every_signature_cites_a_source():
+    for raw in load_data("log_signatures")["signature"]:
+        assert raw.get("sources") and all(u.startswith("https://") for u in raw["sources"]), raw["id"]
+
+
 def test_xid_table_explains_hardware_codes():
     xid = load_data("log_signatures")["xid"]
     assert {"48", "63", "64", "74", "79", "94", "95"} <= set(xid)
