@@ -165,7 +165,7 @@ def _called_from(frames) -> str:
         fname = str(fr.get("filename", ""))
         if "/torch/" in fname or fname.startswith("<"):
             continue
-        return f"{fr.get('name', '?')} ({'/'.join(Path(fname).parts[-2:])}:{fr.get('line', '?')})"
+        return f"{fr.get('name', '?')} ({'/'.join(fname.rsplit('/', 2)[-2:])}:{fr.get('line', '?')})"
     return ""
 
 
