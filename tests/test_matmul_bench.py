@@ -208,6 +208,7 @@ def test_quick_run_on_cpu_returns_a_complete_result():
     assert [s.mean_tflops for s in r.top_shapes] == sorted((s.mean_tflops for s in r.top_shapes), reverse=True)
     assert r.shapes_tried > len(r.top_shapes) and r.geomean_tflops > 0  # a busy CPU makes any ordering flaky
     assert r.spec_tflops is None and r.telemetry["available"] is False
+    assert set(r.phase_s) == {"screen_s", "refine_s", "final_s"} and sum(r.phase_s.values()) <= r.wall_time_s
     assert any("device='cpu'" in f for f in r.findings) and "TFLOPS" in r.findings[0]
     fractions = [f for f, _ in events]
     assert fractions == sorted(fractions) and fractions[-1] == 1.0

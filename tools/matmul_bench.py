@@ -122,6 +122,8 @@ class MatmulBenchResult(Result):
     warmup_s: float | None = Field(None, description="Seconds spent warming the card until its throughput was stable.")
     warmup_stable: bool | None = Field(None, description="Whether the warm-up reached a stable throughput (1% over 3 batches).")
     stopped_early: bool = Field(False, description="The time budget cut the search or grid short.")
+    phase_s: dict[str, float] = Field(default_factory=dict, description="Seconds per phase: screen_s (successive "
+                                      "halving), refine_s (pattern search), final_s (finalists); measure_s for shapes/grid.")
     top_shapes: list[ShapeRow] = Field(default_factory=list, description="The final measurements, best first (at most 10).")
     telemetry: dict = Field(default_factory=dict, description="NVML samples during the run: SM clock (MHz), power (W), "
                             "temperature (C), fraction of samples with each clock-event (throttle) reason.")
@@ -250,6 +252,7 @@ def run(params: MatmulBenchParams, progress) -> MatmulBenchResult:
         geomean_tflops=_r(geomean) if geomean else None, shapes_tried=len(outcome.tried),
         iterations_total=outcome.iterations_total, wall_time_s=round(wall, 1), warmup_s=round(warm.seconds, 1),
         warmup_stable=warm.stable, stopped_early=outcome.stopped_early,
+        phase_s={k: round(v, 2) for k, v in outcome.phase_s.items()},
         top_shapes=[_row(t) for t in outcome.finals[:10]], telemetry=telemetry,
         gpus=[GpuRow(**r) for r in gpu_rows], slow_gpus=slow)
 
