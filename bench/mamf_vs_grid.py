@@ -65,11 +65,11 @@ def run_search(device, budget: float | None, smoke: bool) -> dict:
     r = SPEC.run(params, _progress("search"))
     wall = time.monotonic() - t0
     print(f"search: {r.mamf_tflops} TFLOPS at {r.best_shape}, {r.shapes_tried} shapes, {wall:.1f} s "
-          f"(warm-up {r.warmup_s} s), verdict {r.verdict}", flush=True)
+          f"(warm-up {r.warmup_s} s, phases {r.phase_s}), verdict {r.verdict}", flush=True)
     for f in r.findings:
         print(f"  - {f}")
     return {"best_tflops": r.mamf_tflops, "best_shape": r.best_shape, "wall_s": round(wall, 1),
-            "warmup_s": r.warmup_s, "shapes_tried": r.shapes_tried, "iterations_total": r.iterations_total,
+            "warmup_s": r.warmup_s, "phase_s": r.phase_s, "shapes_tried": r.shapes_tried, "iterations_total": r.iterations_total,
             "top_shapes": [s.model_dump() for s in r.top_shapes], "telemetry": r.telemetry, "verdict": r.verdict}
 
 
