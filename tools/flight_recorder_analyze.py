@@ -95,7 +95,7 @@ class _PlainData(pickle.Unpickler):
         raise pickle.UnpicklingError(f"refusing to load {module}.{name}: a flight-recorder dump is plain data")
 
 
-@dataclass
+@dataclass(slots=True)
 class Op:
     seq: int
     op: str
@@ -169,7 +169,12 @@ def _called_from(frames) -> str:
     return ""
 
 
-def _parse(rank: int, path: Path, data: dict) -> RankDump:
+def _parse(rank: int, path: Path, data: dict, shared: dict) -> RankDump:
+    """Entries -> Ops per process group. `shared` interns the values thousands of entries repeat
+    (sizes, dtypes, call sites): a 256-rank x 2000-entry job fits in a few hundred MB."""
+    def one(value):
+        return shared.setdefault(repr(value), value)
+
     dump = RankDump(rank=rank, path=str(path), version=str(data.get("version", "")),
                     pg_config=data.get("pg_config") or {})
     for e in data.get("entries") or []:
@@ -184,10 +189,10 @@ def _parse(rank: int, path: Path, data: dict) -> RankDump:
         pg = e.get("process_group") or (str(e.get("pg_id", "?")), "")
         state = str(e.get("state", ""))
         dump.groups[(str(pg[0]), str(pg[1]) if len(pg) > 1 else "")].append(Op(
-            seq=int(seq), op=op or "?", in_sizes=list(e.get("input_sizes") or []),
-            in_dtypes=list(e.get("input_dtypes") or []), out_sizes=list(e.get("output_sizes") or []),
-            done=state == "completed" or bool(e.get("retired")), state=state,
-            called_from=_called_from(e.get("frames")), timeout_ms=e.get("timeout_ms")))
+            seq=int(seq), op=one(op or "?"), in_sizes=one(list(e.get("input_sizes") or [])),
+            in_dtypes=one(list(e.get("input_dtypes") or [])), out_sizes=one(list(e.get("output_sizes") or [])),
+            done=state == "completed" or bool(e.get("retired")), state=one(state),
+            called_from=one(_called_from(e.get("frames"))), timeout_ms=e.get("timeout_ms")))
     return dump
 
 
@@ -207,13 +212,13 @@ def read_dumps(path: str, prefix: str = "") -> tuple[dict[int, RankDump], list[s
     """Every readable per-rank dump under `path` (pickle preferred over JSON for the same rank)."""
     root, prefix = find_dump_files(path, prefix)
     files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file())
-    dumps, unreadable = {}, []
+    dumps, unreadable, shared = {}, [], {}
     for p in files[:MAX_FILES]:
         rank = _rank_of(p.name, prefix) if root.is_dir() else (_rank_of(p.name, "") or 0)
         if rank is None:
             continue
         try:
-            dump = _parse(rank, p, _load(p))
+            dump = _parse(rank, p, _load(p), shared)
         except (ValueError, OSError) as e:
             unreadable.append(f"{p}: {e}")
             continue
