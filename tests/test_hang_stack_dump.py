@@ -180,8 +180,12 @@ def test_nothing_dumpable_is_a_clear_failure():
         _run(pids=[gone.pid])
 
 
-def test_no_target_is_a_clear_failure():
+def test_no_target_is_a_clear_failure(monkeypatch):
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     with pytest.raises(ToolFailure, match="say which processes"):
+        _run()
+    monkeypatch.setenv("SLURM_JOB_ID", "777")
+    with pytest.raises(ToolFailure, match="inside SLURM job 777: slurm_job_id=777"):
         _run()
 
 

@@ -511,8 +511,11 @@ def dump_processes(pids: list[int], params: HangStackDumpParams, progress) -> tu
 
 def run(params: HangStackDumpParams, progress) -> HangStackDumpResult:
     if not (params.pids or params.launcher_pid or params.pattern or params.gpu_processes or params.slurm_job_id):
+        job = os.environ.get("SLURM_JOB_ID", "")
+        hint = (f" This shell is inside SLURM job {job}: slurm_job_id={job} dumps its processes on this node, "
+                "and adding all_nodes=true dumps every node." if job.isdigit() else "")
         raise ToolFailure("say which processes to dump: pids, launcher_pid (torchrun's pid), pattern (e.g. "
-                          "'train.py'), gpu_processes=true, or slurm_job_id.")
+                          "'train.py'), gpu_processes=true, or slurm_job_id." + hint)
     result = HangStackDumpResult()
     if params.slurm_job_id:
         cmd = slurm_all_nodes_command(params, _job_nodes(params.slurm_job_id) if params.all_nodes else None)
