@@ -302,3 +302,55 @@ def test_runs_as_a_subprocess_tool_through_the_runner():
                                         warmup=1, dtype="fp32"), timeout_s=120)
     assert r.shapes_tried == 2 and r.result_id is not None and r.best_shape in {"64x64x64", "64x64x128"}
     assert store.query("matmul_bench")[0]["metric_value"] == r.mamf_tflops
+
+
+class FakeNvml:
+    """The NVML calls the samplers make, answering like a hot, power-capped H200. Every method name must
+    exist in the real pynvml, so a typo in the tools fails here rather than on the GPU machine."""
+
+    NVML_CLOCK_SM, NVML_TEMPERATURE_GPU = 1, 0
+
+    def __init__(self):
+        self.polls = 0
+
+    def nvmlDeviceGetMaxClockInfo(self, h, kind): return 1980
+    def nvmlDeviceGetEnforcedPowerLimit(self, h): return 700_000
+    def nvmlDeviceGetPowerUsage(self, h): return 698_500
+    def nvmlDeviceGetTemperature(self, h, kind): return 88
+    def nvmlDeviceGetCurrentClocksEventReasons(self, h): return 0x4 | 0x20
+    def nvmlDeviceGetMaxPcieLinkGeneration(self, h): return 5
+    def nvmlDeviceGetMaxPcieLinkWidth(self, h): return 16
+    def nvmlDeviceGetPciInfo(self, h): return type("Pci", (), {"busId": b"00000000:18:00.0"})()
+    def nvmlDeviceGetCurrPcieLinkWidth(self, h): return 16
+
+    def nvmlDeviceGetClockInfo(self, h, kind):
+        self.polls += 1
+        return 1500 + self.polls
+
+    def nvmlDeviceGetCurrPcieLinkGeneration(self, h):  # idle Gen1 first, Gen5 once the copy runs
+        self.polls += 1
+        return 1 if self.polls < 3 else 5
+
+
+def test_samplers_read_nvml_with_the_real_function_names(monkeypatch):
+    import time
+
+    import pynvml
+
+    from tools import _gpu_sampler, _membw_measure
+
+    fake = FakeNvml()
+    missing = [n for n in dir(FakeNvml) if n.startswith("nvml") and not hasattr(pynvml, n)]
+    assert not missing, missing
+    monkeypatch.setattr(_gpu_sampler, "nvml_handle_for_torch_device", lambda index: (fake, "h"))
+    with _gpu_sampler.GpuSampler(0, interval_s=0.01) as sampler:
+        time.sleep(0.2)
+    tel = sampler.summary()
+    assert tel["available"] and tel["samples"] >= 5 and tel["max_sm_clock_mhz"] == 1980 and tel["power_limit_w"] == 700
+    assert tel["reasons_fraction"] == {"sw_power_cap": 1.0, "sw_thermal_slowdown": 1.0} and tel["throttled"]
+    assert tel["temperature_max_c"] == 88 and tel["sm_clock_min_mhz"] > 1500
+
+    fake.polls = 0
+    with _membw_measure.PcieWatcher(0) as link:
+        time.sleep(0.4)
+    assert (link.gen, link.width, link.max_gen, link.max_width, link.bus_id) == (5, 16, 5, 16, "00000000:18:00.0")

@@ -55,49 +55,33 @@ def nvml_handle_for_torch_device(index: int):
     return None
 
 
-class GpuSampler:
-    """with GpuSampler(torch_index) as s: ...   then s.summary()."""
+def quietly(fn):
+    """fn() or None: a reading NVML cannot give (unsupported field, lost GPU) must not stop a benchmark."""
+    try:
+        return fn()
+    except Exception:
+        return None
 
-    def __init__(self, torch_index: int | None, interval_s: float = 0.2):
+
+class NvmlPoller:
+    """A daemon thread calling self.poll() every interval_s while the `with` block runs (no NVML: no thread)."""
+
+    def __init__(self, torch_index: int | None, interval_s: float):
         self.interval_s = interval_s
-        self.samples: list[dict] = []
-        self.max_sm_clock_mhz = self.power_limit_w = None
         self._stop = threading.Event()
         self._thread = None
         self._nvml = nvml_handle_for_torch_device(torch_index) if torch_index is not None else None
-        if self._nvml:
-            nv, h = self._nvml
-            self.max_sm_clock_mhz = self._try(lambda: nv.nvmlDeviceGetMaxClockInfo(h, nv.NVML_CLOCK_SM))
-            limit = self._try(lambda: nv.nvmlDeviceGetEnforcedPowerLimit(h))
-            self.power_limit_w = limit / 1000 if limit else None
-            getter = getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None) or getattr(
-                nv, "nvmlDeviceGetCurrentClocksThrottleReasons", None)
-            self._reasons = (lambda: getter(h)) if getter else (lambda: None)
 
-    @staticmethod
-    def _try(fn):
-        try:
-            return fn()
-        except Exception:
-            return None
-
-    def _sample(self) -> dict:
-        nv, h = self._nvml
-        power = self._try(lambda: nv.nvmlDeviceGetPowerUsage(h))
-        return {
-            "sm_clock_mhz": self._try(lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM)),
-            "power_w": power / 1000 if power is not None else None,
-            "temperature_c": self._try(lambda: nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)),
-            "reasons": self._try(self._reasons),
-        }
+    def poll(self) -> None:
+        raise NotImplementedError
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval_s):
-            self.samples.append(self._sample())
+            self.poll()
 
     def __enter__(self):
         if self._nvml:
-            self._thread = threading.Thread(target=self._loop, name="gpu-sampler", daemon=True)
+            self._thread = threading.Thread(target=self._loop, name=type(self).__name__, daemon=True)
             self._thread.start()
         return self
 
@@ -106,6 +90,33 @@ class GpuSampler:
         if self._thread:
             self._thread.join(timeout=2)
         return False
+
+
+class GpuSampler(NvmlPoller):
+    """with GpuSampler(torch_index) as s: ...   then s.summary()."""
+
+    def __init__(self, torch_index: int | None, interval_s: float = 0.2):
+        super().__init__(torch_index, interval_s)
+        self.samples: list[dict] = []
+        self.max_sm_clock_mhz = self.power_limit_w = None
+        if self._nvml:
+            nv, h = self._nvml
+            self.max_sm_clock_mhz = quietly(lambda: nv.nvmlDeviceGetMaxClockInfo(h, nv.NVML_CLOCK_SM))
+            limit = quietly(lambda: nv.nvmlDeviceGetEnforcedPowerLimit(h))
+            self.power_limit_w = limit / 1000 if limit else None
+            getter = getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None) or getattr(
+                nv, "nvmlDeviceGetCurrentClocksThrottleReasons", None)
+            self._reasons = (lambda: getter(h)) if getter else (lambda: None)
+
+    def poll(self) -> None:
+        nv, h = self._nvml
+        power = quietly(lambda: nv.nvmlDeviceGetPowerUsage(h))
+        self.samples.append({
+            "sm_clock_mhz": quietly(lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM)),
+            "power_w": power / 1000 if power is not None else None,
+            "temperature_c": quietly(lambda: nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)),
+            "reasons": quietly(self._reasons),
+        })
 
     def summary(self) -> dict:
         """Figures over the samples; {'available': False} without NVML."""

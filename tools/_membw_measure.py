@@ -11,9 +11,9 @@ bytes over the mean time, and the best iteration is reported beside it.
 
 import os
 import statistics
-import threading
 from pathlib import Path
 
+from tools._gpu_sampler import NvmlPoller, quietly
 from tools._timing import iteration_times
 
 
@@ -73,43 +73,26 @@ def host_link_tests(device, size_bytes: int, iterations: int, warmup: int, tests
     return rows
 
 
-class PcieWatcher:
+class PcieWatcher(NvmlPoller):
     """Highest PCIe generation/width NVML reports while the link is busy (idle links drop to Gen1)."""
 
     def __init__(self, torch_index: int):
-        from tools._gpu_sampler import nvml_handle_for_torch_device
-
-        self.gen = self.width = self.max_gen = self.max_width = None
-        self.bus_id = None
-        self._stop = threading.Event()
-        self._nvml = nvml_handle_for_torch_device(torch_index)
+        super().__init__(torch_index, interval_s=0.05)
+        self.gen = self.width = self.max_gen = self.max_width = self.bus_id = None
         if self._nvml:
             nv, h = self._nvml
             # The most this GPU *in this slot* can do (not the GPU alone): a Gen5 card in a Gen4 slot is not downtrained.
-            self.max_gen = _try(lambda: nv.nvmlDeviceGetMaxPcieLinkGeneration(h))
-            self.max_width = _try(lambda: nv.nvmlDeviceGetMaxPcieLinkWidth(h))
-            bus = _try(lambda: nv.nvmlDeviceGetPciInfo(h).busId)
+            self.max_gen = quietly(lambda: nv.nvmlDeviceGetMaxPcieLinkGeneration(h))
+            self.max_width = quietly(lambda: nv.nvmlDeviceGetMaxPcieLinkWidth(h))
+            bus = quietly(lambda: nv.nvmlDeviceGetPciInfo(h).busId)
             self.bus_id = bus.decode() if isinstance(bus, bytes) else bus
 
-    def _loop(self):
+    def poll(self) -> None:
         nv, h = self._nvml
-        while not self._stop.wait(0.05):
-            gen = _try(lambda: nv.nvmlDeviceGetCurrPcieLinkGeneration(h))
-            width = _try(lambda: nv.nvmlDeviceGetCurrPcieLinkWidth(h))
-            self.gen = max(filter(None, (self.gen, gen)), default=None)
-            self.width = max(filter(None, (self.width, width)), default=None)
-
-    def __enter__(self):
-        self._thread = threading.Thread(target=self._loop, daemon=True) if self._nvml else None
-        if self._thread:
-            self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        if self._thread:
-            self._thread.join(timeout=2)
-        return False
+        gen = quietly(lambda: nv.nvmlDeviceGetCurrPcieLinkGeneration(h))
+        width = quietly(lambda: nv.nvmlDeviceGetCurrPcieLinkWidth(h))
+        self.gen = max(filter(None, (self.gen, gen)), default=None)
+        self.width = max(filter(None, (self.width, width)), default=None)
 
 
 def torch_bus_id(index: int) -> str | None:
@@ -120,13 +103,6 @@ def torch_bus_id(index: int) -> str | None:
     if getattr(props, "pci_bus_id", None) is None:
         return None
     return f"{getattr(props, 'pci_domain_id', 0):04x}:{props.pci_bus_id:02x}:{getattr(props, 'pci_device_id', 0):02x}.0"
-
-
-def _try(fn):
-    try:
-        return fn()
-    except Exception:
-        return None
 
 
 def parse_cpulist(text: str) -> set[int]:
