@@ -110,9 +110,13 @@ def test_knowledge_pages_it_names_exist():
     assert missing == []
 
 
-def test_plugin_manifest_and_mcp_config():
+def test_plugin_manifest_marketplace_and_mcp_config():
     manifest = json.loads((ROOT / ".claude-plugin" / "plugin.json").read_text())
     assert manifest["name"] == "mleng"
+    # The repository is also a one-plugin marketplace: /plugin marketplace add <repo>; /plugin install mleng@mleng
+    market = json.loads((ROOT / ".claude-plugin" / "marketplace.json").read_text())
+    assert market["owner"]["name"] and [p["name"] for p in market["plugins"]] == ["mleng"]
+    assert (ROOT / market["plugins"][0]["source"] / ".claude-plugin" / "plugin.json").is_file()
     server = json.loads((ROOT / ".mcp.json").read_text())["mcpServers"]["mleng"]
     assert server["args"][-1].endswith("/server.py")
 
