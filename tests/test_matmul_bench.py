@@ -354,3 +354,21 @@ def test_samplers_read_nvml_with_the_real_function_names(monkeypatch):
     with _membw_measure.PcieWatcher(0) as link:
         time.sleep(0.4)
     assert (link.gen, link.width, link.max_gen, link.max_width, link.bus_id) == (5, 16, 5, 16, "00000000:18:00.0")
+
+
+def test_fp8_code_path_runs_where_torch_can_execute_it():
+    """fp8 is refused on the CPU for users (meaningless figures), but torch can run _scaled_mm there: drive
+    the GPU code path's operand layout and call on the CPU so a wrong argument fails here, not on the GPU."""
+    import torch
+
+    from tools._matmul_measure import MatmulTimer
+
+    timer = MatmulTimer("cpu", "bf16")
+    timer.fp8, timer.fp8_dtype, timer.out_dtype = True, torch.float8_e4m3fn, torch.bfloat16
+    timer.scale = torch.ones((), dtype=torch.float32)
+    a, b, c = timer._operands((32, 48, 64))
+    assert a.dtype == b.dtype == torch.float8_e4m3fn and b.shape == (64, 48) and b.stride() == (1, 64)  # column-major
+    out = timer._op(a, b, c)()
+    assert out.shape == (32, 48) and out.dtype == torch.bfloat16
+    assert torch.allclose(out.float(), a.float() @ b.float(), rtol=0.02, atol=0.5)
+    assert timer.measure((32, 48, 64), 2, 1).iterations == 2
