@@ -249,3 +249,13 @@ def test_point_to_point_entries_are_counted_not_compared(tmp_path):
     r = analyse_dir(tmp_path)
     assert r.p2p_ops == 4 and r.culprit_ranks == [] and r.verdict == "ok"
     assert any("point-to-point" in f for f in r.findings)
+
+
+def test_gap_in_sequence_numbers_is_skipped(tmp_path):
+    """A sequence number no rank recorded (dropped from every ring buffer) is not a disagreement."""
+    for f in (FIXTURES / "hung" / "json").iterdir():
+        data = json.loads(f.read_text())
+        data["entries"] = [e for e in data["entries"] if e["collective_seq_id"] != 3]
+        (tmp_path / f.name).write_text(json.dumps(data))
+    r = analyse_dir(tmp_path)
+    assert r.culprit_ranks == [3] and bad_group(r).seq == 6

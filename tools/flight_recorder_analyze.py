@@ -304,6 +304,8 @@ def analyse_group(name: str, desc: str, ops_by_rank: dict[int, list[Op]], member
         return report
     for seq in range(max(started), max(last.values()) + 1):     # ring buffers may have lost early ones
         have = {r: by_seq[r][seq] for r in by_seq if by_seq[r].get(seq)}
+        if not have:
+            continue                       # a number nobody recorded (a gap in the ring buffers)
         behind = sorted(r for r in by_seq if last[r] < seq)
         groups = defaultdict(list)
         for r, ops in have.items():
