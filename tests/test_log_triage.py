@@ -428,3 +428,14 @@ def test_culprits_named_by_the_message_itself():
     r = triage_text("torch.distributed.DistStoreError: Timed out after 901 seconds waiting for clients. 15/16 clients "
                     "joined.")
     assert any(f.startswith("Only 15 of 16 processes reached the store") for f in r.findings)
+
+
+def test_a_rank_that_goes_quiet_is_a_suspect_even_without_errors():
+    lines = []
+    for minute in range(30):
+        for rank in range(8):
+            if rank != 5 or minute < 12:
+                lines.append(f"[rank{rank}]:[I1129 10:{minute:02d}:0{rank}.000 1 train.py:90] step {minute * 10} loss 2.1")
+    result = triage_text("\n".join(lines))
+    assert result.signatures == [] and result.verdict == "warn" and result.suspect_ranks == [5]
+    assert any(f.startswith("Rank 5 stopped writing first: its last line at 10:11:05") for f in result.findings)

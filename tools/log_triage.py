@@ -370,9 +370,31 @@ class ScanState:
     tallies: dict = field(default_factory=dict)
     ranks_seen: set = field(default_factory=set)
     rank_first: dict = field(default_factory=dict)   # rank -> signature id of its first error line
+    rank_last_ts: dict = field(default_factory=dict)  # rank -> time stamp of its last labelled line
     lines: int = 0
     bytes: int = 0
     hits: int = 0
+
+
+_LABELS = re.compile(r"^(\[(?:rank|default)\d+\]:|\d{1,6}: |\[\d+,\d+\]<std(?:out|err)>:)", re.MULTILINE)
+_LABELS_NO_SRUN = re.compile(r"^(\[(?:rank|default)\d+\]:|\[\d+,\d+\]<std(?:out|err)>:)", re.MULTILINE)
+
+
+def _track_ranks(block: str, srun: bool, state: ScanState) -> None:
+    """Ranks labelled in this block, and the time stamp of each rank's last line (for ranks that go quiet).
+    C-speed: one findall for the distinct labels, then one rfind per label."""
+    labels = set((_LABELS if srun else _LABELS_NO_SRUN).findall(block))
+    for label in labels:
+        rank = line_rank(label, srun)
+        if rank is None:
+            continue
+        state.ranks_seen.add(rank)
+        if len(labels) > 64:  # a big job: keep the rank set, skip the per-rank timing
+            continue
+        pos = block.rfind("\n" + label) + 1  # 0 when its only line starts the block
+        ts = timestamp_near(block, pos, max_lines=3)
+        if ts is not None and ts >= state.rank_last_ts.get(rank, ts):
+            state.rank_last_ts[rank] = ts
 
 
 def _new_state(evidence_lines: int) -> ScanState:
@@ -424,7 +446,7 @@ def _scan_block(block: str, base_line: int, label: str, file_rank: int | None, s
     """Match one block; returns the number of lines it holds. srun: honour `N: ` labels (srun --label)."""
     nlines = block.count("\n") + (0 if block.endswith("\n") else 1)
     if len(state.ranks_seen) < MAX_RANKS_TRACKED:
-        state.ranks_seen |= ranks_in_block(block, srun)
+        _track_ranks(block, srun, state)
     starts = _suspect_lines(block, block.lower(), state.gates)
     if not starts:
         return nlines
@@ -793,6 +815,32 @@ def _silent_ranks(state: ScanState) -> tuple[list[int], list[str]]:
     return silent, [text]
 
 
+QUIET_GAP_S = 60.0
+
+
+def _clock(ts: tuple) -> str:
+    secs = int(ts[2])
+    return f"{secs // 3600:02d}:{secs // 60 % 60:02d}:{secs % 60:02d}"
+
+
+def _quiet_ranks(state: ScanState) -> tuple[list[int], list[str]]:
+    """A minority of ranks whose output stops well before the others': where a hang usually starts."""
+    last = state.rank_last_ts
+    if len(last) < 2:
+        return [], []
+    latest = max(last.values())
+    seconds = {r: (latest[0] - ts[0]) * 31 * 86400 + (latest[1] - ts[1]) * 86400 + latest[2] - ts[2]
+               for r, ts in last.items()}
+    quiet = sorted(r for r, gap in seconds.items() if gap > QUIET_GAP_S)
+    if not quiet or len(quiet) * 2 >= len(last):
+        return [], []
+    first = min(quiet, key=lambda r: last[r])
+    text = (f"{ranks_phrase(quiet).capitalize()} stopped writing first: {'its' if len(quiet) == 1 else 'the'} last "
+            f"line at {_clock(last[first])}, {seconds[first]:.0f} s before the other ranks' last output "
+            f"({_clock(latest)}). The rank that goes quiet first is where a hang usually starts.")
+    return quiet, [text]
+
+
 def _special_findings(tally: Tally) -> list[str]:
     sig_id, first = tally.sig.id, tally.first
     d = first.details
@@ -858,6 +906,9 @@ def _summarise(state: ScanState, scanned: list[str], skipped: list[str], max_sig
         findings.extend(_special_findings(tally))
     suspects, silent_findings = _silent_ranks(state)
     findings.extend(silent_findings)
+    quiet, quiet_findings = _quiet_ranks(state)
+    findings.extend(quiet_findings)
+    suspects = sorted(set(suspects) | set(quiet))
     by_rank = _by_rank(state)
     if len(state.rank_first) > 1 and len(by_rank) > 1:
         names = {t.sig.id: t.sig.name for t in tallies}
@@ -882,7 +933,8 @@ def _summarise(state: ScanState, scanned: list[str], skipped: list[str], max_sig
     if not tallies:
         next_steps = ["hang_stack_dump", "knowledge://debugging/logs.md"]
     severities = {t.sig.severity for t in tallies}
-    verdict = "fail" if "error" in severities else "warn" if severities else ("info" if state.lines == 0 else "ok")
+    verdict = "fail" if "error" in severities else "warn" if severities or quiet else (
+        "info" if state.lines == 0 else "ok")
     return LogTriageResult(
         verdict=verdict, findings=findings, next=next_steps[:6],
         first_failure=FirstFailure(signature=first_tally.sig.id, name=first_tally.sig.name, role=first.role,
@@ -989,6 +1041,8 @@ def _merge(into: ScanState, part: ScanState, line_offset: int) -> None:
     into.bytes += part.bytes
     if len(into.ranks_seen) < MAX_RANKS_TRACKED:
         into.ranks_seen |= part.ranks_seen
+    for rank, ts in part.rank_last_ts.items():
+        into.rank_last_ts[rank] = max(ts, into.rank_last_ts.get(rank, ts))
     for rank, sig_id in part.rank_first.items():
         into.rank_first.setdefault(rank, sig_id)
     for sig_id, t in part.tallies.items():
