@@ -32,7 +32,9 @@ pytestmark = pytest.mark.skipif(not _two_idle_nodes(), reason="needs a SLURM clu
 
 
 def test_hang_on_the_second_node_is_named_through_srun():
+    tag = f"slurm-{os.getpid()}-{time.monotonic_ns()}"  # only our processes count as leftovers
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_") or k == "SLURM_CONF"}
+    env["MLENG_TEST_TAG"] = tag
     t0 = time.monotonic()
     out = subprocess.run(["salloc", "-N2", "--time=3", sys.executable, "-m", "tools.dist_smoke_test", "--json",
                           "--pg-timeout-s", "8", "--inject-fault", "sleep_before_all_reduce", "--fault-rank", "3"],
@@ -44,4 +46,11 @@ def test_hang_on_the_second_node_is_named_through_srun():
     assert result["launch_command"].startswith("srun --nodes=2")
     assert elapsed < 8 + 10 + 15  # timeout + naming + two torchruns starting
     time.sleep(0.5)
-    assert not [p.pid for p in psutil.process_iter(["cmdline"]) if "tools._ranks" in " ".join(p.info["cmdline"] or [])]
+    left = []
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            if "tools._ranks" in " ".join(p.info["cmdline"] or []) and p.environ().get("MLENG_TEST_TAG") == tag:
+                left.append(p.pid)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+    assert not left

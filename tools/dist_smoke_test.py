@@ -18,7 +18,8 @@ from typing import Literal
 
 from pydantic import BaseModel
 
-from tools._launch import diagnose, launch_ranks, layout, manual_start, plan_command
+from tools._culprits import diagnose
+from tools._launch import launch_ranks, layout, manual_start, plan_command
 from tools._ranks import FAULTS
 from tools.harness import Field, Params, Result, ToolSpec, local_gpu_count
 
