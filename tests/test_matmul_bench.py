@@ -200,7 +200,8 @@ def test_no_gpu_is_a_clear_error():
 
 def test_quick_run_on_cpu_returns_a_complete_result():
     events = []
-    r = SPEC.run(MatmulBenchParams(device="cpu", iterations=5, warmup=1), lambda f, m: events.append((f, m)))
+    r = SPEC.run(MatmulBenchParams(device="cpu", iterations=5, warmup=1, time_budget_s=5),
+                 lambda f, m: events.append((f, m)))
     assert r.verdict == "info" and r.device == "cpu" and r.dtype == "bf16"
     assert re.fullmatch(r"\d+x\d+x\d+", r.best_shape)
     assert r.mamf_tflops > 0 and r.best_max_tflops >= r.mamf_tflops
@@ -372,3 +373,21 @@ def test_fp8_code_path_runs_where_torch_can_execute_it():
     assert out.shape == (32, 48) and out.dtype == torch.bfloat16
     assert torch.allclose(out.float(), a.float() @ b.float(), rtol=0.02, atol=0.5)
     assert timer.measure((32, 48, 64), 2, 1).iterations == 2
+
+
+def test_a_failing_shape_is_skipped_until_too_many_fail():
+    from tools._matmul_measure import MatmulTimer, Unsupported
+
+    timer = MatmulTimer("cpu", "fp32")
+
+    def broken_op(a, b, c):
+        def op():
+            raise RuntimeError("CUBLAS_STATUS_NOT_SUPPORTED when calling cublasGemmEx\nmore")
+        return op
+
+    timer._op = broken_op
+    assert timer.measure((64, 64, 64), 2, 0) is None
+    assert timer.errors == ["64x64x64: CUBLAS_STATUS_NOT_SUPPORTED when calling cublasGemmEx"]
+    with pytest.raises(Unsupported, match="10 shapes failed"):
+        for i in range(9):
+            timer.measure((64, 64, 64 + 16 * i), 2, 0)

@@ -37,6 +37,7 @@ class MatmulTimer:
         if not self.is_cpu:
             torch.cuda.set_device(self.device)
         self._setup_dtype(dtype)
+        self.errors: list[str] = []  # shapes that raised (not out-of-memory), with the first line of the error
         self.flush = None
         if not self.is_cpu:
             props = torch.cuda.get_device_properties(self.device)
@@ -134,6 +135,11 @@ class MatmulTimer:
         except torch.OutOfMemoryError:
             times = None
             torch.cuda.empty_cache()
+        except RuntimeError as e:  # a BLAS error on one shape should not end the whole search
+            self.errors.append(f"{shape[0]}x{shape[1]}x{shape[2]}: {str(e).splitlines()[0][:200]}")
+            if len(self.errors) >= 10:
+                raise Unsupported(f"{len(self.errors)} shapes failed, the last with {self.errors[-1]}") from e
+            times = None
         finally:
             a = b = c = op = None  # release before the next shape allocates
         return Timing(shape, times) if times else None

@@ -110,6 +110,7 @@ class SearchOutcome:
     phase_s: dict[str, float]
     skipped: list[Shape] = dataclasses.field(default_factory=list)   # measure() returned None (e.g. no memory)
     stopped_early: bool = False                # the time budget cut a phase short
+    errors: list[str] = dataclasses.field(default_factory=list)     # shapes whose measurement raised
 
     @property
     def geomean_tflops(self) -> float | None:

@@ -206,6 +206,7 @@ def _measure_device(device, params, progress, share, plan_shapes=None):
     finally:
         if timer is not None:
             timer.close()
+    outcome.errors = timer.errors
     return outcome, warm, sampler.summary()
 
 
@@ -238,6 +239,7 @@ def run(params: MatmulBenchParams, progress) -> MatmulBenchResult:
     comparison = verdict.compare_to_specs(best.mean_tflops, params.dtype, name)
     wall = time.monotonic() - started
     geomean = outcome.geomean_tflops
+    errors = outcome.errors
     v, findings, nxt = verdict.judge(
         dtype=params.dtype, device_name=name, is_cpu=devices[0] == "cpu", mamf_tflops=best.mean_tflops,
         best_shape=_shape_str(best.shape), iterations=best.iterations, comparison=comparison, telemetry=telemetry,
@@ -245,6 +247,8 @@ def run(params: MatmulBenchParams, progress) -> MatmulBenchResult:
         tunableop_missing=rocm and os.environ.get("PYTORCH_TUNABLEOP_ENABLED") != "1",
         stopped_early=outcome.stopped_early, budget_s=params.time_budget_s or DEFAULT_BUDGET_S.get(params.mode),
         warmup_stable=warm.stable, shapes_tried=len(outcome.tried), geomean_tflops=geomean, wall_time_s=wall)
+    if errors:
+        findings.append(f"{len(errors)} shape(s) failed and were skipped, e.g. {errors[0]}")
     return MatmulBenchResult(
         verdict=v, findings=findings, next=nxt, device="cpu" if devices[0] == "cpu" else f"cuda:{devices[0]}",
         device_name=name, dtype=params.dtype, mamf_tflops=_r(best.mean_tflops), best_shape=_shape_str(best.shape),
