@@ -38,6 +38,7 @@ def test_two_nodes_on_ib_with_gdr_are_healthy():
     assert r.gdr == "on" and r.transports["net_ib_gdr"] == 64
     assert {n.speed_gbps for n in r.nics} == {50.0} and len(r.nics) == 16
     assert r.ranks[9].host == "gpu-node02" and r.ranks[9].nics_used == ["mlx5_1"]
+    assert r.expected_busbw_per_nic_gbps == 47.0  # ib-ndr-per-nic in knowledge/data/interconnects.toml
 
 
 def test_socket_fallback_where_ib_exists_fails():

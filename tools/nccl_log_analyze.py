@@ -26,7 +26,15 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel
 
-from tools.harness import Field, Progress, Result, ToolFailure, ToolSpec, main
+from tools.harness import (
+    Field,
+    Progress,
+    Result,
+    ToolFailure,
+    ToolSpec,
+    load_data,
+    main,
+)
 from tools.log_triage import (
     LogInputParams,
     NotText,
@@ -439,6 +447,9 @@ class NcclLogResult(Result):
     warnings: list[str] = Field(default_factory=list, description="Distinct NCCL WARN messages with counts (first 20).")
     ranks: list[RankInfo] = Field(default_factory=list, description="Per rank: host, GPU, bus id, NICs (first max_ranks).")
     ranks_omitted: int = Field(0, description="Ranks not listed (max_ranks).")
+    expected_busbw_per_nic_gbps: float | None = Field(None, description=(
+        "Large-message busbw a healthy fabric reaches per NIC of this kind and speed (knowledge/data/"
+        "interconnects.toml), GB/s decimal: what collective_bench should show between nodes with NCCL_ALGO=Ring."))
     lines_scanned: int = Field(0, description="Lines read.")
     nccl_lines: int = Field(0, description="Lines that were NCCL output.")
 
@@ -645,6 +656,25 @@ def _nic_models(parsed: Parsed, procs: list[Proc]) -> list[NicInfo]:
     return nics
 
 
+def expected_per_nic(nics: list[NicInfo]) -> tuple[str, float] | None:
+    """(link name, expected busbw GB/s) for the NICs' kind and speed, from interconnects.toml."""
+    kinds = {(n.kind, n.speed_gbps) for n in nics if n.speed_gbps and n.kind in ("IB", "RoCE")}
+    if len(kinds) != 1:
+        return None
+    kind, speed = kinds.pop()
+    try:
+        data = load_data("interconnects")
+    except ToolFailure:
+        return None
+    wanted = "infiniband" if kind == "IB" else "roce"
+    for link in data.get("link", []):
+        if link.get("kind") == wanted and abs(link.get("per_gpu_unidir_gbps", 0) - speed) < 0.5:
+            for exp in data.get("expected_busbw", []):
+                if exp.get("link") == link["id"] and exp.get("gpus") == 0:
+                    return link["name"], float(exp["busbw_gbps"])
+    return None
+
+
 def _summary(parsed, procs, versions, comm, hosts, nodes, gdr, nics) -> list[str]:
     out = []
     where = f"{len(hosts)} host(s) ({_names(hosts)})" if hosts else "unnamed hosts"
@@ -703,13 +733,18 @@ def analyse(parsed: Parsed, max_ranks: int = 64) -> NcclLogResult:
         rep.flag("forced_settings", "info", "Settings that override NCCL's own choices: "
                  + ", ".join(f"{k}={v}" for k, v in sorted(forced.items())) + "; keep them only if measured to help.")
     nics = _nic_models(parsed, procs)
+    expected = expected_per_nic(nics)
+    closing = []
+    if expected and nodes > 1:
+        closing.append(f"The NICs are {expected[0]}: a healthy fabric gives about {expected[1]:g} GB/s busbw per NIC "
+                       "for large all_reduce messages between nodes (collective_bench, NCCL_ALGO=Ring).")
     ranks, omitted = _rank_models(parsed, comm, max_ranks)
     nvls = [p.nvls for p in procs if p.nvls is not None]
     verdict = "fail" if "fail" in rep.severities else "warn" if "warn" in rep.severities else "ok"
     nxt = [s for problem in rep.problems for s in NEXT.get(problem, [])]
     nxt = list(dict.fromkeys(nxt + ["collective_bench", "knowledge://network/nccl-debugging.md"]))[:6]
     return NcclLogResult(
-        verdict=verdict, findings=rep.findings + _summary(parsed, procs, versions, comm, hosts, nodes, gdr, nics),
+        verdict=verdict, findings=rep.findings + _summary(parsed, procs, versions, comm, hosts, nodes, gdr, nics) + closing,
         next=nxt, problems=rep.problems, nccl_versions=dict(versions), hosts=hosts, processes=len(procs),
         world_size=comm["nranks"] if comm else None, nodes=nodes if hosts else parsed.nnodes,
         network=sorted(set().union(*(p.networks for p in procs))),
@@ -720,7 +755,8 @@ def analyse(parsed: Parsed, max_ranks: int = 64) -> NcclLogResult:
         rings=parsed.rings, trees=parsed.trees, graphs=parsed.graphs, tuning=parsed.tuning,
         algo_choices=[f"{b} bytes -> {a}/{p}" for (b, a, p), _ in sorted(parsed.algo_choices.items())[:12]],
         env=env, warnings=[f"{m} (x{n})" for m, n in parsed.warnings.most_common(20)], ranks=ranks,
-        ranks_omitted=omitted, lines_scanned=parsed.lines, nccl_lines=parsed.nccl_lines)
+        ranks_omitted=omitted, lines_scanned=parsed.lines, nccl_lines=parsed.nccl_lines,
+        expected_busbw_per_nic_gbps=expected[1] if expected else None)
 
 
 def run(params: NcclLogParams, progress: Progress) -> NcclLogResult:
