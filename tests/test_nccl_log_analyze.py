@@ -220,3 +220,11 @@ def test_paths_through_pcie_switches_or_across_the_cpu():
     assert r.verdict == "warn"  # PCIe between GPUs is information; the NIC across the CPU is a warning
     r = analyse(parse_text(_graph_log("NVL/PIX")))
     assert r.problems == [] and r.verdict == "ok"
+
+
+def test_init_that_never_completes_anywhere():
+    lines = [f"h:1{g}:2 [{g}] NCCL INFO comm 0x{g} rank {g} nranks 2 cudaDev {g} busId {g}000 commId 0x7 - Init START"
+             for g in range(2)]
+    r = analyse(parse_text("\n".join(lines)))
+    assert "init_incomplete" in r.problems and r.verdict == "warn"
+    assert any(f.startswith("No rank printed 'Init COMPLETE'") for f in r.findings)

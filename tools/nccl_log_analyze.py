@@ -518,11 +518,14 @@ def _check_init(comm: dict | None, rep: _Report) -> None:
     if not comm:
         return
     stuck = [r for r, info in comm["ranks"].items() if not info["complete"]]
-    if stuck and len(stuck) < len(comm["ranks"]) or stuck and any(i["complete"] for i in comm["ranks"].values()):
+    if stuck and len(stuck) < len(comm["ranks"]):
         hosts = {comm["ranks"][r]["host"] for r in stuck}
         rep.flag("init_incomplete", "fail", f"{ranks_phrase(stuck).capitalize()} (on {_names(hosts)}) started communicator "
-                 "init but never printed 'Init COMPLETE': they hung or died during init; read their WARN lines and "
-                 "their network setup.")
+                 "init but never printed 'Init COMPLETE' while the others did: they hung or died during init; read "
+                 "their WARN lines and their network setup.")
+    elif stuck:
+        rep.flag("init_incomplete", "warn", "No rank printed 'Init COMPLETE': communicator init hung everywhere "
+                 "(bootstrap or network connection), or the log was cut before init finished.")
     missing = comm["nranks"] - len(comm["ranks"])
     if missing > 0:
         rep.findings.append(f"Only {len(comm['ranks'])} of {comm['nranks']} ranks appear in these logs; the others' "
