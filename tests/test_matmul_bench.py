@@ -391,3 +391,13 @@ def test_a_failing_shape_is_skipped_until_too_many_fail():
     with pytest.raises(Unsupported, match="10 shapes failed"):
         for i in range(9):
             timer.measure((64, 64, 64 + 16 * i), 2, 0)
+
+
+def test_apple_and_intel_gpus_are_named_as_unsupported(monkeypatch):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA GPU")
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
+    with pytest.raises(ToolFailure, match="Apple GPUs are not supported by matmul_bench yet"):
+        SPEC.run(MatmulBenchParams(), lambda f, m: None)

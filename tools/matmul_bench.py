@@ -153,8 +153,8 @@ def _gpu_environment(params: MatmulBenchParams):
         raise ToolFailure("matmul_bench needs torch in this Python environment (pip install torch).") from None
     if not torch.cuda.is_available():
         for backend, what in (("xpu", "Intel GPUs"), ("mps", "Apple GPUs"), ("hpu", "Intel Gaudi")):
-            mod = getattr(torch, backend, None) or getattr(getattr(torch, "backends", None), backend, None)
-            if mod is not None and getattr(mod, "is_available", lambda: False)():
+            mods = (getattr(torch, backend, None), getattr(torch.backends, backend, None))
+            if any(getattr(m, "is_available", lambda: False)() for m in mods if m is not None):
                 raise ToolFailure(f"{what} are not supported by matmul_bench yet (CUDA and ROCm only). "
                                   "Use accelerator_specs for the datasheet figures.")
         raise ToolFailure(f"No GPU visible to torch {torch.__version__} (torch.cuda.is_available() is False"
