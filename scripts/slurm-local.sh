@@ -14,6 +14,9 @@
 #   ACCOUNTING=0|1  1: slurmdbd + MariaDB so sacct works (installs ~20 more packages). Default 0:
 #                   then sacct only has the job-completion file (`sacct -c`), no steps.
 #   MINJOBAGE=S     how long finished jobs stay visible to squeue/scontrol (default 300 s).
+#   PORT_BASE=P     slurmctld port P, slurmd P+1 (and P+2 for n2), slurmdbd P+3, MariaDB P+4
+#                   (default 6817, SLURM's usual). Clusters with different SLURM_LOCAL_DIR and
+#                   PORT_BASE run side by side (parallel test sessions); they share one munged.
 # Partitions: debug (default) and gpu, both over every node.
 set -euo pipefail
 D=${SLURM_LOCAL_DIR:-/tmp/slurm-local}
@@ -22,6 +25,10 @@ CPUS=${CPUS:-$(nproc)}
 GPUS=${GPUS:-0}
 ACCOUNTING=${ACCOUNTING:-0}
 MINJOBAGE=${MINJOBAGE:-300}
+PORT_BASE=${PORT_BASE:-6817}
+DBD_PORT=$((PORT_BASE + 3))
+DB_PORT=$((PORT_BASE + 4))
+MUNGE_MARK=/run/munge/started-by-slurm-local
 export SLURM_CONF=$D/etc/slurm.conf
 
 say() { echo "slurm-local: $*" >&2; }
@@ -52,7 +59,7 @@ start_munge() {
   chown munge:munge /etc/munge/munge.key && chmod 400 /etc/munge/munge.key
   install -d -o munge -g munge -m 0755 /run/munge           # no systemd: make the socket dir
   runuser -u munge -- /usr/sbin/munged 9>&-
-  touch "$D/run/munged.ours"
+  touch "$MUNGE_MARK"
   for _ in $(seq 50); do munge_works && return 0; sleep 0.1; done
   say "munged did not come up"; return 1
 }
@@ -64,7 +71,7 @@ start_accounting() {
       --skip-test-db >/dev/null
   fi
   setsid mariadbd --user=root --datadir="$D/mysql" --socket="$D/run/mysqld.sock" \
-    --pid-file="$D/run/mysqld.pid" --port=3306 --bind-address=127.0.0.1 \
+    --pid-file="$D/run/mysqld.pid" --port="$DB_PORT" --bind-address=127.0.0.1 \
     --innodb-buffer-pool-size=64M --log-error="$D/log/mysqld.err" </dev/null >/dev/null 2>&1 9>&- &
   for _ in $(seq 100); do mariadb -S "$D/run/mysqld.sock" -e 'select 1' >/dev/null 2>&1 && break; sleep 0.1; done
   mariadb -S "$D/run/mysqld.sock" -e "
@@ -75,13 +82,13 @@ start_accounting() {
   cat > "$D/etc/slurmdbd.conf" <<EOF
 AuthType=auth/munge
 DbdHost=localhost
-DbdPort=6819
+DbdPort=$DBD_PORT
 SlurmUser=root
 LogFile=$D/log/slurmdbd.log
 PidFile=$D/run/slurmdbd.pid
 StorageType=accounting_storage/mysql
 StorageHost=127.0.0.1
-StoragePort=3306
+StoragePort=$DB_PORT
 StorageUser=slurm
 StoragePass=slurmpw
 StorageLoc=slurm_acct_db
@@ -89,7 +96,7 @@ EOF
   chmod 600 "$D/etc/slurmdbd.conf"                            # slurmdbd refuses a readable file
   slurmdbd 9>&-
   for _ in $(seq 100); do
-    (exec 3<>/dev/tcp/127.0.0.1/6819) 2>/dev/null && return 0; sleep 0.1
+    (exec 3<>/dev/tcp/127.0.0.1/$DBD_PORT) 2>/dev/null && return 0; sleep 0.1
   done
   say "slurmdbd did not come up"; tail -5 "$D/log/slurmdbd.log" >&2; return 1
 }
@@ -114,13 +121,15 @@ write_conf() {
   if [ "$ACCOUNTING" = 1 ]; then
     acct="AccountingStorageType=accounting_storage/slurmdbd
 AccountingStorageHost=localhost
-AccountingStoragePort=6819"
+AccountingStoragePort=$DBD_PORT"
   else
     acct="AccountingStorageType=accounting_storage/none"
   fi
   cat > "$SLURM_CONF" <<EOF
 ClusterName=localtest
 SlurmctldHost=$host(127.0.0.1)
+SlurmctldPort=$PORT_BASE
+SlurmdPort=$((PORT_BASE + 1))
 SlurmUser=root
 AuthType=auth/munge
 StateSaveLocation=$D/state
@@ -149,7 +158,7 @@ GresTypes=gpu
 EOF
   if [ "$NODES" = 2 ]; then
     for i in 1 2; do
-      echo "NodeName=n$i NodeHostname=$host NodeAddr=127.0.0.1 Port=1700$i CPUs=$CPUS RealMemory=4000$gres State=UNKNOWN"
+      echo "NodeName=n$i NodeHostname=$host NodeAddr=127.0.0.1 Port=$((PORT_BASE + i)) CPUs=$CPUS RealMemory=4000$gres State=UNKNOWN"
     done >> "$SLURM_CONF"
   else
     echo "NodeName=$host NodeAddr=127.0.0.1 CPUs=$CPUS RealMemory=4000$gres State=UNKNOWN" >> "$SLURM_CONF"
@@ -194,7 +203,10 @@ stop() {
   for _ in $(seq 150); do [ -z "$(squeue -h -t R,CG,PD -o %i 2>/dev/null)" ] && break; sleep 0.1; done
   scontrol shutdown >/dev/null 2>&1 || true          # slurmctld and every slurmd
   for f in "$D"/run/slurmctld.pid "$D"/run/slurmd-*.pid; do wait_gone "$f"; done
-  for p in $(pgrep -x slurmstepd || true); do kill -9 "$p" 2>/dev/null || true; done
+  # Leftover slurmstepd of THIS cluster only (they hold its spool or log files open).
+  for p in $(pgrep -x slurmstepd || true); do
+    if ls -l "/proc/$p/fd" 2>/dev/null | grep -q -- "$D/"; then kill -9 "$p" 2>/dev/null || true; fi
+  done
   if [ -f "$D/run/slurmdbd.pid" ]; then
     kill "$(cat "$D/run/slurmdbd.pid" 2>/dev/null)" 2>/dev/null || true; wait_gone "$D/run/slurmdbd.pid"
     rm -f "$D/run/slurmdbd.pid"
@@ -203,9 +215,10 @@ stop() {
     mariadb-admin -S "$D/run/mysqld.sock" shutdown 2>/dev/null || kill "$(cat "$D/run/mysqld.pid" 2>/dev/null)" 2>/dev/null || true
     wait_gone "$D/run/mysqld.pid"; rm -f "$D/run/mysqld.pid"
   fi
-  if [ -f "$D/run/munged.ours" ] && [ -f /run/munge/munged.pid ]; then
-    kill "$(cat /run/munge/munged.pid)" 2>/dev/null || true
-    rm -f "$D/run/munged.ours"
+  # munged is shared: stop it only if one of these scripts started it and no other cluster runs.
+  if [ -f "$MUNGE_MARK" ] && [ -f /run/munge/munged.pid ] && ! pgrep -x slurmctld >/dev/null; then
+    kill "$(cat /run/munge/munged.pid 2>/dev/null)" 2>/dev/null || true
+    rm -f "$MUNGE_MARK"
   fi
   return 0
 }

@@ -9,18 +9,20 @@ Two logical nodes n1, n2 on this host (4 CPUs and 1 fake GPU each), partitions d
 gpu, accounting through slurmdbd + MariaDB unless MLENG_SLURM_ACCOUNTING=0. The fixture starts it
 for each module that uses it (installing the Debian packages on a fresh machine, ~30 s; ~4 s when
 installed), points SLURM_CONF at it for the tests and every tool they run, and stops it after the
-module's last test. Module scope, not session: a pytest session holds a machine-wide lock while the
-cluster is up, and a session-long hold would make every other session on the machine wait for a whole
-suite. Where it cannot start (not root, no apt, packages unavailable, daemons fail, the lock stays
-taken) every test using it is skipped with the reason.
+module's last test. Each cluster gets its own directory and free ports, so pytest sessions running
+side by side on one machine (CI shards, several engineers) never restart each other's cluster.
+Where it cannot start (not root, no apt, packages unavailable, daemons fail) every test using it is
+skipped with the reason.
 """
 
 from __future__ import annotations
 
-import fcntl
 import os
+import random
 import shutil
+import socket
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -28,12 +30,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "scripts" / "slurm-local.sh"
-CLUSTER_DIR = "/tmp/slurm-local"
 START_TIMEOUT_S = 200
-# Several pytest sessions on one machine (CI shards, engineers side by side) would restart each
-# other's cluster: whoever has it up holds this lock from start to stop, others wait for it.
-LOCK_PATH = "/tmp/slurm-local.lock"
-LOCK_WAIT_S = 180
 TERMINAL = {"COMPLETED", "FAILED", "TIMEOUT", "CANCELLED", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED",
             "BOOT_FAIL", "DEADLINE"}
 
@@ -87,49 +84,57 @@ def _why_not() -> str | None:
     return None
 
 
+def _free_port_base(span: int = 5) -> int:
+    """A base port P with P..P+span-1 free on this host (slurmctld, 2 slurmd, slurmdbd, MariaDB)."""
+    for _ in range(50):
+        base = random.randrange(20000, 40000, 10)
+        try:
+            socks = []
+            for port in range(base, base + span):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError("no free port range for the local SLURM cluster")
+
+
 @pytest.fixture(scope="module")
 def slurm_cluster():
     reason = _why_not()
     if reason:
         pytest.skip(reason)
-    lock = open(LOCK_PATH, "w")
-    deadline = time.monotonic() + LOCK_WAIT_S
-    while True:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            break
-        except BlockingIOError:
-            if time.monotonic() > deadline:
-                lock.close()
-                pytest.skip(f"another test session held the local SLURM cluster ({LOCK_PATH}) for "
-                            f"{LOCK_WAIT_S} s")
-            time.sleep(1)
-    try:
-        yield from _cluster()
-    finally:
-        lock.close()  # releases the lock
-
-
-def _cluster():
     accounting = os.environ.get("MLENG_SLURM_ACCOUNTING", "1") != "0"
+    cluster_dir = tempfile.mkdtemp(prefix="slurm-local-test-")
     env = {**os.environ, "NODES": "2", "CPUS": "4", "GPUS": "1", "ACCOUNTING": "1" if accounting else "0",
-           "SLURM_LOCAL_DIR": CLUSTER_DIR}
+           "SLURM_LOCAL_DIR": cluster_dir, "PORT_BASE": str(_free_port_base())}
+    env.pop("SLURM_CONF", None)
+
+    def stop():
+        subprocess.run(["bash", str(SCRIPT), "stop"], env=env, capture_output=True, timeout=120)
+        shutil.rmtree(cluster_dir, ignore_errors=True)
+        Path(cluster_dir + ".op.lock").unlink(missing_ok=True)
+
     try:
         proc = subprocess.run(["bash", str(SCRIPT), "start"], capture_output=True, text=True, env=env,
                               timeout=START_TIMEOUT_S)
     except subprocess.TimeoutExpired:
-        subprocess.run(["bash", str(SCRIPT), "stop"], env=env, capture_output=True, timeout=60)
+        stop()
         pytest.skip(f"the local SLURM cluster did not start within {START_TIMEOUT_S} s")
     if proc.returncode != 0:
-        subprocess.run(["bash", str(SCRIPT), "stop"], env=env, capture_output=True, timeout=60)
+        stop()
         pytest.skip(f"the local SLURM cluster did not start: {proc.stderr.strip()[-800:]}")
-    conf = f"{CLUSTER_DIR}/etc/slurm.conf"
+    conf = f"{cluster_dir}/etc/slurm.conf"
     old = os.environ.get("SLURM_CONF")
     os.environ["SLURM_CONF"] = conf  # tools under test (and their child processes) find the cluster
     try:
         yield Cluster(conf, accounting, ["n1", "n2"])
     finally:
-        subprocess.run(["bash", str(SCRIPT), "stop"], env=env, capture_output=True, timeout=120)
+        stop()
         if old is None:
             os.environ.pop("SLURM_CONF", None)
         else:

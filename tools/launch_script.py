@@ -211,6 +211,12 @@ def run(params: LaunchScriptParams, progress) -> LaunchScriptResult:
         Path(path).write_text(result.script)
         result.script_path = path
         findings.append(f"Script written to {path}.")
+    if params.mode == "sbatch":  # SLURM opens --output before the script runs: the directory must exist
+        if params.submit or params.script_path:
+            Path(workdir, params.log_dir).mkdir(parents=True, exist_ok=True)
+        else:
+            findings.append(f"Create {os.path.join(workdir, params.log_dir)} before sbatch: SLURM opens the "
+                            "log file before the script runs, and a missing directory fails the job silently.")
     if params.submit:
         progress(0.5, "submitting with sbatch")
         try:

@@ -223,14 +223,17 @@ def scan_slurm_lines(paths: list[Path]) -> tuple[str | None, str | None, str | N
     return state, node, evidence
 
 
-def triage(paths: list[Path]) -> list[str]:
-    """log_triage findings for these files; [] with a note when log_triage is not available."""
+def triage(paths: list[Path]) -> tuple[str, list[str]]:
+    """(log_triage's verdict, its findings) for these files; ('info', [a note]) without log_triage."""
     try:
         from tools.log_triage import triage_paths
     except ImportError:
-        return ["log_triage is not installed in this checkout: read the log files by hand"]
-    result = triage_paths([str(p) for p in paths])
-    return list(getattr(result, "findings", None) or [])
+        return "info", ["log_triage is not installed in this checkout: read the log files by hand"]
+    try:
+        result = triage_paths([str(p) for p in paths])
+    except ToolFailure as e:
+        return "info", [f"log_triage could not read the logs: {e}"]
+    return result.verdict, list(result.findings)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -283,6 +286,8 @@ def diagnose(info: dict, steps: list[JobStep], log_state: str | None, log_node: 
         findings.append(f"Ran {_slurm.format_duration(elapsed)} {limit_text}.")
     bad = [s for s in steps if s.step != "extern" and (s.state not in ("COMPLETED", "RUNNING", "PENDING")
                                                        or s.exit_code or s.signal)]
+    # The innermost failure: an srun step (0, 1, ...) that failed also fails the batch step around it.
+    bad.sort(key=lambda s: s.step in ("batch", "extern"))
     failing_step = bad[0].step if bad else None
     failing_node = log_node or (bad[0].nodes if bad else None)
     if state == "NODE_FAIL" and not failing_node:
@@ -347,7 +352,7 @@ def run(params: SlurmJobDiagnoseParams, progress) -> SlurmJobDiagnoseResult:
     if missing:
         not_seen.append(f"log files not found: {', '.join(missing)}")
     all_logs = logs + [p for p in extra if p.is_file() and p not in logs]
-    if not logs:
+    if not all_logs:
         not_seen.append("the job's stdout/stderr files were not found (give log_paths or search_dirs)")
     else:
         sources.append("log files")
@@ -357,15 +362,18 @@ def run(params: SlurmJobDiagnoseParams, progress) -> SlurmJobDiagnoseResult:
                           "job's output, or search_dirs where slurm-<id>.out was written.")
     log_state, log_node, evidence = scan_slurm_lines(all_logs)
     progress(0.7, "triaging logs")
-    log_findings = triage(all_logs) if params.triage_logs and all_logs else []
+    log_verdict, log_findings = triage(all_logs) if params.triage_logs and all_logs else ("info", [])
 
     verdict, findings, nxt, failing_step, failing_node = diagnose(info, steps, log_state, log_node, evidence)
     if not live and not acct:
-        findings.insert(0, "Only the log files were available: the state comes from the lines SLURM wrote there.")
+        findings.insert(0, "Only the log files were available: the state comes from the lines SLURM wrote there"
+                           + (" (none here: state unknown)." if not log_state else "."))
+        if not log_state:  # nothing to judge from SLURM: the logs decide
+            verdict = log_verdict if log_verdict in ("fail", "warn") else "info"
     if log_findings and not log_findings[0].startswith("log_triage is not installed"):
         findings.extend(f"Log: {f}" for f in log_findings[:5])
     progress(1.0, "done")
-    stdout = str(logs[0]) if logs else None
+    stdout = str(all_logs[0]) if all_logs else None
     stderr = info.get("stderr") if info.get("stderr") and Path(info["stderr"]).is_file() else stdout
     return SlurmJobDiagnoseResult(
         verdict=verdict, findings=findings, next=nxt, job_id=job_id, name=info.get("name"),
