@@ -6,7 +6,7 @@
 #   cp -r $OUT/failures/* tests/fixtures/logs/real/ && rm -r $OUT/failures && cp -r $OUT/* tests/fixtures/nccl/real/
 #
 # Each run is a torchrun of a tiny all_reduce (3 x 256 MiB) with
-# NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,GRAPH,ENV,TUNING,NET, stdout+stderr kept whole:
+# NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,GRAPH,ENV,TUNING,NET,P2P, stdout+stderr kept whole:
 #   nccl_1gpu.log                 one rank
 #   nccl_2gpu.log                 two ranks (P2P over NVLink on an H200 pair)
 #   nccl_2gpu_p2p_disabled.log    two ranks with NCCL_P2P_DISABLE=1 (traffic through SHM: what the tool must flag)
@@ -91,7 +91,7 @@ fi
 run() {  # run <log name> <nproc> [VAR=value ...]
   local name=$1 nproc=$2; shift 2
   echo "== $name (nproc $nproc${*:+, $*})"
-  env NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,GRAPH,ENV,TUNING,NET "$@" \
+  env NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,GRAPH,ENV,TUNING,NET,P2P "$@" \
     timeout -k 10 120 $PY -m torch.distributed.run --standalone --nproc-per-node "$nproc" "$WORK/nccl_allreduce.py" \
     > "$OUT/$name" 2>&1
   echo "   exit $? , $(wc -l < "$OUT/$name") lines, $(grep -c 'NCCL INFO' "$OUT/$name") NCCL INFO lines"
