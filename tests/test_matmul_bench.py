@@ -178,6 +178,8 @@ def test_model_level_errors_name_the_field():
         MatmulBenchParams(mode="shapes", m=[64], n=[64])
     with pytest.raises(ValidationError, match="m: device='cpu' runs tiny shapes"):
         MatmulBenchParams(device="cpu", mode="shapes", m=[4096], n=[64], k=[64])
+    with pytest.raises(ValidationError, match="k_range: explicit shapes need mode='shapes' or mode='grid'"):
+        MatmulBenchParams(k_range=[1024, 4096, 1024])
     with pytest.raises(ValidationError, match="all_gpus"):
         MatmulBenchParams(device="cpu", all_gpus=True)
 

@@ -70,6 +70,9 @@ class MatmulBenchParams(Params):
             missing = [d for d in "mnk" if not (getattr(self, d) or getattr(self, f"{d}_range"))]
             if missing:
                 raise ValueError(f"mode='shapes' needs {', '.join(f'{d} or {d}_range' for d in missing)}")
+        given = [f for f in ("m", "n", "k", "m_range", "n_range", "k_range") if getattr(self, f)]
+        if given and self.mode in ("quick", "thorough"):
+            raise ValueError(f"{given[0]}: explicit shapes need mode='shapes' or mode='grid' (mode={self.mode!r} searches by itself)")
         if self.all_gpus and self.device == "cpu":
             raise ValueError("all_gpus=true measures GPUs; it cannot be combined with device='cpu'")
         if self.device == "cpu":
