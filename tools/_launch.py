@@ -21,10 +21,11 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Literal
 
 from tools import _slurm
 from tools._ranks import EVENT_PREFIX
-from tools.harness import REPO_ROOT, kill_tree, local_gpu_count, spawn_tree, torchrun_command
+from tools.harness import REPO_ROOT, Field, Params, kill_tree, local_gpu_count, spawn_tree, torchrun_command
 
 @dataclass
 class RankState:
@@ -62,6 +63,20 @@ class LaunchOutcome:
     elapsed_s: float
     stderr_tail: str
     output_tail: str              # rank output that was not an event
+
+
+class RankLayout(Params):
+    """Where the ranks run: the fields every distributed tool shares."""
+
+    nproc_per_node: int | None = Field(None, ge=1, le=64, description=(
+        "Ranks per node. Default: every visible GPU (NCCL); 2 gloo ranks on a machine without GPUs."))
+    nnodes: int | None = Field(None, ge=1, le=4096, description=(
+        "Nodes. Default: all nodes of the SLURM allocation we run in, else 1. Several nodes outside SLURM "
+        "need rdzv_endpoint (or the answer lists the command to run on every node)."))
+    rdzv_endpoint: str | None = Field(None, pattern=r"^[A-Za-z0-9_.\-\[\]:]+:\d+$", description=(
+        "host:port of the first node's c10d rendezvous, for runs started by hand on every node."))
+    backend: Literal["auto", "nccl", "gloo"] = Field("auto", description=(
+        "auto: NCCL when the ranks see GPUs, else gloo."))
 
 
 def parse_event(line: str) -> dict | None:

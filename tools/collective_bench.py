@@ -22,9 +22,9 @@ from pydantic import BaseModel, BeforeValidator
 
 from tools._collectives import OPS, size_sweep
 from tools._culprits import diagnose
-from tools._launch import launch_ranks, layout, manual_start, plan_command, visible_gpus
+from tools._launch import RankLayout, launch_ranks, layout, manual_start, plan_command, visible_gpus
 from tools._bench_report import draw_plot, expected_busbw, format_table, human_size, judge, point_at
-from tools.harness import Field, Params, Result, ToolSpec, local_gpu_count
+from tools.harness import Field, Result, ToolSpec, local_gpu_count
 
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
@@ -42,7 +42,7 @@ def parse_size(value):
 Size = Annotated[int, BeforeValidator(parse_size)]
 
 
-class CollectiveBenchParams(Params):
+class CollectiveBenchParams(RankLayout):
     ops: list[Literal[OPS]] = Field(["all_reduce"], min_length=1, max_length=5, description=(
         "Collectives to measure: all_reduce, all_gather, reduce_scatter, all_to_all, broadcast."))
     dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="Element type.")
@@ -55,11 +55,6 @@ class CollectiveBenchParams(Params):
     blocking: bool = Field(False, description=(
         "Synchronise around every call instead of timing the batch (what a naive loop sees; small sizes "
         "look several times slower)."))
-    nproc_per_node: int | None = Field(None, ge=1, le=64, description="Ranks per node. Default: every local GPU; 2 on CPU.")
-    nnodes: int | None = Field(None, ge=1, le=4096, description="Nodes. Default: the SLURM allocation's, else 1.")
-    rdzv_endpoint: str | None = Field(None, pattern=r"^[A-Za-z0-9_.\-\[\]:]+:\d+$", description=(
-        "host:port of the first node's c10d rendezvous, for runs started by hand on every node."))
-    backend: Literal["auto", "nccl", "gloo"] = Field("auto", description="auto: NCCL with GPUs, else gloo.")
     pg_timeout_s: float = Field(120.0, ge=5, le=600, description="Process-group timeout per collective, seconds.")
     plot: bool = Field(True, description="Draw busbw against size to a PNG (needs matplotlib).")
     plot_path: str | None = Field(None, description="Where to write the PNG. Default: $MLENG_HOME/plots/.")

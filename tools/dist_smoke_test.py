@@ -19,24 +19,15 @@ from typing import Literal
 from pydantic import BaseModel
 
 from tools._culprits import diagnose
-from tools._launch import launch_ranks, layout, manual_start, plan_command
+from tools._launch import RankLayout, launch_ranks, layout, manual_start, plan_command
 from tools._ranks import FAULTS
-from tools.harness import Field, Params, Result, ToolSpec, local_gpu_count
+from tools.harness import Field, Result, ToolSpec, local_gpu_count
 
 STAGES = ["import_torch", "init", "barrier", "shape_check", "all_reduce", "verify", "alloc", "destroy", "done"]
 VERSION_KEYS = ("torch", "cuda", "nccl", "driver", "python")
 
 
-class DistSmokeTestParams(Params):
-    nproc_per_node: int | None = Field(None, ge=1, le=64, description=(
-        "Ranks per node. Default: every local GPU (NCCL); 2 gloo ranks on a machine without GPUs."))
-    nnodes: int | None = Field(None, ge=1, le=4096, description=(
-        "Nodes. Default: all nodes of the SLURM allocation we run in, else 1. Several nodes outside SLURM "
-        "need rdzv_endpoint (or the answer lists the command to run on every node)."))
-    rdzv_endpoint: str | None = Field(None, pattern=r"^[A-Za-z0-9_.\-\[\]:]+:\d+$", description=(
-        "host:port of the first node's c10d rendezvous, for runs started by hand on every node."))
-    backend: Literal["auto", "nccl", "gloo"] = Field("auto", description=(
-        "auto: NCCL when the ranks see GPUs, else gloo."))
+class DistSmokeTestParams(RankLayout):
     pg_timeout_s: float = Field(60.0, ge=3, le=240, description=(
         "Process-group timeout per collective, seconds: a rank that has not joined by then is named."))
     numel: int = Field(1 << 20, ge=1, le=1 << 28, description="float32 elements all_reduced and checked (default 4 MiB).")
