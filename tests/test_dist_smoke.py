@@ -197,3 +197,15 @@ def test_launcher_stops_a_silent_run_and_names_the_rank_that_stalled(tmp_path):
     assert culprits == [1] and "stopped at stage init and never reached all_reduce" in findings[0]
     assert not _no_rank_processes_left() and not [
         p for p in psutil.process_iter(["cmdline"]) if str(script) in " ".join(p.info["cmdline"] or [])]
+
+
+def test_a_launcher_that_fails_before_any_rank_is_reported_with_its_own_words():
+    import sys
+
+    from tools._launch import launch_ranks
+
+    outcome = launch_ranks([sys.executable, "-c", "import sys; sys.exit('torchrun: error: bad --rdzv-endpoint')"],
+                           2, timeout_s=5, stall_s=10, deadline_s=20)
+    culprits, findings = diagnose(outcome, timeout_s=5)
+    assert culprits == [] and "failed before any rank ran" in findings[0]
+    assert "bad --rdzv-endpoint" in findings[0]

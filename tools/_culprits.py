@@ -25,6 +25,10 @@ def diagnose(outcome: LaunchOutcome, timeout_s: float) -> tuple[list[int], list[
         return [], []
     findings: list[str] = []
     culprits: list[int] = []
+    if all(s.status == "not_started" for s in states):
+        said = [line.strip() for line in outcome.stderr_tail.splitlines() if line.strip()][-3:]
+        return [], [f"No rank reported anything: the launcher failed before any rank ran (exit code "
+                    f"{outcome.returncode}). Its last words: {' | '.join(said) or '(nothing)'}"]
 
     for item in outcome.data:
         if item.get("kind") == "culprits":
