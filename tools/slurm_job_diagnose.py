@@ -223,17 +223,17 @@ def scan_slurm_lines(paths: list[Path]) -> tuple[str | None, str | None, str | N
     return state, node, evidence
 
 
-def triage(paths: list[Path]) -> tuple[str, list[str]]:
-    """(log_triage's verdict, its findings) for these files; ('info', [a note]) without log_triage."""
+def triage(paths: list[Path]) -> tuple[str, list[str], list[str]]:
+    """(log_triage's verdict, findings, next) for these files; ('info', [a note], []) without it."""
     try:
         from tools.log_triage import triage_paths
     except ImportError:
-        return "info", ["log_triage is not installed in this checkout: read the log files by hand"]
+        return "info", ["log_triage is not installed in this checkout: read the log files by hand"], []
     try:
         result = triage_paths([str(p) for p in paths])
     except ToolFailure as e:
-        return "info", [f"log_triage could not read the logs: {e}"]
-    return result.verdict, list(result.findings)
+        return "info", [f"log_triage could not read the logs: {e}"], []
+    return result.verdict, list(result.findings), list(result.next)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -362,7 +362,8 @@ def run(params: SlurmJobDiagnoseParams, progress) -> SlurmJobDiagnoseResult:
                           "job's output, or search_dirs where slurm-<id>.out was written.")
     log_state, log_node, evidence = scan_slurm_lines(all_logs)
     progress(0.7, "triaging logs")
-    log_verdict, log_findings = triage(all_logs) if params.triage_logs and all_logs else ("info", [])
+    log_verdict, log_findings, log_next = (triage(all_logs) if params.triage_logs and all_logs
+                                           else ("info", [], []))
 
     verdict, findings, nxt, failing_step, failing_node = diagnose(info, steps, log_state, log_node, evidence)
     if not live and not acct:
@@ -372,6 +373,11 @@ def run(params: SlurmJobDiagnoseParams, progress) -> SlurmJobDiagnoseResult:
             verdict = log_verdict if log_verdict in ("fail", "warn") else "info"
     if log_findings and not log_findings[0].startswith("log_triage is not installed"):
         findings.extend(f"Log: {f}" for f in log_findings[:5])
+        # What the log points to, before the SLURM page; log_triage itself has run already.
+        nxt = [n for n in dict.fromkeys(nxt[:-1] + log_next + nxt[-1:])
+               if n not in ("log_triage", "slurm_job_diagnose")]
+    if not_seen:
+        findings.append("Could not see: " + "; ".join(not_seen) + ".")
     progress(1.0, "done")
     stdout = str(all_logs[0]) if all_logs else None
     stderr = info.get("stderr") if info.get("stderr") and Path(info["stderr"]).is_file() else stdout
