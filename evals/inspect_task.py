@@ -11,8 +11,8 @@ must not run on the machine that runs the eval. A reply without a tool call coun
 
 Task options (-T): cases=FILE (default evals/cases.jsonl), split=tune|heldout|all (default heldout),
 skill=true|false (SKILL.md body as the system prompt, as an agent that loaded the skill would have it).
-Scores: top1 (first call == expected), top1_acceptable (in expected + acceptable), called_tool (1 when
-any tool was called: on "(none)" cases that is a false call).
+Metrics, as `mleng eval` names them: top1 (first call == expected), top1_acceptable (in expected +
+acceptable), abstain_accuracy and false_call_rate (over the cases that expect no tool).
 """
 
 import sys
@@ -20,7 +20,7 @@ from pathlib import Path
 
 from inspect_ai import Task, task
 from inspect_ai.dataset import MemoryDataset, Sample
-from inspect_ai.scorer import Score, Target, accuracy, scorer, stderr
+from inspect_ai.scorer import Metric, SampleScore, Score, Target, metric, scorer
 from inspect_ai.model import ChatMessageSystem
 from inspect_ai.solver import Generate, TaskState, generate, solver, use_tools
 from inspect_ai.tool import mcp_server_stdio, mcp_tools
@@ -60,14 +60,51 @@ def first_tool_call(state: TaskState) -> str:
     return NONE
 
 
-@scorer(metrics={"top1": [accuracy(), stderr()], "top1_acceptable": [accuracy()], "called_tool": [accuracy()]})
+def _rate(key: str, only_none: bool | None = None, invert: bool = False):
+    """A metric: the mean of score value[key] over the samples (only (none) cases, only tool cases, or all)."""
+
+    def compute(scores: list[SampleScore]) -> float:
+        picked = [s.score.value[key] for s in scores
+                  if only_none is None or (s.score.metadata or {}).get("expected_none") == only_none]
+        mean = sum(picked) / len(picked) if picked else 0.0
+        return 1.0 - mean if invert and picked else mean
+
+    return compute
+
+
+@metric
+def top1() -> Metric:
+    return _rate("top1")
+
+
+@metric
+def top1_acceptable() -> Metric:
+    return _rate("top1_acceptable")
+
+
+@metric
+def abstain_accuracy() -> Metric:
+    """Over cases that expect no tool: the share answered without one."""
+    return _rate("called_tool", only_none=True, invert=True)
+
+
+@metric
+def false_call_rate() -> Metric:
+    """Over cases that expect no tool: the share where a tool was called anyway."""
+    return _rate("called_tool", only_none=True)
+
+
+@scorer(metrics=[top1(), top1_acceptable(), abstain_accuracy(), false_call_rate()])
 def first_call_scorer():
+    """The same headline figures as `mleng eval`, for the model's first tool call."""
+
     async def score(state: TaskState, target: Target) -> Score:
         called = first_tool_call(state)
         ok = {target.text, *state.metadata.get("acceptable", [])}
         return Score(value={"top1": float(called == target.text), "top1_acceptable": float(called in ok),
                             "called_tool": float(called != NONE)},
-                     answer=called, explanation=f"expected {target.text}, acceptable {sorted(ok)}, called {called}")
+                     answer=called, metadata={"expected_none": target.text == NONE},
+                     explanation=f"expected {target.text}, acceptable {sorted(ok)}, called {called}")
 
     return score
 
