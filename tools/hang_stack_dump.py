@@ -23,6 +23,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -135,10 +136,13 @@ def _processes_with_env(key: str, value: str) -> list[int]:
     import psutil
 
     out, ours = [], _ourselves()
+    # Inside a SLURM step, keep to this node's share: several slurmd may run on one host.
+    node = os.environ.get("SLURMD_NODENAME")
     for p in psutil.process_iter():
         try:
-            if (p.pid not in ours and p.environ().get(key) == value and _is_python(p)
-                    and not _is_ours(p.cmdline())):
+            env = p.environ()
+            if (p.pid not in ours and env.get(key) == value and _is_python(p) and not _is_ours(p.cmdline())
+                    and (node is None or env.get("SLURMD_NODENAME", node) == node)):
                 out.append(p.pid)
         except (psutil.Error, OSError):
             continue
@@ -250,6 +254,9 @@ def py_spy_path() -> str:
 def explain_py_spy_error(pid: int, stderr: str, command: str) -> str:
     err = stderr.strip().split("\nStack backtrace:")[0].strip()[-400:]
     low = err.lower()
+    if "failed to suspend process" in low:
+        return (f"could not pause pid {pid} to read it: another tracer (gdb, strace, a second py-spy) is attached, "
+                f"or ptrace is denied. Check `grep TracerPid /proc/{pid}/status`; py-spy said: {err}")
     if "permission denied" in low or "operation not permitted" in low or "ptrace" in low:
         scope = Path("/proc/sys/kernel/yama/ptrace_scope")
         now = f" (kernel.yama.ptrace_scope is {scope.read_text().strip()} here)" if scope.exists() else ""
@@ -282,12 +289,18 @@ def main_thread(threads: list[dict], pid: int) -> dict | None:
 def dump_one(pid: int, native: bool, timeout_s: float, py_spy: str) -> tuple[list[dict] | None, str]:
     """(threads from `py-spy dump --json`, error text)."""
     cmd = [py_spy, "dump", "--json", "--pid", str(pid)] + (["--native"] if native else [])
-    try:
-        proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=timeout_s,
-                              env=dict(os.environ, RUST_BACKTRACE="0"))
-    except subprocess.TimeoutExpired:
-        return None, (f"py-spy gave no answer for pid {pid} in {timeout_s:.0f} s: a process in uninterruptible "
-                      f"I/O (state D) cannot be read; as root, `cat /proc/{pid}/stack` shows where the kernel holds it")
+    for attempt in range(3):
+        try:
+            proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=timeout_s,
+                                  env=dict(os.environ, RUST_BACKTRACE="0"))
+        except subprocess.TimeoutExpired:
+            return None, (f"py-spy gave no answer for pid {pid} in {timeout_s:.0f} s: a process in uninterruptible "
+                          f"I/O (state D) cannot be read; as root, `cat /proc/{pid}/stack` shows where the kernel "
+                          "holds it")
+        # Only one tracer at a time: a second py-spy (another dump, a colleague) makes this one fail.
+        if proc.returncode == 0 or "failed to suspend process" not in proc.stderr.lower():
+            break
+        time.sleep(0.3 * (attempt + 1))
     if proc.returncode != 0:
         return None, proc.stderr
     try:
