@@ -47,7 +47,7 @@ def skill_body() -> str:
 
 def samples(cases_file: str | Path, split: str) -> list[Sample]:
     return [Sample(id=c["id"], input=c["symptom"], target=c["expected"][0],
-                   metadata={"acceptable": c["acceptable"], "category": c["category"],
+                   metadata={"expected": c["expected"], "acceptable": c["acceptable"], "category": c["category"],
                              "difficulty": c["difficulty"], "split": c["split"]})
             for c in load_cases(cases_file, split)]
 
@@ -100,11 +100,12 @@ def first_call_scorer():
 
     async def score(state: TaskState, target: Target) -> Score:
         called = first_tool_call(state)
-        ok = {target.text, *state.metadata.get("acceptable", [])}
-        return Score(value={"top1": float(called == target.text), "top1_acceptable": float(called in ok),
+        expected = set(state.metadata.get("expected") or [target.text])
+        ok = expected | set(state.metadata.get("acceptable", []))
+        return Score(value={"top1": float(called in expected), "top1_acceptable": float(called in ok),
                             "called_tool": float(called != NONE)},
                      answer=called, metadata={"expected_none": target.text == NONE},
-                     explanation=f"expected {target.text}, acceptable {sorted(ok)}, called {called}")
+                     explanation=f"expected {sorted(expected)}, acceptable {sorted(ok - expected)}, called {called}")
 
     return score
 
