@@ -5,8 +5,8 @@
     inspect eval evals/inspect_task.py --model openai/gpt-4.1 -T split=heldout -T skill=false
     inspect view                          # browse the transcripts
 
-The task starts the real server (`python server.py`, stdio) once, offers every tool it lists to the
-model, and asks for one turn per case. The first tool call is scored and never executed: a benchmark
+The task starts the real server (`python server.py`, stdio), offers every tool it lists to the
+model, and asks for one turn per case (about 1 s of overhead per case on 2 CPU cores). The first tool call is scored and never executed: a benchmark
 must not run on the machine that runs the eval. A reply without a tool call counts as "(none)".
 
 Task options (-T): cases=FILE (default evals/cases.jsonl), split=tune|heldout|all (default heldout),
@@ -20,8 +20,8 @@ from pathlib import Path
 
 from inspect_ai import Task, task
 from inspect_ai.dataset import MemoryDataset, Sample
-from inspect_ai.scorer import Metric, SampleScore, Score, Target, metric, scorer
 from inspect_ai.model import ChatMessageSystem
+from inspect_ai.scorer import Metric, SampleScore, Score, Target, metric, scorer
 from inspect_ai.solver import Generate, TaskState, generate, solver, use_tools
 from inspect_ai.tool import mcp_server_stdio, mcp_tools
 
