@@ -102,6 +102,26 @@ def test_refinement_seeds_come_from_different_basins():
     assert ms._diverse_top(ranked, 5)[3:] == [(2048, 2048, 8448), (2304, 2048, 8192)]  # topped up in rank order
 
 
+def test_wave_seeds_fill_whole_waves():
+    seeds = ms.wave_seeds(132)
+    assert (1408, 3072, 12288) in seeds and (3072, 1408, 12288) in seeds  # 11 x 12 = 132 blocks of 128x256
+    def fill(m, n, tm, tn):
+        blocks = math.ceil(m / tm) * math.ceil(n / tn)
+        return blocks / (math.ceil(blocks / 132) * 132)
+
+    for m, n, _ in seeds:  # full waves with 128x256 blocks, or with 256x128 ones (the transposed seed)
+        assert max(fill(m, n, 128, 256), fill(m, n, 256, 128)) >= 0.97 and 1024 <= min(m, n) and max(m, n) <= 8192
+
+
+def test_wave_seeds_do_not_hurt_the_search():
+    plain_land, seeded_land = Landscape(sms=148), Landscape(sms=148)
+    plain = _search(plain_land)
+    seeded = ms.search(seeded_land.measure, ms.QUICK, final_iterations=100, final_warmup=50, budget_s=60,
+                       clock=seeded_land.clock, extra_seeds=ms.wave_seeds(148))
+    assert seeded_land.tflops(seeded.best.shape) >= plain_land.tflops(plain.best.shape)
+    assert seeded.elapsed_s <= 1.2 * plain.elapsed_s
+
+
 def test_mamf_comes_from_full_iteration_finals_only():
     land = Landscape(noise=0.05)
     out = _search(land)

@@ -39,8 +39,10 @@ class MatmulTimer:
         self._setup_dtype(dtype)
         self.errors: list[str] = []  # shapes that raised (not out-of-memory), with the first line of the error
         self.flush = None
+        self.compute_units = 0  # SMs (NVIDIA) or CUs (AMD)
         if not self.is_cpu:
             props = torch.cuda.get_device_properties(self.device)
+            self.compute_units = int(props.multi_processor_count)
             l2 = int(getattr(props, "L2_cache_size", 0) or 0) or 64 << 20
             self.flush = torch.empty(2 * l2, dtype=torch.int8, device=self.device)
 

@@ -100,6 +100,25 @@ TINY = SearchPlan(  # device='cpu': the same logic on shapes a CPU multiplies in
 PLANS = {"quick": QUICK, "thorough": THOROUGH, "tiny": TINY}
 
 
+def wave_seeds(compute_units: int, tile: tuple[int, int] = (128, 256), waves: Sequence[int] = (1, 2),
+               k: int = 12288, lo: int = 1024, hi: int = 8192, fill: float = 0.97) -> list[Shape]:
+    """Extra screening shapes whose output tiles fill whole waves of the GPU's SMs/CUs.
+
+    A GEMM kernel covers C with tile-sized blocks, one per SM at a time; when the block count is just
+    over a multiple of the SM count, the last wave runs nearly empty. (1408, 3072) makes 11 x 12 = 132
+    blocks of 128x256: one full wave on a 132-SM H100/H200, a shape no power-of-two grid contains. The
+    tile is a hint only (libraries pick their own); these shapes are screened like any other.
+    """
+    out: list[Shape] = []
+    for w in waves:
+        blocks = compute_units * w
+        for a in range(math.ceil(lo / tile[0]), hi // tile[0] + 1):
+            b = blocks // a
+            if lo <= b * tile[1] <= hi and a * b >= fill * blocks:
+                out += [(a * tile[0], b * tile[1], k), (b * tile[1], a * tile[0], k)]
+    return list(dict.fromkeys(out))
+
+
 @dataclasses.dataclass
 class SearchOutcome:
     best: Timing | None                        # the best final mean: MAMF

@@ -196,9 +196,10 @@ def _measure_device(device, params, progress, share, plan_shapes=None):
                                                iterations_total=rec.iterations, elapsed_s=0.0, phase_s={})
             elif params.mode in ("quick", "thorough"):
                 plan = search.TINY if is_cpu else search.PLANS[params.mode]
+                seeds = [] if is_cpu else search.wave_seeds(timer.compute_units)
                 outcome = search.search(timer.measure, plan, final_iterations=params.iterations,
                                         final_warmup=params.warmup, budget_s=max(budget - warm.seconds, 0.3 * budget),
-                                        progress=sub)
+                                        progress=sub, extra_seeds=seeds)
             else:
                 default = [64, 128, 192, 256] if is_cpu else PUBLISHED_GRID
                 dims = [params.dims(d) or default for d in "mnk"]
