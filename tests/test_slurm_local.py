@@ -38,6 +38,9 @@ def jobs(slurm_cluster, tmp_path_factory):  # noqa: F811
         "ok": slurm_cluster.sbatch("-J", "fine", "--wrap", "echo all good", cwd=work),
         "fail": slurm_cluster.sbatch("-J", "crash", "-o", "crash-%j.log", str(work / "fail.sh"), cwd=work),
         "cancel": slurm_cluster.sbatch("-J", "unwanted", "--wrap", "sleep 300", cwd=work),
+        # An array whose task 1 fails, each task with its own log file.
+        "array": slurm_cluster.sbatch("-J", "sweep", "--array=0-1", "-o", "sweep-%A_%a.log", "--wrap",
+                                      "echo task $SLURM_ARRAY_TASK_ID; exit $SLURM_ARRAY_TASK_ID", cwd=work),
         # A 2-node step in which the task on the second node exits 3.
         "step": slurm_cluster.sbatch("-J", "two-nodes", "-N", "2", "--wrap",
                                      "srun bash -c 'if [ $SLURM_PROCID = 1 ]; then exit 3; fi; sleep 1'", cwd=work),
@@ -85,6 +88,15 @@ def test_failing_step_and_node_of_a_two_node_job(slurm_cluster, jobs):  # noqa: 
     if slurm_cluster.accounting:
         assert r.failing_step == "0"  # the srun step, not the batch script around it
         assert any(s.step == "0" and s.exit_code == 3 for s in r.steps)
+
+
+def test_array_task(slurm_cluster, jobs):  # noqa: F811
+    task = f"{jobs['ids']['array']}_1"
+    assert slurm_cluster.wait_state(task) == "FAILED"
+    r = diagnose(task)
+    assert r.state == "FAILED" and r.exit_code == 1 and r.verdict == "fail"
+    assert r.stdout_path.endswith(f"sweep-{task}.log")
+    assert diagnose(f"{jobs['ids']['array']}_0").verdict == "ok"
 
 
 def test_cancelled_job(slurm_cluster, jobs):  # noqa: F811
