@@ -6,11 +6,13 @@ search runs the same against a GPU, a CPU, or a synthetic timing function in the
 Why not a grid. A grid spends the full 50 + 100 iterations on every shape, most of which are
 clearly behind after a handful of iterations. The search here:
 
-1. screens a coarse set of tile-friendly shapes (powers of two and 1.5x powers of two) with a few
-   iterations each, then keeps the best third and measures those again with three times the
-   iterations, and so on (successive halving): contenders get more iterations, losers few;
-2. refines around the leaders with a pattern search: step each of M, N, K up and down, move to a
-   better neighbour, halve the step when none is better, down to the alignment (256 on GPUs);
+1. screens a coarse set of tile-friendly shapes (powers of two and 1.5x powers of two, plus shapes
+   whose output blocks fill whole waves of the GPU's SMs: wave_seeds) with a few iterations each,
+   then keeps the best third and measures those again with three times the iterations, and so on
+   (successive halving): contenders get more iterations, losers few;
+2. refines around leaders from different basins with a pattern search: step each of M, N, K (and M
+   and N together) up and down, move to a better neighbour, halve the step when none is better, down
+   to the alignment (256 on GPUs);
 3. measures the few best shapes found the way the published tables do (warm-up, then the mean of
    `final_iterations`), and reports the best of those means as MAMF. Screening numbers never become
    the answer: a max over many noisy short measurements is biased upwards.
