@@ -423,3 +423,35 @@ def test_apple_and_intel_gpus_are_named_as_unsupported(monkeypatch):
     monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
     with pytest.raises(ToolFailure, match="Apple GPUs are not supported by matmul_bench yet"):
         SPEC.run(MatmulBenchParams(), lambda f, m: None)
+
+
+def test_all_gpus_assembly_names_the_slow_gpu(monkeypatch):
+    """The all_gpus flow of run() with four fake GPUs (the GPU machine has one): GPU 2 is 8% slow."""
+    import types
+
+    from tools import matmul_bench
+    from tools._gpu_sampler import summarize
+
+    speed = {0: 1.0, 1: 0.99, 2: 0.92, 3: 1.005}
+    fake_torch = types.SimpleNamespace(
+        cuda=types.SimpleNamespace(device_count=lambda: 4, get_device_name=lambda i: "NVIDIA H200"),
+        version=types.SimpleNamespace(hip=None))
+    calls = []
+
+    def fake_measure(device, params, progress, share, plan_shapes=None):
+        calls.append((device, plan_shapes))
+        shapes = plan_shapes or [(2048, 2048, 12288), (2048, 2048, 13312)]
+        finals = sorted((ms.Timing(s, (2 * s[0] * s[1] * s[2] / (790e12 * speed[device] * (1 - i / 100)),) * 100)
+                         for i, s in enumerate(shapes)), key=lambda t: -t.mean_tflops)
+        outcome = ms.SearchOutcome(best=finals[0], finals=finals, tried={t.shape: t for t in finals},
+                                   iterations_total=300, elapsed_s=1.0, phase_s={})
+        return outcome, ms.Warmup(3.0, 6, True, 780.0), summarize([])
+
+    monkeypatch.setattr(matmul_bench, "_gpu_environment", lambda params: fake_torch)
+    monkeypatch.setattr(matmul_bench, "_measure_device", fake_measure)
+    r = matmul_bench.run(MatmulBenchParams(all_gpus=True), lambda f, m: None)
+    assert [c[0] for c in calls] == [0, 1, 2, 3]
+    assert calls[1][1] == [(2048, 2048, 12288), (2048, 2048, 13312)]  # the others re-measure GPU 0's finalists
+    assert [g.device for g in r.gpus] == [0, 1, 2, 3] and r.slow_gpus == [2]
+    assert r.verdict == "warn" and any(f.startswith("GPU 2 (NVIDIA H200) reached") for f in r.findings)
+    assert r.mamf_tflops == pytest.approx(790.0, abs=0.1) and r.vs_published_pct == pytest.approx(99.4, abs=0.1)
