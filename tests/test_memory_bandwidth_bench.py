@@ -122,3 +122,44 @@ def test_runs_as_a_subprocess_tool_through_the_runner():
     r = execute(SPEC, MemoryBandwidthParams(device="cpu", size_mib=8, tests=["copy"], iterations=2), timeout_s=120)
     assert r.copy_tbps > 0 and r.read_tbps is None and r.result_id is not None
     assert store.query("memory_bandwidth_bench")[0]["metric_value"] == r.copy_tbps
+
+
+def test_gpu_run_assembly_with_fake_measurements(monkeypatch):
+    """run()'s GPU path on made-up measurements: units, spec comparison, link expectation, L2 note."""
+    import types
+
+    import torch
+
+    from tools import _membw_measure as mm
+    from tools import memory_bandwidth_bench as mb
+
+    def row(test, gbps, size=1 << 30, factor=1):
+        return {"test": test, "size_mib": size / 2**20, "bytes_per_iteration": factor * size, "iterations": 20,
+                "mean_gbps": gbps, "max_gbps": gbps * 1.01}
+
+    class FakeLink:
+        gen, width, max_gen, max_width, bus_id = 4, 16, 5, 16, "00000000:18:00.0"
+
+        def __init__(self, index):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    monkeypatch.setattr(mb, "_torch_device", lambda params: ("cuda:0", "NVIDIA H200"))
+    monkeypatch.setattr(mm, "device_tests", lambda *a: [row("copy", 4310.0, factor=2), row("read", 4420.0),
+                                                        row("write", 4150.0)])
+    monkeypatch.setattr(mm, "host_link_tests", lambda *a: [row("h2d_pinned", 24.1), row("h2d_pageable", 11.0),
+                                                           row("d2h_pinned", 25.3), row("d2h_pageable", 9.5)])
+    monkeypatch.setattr(mm, "PcieWatcher", FakeLink)
+    monkeypatch.setattr(mm, "numa_placement", lambda bus: {"gpu_numa_node": 1, "cpus_on_gpu_node": True})
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: types.SimpleNamespace(L2_cache_size=60 << 20))
+    r = mb.run(MemoryBandwidthParams(device=0, size_mib=256), lambda f, m: None)
+    assert (r.copy_tbps, r.read_tbps, r.write_tbps, r.spec_tbps) == (4.31, 4.42, 4.15, 4.8)
+    assert r.copy_efficiency_pct == pytest.approx(89.8) and r.link_expected_gbps == 63.0
+    assert r.verdict == "warn" and r.gpu_numa_node == 1
+    assert any("downtrained (Gen4 x16 instead of Gen5 x16" in f for f in r.findings)
+    assert any("under 8x this GPU's 60 MiB L2 cache" in f for f in r.findings)
