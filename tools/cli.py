@@ -175,6 +175,11 @@ def doctor(as_json: bool) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["eval"]:  # evals/run.py owns its flags; argparse's REMAINDER would refuse leading options
+        sys.path.insert(0, str(REPO_ROOT))
+        from evals.run import main as eval_main
+
+        return eval_main(argv[1:])
     parser = argparse.ArgumentParser(prog="mleng", description="GPU cluster diagnostics and benchmarks for ML engineers")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("list", help="list the tools")
@@ -185,8 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     p_doc.add_argument("--json", action="store_true")
     p_srv = sub.add_parser("serve", help="run the MCP server (stdio, or --http HOST:PORT)")
     p_srv.add_argument("--http", metavar="HOST:PORT")
-    p_eval = sub.add_parser("eval", help="tool-selection evals: mleng eval --cases FILE", add_help=False)
-    p_eval.add_argument("rest", nargs=argparse.REMAINDER)
+    sub.add_parser("eval", help="tool-selection evals: mleng eval --cases FILE [--router bm25|embed|hybrid] [--json]")
     args = parser.parse_args(argv)
 
     if args.command == "list":
@@ -212,11 +216,6 @@ def main(argv: list[str] | None = None) -> int:
 
         server.serve(args.http)
         return 0
-    if args.command == "eval":
-        sys.path.insert(0, str(REPO_ROOT))
-        from evals.run import main as eval_main
-
-        return eval_main(args.rest)
     return 2
 
 
