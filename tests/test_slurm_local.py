@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import time
 
 import pytest
@@ -204,6 +205,27 @@ def test_launch_script_runs_dist_smoke_test_across_two_tasks(slurm_cluster, tmp_
     assert report["verdict"] == "ok", report
     assert report["world_size"] == 2 and report["ranks_ok"] == 2 and report["nnodes"] == 2
     assert all(rank["status"] == "done" for rank in report["ranks"])
+
+
+def test_srun_torchrun_into_a_running_jobs_allocation(slurm_cluster, tmp_path):  # noqa: F811
+    """What the distributed tools do when 'given' an allocation: one torchrun per node of a running job."""
+    import subprocess
+
+    from tools import _slurm
+
+    holder = slurm_cluster.sbatch("-N", "2", "-J", "training", "--wrap", "sleep 120", cwd=tmp_path)
+    try:
+        assert slurm_cluster.wait_state(holder, {"RUNNING"}) == "RUNNING"
+        (tmp_path / "whoami.py").write_text(RANK_PROGRAM)
+        cmd = _slurm.srun_torchrun_command(["whoami"], nnodes=2, nproc_per_node=1, rdzv_port=29533, job_id=holder)
+        assert f"--jobid={holder}" in cmd and "--overlap" in cmd
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=90, cwd=tmp_path,
+                             env={**os.environ, "PYTHONPATH": str(tmp_path)})
+        per_node = _slurm.split_labelled_output(out.stdout)
+        assert sorted(per_node) == [0, 1], out.stderr[-2000:]
+        assert all("sum 3 OK" in text for text in per_node.values())
+    finally:
+        slurm_cluster.cmd("scancel", holder)
 
 
 def test_diagnose_from_log_files_alone(slurm_cluster, jobs, monkeypatch):  # noqa: F811

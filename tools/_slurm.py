@@ -15,7 +15,8 @@ rendezvous on the first node of the allocation; `$SLURM_PROCID` is expanded by e
 so exactly the task with SLURM_PROCID 0 hosts the rendezvous store (`is_host`; node ranks themselves
 are handed out by the c10d rendezvous); `--kill-on-bad-exit=1` ends every node as soon as one fails.
 Each node's output is prefixed by srun (`--label`: "0: ", "1: "...), so a caller can split the
-combined stdout per node with `split_labelled_output`.
+combined stdout per node with `split_labelled_output`. From outside an allocation, pass
+`job_id=` to run on the nodes of another running job (`srun --jobid=ID --overlap`).
 
 The rest: running SLURM commands with clear errors (`run_cmd`), reading `scontrol show ... -o`
 lines (`parse_kv_line`), `--json` output (`json_or_none`), exit codes, durations, the plain-words
@@ -34,7 +35,7 @@ import shutil
 import subprocess
 
 __all__ = [
-    "SlurmError", "failures_as_tool_failure", "in_allocation", "allocation_nodes", "allocation_head_address", "expand_hostlist",
+    "SlurmError", "failures_as_tool_failure", "in_allocation", "allocation_nodes", "allocation_head_address", "job_allocation_env", "expand_hostlist",
     "srun_torchrun_command", "split_labelled_output", "run_cmd", "json_or_none", "parse_kv_line",
     "parse_exit_code", "decode_wait_status", "parse_duration_s", "format_duration",
     "explain_pending_reason", "explain_state", "signal_name",
@@ -100,6 +101,17 @@ def allocation_nodes(env: dict | None = None) -> list[str]:
     return expand_hostlist(nodelist) if nodelist else []
 
 
+def job_allocation_env(job_id: str) -> dict:
+    """For running inside ANOTHER job's allocation (e.g. a training job's nodes, from a login node):
+    {"SLURM_JOB_ID": id, "SLURM_JOB_NODELIST": its nodes}, to pass as `env=` to the helpers here.
+    srun then needs `--jobid=ID --overlap` (srun_torchrun_command adds them when given job_id)."""
+    fields = parse_kv_line(run_cmd(["scontrol", "show", "job", "-o", job_id], timeout_s=10).splitlines()[0])
+    if fields.get("JobState") != "RUNNING" or not fields.get("NodeList") or fields["NodeList"] == "(null)":
+        raise SlurmError(f"job {job_id} is {fields.get('JobState', 'unknown')}, not RUNNING: only a running "
+                         "job's nodes can be reached through srun --jobid")
+    return {"SLURM_JOB_ID": job_id, "SLURM_JOB_NODELIST": fields["NodeList"]}
+
+
 def allocation_head_address(env: dict | None = None) -> str:
     """Address other nodes use to reach the first node: its NodeAddr from scontrol when SLURM
     answers (node names need not resolve, e.g. several slurmd on one host), else the name."""
@@ -122,12 +134,14 @@ RDZV_IS_HOST = "--rdzv-conf=is_host=$(( SLURM_PROCID == 0 ))"
 def srun_torchrun_command(module_args: list[str], nnodes: int, nproc_per_node: int,
                           rdzv_port: int = 29500, *, rdzv_host: str | None = None,
                           python: str | None = None, extra_srun: list[str] | None = None,
-                          env: dict | None = None) -> list[str]:
+                          env: dict | None = None, job_id: str | None = None) -> list[str]:
     """argv for srun that starts one torchrun per node running `python -m <module_args...>`.
 
     `module_args` is ["tools.dist_smoke_test", "--json", ...] (module first). The rendezvous is c10d
     at `rdzv_host` (default: the first allocation node's address) : `rdzv_port`, id = the job id.
     The per-node part runs under `bash -c` so `$SLURM_PROCID` expands in each task, not here.
+    `job_id`: run inside that (running) job's allocation instead of our own (`srun --jobid --overlap`,
+    so it shares the nodes with the job's own steps).
     """
     from tools.harness import torchrun_command
 
@@ -135,6 +149,9 @@ def srun_torchrun_command(module_args: list[str], nnodes: int, nproc_per_node: i
         raise ValueError("module_args needs at least the module name")
     if nnodes < 1 or nproc_per_node < 1:
         raise ValueError("nnodes and nproc_per_node must be >= 1")
+    if job_id:
+        env = job_allocation_env(job_id)
+        extra_srun = [f"--jobid={job_id}", "--overlap", *(extra_srun or [])]
     env = os.environ if env is None else env
     host = rdzv_host or allocation_head_address(env)
     job_id = env.get("SLURM_JOB_ID") or "mleng"
