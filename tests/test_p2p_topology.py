@@ -55,10 +55,17 @@ def test_nics_are_read_from_sysfs(tmp_path, monkeypatch):
     (port / "state").write_text("4: ACTIVE\n")
     (port / "link_layer").write_text("InfiniBand\n")
     (tmp_path / "class/net/lo").mkdir(parents=True)  # virtual: no device link, skipped
+    efa_dev = tmp_path / "devices/pci0000:00/0000:00:02.0/0000:02:00.0"   # AWS EFA: driver "efa"
+    (tmp_path / "bus/pci/drivers/efa").mkdir(parents=True)
+    efa_dev.mkdir(parents=True)
+    os.symlink(tmp_path / "bus/pci/drivers/efa", efa_dev / "driver")
+    (tmp_path / "class/infiniband/rdmap2s0/ports/1").mkdir(parents=True)
+    os.symlink(efa_dev, tmp_path / "class/infiniband/rdmap2s0/device")
     monkeypatch.setattr(gpu_topology, "SYSFS", tmp_path)
     nics = gpu_topology.read_nics()
     assert [(n.name, n.kind, n.pci, n.numa_node, n.rate_gbits, n.state) for n in nics] == \
-        [("mlx5_0", "infiniband", "0000:01:00.0", 1, 400.0, "ACTIVE")]
+        [("mlx5_0", "infiniband", "0000:01:00.0", 1, 400.0, "ACTIVE"),
+         ("rdmap2s0", "efa", "0000:02:00.0", None, None, None)]
 
 
 def test_slow_pair_is_flagged_against_median_and_link():

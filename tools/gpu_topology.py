@@ -165,7 +165,8 @@ def read_nics() -> list[NicInfo]:
             state = (_read(Path(port) / "state") or "").split(":")[-1].strip() or state
             layer = _read(Path(port) / "link_layer") or layer
         name = os.path.basename(dev)
-        kind = "efa" if name.startswith("efa") else "roce" if (layer or "").lower() == "ethernet" else "infiniband"
+        driver = os.path.basename(os.path.realpath(os.path.join(dev, "device", "driver")))
+        kind = "efa" if driver == "efa" else "roce" if (layer or "").lower() == "ethernet" else "infiniband"
         nics[pci] = NicInfo(name=name, kind=kind, pci=pci, numa_node=_numa(pci), rate_gbits=rate, state=state)
     for iface in sorted(glob.glob(str(SYSFS / "class" / "net" / "*"))):
         if not os.path.exists(os.path.join(iface, "device")):
