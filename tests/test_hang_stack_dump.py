@@ -256,6 +256,8 @@ def test_bad_params_are_refused():
         hsd.HangStackDumpParams(slurm_job_id="42; rm -rf /")
     with pytest.raises(ValidationError):
         hsd.HangStackDumpParams(launcher_pid=0)
+    with pytest.raises(ValidationError):
+        hsd.HangStackDumpParams(pids=[12, -1])
 
 
 SLURM_RANKS = textwrap.dedent("""\

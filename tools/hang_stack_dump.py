@@ -26,6 +26,7 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Annotated
 
 from pydantic import BaseModel
 
@@ -66,8 +67,8 @@ class ProcessStack(BaseModel):
 
 
 class HangStackDumpParams(Params):
-    pids: list[int] = Field(default_factory=list, max_length=MAX_PROCESSES,
-                            description="Process ids to dump.")
+    pids: list[Annotated[int, Field(ge=1)]] = Field(default_factory=list, max_length=MAX_PROCESSES,
+                                                    description="Process ids to dump.")
     launcher_pid: int | None = Field(None, ge=1, description=(
         "A launcher's pid (torchrun, deepspeed, a python parent): dump its descendants. For an srun pid, "
         "the local tasks of its job are dumped (srun's tasks are children of slurmstepd, not srun)."))
