@@ -259,3 +259,16 @@ def test_gap_in_sequence_numbers_is_skipped(tmp_path):
         (tmp_path / f.name).write_text(json.dumps(data))
     r = analyse_dir(tmp_path)
     assert r.culprit_ranks == [3] and bad_group(r).seq == 6
+
+
+@pytest.mark.anyio
+async def test_through_the_mcp_server():
+    from mcp import Client
+
+    from server import build_server
+
+    async with Client(build_server()) as c:
+        r = await c.call_tool("flight_recorder_analyze", {"path": str(FIXTURES / "hung" / "pickle")})
+        assert not r.is_error and r.structured_content["culprit_ranks"] == [3]
+        bad = await c.call_tool("flight_recorder_analyze", {"path": "/nonexistent/fr"})
+        assert bad.is_error and "TORCH_FR_DUMP_TEMP_FILE" in bad.content[0].text

@@ -340,3 +340,21 @@ def test_second_tracer_is_explained():
     stderr = "Error: Failed to suspend process\n\nCaused by:\n    0: Failed to suspend process\n    1: EPERM: Operation not permitted"
     msg = hsd.explain_py_spy_error(99, stderr, "python train.py")
     assert "another tracer" in msg and "TracerPid /proc/99/status" in msg
+
+
+@pytest.mark.anyio
+async def test_through_the_mcp_server(ptrace_ok):
+    from mcp import Client
+
+    from server import build_server
+
+    proc = _start_sleeper()
+    try:
+        async with Client(build_server()) as c:
+            r = await c.call_tool("hang_stack_dump", {"pids": [proc.pid]})
+            gone = await c.call_tool("hang_stack_dump", {"pattern": r"no-such-command-\d{9}"})
+    finally:
+        proc.kill()
+        proc.wait()
+    assert not r.is_error and r.structured_content["groups"][0]["where"] == "stuck_here (<string>:3)"
+    assert gone.is_error and "no process matched" in gone.content[0].text
