@@ -272,3 +272,19 @@ async def test_through_the_mcp_server():
         assert not r.is_error and r.structured_content["culprit_ranks"] == [3]
         bad = await c.call_tool("flight_recorder_analyze", {"path": "/nonexistent/fr"})
         assert bad.is_error and "TORCH_FR_DUMP_TEMP_FILE" in bad.content[0].text
+
+
+def test_every_rank_inside_the_same_collective_is_stuck_not_a_mismatch(tmp_path):
+    """All ranks issued #6 and none finished: nothing to blame in the dumps; point at the network/NCCL."""
+    stuck_op = next(e for e in json.loads((FIXTURES / "hung" / "json" / "fr_0.json").read_text())["entries"]
+                    if e["collective_seq_id"] == 6)
+    for f in (FIXTURES / "hung" / "json").iterdir():
+        data = json.loads(f.read_text())
+        if not any(e["collective_seq_id"] == 6 for e in data["entries"]):
+            data["entries"].append(stuck_op)
+        (tmp_path / f.name).write_text(json.dumps(data))
+    r = analyse_dir(tmp_path)
+    g = r.groups[0]
+    assert (g.problem, g.seq, g.waiting_ranks, r.culprit_ranks) == ("stuck", 6, [0, 1, 2, 3], [])
+    assert r.verdict == "warn" and "nccl_log_analyze" in r.next
+    assert any("the collective itself is stuck" in f for f in r.findings)
