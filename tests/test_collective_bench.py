@@ -120,3 +120,36 @@ def test_expected_across_nodes_is_per_nic_figure_times_active_ports(tmp_path):
     rec, note = expected_busbw("h100-sxm", 8, 2, "all_reduce", {"NCCL_ALGO": "Ring"}, ports)
     assert note == ""
     assert expected_busbw("h100-sxm", 8, 2, "all_reduce", {}, [])[0] is None
+
+
+def _fake_outcome(gpu: str, world: int, rows: list[tuple[int, float]], env=None):
+    from tools._launch import LaunchOutcome, RankState
+
+    data = [{"kind": "setup", "versions": {"device_name": gpu}, "world_size": world, "local_world_size": world,
+             "backend": "nccl", "nccl_env": env or {}, "rdma_ports": []}]
+    for size, busbw in rows:
+        t = size / (busbw / busbw_factor("all_reduce", world) if world > 1 else 100.0) / 1e3
+        data.append({"kind": "row", "op": "all_reduce", "bytes": size, "count": size // 4, "dtype": "float32",
+                     "time_us": t, "algbw_gbps": size / t / 1e3, "busbw_gbps": busbw, "wrong": 0})
+    ranks = {r: RankState(rank=r, status="done") for r in range(world)}
+    return LaunchOutcome(command=["x"], world_size=world, ranks=ranks, data=data, returncode=0, stalled=False,
+                         overran=False, elapsed_s=1.0, stderr_tail="", output_tail="")
+
+
+@pytest.mark.parametrize("busbw, verdict", [(340.0, "ok"), (220.0, "warn"), (90.0, "fail")])
+def test_two_h200_verdict_against_the_measured_points(busbw, verdict, tmp_path):
+    from tools.collective_bench import build_result
+
+    outcome = _fake_outcome("NVIDIA H200", 2, [(32768, 2.4), (8 << 30, busbw)], {"NCCL_NVLS_ENABLE": "0"})
+    result = build_result(outcome, CollectiveBenchParams(plot=False), 1, 10.0)
+    assert result.verdict == verdict and result.accelerator_id == "h200"
+    assert result.expected_busbw_gbps == 349.0 and result.expected_source == "2x-h200-nvlink4-ring-measured"
+
+
+def test_one_gpu_is_never_judged_against_a_multi_gpu_figure():
+    from tools.collective_bench import build_result
+
+    result = build_result(_fake_outcome("NVIDIA H200", 1, [(32768, 0.0), (1 << 30, 0.0)]),
+                          CollectiveBenchParams(plot=False), 1, 5.0)
+    assert result.verdict == "info" and result.expected_busbw_gbps is None
+    assert "at least 2 ranks" in result.findings[0]

@@ -136,7 +136,8 @@ def rank_versions(device) -> dict:
             import pynvml
 
             pynvml.nvmlInit()
-            info["driver"] = pynvml.nvmlSystemGetDriverVersion()
+            driver = pynvml.nvmlSystemGetDriverVersion()
+            info["driver"] = driver.decode() if isinstance(driver, bytes) else driver
             pynvml.nvmlShutdown()
         except Exception:
             pass

@@ -176,29 +176,14 @@ def build_result(outcome, params: CollectiveBenchParams, nnodes: int, wall_s: fl
     if not rows and not failure:
         result.findings = ["This node's ranks finished; rank 0 runs on another node and reports the figures there."]
         return result
-    verdicts, findings, expected_by_op = [], [], {}
-    gpus_per_node = setup.get("local_world_size", world)
-    for op in dict.fromkeys(r.op for r in rows):
-        record, note = expected_busbw(accel_id, gpus_per_node, nnodes, op, setup.get("nccl_env"),
-                                      setup.get("rdma_ports"))
-        summary = summarize_rows(rows, op, record)
-        result.summary.append(summary)
-        if summary.expected_busbw_gbps:
-            expected_by_op[op] = summary.expected_busbw_gbps
-        verdict, text = judge(summary, record, summary.peak_bytes >= 256 << 20 or bool(
-            record and point_at(record, summary.peak_bytes)))
-        verdicts.append(verdict)
-        if text:
-            findings.append(text + (f" ({note})" if note else ""))
-        elif world > 1:
-            findings.append(f"{op}: peak busbw {summary.peak_busbw_gbps:.1f} GB/s at {human_size(summary.peak_bytes)}, "
-                            f"average {summary.avg_busbw_gbps:.1f} GB/s" + (f"; {note}." if note else "."))
-    first = result.summary[0] if result.summary else None
-    if first:
+    summaries, verdicts, findings, records = judge_ops(rows, accel_id, setup.get("local_world_size", world),
+                                                       nnodes, world, setup)
+    result.summary = summaries
+    expected_by_op = {s.op: s.expected_busbw_gbps for s in summaries if s.expected_busbw_gbps}
+    if summaries:
+        first = summaries[0]
         result.busbw_gbps, result.expected_busbw_gbps = first.peak_busbw_gbps, first.expected_busbw_gbps
-        record, _ = expected_busbw(accel_id, gpus_per_node, nnodes, first.op, setup.get("nccl_env"),
-                                   setup.get("rdma_ports"))
-        result.expected_source = record["id"] if record else None
+        result.expected_source = records[first.op]["id"] if records[first.op] else None
     result.wrong_elements = sum(r.wrong for r in rows)
     if result.wrong_elements:
         bad = sorted({f"{r.op} {human_size(r.bytes)}" for r in rows if r.wrong})
@@ -223,6 +208,27 @@ def build_result(outcome, params: CollectiveBenchParams, nnodes: int, wall_s: fl
     if params.plot and rows:
         result.plot_png = _plot(rows, expected_by_op, world, gpu or "cpu", params.plot_path)
     return result
+
+
+def judge_ops(rows: list[BenchRow], accel_id: str | None, gpus_per_node: int, nnodes: int, world: int,
+              setup: dict) -> tuple[list[OpSummary], list[str], list[str], dict]:
+    """Per op: summary, verdict and sentence against the expected figure (none with one rank)."""
+    summaries, verdicts, findings, records = [], [], [], {}
+    for op in dict.fromkeys(r.op for r in rows):
+        record, note = expected_busbw(accel_id, gpus_per_node, nnodes, op, setup.get("nccl_env"),
+                                      setup.get("rdma_ports")) if world > 1 else (None, "")
+        records[op] = record
+        summary = summarize_rows(rows, op, record)
+        summaries.append(summary)
+        verdict, text = judge(summary, record, summary.peak_bytes >= 256 << 20 or bool(
+            record and point_at(record, summary.peak_bytes)))
+        verdicts.append(verdict)
+        if text:
+            findings.append(text + (f" ({note})" if note else ""))
+        elif world > 1:
+            findings.append(f"{op}: peak busbw {summary.peak_busbw_gbps:.1f} GB/s at {human_size(summary.peak_bytes)}, "
+                            f"average {summary.avg_busbw_gbps:.1f} GB/s" + (f"; {note}." if note else "."))
+    return summaries, verdicts, findings, records
 
 
 def _plot(rows, expected, world, gpu, path) -> str | None:
