@@ -2,7 +2,8 @@
 # Real NCCL flight-recorder dumps from deliberately broken jobs, for flight_recorder_analyze's fixtures.
 #
 # Needs 2+ NVIDIA GPUs on one node, torch with NCCL. Run from the repository root:
-#     OUT=/tmp/fr-out bash scripts/gpu_fr_dumps.sh            # ~5-7 min with 4 GPUs
+#     OUT=/tmp/fr-out bash scripts/gpu_fr_dumps.sh            # ~4-7 min with 4 GPUs
+#     SCENARIOS="hung op_mismatch" OUT=... bash scripts/gpu_fr_dumps.sh      # a subset (each <= 110 s)
 # Needs py-spy, pydantic and psutil for the hang_stack_dump part (the dumps themselves need only torch).
 # Writes $OUT/nccl_<scenario>/rank_<r> (pickles written by PyTorch's watchdog on timeout, or by the
 # job at the end when nothing timed out), expected.json (the right diagnosis), torchrun.log,
@@ -42,7 +43,7 @@ expect() {  # scenario -> expected diagnosis (culprits any of: problem one of)
 }
 
 i=0
-for scenario in healthy hung op_mismatch skipped subgroup; do
+for scenario in ${SCENARIOS:-healthy hung op_mismatch skipped subgroup}; do
   dir="$OUT/nccl_$scenario"
   rm -rf "$dir"; mkdir -p "$dir"
   if [ $((i % 2)) -eq 0 ]; then
@@ -54,7 +55,7 @@ for scenario in healthy hung op_mismatch skipped subgroup; do
   echo "== $scenario (world $WORLD; ${vars[*]})"
   t0=$(date +%s)
   env "${vars[@]}" TORCH_NCCL_DUMP_ON_TIMEOUT=1 TORCH_NCCL_ENABLE_TIMING=1 \
-    timeout -k 10 150 python -m torch.distributed.run --standalone --nproc-per-node "$WORLD" \
+    timeout -k 10 100 python -m torch.distributed.run --standalone --nproc-per-node "$WORLD" \
       tests/fixtures/flight_recorder/make_nccl_dumps.py "$scenario" > "$dir/torchrun.log" 2>&1
   echo "   torchrun exit $?, $(( $(date +%s) - t0 )) s, dumps: $(cd "$dir" && ls rank_* 2>/dev/null | grep -v tmp | tr '\n' ' ')"
   expect "$scenario" > "$dir/expected.json"
