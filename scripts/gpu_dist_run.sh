@@ -7,14 +7,14 @@
 #   env            nvidia-smi, topo -m, torch/NCCL versions, NCCL_*/TORCH_* variables
 #   smoke          dist_smoke_test on all GPUs (NCCL_DEBUG=INFO to nccl_logs/smoke.*)
 #   smoke_1gpu     dist_smoke_test with one rank (world size 1 answer)
-#   hang           dist_smoke_test, rank 1 sleeps before all_reduce: must be named and killed
+#   hang           dist_smoke_test, rank 1 sleeps before all_reduce: must be named and killed (>= 2 GPUs)
 #   bench_ar       collective_bench all_reduce 32K..16G (wall time vs nccl-tests' 13 s on 2xH200)
 #   bench_all      collective_bench, all five ops, 32K..16G, with the PNG plot
 #   bench_blocking collective_bench all_reduce 32K..64M, blocking mode (the naive-loop comparison)
 #   p2p            p2p_bandwidth
 #   topology       gpu_topology
 #   nccl_info      collective_bench 32K..64M with NCCL_DEBUG=INFO and more subsystems (log fixtures)
-#   fr_hang        an NCCL hang left to the watchdog with the flight recorder on: dumps in fr/
+#   fr_hang        an NCCL hang left to the watchdog with the flight recorder on: dumps in fr/ (>= 2 GPUs)
 #   nccl_tests     nccl-tests all_reduce_perf, only if it is on PATH (or NCCL_TESTS_BIN is set)
 #   compare        bench/collective_vs_nccl_tests.py: ratios against nccl-tests figures
 #   pytest_gpu     tests/gpu/test_dist_gpu.py -m gpu
@@ -67,8 +67,10 @@ step() {
 step env 60 bash -c "nvidia-smi; nvidia-smi topo -m; $PY -c 'import torch,sys; print(sys.version); print(torch.__version__, torch.version.cuda, torch.cuda.nccl.version())'; env | grep -E '^(NCCL|TORCH|CUDA|PYTORCH)_' | sort"
 NCCL_DEBUG=INFO NCCL_DEBUG_FILE=$WORK/nccl_logs/smoke.%h.%p.log step smoke 120 $PY -m tools.dist_smoke_test --json
 step smoke_1gpu 90 $PY -m tools.dist_smoke_test --nproc-per-node 1 --json
-NCCL_DEBUG=INFO NCCL_DEBUG_FILE=$WORK/nccl_logs/hang.%h.%p.log \
-  step hang 150 $PY -m tools.dist_smoke_test --inject-fault sleep_before_all_reduce --fault-rank 1 --pg-timeout-s 20 --json
+if [ "$NGPU" -ge 2 ]; then   # a hang needs a peer to wait for
+  NCCL_DEBUG=INFO NCCL_DEBUG_FILE=$WORK/nccl_logs/hang.%h.%p.log \
+    step hang 150 $PY -m tools.dist_smoke_test --inject-fault sleep_before_all_reduce --fault-rank 1 --pg-timeout-s 20 --json
+fi
 step bench_ar 180 $PY -m tools.collective_bench --ops all_reduce --min-bytes 32K --max-bytes $MAXB --factor 2 \
   --plot-path "$WORK/bench_ar.png" --json
 step bench_all 330 $PY -m tools.collective_bench --ops all_reduce all_gather reduce_scatter all_to_all broadcast \
