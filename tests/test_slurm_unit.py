@@ -101,6 +101,16 @@ def test_srun_torchrun_command_expands_procid_per_task(tmp_path):
     assert task0[-4:] == ["-m", "tools.dist_smoke_test", "--json", "a b"]
 
 
+def test_client_configured(tmp_path, monkeypatch):
+    conf = tmp_path / "slurm.conf"
+    monkeypatch.setattr(_slurm.shutil, "which", lambda name: "/usr/bin/" + name)
+    assert not _slurm.client_configured({"SLURM_CONF": str(conf)})  # named but missing
+    conf.write_text("ClusterName=x\n")
+    assert _slurm.client_configured({"SLURM_CONF": str(conf)})
+    monkeypatch.setattr(_slurm.shutil, "which", lambda name: None)
+    assert not _slurm.client_configured({"SLURM_CONF": str(conf)})  # no client commands
+
+
 def test_split_labelled_output():
     assert _slurm.split_labelled_output("0: a\n 1: b\n0: c\nnoise") == {0: "a\nc", 1: "b"}
 

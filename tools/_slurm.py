@@ -36,7 +36,7 @@ import subprocess
 
 __all__ = [
     "SlurmError", "failures_as_tool_failure", "in_allocation", "allocation_nodes", "allocation_head_address", "job_allocation_env", "expand_hostlist",
-    "srun_torchrun_command", "split_labelled_output", "run_cmd", "json_or_none", "parse_kv_line",
+    "srun_torchrun_command", "split_labelled_output", "client_configured", "run_cmd", "json_or_none", "parse_kv_line",
     "parse_exit_code", "decode_wait_status", "parse_duration_s", "format_duration",
     "explain_pending_reason", "explain_state", "signal_name",
 ]
@@ -177,6 +177,20 @@ def split_labelled_output(text: str) -> dict[int, str]:
 
 # ---------------------------------------------------------------------------------------------------
 # Running SLURM commands
+
+CONF_PLACES = ("/etc/slurm/slurm.conf", "/etc/slurm-llnl/slurm.conf", "/usr/local/etc/slurm.conf",
+               "/run/slurm/conf/slurm.conf", "/var/spool/slurmd/conf-cache/slurm.conf")
+
+
+def client_configured(env: dict | None = None) -> bool:
+    """SLURM client commands are here and can find a slurm.conf (SLURM_CONF, the usual paths, or the
+    configless cache slurmd keeps). Cheap: no command is run. Clusters that resolve their controller
+    only through DNS SRV records are missed; tools still work there when called directly."""
+    env = os.environ if env is None else env
+    if shutil.which("sinfo") is None:
+        return False
+    conf = env.get("SLURM_CONF")
+    return os.path.isfile(conf) if conf else any(os.path.isfile(p) for p in CONF_PLACES)
 
 def run_cmd(argv: list[str], timeout_s: float = 30, check: bool = True) -> str:
     """Run a SLURM client command and return stdout. Raises SlurmError with advice when the command

@@ -16,7 +16,6 @@ from __future__ import annotations
 import getpass
 import os
 import re
-import shutil
 import time
 from datetime import datetime
 
@@ -289,7 +288,7 @@ SPEC = ToolSpec(
     Params=SlurmStatusParams, Result=SlurmStatusResult, run=run,
     runs="subprocess", read_only=True, destructive=False, idempotent=True, open_world=True,
     timeout_s=120, store=False,
-    doctor=lambda ctx: {} if shutil.which("sinfo") else None, doctor_order=60,  # only where SLURM is
+    doctor=lambda ctx: {} if _slurm.client_configured() else None, doctor_order=60,  # only where SLURM is
 )
 
 if __name__ == "__main__":
