@@ -12,6 +12,7 @@ import pytest
 from tools.collective_bench import SPEC as BENCH, CollectiveBenchParams
 from tools.dist_smoke_test import SPEC as SMOKE, DistSmokeTestParams
 from tools.gpu_topology import SPEC as TOPO, GpuTopologyParams
+from tools._launch import visible_gpus
 from tools.harness import local_gpu_count
 from tools.p2p_bandwidth import SPEC as P2P, P2pBandwidthParams
 
@@ -28,7 +29,7 @@ def test_smoke_all_gpus_nccl():
     result = SMOKE.run(DistSmokeTestParams(), quiet)
     print("\nsmoke:", result.findings, [(r.rank, r.device, r.seconds) for r in result.ranks])
     assert result.verdict in ("ok", "warn"), result.findings
-    assert result.backend == "nccl" and result.ranks_ok == result.world_size == local_gpu_count()
+    assert result.backend == "nccl" and result.ranks_ok == result.world_size == visible_gpus()
     assert all(r.device and r.device.startswith("cuda") for r in result.ranks)
     assert not _no_ranks_left()
 
@@ -38,7 +39,7 @@ def test_smoke_one_gpu_says_world_size_one():
     assert result.verdict == "ok" and any("World size 1" in f for f in result.findings)
 
 
-@pytest.mark.skipif(local_gpu_count() < 2, reason="needs 2 GPUs")
+@pytest.mark.skipif(visible_gpus() < 2, reason="needs 2 GPUs")
 def test_nccl_hang_is_named_and_killed():
     t0 = time.monotonic()
     result = SMOKE.run(DistSmokeTestParams(nproc_per_node=2, pg_timeout_s=15,
