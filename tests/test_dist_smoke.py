@@ -209,3 +209,18 @@ def test_a_launcher_that_fails_before_any_rank_is_reported_with_its_own_words():
     culprits, findings = diagnose(outcome, timeout_s=5)
     assert culprits == [] and "failed before any rank ran" in findings[0]
     assert "bad --rdzv-endpoint" in findings[0]
+
+
+def test_inside_slurm_ranks_per_node_follow_the_allocation_not_the_login_node(monkeypatch):
+    from tools._launch import layout, slurm_gpus_per_node
+
+    assert slurm_gpus_per_node({"SLURM_GPUS_PER_NODE": "h100:8"}) == 8
+    assert slurm_gpus_per_node({"SLURM_GPUS_ON_NODE": "4"}) == 4
+    assert slurm_gpus_per_node({"SLURM_JOB_GPUS": "0,1"}) == 2 and slurm_gpus_per_node({}) == 0
+    for key in ("SLURM_GPUS_ON_NODE", "SLURM_JOB_GPUS"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "gpu-[01-04]")
+    monkeypatch.setenv("SLURM_GPUS_PER_NODE", "8")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert layout(None, None) == (8, 4)

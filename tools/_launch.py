@@ -155,11 +155,24 @@ def visible_gpus() -> int:
     return local_gpu_count() or len(glob.glob("/dev/nvidia[0-9]*"))
 
 
+def slurm_gpus_per_node(env: dict | None = None) -> int:
+    """GPUs per node the SLURM allocation granted (0 when it says nothing): the node we run on (a login
+    node under salloc) may have none even though the compute nodes do."""
+    env = os.environ if env is None else env
+    for key in ("SLURM_GPUS_ON_NODE", "SLURM_GPUS_PER_NODE"):
+        m = re.search(r"(\d+)\s*$", env.get(key, ""))  # "8" or "h100:8"
+        if m:
+            return int(m.group(1))
+    jobs_gpus = env.get("SLURM_JOB_GPUS", "")
+    return len([g for g in jobs_gpus.split(",") if g.strip()])
+
+
 def layout(nproc_per_node: int | None, nnodes: int | None) -> tuple[int, int]:
-    """(ranks per node, nodes): given values, else every visible GPU (2 gloo ranks without GPUs) and the
-    SLURM allocation's node count (1 outside SLURM)."""
-    nodes = nnodes or (len(_slurm.allocation_nodes()) if _slurm.in_allocation() else 1) or 1
-    return nproc_per_node or visible_gpus() or 2, nodes
+    """(ranks per node, nodes): given values, else the GPUs per node of the SLURM allocation or every
+    visible GPU (2 gloo ranks without GPUs), and the allocation's node count (1 outside SLURM)."""
+    in_slurm = _slurm.in_allocation()
+    nodes = nnodes or (len(_slurm.allocation_nodes()) if in_slurm else 1) or 1
+    return nproc_per_node or (slurm_gpus_per_node() if in_slurm else 0) or visible_gpus() or 2, nodes
 
 
 def manual_start(tool: str, nnodes: int, nproc_per_node: int, rdzv_endpoint: str | None) -> str | None:
