@@ -184,9 +184,9 @@ def manual_start(tool: str, nnodes: int, nproc_per_node: int, rdzv_endpoint: str
 
 
 def use_srun(nnodes: int) -> bool:
-    """Start the ranks through srun: we are in a SLURM allocation (not already inside a job step)
-    and the run spans several nodes."""
-    return nnodes > 1 and _slurm.in_allocation() and not os.environ.get("SLURM_STEP_ID") \
+    """Start the ranks through srun: we are in a SLURM allocation but not inside one of its job steps
+    (an salloc shell may run on a login node, so even one node goes through srun to reach its GPUs)."""
+    return nnodes >= 1 and _slurm.in_allocation() and not os.environ.get("SLURM_STEP_ID") \
         and shutil.which("srun") is not None
 
 
