@@ -349,7 +349,8 @@ def _group_finding(g: GroupReport) -> str:
     where = f"process group {g.name!r}" + (f" ({g.desc})" if g.desc else "")
     if g.problem == "missing_ranks":
         why = "; ".join(f"rank {r} {s}" for r, s in g.found.items())
-        return (f"In {where}, {_plural(g.waiting_ranks)} entered {g.expected} and wait for "
+        return (f"In {where}, {_plural(g.waiting_ranks)} entered {g.expected} and "
+                f"wait{'s' if len(g.waiting_ranks) == 1 else ''} for "
                 f"{_plural(g.culprit_ranks)}, which never issued it: {why}.")
     if g.problem in ("op_mismatch", "size_mismatch", "dtype_mismatch"):
         what = "an op mismatch" if g.problem == "op_mismatch" else "a " + g.problem.replace("_", " ")
@@ -361,7 +362,8 @@ def _group_finding(g: GroupReport) -> str:
         return (f"In {where}, collective #{g.seq} is {what}: {_plural(g.waiting_ranks)} issued "
                 f"{g.expected}, but {found}. Culprit: {_plural(g.culprit_ranks)}.")
     if g.problem == "no_dump":
-        return (f"In {where}, {_plural(g.waiting_ranks)} wait in {g.expected} and every dump agrees up to "
+        return (f"In {where}, {_plural(g.waiting_ranks)} wait{'s' if len(g.waiting_ranks) == 1 else ''} in "
+                f"{g.expected} and every dump agrees up to "
                 f"there; {_plural(g.culprit_ranks)} left no dump: it most likely crashed, was killed, or is "
                 "stuck where it cannot dump (in a CUDA kernel, or the host died) — look at its log first.")
     if g.problem == "stuck":
