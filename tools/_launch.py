@@ -254,7 +254,7 @@ def launch_ranks(command: list[str], world_size: int, *, timeout_s: float, stall
                 break
     finally:
         if proc.poll() is None:
-            kill_tree(proc.pid, grace_s=3.0)
+            _stop(proc)
         proc.wait()
         out_reader.join(timeout=5)
         err_reader.join(timeout=5)
@@ -273,9 +273,27 @@ def launch_ranks(command: list[str], world_size: int, *, timeout_s: float, stall
                          stderr_tail=stderr_tail[-4000:], output_tail="\n".join(out_reader.tail)[-2000:])
 
 
+def _stop(proc: subprocess.Popen) -> None:
+    """Kill the launcher and every rank under it. Without psutil (a bare GPU box), SIGTERM to torchrun,
+    which passes it on to its workers (they exit at once, see tools/_ranks.py), then SIGKILL."""
+    try:
+        import psutil  # noqa: F401  (kill_tree needs it)
+    except ImportError:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        return
+    kill_tree(proc.pid, grace_s=3.0)
+
+
 def _mark_gone(ranks: dict[int, RankState]) -> None:
     """A local rank whose process is gone without a final event crashed: note when, to order failures."""
-    import psutil
+    try:
+        import psutil
+    except ImportError:
+        return  # torchrun's exit codes and the ranks' own reports still tell most of the story
 
     here = socket.gethostname()
     for state in ranks.values():
