@@ -239,7 +239,10 @@ def run(params: GpuTopologyParams, progress) -> GpuTopologyResult:
     nics = read_nics()
     try:
         import pynvml
-
+    except ImportError:
+        raise ToolFailure("the NVML Python binding is missing: pip install nvidia-ml-py (gpu_topology reads "
+                          "GPU links and PCI addresses through NVML)") from None
+    try:
         pynvml.nvmlInit()
     except Exception as exc:
         rdma = [n.name for n in nics if n.kind != "ethernet"]
