@@ -35,6 +35,7 @@ T0=$(date +%s)
 SUMMARY=$WORK/summary.txt
 NGPU=$($PY -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0)
 echo "gpu_dist_run $(date -u +%FT%TZ) host=$(hostname) gpus=$NGPU" | tee "$SUMMARY"
+$PY -c 'import importlib.util as u; print("python modules:", ", ".join(m + ("=yes" if u.find_spec(m) else "=MISSING") for m in ("torch", "pydantic", "psutil", "pynvml", "matplotlib", "pytest")))' 2>&1 | tee -a "$SUMMARY"
 
 # Ranks live in their own sessions (torchrun), so a timeout's group kill can miss them: after every
 # step, kill by pid whatever still carries this run's tag in its environment.
