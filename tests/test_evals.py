@@ -6,6 +6,7 @@ on the held-out split through the real server as the CI floor.
 """
 
 import json
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -297,3 +298,17 @@ def test_embed_and_hybrid_routers_calibrate_and_route_a_tiny_catalog(monkeypatch
         first = [r[0] for r in rankings(router.scores(symptoms), router.tools, threshold)]
         assert first == ["hang_stack_dump", "storage_bench", "mfu_calc", NONE], router.name
     assert 0.0 <= router.weight <= 1.0 and min(router.scales) > 0
+
+
+def test_human_report_shows_rates_per_tool_and_confusions(tmp_path, capsys):
+    tools = [ToolText("gpu_health", "per GPU ECC, XID, throttling, temperature"),
+             ToolText("storage_bench", "filesystem write read throughput checkpoint")]
+    cases = tmp_path / "c.jsonl"
+    rows = [("a", "checkpoint write throughput is low", "storage_bench"), ("b", "xid 79 on gpu 3", "gpu_health"),
+            ("c", "gpu temperature and throttling", "storage_bench")]
+    cases.write_text("".join(json.dumps({"id": i, "symptom": s, "expected": [e]}) + "\n" for i, s, e in rows))
+    assert eval_run.main(["--cases", str(cases)], tools=tools) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"top1 +66\.7%  \(2/3, 95% CI", out)
+    assert re.search(r"storage_bench\s+2\s+1\s+1\.00\s+0\.50", out)  # support 2, predicted 1, P 1.00, R 0.50
+    assert "storage_bench -> gpu_health: 1  c" in out
