@@ -189,32 +189,44 @@ start() {
   return 1
 }
 
-wait_gone() {  # pid file → wait up to 5 s, then TERM
-  local f=$1 p
-  p=$(cat "$f" 2>/dev/null) || return 0      # the daemon may remove its pid file as we look
-  for _ in $(seq 50); do kill -0 "$p" 2>/dev/null || return 0; sleep 0.1; done
+alive() {  # alive PIDFILE NAME: the pid in the file runs and is that daemon (not a reused pid)
+  local p
+  p=$(cat "$1" 2>/dev/null) || return 1    # the daemon may remove its pid file as we look
+  [ -n "$p" ] && [ "$(cat "/proc/$p/comm" 2>/dev/null)" = "$2" ]
+}
+
+wait_gone() {  # wait_gone PIDFILE NAME: wait up to 5 s for that daemon to exit, then TERM it
+  local p
+  alive "$1" "$2" || return 0
+  p=$(cat "$1" 2>/dev/null) || return 0
+  for _ in $(seq 50); do alive "$1" "$2" || return 0; sleep 0.1; done
   kill "$p" 2>/dev/null || true
 }
 
 stop() {
   [ -f "$SLURM_CONF" ] || return 0
-  # Cancel jobs first: a slurmstepd whose slurmctld is gone ignores SIGTERM and keeps retrying.
-  squeue -h -o %i 2>/dev/null | xargs -r scancel 2>/dev/null || true
-  for _ in $(seq 150); do [ -z "$(squeue -h -t R,CG,PD -o %i 2>/dev/null)" ] && break; sleep 0.1; done
-  scontrol shutdown >/dev/null 2>&1 || true          # slurmctld and every slurmd
-  for f in "$D"/run/slurmctld.pid "$D"/run/slurmd-*.pid; do wait_gone "$f"; done
+  # Only ask slurmctld when it runs: against a dead controller every squeue retries for ~9 s.
+  if alive "$D/run/slurmctld.pid" slurmctld; then
+    # Cancel jobs first: a slurmstepd whose slurmctld is gone ignores SIGTERM and keeps retrying.
+    squeue -h -o %i 2>/dev/null | xargs -r scancel 2>/dev/null || true
+    for _ in $(seq 150); do [ -z "$(squeue -h -t R,CG,PD -o %i 2>/dev/null)" ] && break; sleep 0.1; done
+    scontrol shutdown >/dev/null 2>&1 || true        # slurmctld and every slurmd
+  fi
+  wait_gone "$D/run/slurmctld.pid" slurmctld
+  for f in "$D"/run/slurmd-*.pid; do wait_gone "$f" slurmd; done
   # Leftover slurmstepd of THIS cluster only (they hold its spool or log files open).
   for p in $(pgrep -x slurmstepd || true); do
     if ls -l "/proc/$p/fd" 2>/dev/null | grep -q -- "$D/"; then kill -9 "$p" 2>/dev/null || true; fi
   done
-  if [ -f "$D/run/slurmdbd.pid" ]; then
-    kill "$(cat "$D/run/slurmdbd.pid" 2>/dev/null)" 2>/dev/null || true; wait_gone "$D/run/slurmdbd.pid"
-    rm -f "$D/run/slurmdbd.pid"
+  if alive "$D/run/slurmdbd.pid" slurmdbd; then
+    kill "$(cat "$D/run/slurmdbd.pid" 2>/dev/null)" 2>/dev/null || true; wait_gone "$D/run/slurmdbd.pid" slurmdbd
   fi
-  if [ -f "$D/run/mysqld.pid" ]; then
+  rm -f "$D/run/slurmdbd.pid"
+  if alive "$D/run/mysqld.pid" mariadbd; then
     mariadb-admin -S "$D/run/mysqld.sock" shutdown 2>/dev/null || kill "$(cat "$D/run/mysqld.pid" 2>/dev/null)" 2>/dev/null || true
-    wait_gone "$D/run/mysqld.pid"; rm -f "$D/run/mysqld.pid"
+    wait_gone "$D/run/mysqld.pid" mariadbd
   fi
+  rm -f "$D/run/mysqld.pid"
   # munged is shared: stop it only if one of these scripts started it and no other cluster runs.
   if [ -f "$MUNGE_MARK" ] && [ -f /run/munge/munged.pid ] && ! pgrep -x slurmctld >/dev/null; then
     kill "$(cat /run/munge/munged.pid 2>/dev/null)" 2>/dev/null || true
