@@ -292,7 +292,9 @@ def test_tool_script_runs_the_tool_once_with_its_json(tmp_path):
     last = script.strip().splitlines()[-1]
     assert "-m tools.collective_bench --nnodes 2 --nproc-per-node 8 --op all_reduce --json" in last
     assert last.endswith('> logs/"$SLURM_JOB_NAME-$SLURM_JOB_ID.json"') and "srun" not in last
-    assert "export PYTHONPATH=" in script
+    assert "export PYTHONPATH=" in script and "#SBATCH --gpus-per-node=8" in script
+    gres = launch_script.run(p.model_copy(update={"gpu_option": "gres"}), noop).script
+    assert "#SBATCH --gres=gpu:8" in gres and "--gpus-per-node" not in gres
 
 
 def test_torchrun_and_srun_modes():

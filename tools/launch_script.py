@@ -52,6 +52,9 @@ class LaunchScriptParams(Params):
     account: str | None = Field(None, pattern=r"^[A-Za-z0-9_.\-]{1,100}$", description="Account (-A).")
     time_limit: str = Field("00:30:00", pattern=r"^(\d+-)?\d+(:\d+){0,2}$", description=(
         "Time limit in SLURM form: 'MM', 'HH:MM:SS' or 'D-HH:MM:SS'."))
+    gpu_option: Literal["gpus-per-node", "gres"] = Field("gpus-per-node", description=(
+        "How to ask for GPUs: --gpus-per-node=G (select/cons_tres, SLURM 19.05+) or --gres=gpu:G (older "
+        "clusters, select/cons_res)."))
     cpus_per_task: int | None = Field(None, ge=1, le=1024, description="CPUs for each node's torchrun task.")
     extra_sbatch: list[str] = Field(default_factory=list, max_length=20, description=(
         "More #SBATCH options, e.g. ['--exclusive', '--qos=high']."))
@@ -127,7 +130,8 @@ def sbatch_script(params: LaunchScriptParams, nproc: int, workdir: str) -> str:
     lines = ["#!/bin/bash", f"#SBATCH --job-name={params.job_name}", f"#SBATCH --nodes={params.nnodes}",
              "#SBATCH --ntasks-per-node=1"]
     if params.gpus_per_node:
-        lines.append(f"#SBATCH --gpus-per-node={params.gpus_per_node}")
+        lines.append(f"#SBATCH --gpus-per-node={params.gpus_per_node}" if params.gpu_option == "gpus-per-node"
+                     else f"#SBATCH --gres=gpu:{params.gpus_per_node}")
     if params.cpus_per_task:
         lines.append(f"#SBATCH --cpus-per-task={params.cpus_per_task}")
     lines.append(f"#SBATCH --time={params.time_limit}")
