@@ -126,6 +126,17 @@ def test_nodes_from_sinfo_json():
     assert not slurm_status.is_problem(nodes["n1"]["state"]) and slurm_status.is_problem(nodes["n2"]["state"])
 
 
+def test_down_not_responding_node_in_both_sources():
+    """A node whose slurmd died: DOWN with the NOT_RESPONDING flag, reason set by SLURM itself."""
+    js = slurm_status.nodes_from_json(json.loads((FIX / "sinfo-down-22.05.json").read_text()))
+    tx = slurm_status.nodes_from_scontrol((FIX / "scontrol-show-node-down.txt").read_text())
+    for nodes in (js, tx):
+        n2 = next(n for n in nodes if n["name"] == "n2")
+        assert n2["state"] == "DOWN+NOT_RESPONDING" and n2["reason"] == "Not responding"
+        assert n2["set_by"] == "root" and n2["since"] and slurm_status.is_problem(n2["state"])
+        assert not slurm_status.is_problem(next(n for n in nodes if n["name"] == "n1")["state"])
+
+
 def test_nodes_from_newer_json_shape():
     """23.02+ (openapi v0.0.39+) gives state as a list and wraps numbers as {set, infinite, number}."""
     doc = {"nodes": [{"name": "g1", "state": ["IDLE", "DRAIN"], "reason": "bad", "reason_set_by_user": "ops",
