@@ -162,6 +162,8 @@ def test_real_logs_parse(path):
         assert "intra_node_via_cpu" not in r.problems and "p2p_disabled" not in r.problems
     if "ring_simple" in path.name:
         assert "forced_settings" in r.problems and r.env.get("NCCL_ALGO") == "Ring"
+    # One node, no RDMA network: the Socket transport's "GPU Direct RDMA Disabled" line is no finding.
+    assert "gdr_off" not in r.problems and r.gdr == "n/a"
 
 
 @pytest.mark.skipif(not (REAL / "nccl_2gpu_files").is_dir(), reason="no per-process NCCL_DEBUG_FILE logs yet")

@@ -200,7 +200,10 @@ def _nvml_gpus(pynvml) -> tuple[list[GpuInfo], list[list[str]]]:
                 break
             active += 1
             try:
-                rb = pynvml.nvmlDeviceGetNvLinkRemotePciInfo_v2(h, link).busId
+                # The _v2 name is missing from older nvidia-ml-py (13.610 on the H200 machine).
+                remote_pci = getattr(pynvml, "nvmlDeviceGetNvLinkRemotePciInfo_v2", None) or \
+                    pynvml.nvmlDeviceGetNvLinkRemotePciInfo
+                rb = remote_pci(h, link).busId
                 rb = nvml_busid_to_sysfs(rb.decode() if isinstance(rb, bytes) else rb)
             except pynvml.NVMLError:
                 rb = "?"

@@ -553,7 +553,9 @@ def _check_network(parsed: Parsed, procs: list[Proc], nodes: int, rep: _Report) 
     rdma = t["net_ib"] + t["net_ib_gdr"] + t["net_plugin"] + t["net_plugin_gdr"]
     gdr_edges = t["net_ib_gdr"] + t["net_plugin_gdr"]
     disabled = [(p.host, d) for p in procs for d in p.gdr_disabled]
-    gdr = ("n/a" if not rdma and not disabled else "on" if rdma and gdr_edges == rdma and not disabled
+    # No RDMA connection, no GPUDirect question: NCCL's Socket transport prints "GPU Direct RDMA Disabled
+    # for HCA 0 'eth0'" on every run, single-node ones included (seen on the 2xH200 machine).
+    gdr = ("n/a" if not rdma else "on" if gdr_edges == rdma and not disabled
            else "off" if not gdr_edges else "partial")
     if gdr in ("off", "partial"):
         where = _names({h for h, _ in disabled}) or _names({p.host for p in procs if p.ib_edges > p.ib_gdr_edges})
