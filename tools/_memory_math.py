@@ -166,6 +166,20 @@ def activation_bytes(s: Setup, st: Stage, micro_batch: int) -> tuple[float, floa
     return held, logits
 
 
+def loss_backward_bytes(s: Setup, st: Stage, micro_batch: int) -> float:
+    """Logit-sized tensors alive, besides the saved ones, when backward starts (the step's peak).
+
+    Eager PyTorch / Hugging Face (F.cross_entropy on logits.float()): the gradient of the loss with
+    respect to the log-probabilities and with respect to the fp32 logits (4 + 4 bytes per logit), while
+    the training loop still holds the 16-bit logits the model returned (2 bytes). Measured on CPU: the
+    largest live set of a step is there, at log_softmax's backward. Fused losses (Megatron's
+    vocab-parallel cross-entropy, Liger) write the gradient into the saved softmax: nothing extra."""
+    a = s.arch
+    if a is None or s.mode != "train" or not st.head or s.kernels != "eager":
+        return 0.0
+    return 10 * (s.seq_len / s.cp) * micro_batch * a.vocab / s.tp
+
+
 def kv_cache_bytes_per_token(s: Setup) -> float:
     """KV cache per token (all layers) on one GPU: K and V for each KV head this GPU holds."""
     a = s.arch
@@ -197,7 +211,7 @@ def breakdown(s: Setup, micro_batch: int | None = None) -> tuple[str, dict[str, 
 def _stage_breakdown(s: Setup, st: Stage, mb: int) -> dict[str, float]:
     n = stage_params(s, st)
     parts = dict.fromkeys(("weights", "gradients", "master_weights", "optimizer_states", "gathered_params",
-                           "activations", "logits", "kv_cache"), 0.0)
+                           "activations", "logits", "loss_backward", "kv_cache"), 0.0)
     if s.mode == "inference":
         parts["weights"] = n * INFERENCE_WEIGHT_BYTES[s.precision]
         if s.arch is not None:
@@ -215,6 +229,7 @@ def _stage_breakdown(s: Setup, st: Stage, mb: int) -> dict[str, float]:
             layer = s.arch.layer_params() / s.tp
             parts["gathered_params"] = layer * (2 * per_param["weights"] + per_param["gradients"])
         parts["activations"], parts["logits"] = activation_bytes(s, st, mb)
+        parts["loss_backward"] = loss_backward_bytes(s, st, mb)
     tensors = sum(parts.values())
     parts["framework_overhead"] = CUDA_CONTEXT_BYTES + FRAGMENTATION * tensors
     extra_dims = sum(d > 1 for d in (s.tp, s.pp, s.cp))

@@ -87,7 +87,9 @@ class MemoryResult(Result):
     master_weights_gib: float | None = Field(None, description="fp32 master weights per GPU (GiB).")
     gathered_params_gib: float | None = Field(None, description="ZeRO-3/FSDP unsharded layers in flight (GiB).")
     activations_gib: float | None = Field(None, description="Saved activations at the backward peak (GiB).")
-    logits_gib: float | None = Field(None, description="fp32 logits for the loss (GiB).")
+    logits_gib: float | None = Field(None, description="fp32 logits saved for the loss (GiB).")
+    loss_backward_gib: float | None = Field(None, description="Logit gradients and the returned 16-bit "
+                                            "logits alive as backward starts (eager kernels; GiB).")
     kv_cache_gib: float | None = Field(None, description="Inference KV cache per GPU (GiB).")
     framework_overhead_gib: float | None = Field(None, description="CUDA context + allocator slack (GiB).")
     nccl_buffers_gib: float | None = Field(None, description="NCCL communicator buffers (GiB).")
