@@ -142,10 +142,8 @@ def diagnose(info: dict, steps: list[JobStep], log_state: str | None, log_node: 
     return verdict, findings, list(dict.fromkeys(nxt)), failing_step, failing_node
 
 
-@_slurm.failures_as_tool_failure
-def run(params: SlurmJobDiagnoseParams, progress) -> SlurmJobDiagnoseResult:
-    job_id, not_seen, sources = params.job_id, [], []
-    progress(0.1, f"asking slurmctld about job {job_id}")
+def gather_from_slurm(job_id: str, sources: list[str], not_seen: list[str]) -> tuple[dict, list[JobStep], bool]:
+    """What slurmctld and accounting know: (info, steps, whether SLURM knew the job at all)."""
     info: dict = {"job_id": job_id, "user": os.environ.get("USER") or getpass.getuser()}
     live = from_scontrol(job_id)
     if live:
@@ -153,21 +151,22 @@ def run(params: SlurmJobDiagnoseParams, progress) -> SlurmJobDiagnoseResult:
         sources.append("scontrol")
     else:
         not_seen.append("slurmctld no longer remembers the job (finished longer ago than MinJobAge) or never had it")
-    progress(0.3, "reading accounting")
     acct, steps, acct_source = from_sacct(job_id, not_seen)
     if acct:
         sources.append(acct_source)
         for k, v in acct.items():
-            if v in (None, "") or (k in info and live and k not in ("submit_line",)):
-                continue  # scontrol is fresher while it knows the job
-            info[k] = v
-        if live is None or info.get("state") in ("RUNNING", "COMPLETING") and acct["state"] not in ("RUNNING",):
+            if v not in (None, "") and (k not in info or not live):  # scontrol is fresher while it knows the job
+                info[k] = v
+        if live is None or (info.get("state") in ("RUNNING", "COMPLETING") and acct["state"] != "RUNNING"):
             info["state"] = acct["state"]
     if not live and not acct:
         info["state"] = None
+    return info, steps, bool(live or acct)
 
-    progress(0.5, "looking for the job's log files")
-    logs = find_logs(info, job_id, params.search_dirs)
+
+def gather_logs(info: dict, params: SlurmJobDiagnoseParams, sources: list[str], not_seen: list[str]) -> list[Path]:
+    """The job's own stdout/stderr (found from SLURM's records or default names) plus log_paths."""
+    logs = find_logs(info, params.job_id, params.search_dirs)
     extra = [Path(p) for p in params.log_paths]
     missing = [str(p) for p in extra if not p.is_file()]
     if missing:
@@ -177,7 +176,17 @@ def run(params: SlurmJobDiagnoseParams, progress) -> SlurmJobDiagnoseResult:
         not_seen.append("the job's stdout/stderr files were not found (give log_paths or search_dirs)")
     else:
         sources.append("log files")
-    if not live and not acct and not all_logs:
+    return all_logs
+
+
+@_slurm.failures_as_tool_failure
+def run(params: SlurmJobDiagnoseParams, progress) -> SlurmJobDiagnoseResult:
+    job_id, not_seen, sources = params.job_id, [], []
+    progress(0.1, f"asking slurmctld and accounting about job {job_id}")
+    info, steps, known = gather_from_slurm(job_id, sources, not_seen)
+    progress(0.5, "looking for the job's log files")
+    all_logs = gather_logs(info, params, sources, not_seen)
+    if not known and not all_logs:
         raise ToolFailure(f"nothing is known about job {job_id}: slurmctld has forgotten it (or never had it), "
                           "sacct has no record, and no log file was found. Check the id, give log_paths to the "
                           "job's output, or search_dirs where slurm-<id>.out was written.")
@@ -187,7 +196,7 @@ def run(params: SlurmJobDiagnoseParams, progress) -> SlurmJobDiagnoseResult:
                                            else ("info", [], []))
 
     verdict, findings, nxt, failing_step, failing_node = diagnose(info, steps, log_state, log_node, evidence)
-    if not live and not acct:
+    if not known:
         findings.insert(0, "Only the log files were available: the state comes from the lines SLURM wrote there"
                            + (" (none here: state unknown)." if not log_state else "."))
         if not log_state:  # nothing to judge from SLURM: the logs decide
