@@ -7,17 +7,26 @@ Why not a grid. A grid spends the full 50 + 100 iterations on every shape, most 
 clearly behind after a handful of iterations. The search here:
 
 1. screens a coarse set of tile-friendly shapes (powers of two and 1.5x powers of two, plus shapes
-   whose output blocks fill whole waves of the GPU's SMs: wave_seeds) with a few iterations each,
-   then keeps the best third and measures those again with three times the iterations, and so on
-   (successive halving): contenders get more iterations, losers few;
-2. refines around leaders from different basins with a pattern search: step each of M, N, K (and M
-   and N together) up and down, move to a better neighbour, halve the step when none is better, down
-   to the alignment (256 on GPUs);
-3. measures the few best shapes found the way the published tables do (warm-up, then the mean of
-   `final_iterations`), and reports the best of those means as MAMF. Screening numbers never become
-   the answer: a max over many noisy short measurements is biased upwards.
+   whose output blocks fill whole waves of the GPU's SMs: wave_seeds), then keeps the best third of
+   each size class and measures those again for three times as long, and so on (successive halving);
+2. refines around the leaders of every size class (from different basins) with a pattern search:
+   step each of M, N, K (and M and N together) up and down, move to a better neighbour, halve the
+   step when none is better, down to the alignment (256 on GPUs);
+3. measures the best shapes of every size class the way the published tables do (warm-up, then the
+   mean of `final_iterations`), and reports the best of those means as MAMF. Screening numbers never
+   become the answer: a max over many noisy short measurements is biased upwards.
+
+Power caps. An H100/H200 at its 700 W limit lowers its SM clock under a long, dense matmul, with a
+lag of tens of milliseconds; a shape with short iterations (gaps between them for the cache flush)
+sustains a higher clock. A screen of 3 iterations right after set-up times large shapes in a burst
+they cannot sustain, and ranks them first; over 150 iterations a mid-size shape (~2-4k x 2k x 8-12k)
+wins. Hence, everywhere above: every measurement lasts a minimum time (warm-up and timed, capped at
+the finals' counts), shapes are measured in order of FLOP count (each meets the clock a similar load
+sets, as in a grid loop), and leaders are kept per size class (small, medium, large FLOP count) so
+that no class crowds out another before it has been measured long enough.
 """
 
+import bisect
 import dataclasses
 import math
 import random
@@ -26,6 +35,10 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 
 Shape = tuple[int, int, int]  # (M, N, K): C[M, N] = A[M, K] @ B[K, N]
+
+
+def flop(shape: Shape) -> float:
+    return 2.0 * shape[0] * shape[1] * shape[2]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,6 +90,15 @@ class SearchPlan:
     refine_iterations: int = 24
     refine_max_moves: int = 12        # per seed
     final_count: int = 5              # shapes measured the published way at the end
+    # Time, not only iteration counts: on a power-capped card the SM clock follows the load with a lag
+    # (tens of ms). A shape timed for a millisecond right after set-up (light load) or after smaller
+    # shapes runs at a clock it cannot sustain; 100 iterations later it is slower. So every measurement
+    # runs at least warmup_min_s of untimed iterations and min_s of timed ones (capped at the finals'
+    # counts: a shape is never measured longer than the published way would).
+    screen_min_s: float = 0.0         # timed seconds per shape in the first rung (x eta per rung)
+    warmup_min_s: float = 0.0         # untimed seconds before the timed ones (screen and refinement)
+    refine_min_s: float = 0.0         # timed seconds per shape in the refinement
+    classes: int = 3                  # size classes (by FLOP count) screened, refined and finalised separately
 
     def coarse_shapes(self) -> list[Shape]:
         return [(m, n, k) for m in self.mn_values for n in self.mn_values for k in self.k_values]
@@ -86,13 +108,15 @@ QUICK = SearchPlan(
     mn_values=(1024, 1536, 2048, 3072, 4096, 6144, 8192, 12288, 16384),
     k_values=(1024, 2048, 4096, 8192, 12288, 16384),
     align=256, max_dim=16384, refine_start_step=1024,
-    screen_iterations=3, refine_seeds=5, final_count=8,
+    screen_iterations=3, refine_seeds=6, refine_iterations=8, refine_max_moves=8, final_count=9,
+    screen_min_s=0.002, warmup_min_s=0.004, refine_min_s=0.01,
 )
 THOROUGH = SearchPlan(
     mn_values=(1024, 1536, 2048, 2560, 3072, 4096, 5120, 6144, 8192, 10240, 12288, 14336, 16384, 20480),
     k_values=(1024, 2048, 3072, 4096, 6144, 8192, 12288, 16384, 20480),
     align=128, max_dim=20480, refine_start_step=1024,
-    screen_iterations=5, rungs=4, refine_seeds=8, refine_iterations=40, refine_max_moves=20, final_count=10,
+    screen_iterations=5, rungs=4, refine_seeds=9, refine_iterations=40, refine_max_moves=20, final_count=12,
+    screen_min_s=0.008, warmup_min_s=0.02, refine_min_s=0.03,
 )
 TINY = SearchPlan(  # device='cpu': the same logic on shapes a CPU multiplies in milliseconds
     mn_values=(32, 64, 128, 256), k_values=(64, 256),
@@ -164,13 +188,61 @@ class Recorder:
     def ranked(self) -> list[Timing]:
         return sorted(self.tried.values(), key=lambda t: t.mean_tflops, reverse=True)
 
+    def seconds_per_iteration(self, shape: Shape) -> float | None:
+        """A guess from the median throughput measured so far (None before the first measurement)."""
+        if not self.tried:
+            return None
+        ref = statistics.median(t.mean_tflops for t in self.tried.values())
+        return flop(shape) / (ref * 1e12) if ref > 0 else None
+
+    def counts(self, shape: Shape, min_s: float, iterations: int, warmup_min_s: float = 0.0, warmup: int = 1,
+               cap: tuple[int, int] | None = None) -> tuple[int, int]:
+        """(iterations, warm-up) for at least min_s timed and warmup_min_s untimed seconds, and at least
+        the given counts; never more than `cap` (the finals' counts) unless the given counts are."""
+        per = self.seconds_per_iteration(shape)
+        if per:
+            iterations = max(iterations, math.ceil(min_s / per))
+            warmup = max(warmup, math.ceil(warmup_min_s / per))
+        if cap is not None:
+            iterations, warmup = min(iterations, max(cap[0], 1)), min(warmup, max(cap[1], 1))
+        return iterations, warmup
+
+    def timed(self, shape: Shape, min_s: float, iterations: int, warmup_min_s: float = 0.0, warmup: int = 1,
+              cap: tuple[int, int] | None = None) -> Timing | None:
+        return self(shape, *self.counts(shape, min_s, iterations, warmup_min_s, warmup, cap))
+
+
+def class_bounds(shapes: Sequence[Shape], classes: int) -> list[float]:
+    """FLOP-count boundaries that split `shapes` into `classes` groups of equal size (small .. large)."""
+    f = sorted(flop(s) for s in shapes)
+    return [f[len(f) * i // classes] for i in range(1, classes)] if f else []
+
+
+def size_class(shape: Shape, bounds: Sequence[float]) -> int:
+    return bisect.bisect_right(bounds, flop(shape))
+
+
+def _by_class(timings: Iterable[Timing], bounds: Sequence[float]) -> dict[int, list[Timing]]:
+    out: dict[int, list[Timing]] = {}
+    for t in sorted(timings, key=lambda t: t.mean_tflops, reverse=True):
+        out.setdefault(size_class(t.shape, bounds), []).append(t)
+    return out
+
 
 def successive_halving(rec: Recorder, shapes: Sequence[Shape], plan: SearchPlan,
                        out_of_time: Callable[[], bool], progress: ProgressFn | None = None,
-                       share: tuple[float, float] = (0.0, 1.0)) -> tuple[list[Timing], bool]:
-    """Screen `shapes` in rungs; returns the survivors of the last rung (best first) and whether time ran out."""
-    pool = list(shapes)
-    iterations, cut = plan.screen_iterations, False
+                       share: tuple[float, float] = (0.0, 1.0), bounds: Sequence[float] = (),
+                       cap: tuple[int, int] | None = None) -> tuple[list[Timing], bool]:
+    """Screen `shapes` in rungs; returns the survivors of the last rung (best first) and whether time ran out.
+
+    Shapes are measured in order of FLOP count, so each follows shapes of similar load (the clock it
+    meets is close to the one it sustains), each for at least plan.warmup_min_s + plan.screen_min_s
+    (x eta per rung). The halving keeps the best 1/eta of every size class, not of all shapes: the
+    large shapes' burst advantage must not crowd the small and medium ones out before they are
+    measured long enough to show what they sustain."""
+    pool = sorted(shapes, key=flop)
+    iterations, min_s, cut = plan.screen_iterations, plan.screen_min_s, False
+    per_class = max(1, math.ceil(plan.refine_seeds / max(plan.classes, 1)))
     survivors: list[Timing] = []
     for rung in range(plan.rungs):
         results = []
@@ -178,19 +250,23 @@ def successive_halving(rec: Recorder, shapes: Sequence[Shape], plan: SearchPlan,
             if out_of_time():
                 cut = True
                 break
-            t = rec(shape, iterations, 1 if rung == 0 else 2)
+            t = rec.timed(shape, min_s, iterations, plan.warmup_min_s, 1 if rung == 0 else 2, cap)
             if t is not None:
                 results.append(t)
             if progress and i % 16 == 0:
                 frac = share[0] + (share[1] - share[0]) * (rung + i / max(len(pool), 1)) / plan.rungs
-                progress(frac, f"screening rung {rung + 1}/{plan.rungs}: {i}/{len(pool)} shapes, {iterations} iterations each")
+                progress(frac, f"screening rung {rung + 1}/{plan.rungs}: {i}/{len(pool)} shapes, >= {iterations} iterations each")
+        if cut:  # the shapes this rung did not reach keep their last measurement (largest shapes come last)
+            done = {t.shape for t in results}
+            results += [t for t in survivors if t.shape not in done]
         results.sort(key=lambda t: t.mean_tflops, reverse=True)
         survivors = results or survivors
-        if cut or len(results) <= plan.refine_seeds:
+        groups = _by_class(results, bounds)
+        if cut or all(len(g) <= per_class for g in groups.values()):
             break
-        keep = max(plan.refine_seeds, math.ceil(len(results) / plan.eta))
-        pool = [t.shape for t in results[:keep]]
+        pool = sorted((t.shape for g in groups.values() for t in g[:max(per_class, math.ceil(len(g) / plan.eta))]), key=flop)
         iterations *= plan.eta
+        min_s *= plan.eta
     return survivors, cut
 
 
@@ -210,9 +286,13 @@ def _neighbours(shape: Shape, step: int, plan: SearchPlan) -> list[Shape]:
     return out
 
 
-def pattern_search(rec: Recorder, seed: Shape, plan: SearchPlan, out_of_time: Callable[[], bool]) -> Timing | None:
+def pattern_search(rec: Recorder, seed: Shape, plan: SearchPlan, out_of_time: Callable[[], bool],
+                   cap: tuple[int, int] | None = None) -> Timing | None:
     """Hill-climb from `seed` in steps of refine_start_step, halving down to plan.align."""
-    current = rec(seed, plan.refine_iterations, 2)
+    def measure(shape: Shape) -> Timing | None:
+        return rec.timed(shape, plan.refine_min_s, plan.refine_iterations, plan.warmup_min_s, 2, cap)
+
+    current = measure(seed)
     if current is None:
         return None
     step, moves = plan.refine_start_step, 0
@@ -224,7 +304,7 @@ def pattern_search(rec: Recorder, seed: Shape, plan: SearchPlan, out_of_time: Ca
                 break
             t = measured.get(shape)
             if t is None:
-                t = rec(shape, plan.refine_iterations, 2)
+                t = measure(shape)
                 if t is None:
                     continue
                 measured[shape] = t
@@ -259,11 +339,30 @@ def _diverse_top(timings: Sequence[Timing], count: int, min_log2_gap: float = 0.
     return picked + [s for s in _distinct_top(timings, count + len(picked)) if s not in picked][:count - len(picked)]
 
 
+def _class_seeds(survivors: Sequence[Timing], plan: SearchPlan, bounds: Sequence[float]) -> list[Shape]:
+    """Refinement seeds: the leaders (from different basins) of every size class, topped up overall."""
+    groups = _by_class(survivors, bounds)
+    per_class = max(1, plan.refine_seeds // max(len(groups), 1))
+    seeds = [s for c in sorted(groups, reverse=True) for s in _diverse_top(groups[c], per_class)]
+    return list(dict.fromkeys([*seeds, *_diverse_top(survivors, plan.refine_seeds)]))[:max(plan.refine_seeds, len(seeds))]
+
+
+def _class_finalists(ranked: Sequence[Timing], plan: SearchPlan, bounds: Sequence[float]) -> list[Shape]:
+    """The finals: the best shapes of every size class, topped up with the best overall."""
+    groups = _by_class(ranked, bounds)
+    per_class = max(1, plan.final_count // max(len(groups), 1))
+    picked = [s for c in sorted(groups) for s in _distinct_top(groups[c], per_class)]
+    return list(dict.fromkeys([*picked, *_distinct_top(ranked, plan.final_count)]))[:max(plan.final_count, len(picked))]
+
+
 def final_measure(rec: Recorder, shapes: Sequence[Shape], iterations: int, warmup: int,
                   progress: ProgressFn | None = None, share: tuple[float, float] = (0.9, 1.0)) -> list[Timing]:
-    """Measure each shape the published way (warm-up, then `iterations`); best mean first."""
+    """Measure each shape the published way (warm-up, then `iterations`); best mean first.
+
+    In order of FLOP count, so each shape follows one of similar load, as in a grid loop (the clock
+    it meets is near the one it sustains), never a short shape right after the longest ones."""
     finals = []
-    for i, shape in enumerate(shapes):
+    for i, shape in enumerate(sorted(shapes, key=flop)):
         if progress:
             progress(share[0] + (share[1] - share[0]) * i / max(len(shapes), 1),
                      f"final: {shape[0]}x{shape[1]}x{shape[2]}, {warmup} warm-up + {iterations} iterations")
@@ -290,25 +389,30 @@ def search(measure: MeasureFn, plan: SearchPlan, *, final_iterations: int, final
         return lambda: clock() - start > fraction * budget_s
 
     shapes = plan.coarse_shapes()
-    random.Random(shuffle_seed).shuffle(shapes)  # no systematic drift (heat, clocks) along one axis
+    random.Random(shuffle_seed).shuffle(shapes)  # ties in FLOP count: no systematic order along one axis
     shapes = list(dict.fromkeys([*extra_seeds, *shapes]))
-    survivors, cut1 = successive_halving(rec, shapes, plan, past(0.45), progress, (0.0, 0.45))
+    bounds = class_bounds(shapes, plan.classes)
+    cap = (final_iterations, final_warmup)
+    survivors, cut1 = successive_halving(rec, shapes, plan, past(0.45), progress, (0.0, 0.45), bounds, cap)
     phase["screen_s"] = clock() - start
 
     t0 = clock()
-    seeds = _diverse_top(survivors, plan.refine_seeds)
+    seeds = _class_seeds(survivors, plan, bounds)
     refine_stop = past(0.85)
     for i, seed in enumerate(seeds):
         if refine_stop():
             break
         if progress:
             progress(0.45 + 0.4 * i / max(len(seeds), 1), f"refining around {seed[0]}x{seed[1]}x{seed[2]}")
-        pattern_search(rec, seed, plan, refine_stop)
+        # Each seed gets an equal share of the refinement time left, so climbing among the largest
+        # shapes (tens of ms a measurement) cannot use up the time of the small and medium ones.
+        seed_end = clock() + (start + 0.85 * budget_s - clock()) / (len(seeds) - i)
+        pattern_search(rec, seed, plan, lambda end=seed_end: refine_stop() or clock() > end, cap)
     cut2 = refine_stop()
     phase["refine_s"] = clock() - t0
 
     t0 = clock()
-    finals = final_measure(rec, _distinct_top(rec.ranked(), plan.final_count), final_iterations, final_warmup,
+    finals = final_measure(rec, _class_finalists(rec.ranked(), plan, bounds), final_iterations, final_warmup,
                            progress, (0.85, 1.0))
     phase["final_s"] = clock() - t0
     return SearchOutcome(best=finals[0] if finals else None, finals=finals, tried=rec.tried,

@@ -1,12 +1,15 @@
 """matmul_bench — maximum achievable matmul TFLOPS (MAMF) of a GPU, its best shape, and how it compares.
 
-Instead of timing every shape of a grid for 150 iterations, it screens tile-friendly shapes with a
-few iterations, gives more iterations only to contenders (successive halving), refines around the
-leaders, and measures the finalists the published way (mean of 100 iterations after 50 warm-up).
+Instead of timing every shape of a grid for 150 iterations, it screens tile-friendly shapes for a
+few milliseconds each (in order of size, so each meets the clock a similar load sets), gives more
+time only to the contenders of each size class (successive halving), refines around the leaders of
+small, medium and large shapes alike, and measures the finalists of every class the published way
+(mean of 100 iterations after 50 warm-up). Size classes matter on power-capped cards (H100/H200 at
+700 W): large shapes look fast in a short burst, then their clocks sink; shorter ones sustain more.
 See tools/_matmul_search.py for the search and tools/_matmul_measure.py for how a shape is timed.
 
 By hand:
-    python -m tools.matmul_bench                                  # GPU 0, bf16, quick (~1 min)
+    python -m tools.matmul_bench                                  # GPU 0, bf16, quick (~30 s)
     python -m tools.matmul_bench --dtype fp8 --mode thorough --device 3
     python -m tools.matmul_bench --all-gpus                       # every GPU of this node, flags slow ones
     python -m tools.matmul_bench --mode shapes --m 4096 --n 4096 --k 4096
@@ -26,7 +29,9 @@ from tools.harness import Field, Params, Result, ToolFailure, ToolSpec, local_gp
 
 PUBLISHED_GRID = list(range(2048, 14337, 2048))  # 343 shapes: the reference grid of bench/mamf_vs_grid.py
 CPU_MAX_DIM = 1024
-DEFAULT_BUDGET_S = {"quick": 60.0, "thorough": 300.0}
+# quick: warm-up included; the search itself plans ~15 s on an H200 (a quarter of the 343-shape grid's time
+# is ~23 s); the budget only guards slower cards, where it drops the largest shapes' last rungs first.
+DEFAULT_BUDGET_S = {"quick": 25.0, "thorough": 300.0}
 
 
 class MatmulBenchParams(Params):
@@ -34,7 +39,7 @@ class MatmulBenchParams(Params):
         "bf16", description="Input dtype. fp8 = float8_e4m3fn (NVIDIA, MI350) or e4m3fnuz (MI300) via torch._scaled_mm; "
                             "tf32 = fp32 tensors with TF32 tensor cores; fp32 = TF32 off.")
     mode: Literal["quick", "thorough", "shapes", "grid"] = Field(
-        "quick", description="quick: the search (about a minute); thorough: wider search (about 5 min); shapes: "
+        "quick", description="quick: the search (about half a minute); thorough: wider search (about 5 min); shapes: "
                              "exactly the M/N/K given; grid: every M x N x K combination (default 2048..14336 step 2048).")
     m: list[int] = Field(default_factory=list, max_length=512, description="Explicit M values (rows of A and C), for mode shapes/grid.")
     n: list[int] = Field(default_factory=list, max_length=512, description="Explicit N values (columns of B and C), for mode shapes/grid.")
@@ -46,7 +51,7 @@ class MatmulBenchParams(Params):
         0, description="GPU index as torch numbers them (after CUDA_VISIBLE_DEVICES), or 'cpu' to exercise the search on tiny shapes.")
     all_gpus: bool = Field(False, description="Measure every local GPU in turn (the search on the first, its finalists on the rest) and flag any more than 5% below the node median.")
     time_budget_s: float | None = Field(
-        None, ge=5, le=7200, description="Target wall time. Default: quick 60 s, thorough 300 s; shapes/grid: no limit (stops early when set).")
+        None, ge=5, le=7200, description="Target wall time. Default: quick 25 s, thorough 300 s; shapes/grid: no limit (stops early when set).")
     iterations: int = Field(100, ge=1, le=10000, description="Timed iterations per final shape; MAMF is the best mean over these.")
     warmup: int = Field(50, ge=0, le=10000, description="Untimed iterations before each final shape's timed ones.")
 
