@@ -30,7 +30,7 @@ from pydantic import Field, ValidationError
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # `python /path/to/server.py` from anywhere
 
 from tools import registry  # noqa: E402
-from tools.harness import KNOWLEDGE_DIR, Params, ToolFailure, ToolSpec  # noqa: E402
+from tools.harness import KNOWLEDGE_DIR, Params, ToolFailure, ToolSpec, interrupt_on_sigterm  # noqa: E402
 from tools.jobs import MANAGER  # noqa: E402
 from tools.runner import execute  # noqa: E402
 
@@ -270,6 +270,7 @@ def http_app(server: MCPServer, host: str):
 def serve(http: str | None = None) -> None:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
     server = build_server()
+    interrupt_on_sigterm()  # a host stopping the server with SIGTERM still gets every job's ranks killed
     try:
         if not http:
             server.run()

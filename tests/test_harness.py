@@ -131,3 +131,24 @@ def test_results_history_flags_planted_outlier_and_regression():
     assert ("regression", "node6") in flags
     assert not any(m in ("node1", "node2", "node3", "node4") for _, m in flags)
     assert result.verdict == "warn"
+
+
+def test_sigterm_to_the_cli_kills_the_run(tmp_path):
+    """`timeout N python -m tools.X` sends SIGTERM: the run's whole tree must go with it."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    pid_file = tmp_path / "pids"
+    script = ("import sys; sys.path.insert(0, 'tests'); import fault_tools; from tools.cli import run_tool_cli; "
+              f"sys.exit(run_tool_cli(fault_tools.SLEEPER, ['--pid-file', {str(pid_file)!r}], prog='x'))")
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=repo, env={**os.environ, "MLENG_HOME": str(tmp_path)})
+    deadline = time.time() + 30
+    while time.time() < deadline and not (pid_file.exists() and pid_file.read_text()):
+        time.sleep(0.1)
+    pids = [int(p) for p in pid_file.read_text().split()]
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(30) == 130
+    assert _wait_gone(pids) == []

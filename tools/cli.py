@@ -17,7 +17,7 @@ import typing
 
 from pydantic import ValidationError
 
-from tools.harness import REPO_ROOT, Result, ToolFailure, ToolSpec, local_gpu_count
+from tools.harness import REPO_ROOT, Result, ToolFailure, ToolSpec, interrupt_on_sigterm, local_gpu_count
 
 VERDICT_MARK = {"ok": "OK  ", "warn": "WARN", "fail": "FAIL", "info": "INFO"}
 
@@ -81,6 +81,7 @@ def run_tool_cli(spec: ToolSpec, argv: list[str], prog: str) -> int:
             print(f"error: --{where.replace('_', '-')}: {err['msg']} (got {err.get('input')!r})", file=sys.stderr)
         return 2
     progress = ProgressBar() if (sys.stderr.isatty() and not args.json) else None
+    interrupt_on_sigterm()  # `timeout 60 mleng run ...` must not leave ranks behind
     try:
         result = execute(spec, params, progress, timeout_s=getattr(args, "timeout_s", None))
     except KeyboardInterrupt:

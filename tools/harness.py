@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = [
     "Field", "Params", "Result", "ToolSpec", "Progress", "ToolFailure", "main", "load_data",
-    "REPO_ROOT", "KNOWLEDGE_DIR", "spawn_tree", "kill_tree", "descendants", "torchrun_command", "local_gpu_count",
+    "REPO_ROOT", "KNOWLEDGE_DIR", "spawn_tree", "kill_tree", "descendants", "interrupt_on_sigterm", "torchrun_command", "local_gpu_count",
 ]
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -223,6 +223,15 @@ def local_gpu_count() -> int:
             pynvml.nvmlShutdown()
     except Exception:
         return 0
+
+
+def interrupt_on_sigterm() -> None:
+    """Turn SIGTERM into KeyboardInterrupt in the main thread, so `finally` blocks kill the ranks a run
+    started (the default action would end this process at once and leave its children running)."""
+    def _raise(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, _raise)
 
 
 def main(spec: ToolSpec) -> None:
