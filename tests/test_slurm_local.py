@@ -15,6 +15,7 @@ import pytest
 
 from tests.slurm_cluster import slurm_cluster  # noqa: F401  (fixture)
 from tools import launch_script, slurm_job_diagnose, slurm_status
+from tools.harness import ToolFailure
 from tools.runner import execute
 
 pytestmark = pytest.mark.slurm
@@ -146,6 +147,10 @@ def test_pending_reasons_and_gpus_in_use(slurm_cluster, tmp_path):  # noqa: F811
         assert gpu.gpus_total == 2 and gpu.gpus_used == 1 and gpu.gpus_free == 1
         pending = [j.state for j in r.jobs]
         assert pending.index("RUNNING") > pending.index("PENDING")  # pending first
+        only_gpu = execute(slurm_status.SPEC, slurm_status.SlurmStatusParams(partition="gpu"))
+        assert [p.name for p in only_gpu.partitions] == ["gpu"] and [j.job_id for j in only_gpu.jobs] == [holder]
+        with pytest.raises(ToolFailure, match="partitions here: debug, gpu"):
+            execute(slurm_status.SPEC, slurm_status.SlurmStatusParams(partition="nope"))
     finally:
         slurm_cluster.cmd("scancel", holder, after, huge)
 
