@@ -125,7 +125,8 @@ def peak_new_bytes(fn) -> tuple[int, str]:
             for key in [k for k, (ref, _) in self.live.items() if ref.expired()]:
                 del self.live[key]  # first: a new output may reuse a freed address
             for t in tree_flatten(out)[0]:
-                if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in self.live.keys() | self.outside:
+                known = self.live.keys() | self.outside
+                if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in known:
                     storage = t.untyped_storage()
                     if storage.data_ptr():
                         self.live[storage.data_ptr()] = (StorageWeakRef(storage), storage.nbytes())

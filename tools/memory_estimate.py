@@ -247,8 +247,8 @@ SPEC = ToolSpec(
         "model preset (llama-3-8b, llama-3-70b, ...), an architecture or a parameter count, with precision, "
         "optimizer, ZeRO/FSDP sharding, TP/PP/DP/CP, sequence length, micro batch, activation "
         "checkpointing and flash attention; inference mode adds a KV cache. Returns the breakdown (weights, "
-        "gradients, optimizer, master weights, activations, logits, KV cache, overhead), whether it fits "
-        "on an accelerator, the largest micro batch that fits and single changes that make it fit. "
+        "gradients, optimizer, master weights, activations, logits and their gradients, KV cache, overhead), "
+        "whether it fits on an accelerator, the largest micro batch that fits and single changes that make it fit. "
         "Pure arithmetic: instant, no GPU. It is an estimate (~10%): measure with torch.cuda.max_memory_allocated "
         "when the exact figure matters. Dense decoder-only models only (no MoE)."),
     Params=MemoryParams, Result=MemoryResult, run=run, runs="in_process", store=False,
