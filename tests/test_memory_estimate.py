@@ -263,8 +263,9 @@ def test_training_peak_memory_on_gpu(micro_batch, seq_len):
 
     est = {k: MemoryParams(**GPU_ARCH, seq_len=seq_len, micro_batch=micro_batch, kernels=k) for k in ("fused", "eager")}
     arch = setup_from(est["eager"]).arch
-    # A model + optimizer from an earlier test can sit in a reference cycle until the collector runs
-    # (the first H200 run measured b=4 with b=1's 5.7 GiB of weights and Adam states still allocated).
+    # The first optimizer of a process imports torch._dynamo, whose traceback cycle keeps the calling
+    # test's model + optimizer until the collector runs (the first H200 run measured b=4 with b=1's
+    # 5.7 GiB of weights and Adam states still allocated).
     gc.collect()
     torch.cuda.empty_cache()
     model = build(arch, device="cuda")
