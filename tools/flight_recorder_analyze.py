@@ -20,24 +20,15 @@ version: the fields are looked up by every name they have had. Pickles are read 
 refuses anything but plain data, so a hostile file cannot run code.
 """
 
-import ast
-import json
-import os
-import pickle
-import re
 from collections import Counter, defaultdict
-from dataclasses import dataclass, field
-from pathlib import Path
 
 from pydantic import BaseModel
 
-from tools.harness import Field, Params, Result, ToolFailure, ToolSpec
+from tools._fr_dumps import (  # noqa: F401  (read_dumps and the records re-exported for tests and callers)
+    DEFAULT_PREFIX_ENV, TORCH_DEFAULT_PREFIX, Op, RankDump, configured_ranks, find_dump_files, read_dumps)
+from tools._fr_torch import torch_analyser
+from tools.harness import Field, Params, Result, ToolSpec
 
-DEFAULT_PREFIX_ENV = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
-TORCH_DEFAULT_PREFIX = "/tmp/nccl_trace_rank_"
-MAX_FILES = 4096
-MAX_FILE_BYTES = 512 * 1024 * 1024
-RANK_IN_NAME = re.compile(r"(\d+)(?:\.(?:json|pkl|pickle))?$")
 NEXT_ON_CULPRIT = ["hang_stack_dump", "log_triage", "knowledge://debugging/hangs.md"]
 NEXT_ON_STUCK = ["nccl_log_analyze", "collective_bench", "gpu_health", "knowledge://network/nccl-debugging.md"]
 
@@ -88,152 +79,6 @@ class FlightRecorderResult(Result):
 
 
 # ---------------------------------------------------------------------------------------------------
-# Reading dumps
-
-class _PlainData(pickle.Unpickler):
-    def find_class(self, module, name):
-        raise pickle.UnpicklingError(f"refusing to load {module}.{name}: a flight-recorder dump is plain data")
-
-
-@dataclass(slots=True)
-class Op:
-    seq: int
-    op: str
-    in_sizes: list
-    in_dtypes: list
-    out_sizes: list
-    done: bool
-    state: str
-    called_from: str
-    timeout_ms: int | None
-
-    def describe(self) -> str:
-        sizes = ",".join("x".join(map(str, s)) or "scalar" for s in self.in_sizes) or "-"
-        dtypes = ",".join(dict.fromkeys(map(str, self.in_dtypes))) or "-"
-        where = f" from {self.called_from}" if self.called_from else ""
-        return f"{self.op} #{self.seq} (sizes {sizes}, dtype {dtypes}){where}"
-
-
-@dataclass
-class RankDump:
-    rank: int
-    path: str
-    version: str
-    pg_config: dict
-    groups: dict = field(default_factory=lambda: defaultdict(list))     # (name, desc) -> [Op]
-    backend: str = ""
-    p2p_ops: int = 0
-
-
-def _rank_of(name: str, prefix: str) -> int | None:
-    if prefix and not name.startswith(prefix):
-        return None
-    m = RANK_IN_NAME.search(name[len(prefix):] if prefix else name)
-    return int(m.group(1)) if m else None
-
-
-def _load(path: Path) -> dict:
-    size = path.stat().st_size
-    if size == 0:
-        raise ValueError("empty file (0 bytes): the rank was killed while writing its dump; the first dump "
-                         "with stack traces takes 1-3 s, so give ranks time before SIGKILL")
-    if size > MAX_FILE_BYTES:
-        raise ValueError(f"{size / 2**20:.0f} MiB is larger than any flight-recorder dump")
-    with open(path, "rb") as f:
-        head = f.read(1)
-        f.seek(0)
-        if head == b"\x80":
-            try:
-                data = _PlainData(f).load()
-            except (pickle.UnpicklingError, EOFError, ValueError, TypeError, MemoryError, IndexError) as e:
-                raise ValueError(f"not a complete pickle ({type(e).__name__}: {e}): truncated or corrupt") from None
-        elif head in (b"{", b" ", b"\n"):
-            try:
-                data = json.load(f)
-            except (json.JSONDecodeError, UnicodeDecodeError) as e:
-                raise ValueError(f"not valid JSON ({e}): truncated or corrupt") from None
-        else:
-            raise ValueError("neither a pickle nor a JSON flight-recorder dump")
-    if not isinstance(data, dict) or "version" not in data or not ({"entries", "pg_config", "pg_status"} & set(data)):
-        raise ValueError("readable, but not a flight-recorder dump (no version/entries/pg_config keys)")
-    return data
-
-
-def _called_from(frames) -> str:
-    """The innermost frame outside torch: the user's line that issued the collective."""
-    for fr in frames or []:
-        fname = str(fr.get("filename", ""))
-        if "/torch/" in fname or fname.startswith("<"):
-            continue
-        return f"{fr.get('name', '?')} ({'/'.join(fname.rsplit('/', 2)[-2:])}:{fr.get('line', '?')})"
-    return ""
-
-
-def _parse(rank: int, path: Path, data: dict, shared: dict) -> RankDump:
-    """Entries -> Ops per process group. `shared` interns the values thousands of entries repeat
-    (sizes, dtypes, call sites): a 256-rank x 2000-entry job fits in a few hundred MB."""
-    def one(value):
-        return shared.setdefault(repr(value), value)
-
-    dump = RankDump(rank=rank, path=str(path), version=str(data.get("version", "")),
-                    pg_config=data.get("pg_config") or {})
-    for e in data.get("entries") or []:
-        if e.get("is_p2p"):
-            dump.p2p_ops += 1              # send/recv are paired differently; collectives name hangs
-            continue
-        seq = e.get("collective_seq_id", e.get("seq_id"))
-        if seq is None:
-            continue
-        backend, _, op = str(e.get("profiling_name", "?")).rpartition(":")
-        dump.backend = dump.backend or backend
-        pg = e.get("process_group") or (str(e.get("pg_id", "?")), "")
-        state = str(e.get("state", ""))
-        dump.groups[(str(pg[0]), str(pg[1]) if len(pg) > 1 else "")].append(Op(
-            seq=int(seq), op=one(op or "?"), in_sizes=one(list(e.get("input_sizes") or [])),
-            in_dtypes=one(list(e.get("input_dtypes") or [])), out_sizes=one(list(e.get("output_sizes") or [])),
-            done=state == "completed" or bool(e.get("retired")), state=one(state),
-            called_from=one(_called_from(e.get("frames"))), timeout_ms=e.get("timeout_ms")))
-    return dump
-
-
-def find_dump_files(path: str, prefix: str) -> tuple[Path, str]:
-    if not path:
-        env_prefix = next((os.environ[v] for v in DEFAULT_PREFIX_ENV if os.environ.get(v)), TORCH_DEFAULT_PREFIX)
-        path, prefix = str(Path(env_prefix).parent), prefix or Path(env_prefix).name
-    root = Path(path).expanduser()
-    if not root.exists():
-        raise ToolFailure(f"{root} does not exist. Give the directory the ranks dumped into (the directory "
-                          f"part of TORCH_FR_DUMP_TEMP_FILE; torch's default prefix is {TORCH_DEFAULT_PREFIX}). "
-                          "On several nodes, copy every node's dumps into one directory first.")
-    return root, prefix
-
-
-def read_dumps(path: str, prefix: str = "") -> tuple[dict[int, RankDump], list[str]]:
-    """Every readable per-rank dump under `path` (pickle preferred over JSON for the same rank)."""
-    root, prefix = find_dump_files(path, prefix)
-    files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file())
-    dumps, unreadable, shared = {}, [], {}
-    for p in files[:MAX_FILES]:
-        rank = _rank_of(p.name, prefix) if root.is_dir() else (_rank_of(p.name, "") or 0)
-        if rank is None:
-            continue
-        try:
-            dump = _parse(rank, p, _load(p), shared)
-        except (ValueError, OSError) as e:
-            unreadable.append(f"{p}: {e}")
-            continue
-        if rank in dumps and not dumps[rank].path.endswith(".json"):
-            continue                       # keep the pickle: it has stacks
-        dumps[rank] = dump
-    if not dumps:
-        why = f"; unreadable: {'; '.join(unreadable[:5])}" if unreadable else ""
-        raise ToolFailure(f"no flight-recorder dump found under {root}"
-                          f"{' with prefix ' + repr(prefix) if prefix else ''}{why}. Dumps are files named "
-                          "<prefix><rank> (pickle) or <prefix><rank>.json, one per rank.")
-    return dumps, unreadable
-
-
-# ---------------------------------------------------------------------------------------------------
 # Lining ranks up
 
 def rank_list(ranks) -> str:
@@ -252,20 +97,6 @@ def _plural(ranks) -> str:
     return f"rank{'s' if len(set(ranks)) > 1 else ''} {rank_list(ranks)}"
 
 
-def _configured_ranks(dumps: dict[int, RankDump]) -> dict[str, set[int]]:
-    """pg name -> ranks, from pg_config where it is usable (it is broken for gloo: one '' key)."""
-    out: dict[str, set[int]] = {}
-    for d in dumps.values():
-        for key, cfg in (d.pg_config or {}).items():
-            ranks = cfg.get("ranks") if isinstance(cfg, dict) else None
-            if isinstance(ranks, str):
-                try:
-                    ranks = ast.literal_eval(ranks)
-                except (ValueError, SyntaxError):
-                    ranks = None
-            if isinstance(ranks, (list, tuple)) and ranks and all(isinstance(r, int) for r in ranks):
-                out.setdefault(str(key), set()).update(ranks)
-    return out
 
 
 def _fingerprint(ops: list[Op]) -> tuple:
@@ -287,6 +118,49 @@ def _last_state(ops: list[Op]) -> str:
     return f"last issued {last.describe()}, {'completed' if last.done else 'NOT completed (still inside it)'}"
 
 
+def _report_mismatch(report: GroupReport, seq: int, have: dict[int, list[Op]], fingerprints: list[list[int]]) -> None:
+    """Ranks issued different collectives at `seq`: the minority is the culprit; a tie names nobody."""
+    ranked = sorted(fingerprints, key=len, reverse=True)
+    majority = ranked[0] if len(ranked[0]) > len(ranked[1]) else None
+    ref = majority or sorted(have)[:1]
+    report.problem = _mismatch_kind(have[ref[0]], have[next(r for r in have if r not in ref)])
+    report.seq = seq
+    report.expected = have[ref[0]][-1].describe()
+    if majority:
+        report.culprit_ranks = sorted(r for r in have if r not in majority)
+        report.waiting_ranks = sorted(majority)
+    else:   # a tie (two ranks): say so instead of guessing
+        report.culprit_ranks = sorted(have)
+    report.found = {str(r): have[r][-1].describe() for r in sorted(have) if r not in ref}
+    if not majority:
+        report.found = {str(ref[0]): report.expected, **report.found}
+        report.expected = ""
+
+
+def _first_disagreement(report: GroupReport, by_seq: dict, last: dict[int, int],
+                        ops_by_rank: dict[int, list[Op]]) -> bool:
+    """Walk the sequence numbers every rank still holds; fill `report` at the first that ranks disagree on."""
+    started = [min(s) for s in by_seq.values() if s]
+    for seq in range(max(started), max(last.values()) + 1):     # ring buffers may have lost early ones
+        have = {r: by_seq[r][seq] for r in by_seq if by_seq[r].get(seq)}
+        if not have:
+            continue                       # a number nobody recorded (a gap in the ring buffers)
+        behind = sorted(r for r in by_seq if last[r] < seq)
+        fingerprints = defaultdict(list)
+        for r, ops in have.items():
+            fingerprints[_fingerprint(ops)].append(r)
+        if len(fingerprints) > 1:
+            _report_mismatch(report, seq, have, list(fingerprints.values()))
+            return True
+        if behind:
+            report.problem, report.seq = "missing_ranks", seq
+            report.culprit_ranks, report.waiting_ranks = behind, sorted(have)
+            report.expected = next(iter(have.values()))[-1].describe()
+            report.found = {str(r): _last_state(ops_by_rank[r]) for r in behind}
+            return True
+    return False
+
+
 def analyse_group(name: str, desc: str, ops_by_rank: dict[int, list[Op]], members: set[int],
                   no_dump: set[int], detail: bool = False) -> GroupReport:
     by_seq = {r: defaultdict(list) for r in ops_by_rank}
@@ -299,40 +173,9 @@ def analyse_group(name: str, desc: str, ops_by_rank: dict[int, list[Op]], member
     if detail:
         report.recent = {str(r): [o.describe() + ("" if o.done else " [not completed]") for o in ops[-5:]]
                          for r, ops in sorted(ops_by_rank.items())}
-    started = [min(s) for s in by_seq.values() if s]
-    if not started:
+    if not any(by_seq.values()) or _first_disagreement(report, by_seq, last, ops_by_rank):
         return report
-    for seq in range(max(started), max(last.values()) + 1):     # ring buffers may have lost early ones
-        have = {r: by_seq[r][seq] for r in by_seq if by_seq[r].get(seq)}
-        if not have:
-            continue                       # a number nobody recorded (a gap in the ring buffers)
-        behind = sorted(r for r in by_seq if last[r] < seq)
-        groups = defaultdict(list)
-        for r, ops in have.items():
-            groups[_fingerprint(ops)].append(r)
-        if len(groups) > 1:
-            ranked = sorted(groups.values(), key=len, reverse=True)
-            majority = ranked[0] if len(ranked[0]) > len(ranked[1]) else None
-            ref = majority or sorted(have)[:1]
-            report.problem = _mismatch_kind(have[ref[0]], have[next(r for r in have if r not in ref)])
-            report.seq = seq
-            report.expected = have[ref[0]][-1].describe()
-            if majority:
-                report.culprit_ranks = sorted(r for r in have if r not in majority)
-                report.waiting_ranks = sorted(majority)
-            else:   # a tie (two ranks): say so instead of guessing
-                report.culprit_ranks = sorted(have)
-            report.found = {str(r): have[r][-1].describe() for r in sorted(have) if r not in ref}
-            if not majority:
-                report.found = {str(ref[0]): report.expected, **report.found}
-                report.expected = ""
-            return report
-        if behind:
-            report.problem, report.seq = "missing_ranks", seq
-            report.culprit_ranks, report.waiting_ranks = behind, sorted(have)
-            report.expected = next(iter(have.values()))[-1].describe()
-            report.found = {str(r): _last_state([o for o in ops_by_rank[r]]) for r in behind}
-            return report
+    # Every rank agrees: if the last collective has not completed, say who waits and for whom.
     final = max(last.values())
     waiting = sorted(r for r in by_seq if by_seq[r].get(final) and not by_seq[r][final][-1].done)
     if waiting and no_dump & members:
@@ -374,7 +217,7 @@ def _group_finding(g: GroupReport) -> str:
 
 
 def analyse(dumps: dict[int, RankDump], detail: bool = False, max_groups: int = 20) -> FlightRecorderResult:
-    configured = _configured_ranks(dumps)
+    configured = configured_ranks(dumps)
     found = set(dumps)
     expected = set().union(found, *configured.values()) | set(range(max(found) + 1))
     no_dump = expected - found
@@ -401,49 +244,34 @@ def analyse(dumps: dict[int, RankDump], detail: bool = False, max_groups: int = 
 
 
 # ---------------------------------------------------------------------------------------------------
-# PyTorch's own analyser, as a second opinion
-
-def _pg_config_usable(raw: dict) -> bool:
-    cfg = raw.get("pg_config") or {}
-    return bool(cfg) and "" not in cfg and all(
-        isinstance(v, dict) and str(v.get("ranks", "")) not in ("", "[]") for v in cfg.values())
-
-
-def torch_analyser(dumps: dict[int, RankDump], groups: list[GroupReport], timeout_s: float = 120) -> list[str]:
-    """Run torch.distributed.flight_recorder.fr_trace on pickled copies of the dumps; its findings as lines."""
-    import importlib.util
-    import subprocess
-    import sys
-    import tempfile
-
-    if importlib.util.find_spec("torch") is None:
-        return ["PyTorch's analyser was not run: torch is not installed in this Python."]
-    config = {g.name: {"name": g.name, "desc": g.desc, "ranks": str(sorted(g.ranks))} for g in groups}
-    with tempfile.TemporaryDirectory(prefix="mleng-fr-") as tmp:
-        for rank, d in dumps.items():
-            raw = _load(Path(d.path))
-            if not _pg_config_usable(raw):
-                raw["pg_config"] = config       # gloo writes one '' key, which fr_trace cannot read
-            raw.setdefault("entries", [])
-            for e in raw["entries"]:
-                e["process_group"] = tuple(e.get("process_group") or ())
-                e.setdefault("frames", [])
-            (Path(tmp) / f"fr_{rank}").write_bytes(pickle.dumps(raw))
-        cmd = [sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", tmp, "-p", "fr_",
-               "--allow-incomplete-ranks"]
-        try:
-            proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            return [f"PyTorch's analyser gave no answer in {timeout_s:.0f} s."]
-    lines = [ln.rstrip() for ln in (proc.stdout + "\n" + proc.stderr).splitlines()
-             if ln.strip() and "tabulate is not installed" not in ln]
-    if proc.returncode != 0:
-        return [f"PyTorch's analyser failed (exit {proc.returncode}):"] + lines[-15:]
-    return lines[:40] or ["PyTorch's analyser printed no error for these dumps."]
-
-
-# ---------------------------------------------------------------------------------------------------
 # The tool
+
+def _findings(result: FlightRecorderResult, bad: list[GroupReport], dumps: dict[int, RankDump],
+              unreadable: list[str]) -> list[str]:
+    """Culprits first, then what limits the answer (missing dumps, unread files, p2p, mixed builds)."""
+    findings = [_group_finding(g) for g in bad]
+    if result.ranks_without_dump and not any(g.problem == "no_dump" for g in bad):
+        findings.append(f"No dump from {_plural(result.ranks_without_dump)}: crashed, killed before "
+                        "dumping, or their files are on another node — collect them if they exist.")
+    findings += [_group_finding(g) for g in result.groups if g.problem == "stuck"]
+    if unreadable:
+        findings.append(f"{len(unreadable)} file(s) could not be read: {unreadable[0]}"
+                        + (" (and more, see unreadable_files)" if len(unreadable) > 1 else ""))
+    if result.p2p_ops:
+        findings.append(f"{result.p2p_ops} point-to-point entries (send/recv, e.g. pipeline stages) were not "
+                        "compared: a hang between pipeline stages can hide there; see hang_stack_dump.")
+    versions = sorted({d.version for d in dumps.values()})
+    if len(versions) > 1:
+        findings.append(f"Ranks wrote different dump format versions {versions}: mixed torch builds in "
+                        "one job cause hangs of their own (see env_report).")
+    if not findings:
+        findings = [_group_finding(g) for g in result.groups[:3]]
+        findings.append("No rank disagrees in the recorded window: if the job hung, the cause is outside "
+                        "collectives (a rank stuck in compute, I/O or the dataloader).")
+    findings.insert(0, f"Read {len(dumps)} dumps (ranks {rank_list(dumps)}; format {result.dump_version}, "
+                       f"backend {result.backend or '?'}) covering {len(result.groups)} process group(s).")
+    return findings
+
 
 def run(params: FlightRecorderParams, progress) -> FlightRecorderResult:
     progress(0.1, "reading dumps")
@@ -453,27 +281,7 @@ def run(params: FlightRecorderParams, progress) -> FlightRecorderResult:
     result.unreadable_files = unreadable[:50]
     bad = [g for g in result.groups if g.problem not in ("none", "stuck")]
     result.culprit_ranks = sorted({r for g in bad for r in g.culprit_ranks})
-    versions = sorted({d.version for d in dumps.values()})
-    result.findings = [_group_finding(g) for g in bad] or []
-    if result.ranks_without_dump and not any(g.problem == "no_dump" for g in bad):
-        result.findings.append(f"No dump from {_plural(result.ranks_without_dump)}: crashed, killed before "
-                               "dumping, or their files are on another node — collect them if they exist.")
-    result.findings += [_group_finding(g) for g in result.groups if g.problem == "stuck"]
-    if unreadable:
-        result.findings.append(f"{len(unreadable)} file(s) could not be read: {unreadable[0]}"
-                               + (" (and more, see unreadable_files)" if len(unreadable) > 1 else ""))
-    if result.p2p_ops:
-        result.findings.append(f"{result.p2p_ops} point-to-point entries (send/recv, e.g. pipeline stages) were not "
-                               "compared: a hang between pipeline stages can hide there; see hang_stack_dump.")
-    if len(versions) > 1:
-        result.findings.append(f"Ranks wrote different dump format versions {versions}: mixed torch builds in "
-                               "one job cause hangs of their own (see env_report).")
-    if not result.findings:
-        result.findings = [_group_finding(g) for g in result.groups[:3]]
-        result.findings.append("No rank disagrees in the recorded window: if the job hung, the cause is outside "
-                               "collectives (a rank stuck in compute, I/O or the dataloader).")
-    result.findings.insert(0, f"Read {len(dumps)} dumps (ranks {rank_list(dumps)}; format {result.dump_version}, "
-                              f"backend {result.backend or '?'}) covering {len(result.groups)} process group(s).")
+    result.findings = _findings(result, bad, dumps, unreadable)
     if bad:
         result.verdict = "fail"
         result.next = NEXT_ON_CULPRIT
