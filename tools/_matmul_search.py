@@ -96,7 +96,7 @@ class SearchPlan:
     # runs at least warmup_min_s of untimed iterations and min_s of timed ones (capped at the finals'
     # counts: a shape is never measured longer than the published way would).
     screen_min_s: float = 0.0         # timed seconds per shape in the first rung (x eta per rung)
-    warmup_min_s: float = 0.0         # untimed seconds before the timed ones (screen and refinement)
+    warmup_min_s: float = 0.0         # untimed seconds before the timed ones (first rung; x eta per rung and in refinement)
     refine_min_s: float = 0.0         # timed seconds per shape in the refinement
     classes: int = 3                  # size classes (by FLOP count) screened, refined and finalised separately
 
@@ -109,14 +109,14 @@ QUICK = SearchPlan(
     k_values=(1024, 2048, 4096, 8192, 12288, 16384),
     align=256, max_dim=16384, refine_start_step=1024,
     screen_iterations=3, refine_seeds=6, refine_iterations=8, refine_max_moves=8, final_count=9,
-    screen_min_s=0.002, warmup_min_s=0.004, refine_min_s=0.01,
+    screen_min_s=0.002, warmup_min_s=0.002, refine_min_s=0.01,
 )
 THOROUGH = SearchPlan(
     mn_values=(1024, 1536, 2048, 2560, 3072, 4096, 5120, 6144, 8192, 10240, 12288, 14336, 16384, 20480),
     k_values=(1024, 2048, 3072, 4096, 6144, 8192, 12288, 16384, 20480),
     align=128, max_dim=20480, refine_start_step=1024,
     screen_iterations=5, rungs=4, refine_seeds=9, refine_iterations=40, refine_max_moves=20, final_count=12,
-    screen_min_s=0.008, warmup_min_s=0.02, refine_min_s=0.03,
+    screen_min_s=0.004, warmup_min_s=0.004, refine_min_s=0.02,
 )
 TINY = SearchPlan(  # device='cpu': the same logic on shapes a CPU multiplies in milliseconds
     mn_values=(32, 64, 128, 256), k_values=(64, 256),
@@ -237,11 +237,11 @@ def successive_halving(rec: Recorder, shapes: Sequence[Shape], plan: SearchPlan,
 
     Shapes are measured in order of FLOP count, so each follows shapes of similar load (the clock it
     meets is close to the one it sustains), each for at least plan.warmup_min_s + plan.screen_min_s
-    (x eta per rung). The halving keeps the best 1/eta of every size class, not of all shapes: the
+    (both x eta per rung: the later rungs, which decide between contenders, see the longest load). The halving keeps the best 1/eta of every size class, not of all shapes: the
     large shapes' burst advantage must not crowd the small and medium ones out before they are
     measured long enough to show what they sustain."""
     pool = sorted(shapes, key=flop)
-    iterations, min_s, cut = plan.screen_iterations, plan.screen_min_s, False
+    iterations, min_s, warm_s, cut = plan.screen_iterations, plan.screen_min_s, plan.warmup_min_s, False
     per_class = max(1, math.ceil(plan.refine_seeds / max(plan.classes, 1)))
     survivors: list[Timing] = []
     for rung in range(plan.rungs):
@@ -250,7 +250,7 @@ def successive_halving(rec: Recorder, shapes: Sequence[Shape], plan: SearchPlan,
             if out_of_time():
                 cut = True
                 break
-            t = rec.timed(shape, min_s, iterations, plan.warmup_min_s, 1 if rung == 0 else 2, cap)
+            t = rec.timed(shape, min_s, iterations, warm_s, 1 if rung == 0 else 2, cap)
             if t is not None:
                 results.append(t)
             if progress and i % 16 == 0:
@@ -267,6 +267,7 @@ def successive_halving(rec: Recorder, shapes: Sequence[Shape], plan: SearchPlan,
         pool = sorted((t.shape for g in groups.values() for t in g[:max(per_class, math.ceil(len(g) / plan.eta))]), key=flop)
         iterations *= plan.eta
         min_s *= plan.eta
+        warm_s *= plan.eta
     return survivors, cut
 
 
@@ -290,7 +291,7 @@ def pattern_search(rec: Recorder, seed: Shape, plan: SearchPlan, out_of_time: Ca
                    cap: tuple[int, int] | None = None) -> Timing | None:
     """Hill-climb from `seed` in steps of refine_start_step, halving down to plan.align."""
     def measure(shape: Shape) -> Timing | None:
-        return rec.timed(shape, plan.refine_min_s, plan.refine_iterations, plan.warmup_min_s, 2, cap)
+        return rec.timed(shape, plan.refine_min_s, plan.refine_iterations, plan.warmup_min_s * plan.eta, 2, cap)
 
     current = measure(seed)
     if current is None:
@@ -372,13 +373,16 @@ def final_measure(rec: Recorder, shapes: Sequence[Shape], iterations: int, warmu
     return sorted(finals, key=lambda t: t.mean_tflops, reverse=True)
 
 
+SCREEN_SHARE, REFINE_END = 0.5, 0.88  # of the budget: the screen may use up to half, refinement up to 88%
+
+
 def search(measure: MeasureFn, plan: SearchPlan, *, final_iterations: int, final_warmup: int,
            budget_s: float, clock: Callable[[], float] = time.monotonic,
            progress: ProgressFn | None = None, extra_seeds: Sequence[Shape] = (),
            shuffle_seed: int = 0) -> SearchOutcome:
     """Successive halving over plan.coarse_shapes(), pattern search around the leaders, then final.
 
-    The budget is shared out: screening may use up to 45% of it, refinement up to 85%; the final
+    The budget is shared out: screening may use up to half of it, refinement up to 88%; the final
     measurements always run (they are the answer), so leave them room: the budget is a target.
     """
     start = clock()
@@ -393,12 +397,12 @@ def search(measure: MeasureFn, plan: SearchPlan, *, final_iterations: int, final
     shapes = list(dict.fromkeys([*extra_seeds, *shapes]))
     bounds = class_bounds(shapes, plan.classes)
     cap = (final_iterations, final_warmup)
-    survivors, cut1 = successive_halving(rec, shapes, plan, past(0.45), progress, (0.0, 0.45), bounds, cap)
+    survivors, cut1 = successive_halving(rec, shapes, plan, past(SCREEN_SHARE), progress, (0.0, 0.45), bounds, cap)
     phase["screen_s"] = clock() - start
 
     t0 = clock()
     seeds = _class_seeds(survivors, plan, bounds)
-    refine_stop = past(0.85)
+    refine_stop = past(REFINE_END)
     for i, seed in enumerate(seeds):
         if refine_stop():
             break
@@ -406,7 +410,7 @@ def search(measure: MeasureFn, plan: SearchPlan, *, final_iterations: int, final
             progress(0.45 + 0.4 * i / max(len(seeds), 1), f"refining around {seed[0]}x{seed[1]}x{seed[2]}")
         # Each seed gets an equal share of the refinement time left, so climbing among the largest
         # shapes (tens of ms a measurement) cannot use up the time of the small and medium ones.
-        seed_end = clock() + (start + 0.85 * budget_s - clock()) / (len(seeds) - i)
+        seed_end = clock() + (start + REFINE_END * budget_s - clock()) / (len(seeds) - i)
         pattern_search(rec, seed, plan, lambda end=seed_end: refine_stop() or clock() > end, cap)
     cut2 = refine_stop()
     phase["refine_s"] = clock() - t0
