@@ -228,7 +228,8 @@ stop() {
   fi
   rm -f "$D/run/mysqld.pid"
   # munged is shared: stop it only if one of these scripts started it and no other cluster runs.
-  if [ -f "$MUNGE_MARK" ] && [ -f /run/munge/munged.pid ] && ! pgrep -x slurmctld >/dev/null; then
+  # (Zombie slurmctld entries, left when PID 1 does not reap, do not count: hence ps, not pgrep.)
+  if [ -f "$MUNGE_MARK" ] && [ -f /run/munge/munged.pid ] && ! ps -C slurmctld -o stat= | grep -qv '^Z'; then
     kill "$(cat /run/munge/munged.pid 2>/dev/null)" 2>/dev/null || true
     rm -f "$MUNGE_MARK"
   fi
