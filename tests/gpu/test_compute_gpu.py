@@ -53,7 +53,8 @@ def test_quick_mamf_in_band_for_this_card():
     r = execute(MATMUL, MatmulBenchParams(), timeout_s=600)
     lo, hi = _mamf_band(rec)
     print(f"\nFIGURE matmul_bench quick bf16 on {name}: MAMF {r.mamf_tflops} TFLOPS at {r.best_shape}, "
-          f"{r.shapes_tried} shapes, {r.wall_time_s} s (warm-up {r.warmup_s} s), efficiency {r.efficiency_pct}%, "
+          f"{r.shapes_tried} shapes, {r.wall_time_s} s (warm-up {r.warmup_s} s, phases {r.phase_s}), "
+          f"finals {[(t.shape, t.mean_tflops) for t in r.top_shapes]}, efficiency {r.efficiency_pct}%, "
           f"vs published {r.vs_published_pct}%, telemetry {r.telemetry}, verdict {r.verdict}")
     assert lo <= r.mamf_tflops <= hi, r.findings
     assert r.verdict in ("ok", "warn", "info") and r.top_shapes[0].iterations == 100
