@@ -334,3 +334,14 @@ def test_launch_script_refuses_bad_requests():
 def test_spec_annotations():
     assert launch_script.SPEC.read_only is False and launch_script.SPEC.idempotent is False
     assert slurm_status.SPEC.read_only and sjd.SPEC.read_only and sjd.SPEC.runs == "subprocess"
+
+
+def test_a_broken_log_triage_does_not_hide_slurms_answer(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "tools.log_triage", None)  # import now fails
+    monkeypatch.setattr(sjd, "from_scontrol", lambda job_id: None)
+    monkeypatch.setattr(sjd, "from_sacct", lambda job_id, not_seen: (None, [], None))
+    (tmp_path / "slurm-7.out").write_text(
+        "slurmstepd: error: *** JOB 7 ON n1 CANCELLED AT 2026-01-01T00:00:00 DUE TO TIME LIMIT ***\n")
+    r = sjd.run(sjd.SlurmJobDiagnoseParams(job_id="7", search_dirs=[str(tmp_path)]), noop)
+    assert r.state == "TIMEOUT" and r.verdict == "fail"
+    assert r.log_findings and r.log_findings[0].startswith("log_triage is not usable")

@@ -12,7 +12,6 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 
 from tools import _slurm
-from tools.harness import ToolFailure
 
 SACCT_FIELDS = ["JobID", "JobIDRaw", "JobName", "State", "ExitCode", "DerivedExitCode", "Elapsed", "Timelimit",
                 "NodeList", "Partition", "WorkDir", "SubmitLine"]
@@ -179,16 +178,14 @@ def scan_slurm_lines(paths: list[Path]) -> tuple[str | None, str | None, str | N
 
 
 def triage(paths: list[Path]) -> tuple[str, list[str], list[str]]:
-    """(log_triage's verdict, findings, next) for these files; ('info', [a note], []) without it."""
+    """(log_triage's verdict, findings, next) for these files; ('info', [a note], []) when log_triage is
+    missing or breaks: a fault there must not hide what SLURM itself says about the job."""
     try:
         from tools.log_triage import triage_paths
-    except ImportError:
-        return "info", ["log_triage is not installed in this checkout: read the log files by hand"], []
+    except Exception as e:  # noqa: BLE001
+        return "info", [f"log_triage is not usable here ({type(e).__name__}: {e}): read the log files by hand"], []
     try:
         result = triage_paths([str(p) for p in paths])
-    except ToolFailure as e:
-        return "info", [f"log_triage could not read the logs: {e}"], []
+    except Exception as e:  # noqa: BLE001
+        return "info", [f"log_triage could not read the logs ({type(e).__name__}: {e})"], []
     return result.verdict, list(result.findings), list(result.next)
-
-
-# ---------------------------------------------------------------------------------------------------

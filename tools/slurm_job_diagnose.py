@@ -201,7 +201,7 @@ def run(params: SlurmJobDiagnoseParams, progress) -> SlurmJobDiagnoseResult:
                            + (" (none here: state unknown)." if not log_state else "."))
         if not log_state:  # nothing to judge from SLURM: the logs decide
             verdict = log_verdict if log_verdict in ("fail", "warn") else "info"
-    if log_findings and not log_findings[0].startswith("log_triage is not installed"):
+    if log_findings and not log_findings[0].startswith("log_triage is not usable"):
         findings.extend(f"Log: {f}" for f in log_findings[:5])
         # What the log points to, before the SLURM page; log_triage itself has run already.
         nxt = [n for n in dict.fromkeys(nxt[:-1] + log_next + nxt[-1:])
