@@ -23,6 +23,7 @@ from tools.harness import Field, ToolFailure
 LAUNCHER_FILES = ("torch/distributed/elastic/", "torch/distributed/run.py", "torch/distributed/launch")
 
 
+# The report's records: hang_stack_dump's output schema, so every field keeps its description.
 class StackGroup(BaseModel):
     ranks: list[int] = Field(default_factory=list, description="Ranks with this stack (from each process's env).")
     pids: list[int] = Field(default_factory=list, description="Processes with this stack (host:pid in procs).")
