@@ -13,6 +13,7 @@ from pathlib import Path
 
 from tools._fr_dumps import RankDump, load_dump
 
+
 def _pg_config_usable(raw: dict) -> bool:
     cfg = raw.get("pg_config") or {}
     return bool(cfg) and "" not in cfg and all(
