@@ -13,11 +13,9 @@ Tool modules are imported by the server at start, so they must import quickly: h
 import dataclasses
 import functools
 import os
-import shlex
 import signal
 import subprocess
 import sys
-import time
 import tomllib
 from collections.abc import Callable
 from pathlib import Path

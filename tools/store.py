@@ -14,7 +14,6 @@ import platform
 import socket
 import sqlite3
 import sys
-import time
 from importlib import metadata
 from pathlib import Path
 
@@ -166,7 +165,3 @@ def query(tool: str | None = None, host: str | None = None, gpu: str | None = No
         for k in ("gpu_names", "gpu_uuids", "gpu_serials", "params", "result"):
             r[k] = json.loads(r[k]) if r[k] else None
     return rows
-
-
-def now() -> float:
-    return time.time()
