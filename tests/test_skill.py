@@ -135,7 +135,9 @@ async def test_the_mcp_json_command_starts_the_server_and_lists_every_tool():
     params = StdioServerParameters(command=command, args=[expand(a) for a in server["args"]], cwd=str(ROOT))
     async with Client(params) as client:
         names = {t.name for t in (await client.list_tools()).tools}
+        prompts = {p.name for p in (await client.list_prompts()).prompts}
     assert names == set(registry())
+    assert "diagnose" in prompts  # SKILL.md points agents at it
 
 
 def test_worked_example_calls_are_valid_arguments():
