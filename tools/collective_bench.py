@@ -257,7 +257,9 @@ SPEC = ToolSpec(
         "NVLS or Ring) from knowledge data. Returns a table, JSON rows and a PNG plot. Start with "
         "dist_smoke_test if ranks cannot even connect. One rank cannot measure busbw. Cost: seconds for the "
         "default all_reduce 32K..1G on GPUs; a 32K..16G sweep of all five ops takes a few minutes. Needs "
-        "torch, NCCL on GPUs (gloo on CPU, slow), matplotlib for the plot."),
+        "torch, NCCL on GPUs (gloo on CPU, slow), matplotlib for the plot."
+        " Also answers 'inter-node / InfiniBand bandwidth per GPU is lower than NDR or HDR should give', "
+        "all_to_all (alltoall) speed for MoE, and whether an NCCL upgrade changed throughput."),
     Params=CollectiveBenchParams, Result=CollectiveBenchResult, run=run, runs="subprocess",
     read_only=True, destructive=False, idempotent=True, open_world=False, timeout_s=900,
     gpu_devices=_gpus, metric="busbw_gbps", higher_is_better=True,

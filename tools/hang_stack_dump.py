@@ -237,7 +237,9 @@ SPEC = ToolSpec(
         "data.py:88'. Targets: pids, a launcher pid (torchrun) and its workers, a command-line regex, every "
         "process holding GPU memory, or a SLURM job (every node with all_nodes, via srun --overlap). Needs "
         "py-spy and ptrace permission (same user or root; explains how to fix it otherwise). Seconds per "
-        "node. After the job died use flight_recorder_analyze or log_triage instead."),
+        "node. After the job died use flight_recorder_analyze or log_triage instead."
+        " The process is still alive but frozen: deadlock, stuck dataloader, eval loop or torch.save that "
+        "never returns, one rank lagging while the others wait."),
     Params=HangStackDumpParams, Result=HangStackDumpResult, run=run, runs="subprocess",
     read_only=True, destructive=False, idempotent=True, open_world=False, timeout_s=300, store=False,
 )

@@ -127,7 +127,14 @@ SPEC = ToolSpec(
         "variables matter'), what a measured number should be, how to fix a known problem. Returns the best "
         "sections with knowledge:// URIs to read in full and short snippets. Instant, read-only. Use it to "
         "interpret tool results or answer conceptual questions; use a measuring tool when the user needs a "
-        "figure from their own machines."),
+        "figure from their own machines."
+        " Answers explanation questions without running anything: why, how does X work, what is, difference "
+        "between, best practice, should I, what should the number be. Covers hangs and NCCL debugging, NCCL "
+        "and TORCH_ environment variables, algbw vs busbw, NVLink/NVLS, InfiniBand, RoCE, EFA, GPUDirect "
+        "RDMA, Xid/ECC, MAMF, ZeRO/FSDP and parallelism, mixed precision (fp16/bf16/fp8), loss spikes and "
+        "NaNs, memory fragmentation (expandable_segments), /dev/shm, pinned memory, NUMA, checkpointing to "
+        "shared filesystems, SLURM and Kubernetes, fault tolerance, serving metrics (TTFT, TPOT), KV cache, "
+        "batching, tiny test models."),
     Params=KnowledgeSearchParams, Result=KnowledgeSearchResult, run=run, store=False,
 )
 

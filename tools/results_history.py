@@ -131,7 +131,10 @@ SPEC = ToolSpec(
         "serial/UUID, driver, torch/CUDA/NCCL versions): by tool, host, GPU and time window. Flags the node or GPU "
         "whose latest figure is worse than the others' (fleet outlier) and figures that regressed against their own "
         "past ('was this node faster last week?', 'which node is the slow one', 'did the driver update slow us "
-        "down'). Instant, read-only. Only knows runs made with mleng on this store."),
+        "down'). Instant, read-only. Only knows runs made with mleng on this store."
+        " Trends over days and weeks of any tool's figure (busbw from collective_bench, TFLOPS from "
+        "matmul_bench, storage throughput, health verdicts): 'was it better last week', 'history of runs on "
+        "/lustre', before vs after a driver or NCCL upgrade."),
     Params=ResultsHistoryParams, Result=ResultsHistoryResult, run=run, store=False,
 )
 

@@ -287,7 +287,9 @@ SPEC = ToolSpec(
         "fail at 90%). Uses fio when installed, else Python; O_DIRECT where supported. Writes only inside a "
         "temporary directory under the path (default 256 MiB, about 10 s, bounded by time_budget_s) and always "
         "removes it. Needs a writable directory, no GPU, no root. One stream: not a parallel-filesystem "
-        "aggregate benchmark."),
+        "aggregate benchmark."
+        " Compares mounts (local NVMe, Lustre, GPFS, Weka, NFS, /scratch): which is faster for checkpoints or"
+        " shards."),
     Params=StorageParams, Result=StorageResult, run=run, runs="subprocess",
     read_only=False, destructive=False, idempotent=True, open_world=False, timeout_s=300,
     metric="seq_write_mbps", higher_is_better=True,
