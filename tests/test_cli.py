@@ -51,3 +51,14 @@ def test_doctor_summarises_this_machine(mleng_home):
     assert out.returncode == 0, out.stdout + out.stderr
     assert "mleng doctor on" in out.stdout and "env_report" in out.stdout and "gpu_health" in out.stdout
     assert "Overall:" in out.stdout
+
+
+def test_readme_tool_table_lists_every_registered_tool():
+    import re
+
+    from tools import registry
+
+    readme = open(os.path.join(REPO, "README.md")).read()
+    listed = set(re.findall(r"^\| `([a-z_]+)`(?: / `([a-z_]+)`)? \|", readme, re.M))
+    names = {n for pair in listed for n in pair if n}
+    assert names == set(registry()), f"README table vs registry: {names ^ set(registry())}"
