@@ -59,6 +59,6 @@ def test_readme_tool_table_lists_every_registered_tool():
     from tools import registry
 
     readme = open(os.path.join(REPO, "README.md")).read()
-    listed = set(re.findall(r"^\| `([a-z_]+)`(?: / `([a-z_]+)`)? \|", readme, re.M))
+    listed = set(re.findall(r"^\| `([a-z0-9_]+)`(?: / `([a-z0-9_]+)`)? \|", readme, re.M))
     names = {n for pair in listed for n in pair if n}
     assert names == set(registry()), f"README table vs registry: {names ^ set(registry())}"
