@@ -4,6 +4,7 @@ runs on device='cpu', parameter errors, and the verdicts on made-up figures."""
 import math
 import random
 import re
+import statistics
 
 import pytest
 from pydantic import ValidationError
@@ -76,6 +77,10 @@ class PowerCapped(Landscape):
     def _relax(self, target, dt):
         self.c += (target - self.c) * (1 - math.exp(-dt / self.tau_s))
 
+    def cool_down(self, seconds):  # a light load: the power cap does not bind, the clock climbs to its maximum
+        self._relax(1.0, seconds)
+        self.now += seconds
+
     def measure(self, shape, iterations, warmup):
         self.calls += 1
         t1, target, times = self._full_clock_s(shape), self.target(shape), []
@@ -96,7 +101,8 @@ def _grid(land):
 
 
 def _search(land, budget_s=60.0, plan=ms.QUICK):
-    return ms.search(land.measure, plan, final_iterations=100, final_warmup=50, budget_s=budget_s, clock=land.clock)
+    return ms.search(land.measure, plan, final_iterations=100, final_warmup=50, budget_s=budget_s, clock=land.clock,
+                     cool_down=getattr(land, "cool_down", None))
 
 
 def test_search_finds_planted_best():
@@ -148,6 +154,47 @@ def test_power_capped_model_has_the_h200_shape():
     burst, sustained = PowerCapped(), PowerCapped()
     assert burst.measure(big, 3, 1).mean_tflops > burst.measure(mid, 3, 1).mean_tflops
     assert sustained.measure(big, 100, 50).mean_tflops < sustained.measure(mid, 100, 50).mean_tflops
+
+
+def test_finals_start_from_full_clock_then_settle():
+    """Each finalist, in FLOP order: a cool-down, the published measurement, then the same shape run on for at
+    least settle_s, timed the same way, of which the last `iterations` make the sustained figure."""
+    events = []
+
+    def measure(shape, iterations, warmup):
+        events.append(("measure", shape, iterations, warmup))
+        per = 2 * shape[0] * shape[1] * shape[2] / 700e12
+        return ms.Timing(shape, tuple(per * (1 + i / 10_000) for i in range(iterations)))  # slowing down as it runs
+
+    shapes = [(4096, 4096, 8192), (2048, 2048, 8192)]
+    finals = ms.final_measure(ms.Recorder(measure), shapes, 100, 50, cool_down=lambda s: events.append(("cool", s)),
+                              cooldown_s=0.2, settle_s=0.1)
+    per_small = 2 * 2048 * 2048 * 8192 / 700e12
+    settle_small = math.ceil(0.1 / (per_small * statistics.fmean(1 + i / 10_000 for i in range(100))))
+    assert events[:3] == [("cool", 0.2), ("measure", (2048, 2048, 8192), 100, 50), ("measure", (2048, 2048, 8192), settle_small + 100, 0)]
+    assert [e[0] for e in events[3:]] == ["cool", "measure", "measure"] and events[4][1] == (4096, 4096, 8192)
+    small = next(t for t in finals.sustained if t.shape == (2048, 2048, 8192))
+    assert small.iterations == 100 and small.times_s[0] == pytest.approx(per_small * (1 + settle_small / 10_000))
+    for ranked in (finals.fresh, finals.sustained):  # best mean first
+        assert {t.shape for t in ranked} == set(shapes) and ranked[0].mean_tflops >= ranked[1].mean_tflops
+
+
+def test_power_capped_card_shows_a_sustained_figure_below_the_mamf():
+    capped = _search(PowerCapped(sms=132, seed=0))
+    assert capped.best_sustained is not None and capped.best_sustained.mean_tflops < 0.98 * capped.best.mean_tflops
+    sustained = {t.shape: t.mean_tflops for t in capped.sustained}
+    assert all(sustained[t.shape] < t.mean_tflops for t in capped.finals)
+    uncapped = _search(Landscape(sms=132, seed=0))  # no power cap: the two figures agree within the noise
+    assert uncapped.best_sustained.mean_tflops == pytest.approx(uncapped.best.mean_tflops, rel=0.01)
+
+
+def test_cool_down_is_what_lifts_the_finals_on_a_power_capped_card():
+    """The same search with and without the cool-down hook: without it a short finalist measures the clock its
+    predecessor left; with it, the clock the card reaches at that shape."""
+    with_cool, without = PowerCapped(sms=132, seed=0), PowerCapped(sms=132, seed=0)
+    a = _search(with_cool)
+    b = ms.search(without.measure, ms.QUICK, final_iterations=100, final_warmup=50, budget_s=60, clock=without.clock)
+    assert a.best.mean_tflops > 1.02 * b.best.mean_tflops
 
 
 def test_finals_cover_every_size_class():
@@ -310,6 +357,8 @@ def test_quick_run_on_cpu_returns_a_complete_result():
     assert r.verdict == "info" and r.device == "cpu" and r.dtype == "bf16"
     assert re.fullmatch(r"\d+x\d+x\d+", r.best_shape)
     assert r.mamf_tflops > 0 and r.best_max_tflops >= r.mamf_tflops
+    assert r.sustained_tflops > 0 and r.top_sustained[0].shape == r.sustained_shape and r.top_sustained[0].iterations == 5
+    assert {s.shape for s in r.top_sustained} == {s.shape for s in r.top_shapes}
     assert r.top_shapes[0].shape == r.best_shape and r.top_shapes[0].iterations == 5
     assert [s.mean_tflops for s in r.top_shapes] == sorted((s.mean_tflops for s in r.top_shapes), reverse=True)
     assert r.shapes_tried > len(r.top_shapes) and r.geomean_tflops > 0  # a busy CPU makes any ordering flaky
@@ -379,13 +428,24 @@ def test_rocm_without_tunableop_warns():
 
 
 def test_all_gpus_names_the_slow_gpu():
-    rows, slow, median = gpu_spread([(0, "H200", 780.0, "a"), (1, "H200", 782.0, "a"), (2, "H200", 779.0, "a"),
-                                     (3, "H200", 700.0, "b")])
+    rows, slow, median = gpu_spread([(0, "H200", 780.0, "a", 760.0), (1, "H200", 782.0, "a", 761.0),
+                                     (2, "H200", 779.0, "a", 759.0), (3, "H200", 700.0, "b", 690.0)])
     assert slow == [3] and median == pytest.approx(779.5) and rows[3]["vs_median_pct"] == pytest.approx(-10.2, abs=0.1)
     v, findings, _ = _judge(gpu_rows=rows, slow_gpus=slow, gpu_median=median)
     assert v == "warn" and any(f.startswith("GPU 3 (H200) reached 700.0 TFLOPS, 10.2% below") for f in findings)
-    rows, slow, median = gpu_spread([(0, "H200", 780.0, "a")])
+    rows, slow, median = gpu_spread([(0, "H200", 780.0, "a", None)])
     assert slow == [] and _judge(gpu_rows=rows, slow_gpus=slow, gpu_median=median)[0] == "ok"
+
+
+def test_all_gpus_names_a_gpu_that_bursts_fine_but_does_not_hold():
+    """A lowered power limit: full clock in a burst like its neighbours, less once settled."""
+    rows, slow, median = gpu_spread([(0, "H200", 810.0, "a", 776.0), (1, "H200", 808.0, "a", 775.0),
+                                     (2, "H200", 809.0, "a", 700.0)])
+    assert slow == [2] and rows[2]["vs_median_pct"] == pytest.approx(0.0, abs=0.2)
+    assert rows[2]["sustained_vs_median_pct"] == pytest.approx(-9.7, abs=0.1)
+    v, findings, _ = _judge(gpu_rows=rows, slow_gpus=slow, gpu_median=median)
+    assert v == "warn" and any(f.startswith("GPU 2 (H200) reaches 809.0 TFLOPS from full clock but holds only 700.0")
+                               for f in findings)
 
 
 def test_unknown_card_and_other_dtypes_are_info():
@@ -526,7 +586,7 @@ def test_all_gpus_assembly_names_the_slow_gpu(monkeypatch):
         shapes = plan_shapes or [(2048, 2048, 12288), (2048, 2048, 13312)]
         finals = sorted((ms.Timing(s, (2 * s[0] * s[1] * s[2] / (790e12 * speed[device] * (1 - i / 100)),) * 100)
                          for i, s in enumerate(shapes)), key=lambda t: -t.mean_tflops)
-        outcome = ms.SearchOutcome(best=finals[0], finals=finals, tried={t.shape: t for t in finals},
+        outcome = ms.SearchOutcome(best=finals[0], finals=finals, sustained=finals[::-1], tried={t.shape: t for t in finals},
                                    iterations_total=300, elapsed_s=1.0, phase_s={})
         return outcome, ms.Warmup(3.0, 6, True, 780.0), summarize([])
 

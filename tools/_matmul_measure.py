@@ -11,6 +11,7 @@ How a shape is timed (the careful way; each point changes the answer if skipped)
 """
 
 import statistics
+import time
 
 from tools._matmul_search import Shape, Timing, Warmup, warm_until_stable
 from tools._timing import iteration_times
@@ -151,6 +152,18 @@ class MatmulTimer:
         c.normal_()
         if self.flush is not None:
             self.flush.zero_()
+
+    def cool_down(self, seconds: float) -> None:
+        """Run a light load for `seconds` so a power-capped card's clock climbs back to its maximum.
+
+        Light: 2048^3 matmuls with the cache flush between them draw well under an H200's 700 W, and
+        its clock returns to 1980 MHz (bench/clock_settle.py). A load, not an idle pause, because an
+        idle card may drop to its idle clocks. No-op on the CPU (no power controller to wait for)."""
+        if self.is_cpu or seconds <= 0:
+            return
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:  # measure() synchronizes, so the host clock follows the GPU's work
+            self.measure((2048, 2048, 2048), 50, 0)
 
     # ------------------------------------------------------------------------------------------
     def warm_up(self, *, min_s: float, max_s: float, shape: Shape | None = None, batch_s: float = 0.5) -> Warmup:

@@ -24,6 +24,16 @@ wins. Hence, everywhere above: every measurement lasts a minimum time (warm-up a
 the finals' counts), shapes are measured in order of FLOP count (each meets the clock a similar load
 sets, as in a grid loop), and leaders are kept per size class (small, medium, large FLOP count) so
 that no class crowds out another before it has been measured long enough.
+
+Full clock and sustained. Traced on an H200 (bench/clock_settle.py, docs/benchmarks.md): after a light
+load the card runs a matmul at its full clock (~810 TFLOPS) for ~40 ms, then its power controller
+steps the clock down and the same shape settles ~4-5% lower within ~100-200 ms; after a heavy load a
+shape starts ~10% below its settled level and climbs for ~20-40 ms. A published-way measurement of a
+fast shape (50 + 100 iterations of ~0.15 ms) lasts ~25 ms, so it measures mostly the clock that the
+shape before it left behind: the grid's best is partly luck of loop order. The finals therefore
+measure each finalist from a defined state, twice: from full clock (`cooldown_s` of light load
+first, then the published warm-up and iterations): the MAMF; and once it has run `settle_s` at its
+own load: the sustained figure, what a long training run gets.
 """
 
 import bisect
@@ -99,6 +109,11 @@ class SearchPlan:
     warmup_min_s: float = 0.0         # untimed seconds before the timed ones (first rung; x eta per rung and in refinement)
     refine_min_s: float = 0.0         # timed seconds per shape in the refinement
     classes: int = 3                  # size classes (by FLOP count) screened, refined and finalised separately
+    # The finals (see the module docstring): light load before each finalist so it starts at full clock,
+    # then, after the published measurement, the same shape for settle_s more (timed the same way, only
+    # the last `final_iterations` kept) for the sustained figure. 0 turns either off.
+    cooldown_s: float = 0.0
+    settle_s: float = 0.0
 
     def coarse_shapes(self) -> list[Shape]:
         return [(m, n, k) for m in self.mn_values for n in self.mn_values for k in self.k_values]
@@ -109,19 +124,20 @@ QUICK = SearchPlan(
     k_values=(1024, 2048, 4096, 8192, 12288, 16384),
     align=256, max_dim=16384, refine_start_step=1024,
     screen_iterations=3, refine_seeds=6, refine_iterations=8, refine_max_moves=8, final_count=9,
-    screen_min_s=0.002, warmup_min_s=0.002, refine_min_s=0.01,
+    screen_min_s=0.002, warmup_min_s=0.002, refine_min_s=0.01, cooldown_s=0.2, settle_s=0.2,
 )
 THOROUGH = SearchPlan(
     mn_values=(1024, 1536, 2048, 2560, 3072, 4096, 5120, 6144, 8192, 10240, 12288, 14336, 16384, 20480),
     k_values=(1024, 2048, 3072, 4096, 6144, 8192, 12288, 16384, 20480),
     align=128, max_dim=20480, refine_start_step=1024,
     screen_iterations=5, rungs=4, refine_seeds=9, refine_iterations=40, refine_max_moves=20, final_count=12,
-    screen_min_s=0.004, warmup_min_s=0.004, refine_min_s=0.02,
+    screen_min_s=0.004, warmup_min_s=0.004, refine_min_s=0.02, cooldown_s=0.3, settle_s=0.3,
 )
 TINY = SearchPlan(  # device='cpu': the same logic on shapes a CPU multiplies in milliseconds
     mn_values=(32, 64, 128, 256), k_values=(64, 256),
     align=32, max_dim=384, refine_start_step=64,
     screen_iterations=3, rungs=2, refine_seeds=2, refine_iterations=5, refine_max_moves=4, final_count=3,
+    settle_s=0.005,  # no power controller to wait for: exercises the sustained figure's plumbing only
 )
 PLANS = {"quick": QUICK, "thorough": THOROUGH, "tiny": TINY}
 
@@ -156,6 +172,11 @@ class SearchOutcome:
     skipped: list[Shape] = dataclasses.field(default_factory=list)   # measure() returned None (e.g. no memory)
     stopped_early: bool = False                # the time budget cut a phase short
     errors: list[str] = dataclasses.field(default_factory=list)     # shapes whose measurement raised
+    sustained: list[Timing] = dataclasses.field(default_factory=list)  # the finalists after settle_s at their own load, best first
+
+    @property
+    def best_sustained(self) -> Timing | None:
+        return self.sustained[0] if self.sustained else None
 
     @property
     def geomean_tflops(self) -> float | None:
@@ -356,21 +377,42 @@ def _class_finalists(ranked: Sequence[Timing], plan: SearchPlan, bounds: Sequenc
     return list(dict.fromkeys([*picked, *_distinct_top(ranked, plan.final_count)]))[:max(plan.final_count, len(picked))]
 
 
-def final_measure(rec: Recorder, shapes: Sequence[Shape], iterations: int, warmup: int,
-                  progress: ProgressFn | None = None, share: tuple[float, float] = (0.9, 1.0)) -> list[Timing]:
-    """Measure each shape the published way (warm-up, then `iterations`); best mean first.
+CoolDownFn = Callable[[float], None]  # run a light load for this many seconds (the clock climbs back to its maximum)
 
-    In order of FLOP count, so each shape follows one of similar load, as in a grid loop (the clock
-    it meets is near the one it sustains), never a short shape right after the longest ones."""
-    finals = []
+
+@dataclasses.dataclass
+class Finals:
+    fresh: list[Timing]       # from full clock, the published way: best mean first (MAMF)
+    sustained: list[Timing]   # after settle_s at the shape's own load: best mean first
+
+
+def final_measure(rec: Recorder, shapes: Sequence[Shape], iterations: int, warmup: int,
+                  progress: ProgressFn | None = None, share: tuple[float, float] = (0.9, 1.0), *,
+                  cool_down: CoolDownFn | None = None, cooldown_s: float = 0.0, settle_s: float = 0.0) -> Finals:
+    """Measure each finalist the published way (warm-up, then `iterations`), from a defined clock state.
+
+    Before each shape, cool_down(cooldown_s) runs a light load so the shape starts at full clock rather
+    than at whatever its predecessor left (on a power-capped card that differs by ~10%). With settle_s,
+    the shape then runs on, timed the same way (cache flush between iterations: the same power draw),
+    for at least settle_s more, and the last `iterations` of that give its sustained mean."""
+    fresh, sustained = [], []
     for i, shape in enumerate(sorted(shapes, key=flop)):
         if progress:
             progress(share[0] + (share[1] - share[0]) * i / max(len(shapes), 1),
                      f"final: {shape[0]}x{shape[1]}x{shape[2]}, {warmup} warm-up + {iterations} iterations")
+        if cool_down is not None and cooldown_s > 0:
+            cool_down(cooldown_s)
         t = rec(shape, iterations, warmup)
-        if t is not None:
-            finals.append(t)
-    return sorted(finals, key=lambda t: t.mean_tflops, reverse=True)
+        if t is None:
+            continue
+        fresh.append(t)
+        if settle_s > 0:
+            longer = math.ceil(settle_s / statistics.fmean(t.times_s))  # iterations lasting at least settle_s
+            s = rec(shape, longer + iterations, 0)
+            if s is not None:
+                sustained.append(Timing(shape, s.times_s[-iterations:]))
+    return Finals(sorted(fresh, key=lambda t: t.mean_tflops, reverse=True),
+                  sorted(sustained, key=lambda t: t.mean_tflops, reverse=True))
 
 
 SCREEN_SHARE, REFINE_END = 0.5, 0.88  # of the budget: the screen may use up to half, refinement up to 88%
@@ -379,18 +421,20 @@ SCREEN_SHARE, REFINE_END = 0.5, 0.88  # of the budget: the screen may use up to 
 def search(measure: MeasureFn, plan: SearchPlan, *, final_iterations: int, final_warmup: int,
            budget_s: float, clock: Callable[[], float] = time.monotonic,
            progress: ProgressFn | None = None, extra_seeds: Sequence[Shape] = (),
-           shuffle_seed: int = 0) -> SearchOutcome:
+           shuffle_seed: int = 0, cool_down: CoolDownFn | None = None) -> SearchOutcome:
     """Successive halving over plan.coarse_shapes(), pattern search around the leaders, then final.
 
-    The budget is shared out: screening may use up to half of it, refinement up to 88%; the final
-    measurements always run (they are the answer), so leave them room: the budget is a target.
+    The finals always run (they are the answer), so their cool-down and settling time is set aside
+    first; of the rest, screening may use up to half and refinement up to 88%: the budget is a target.
     """
     start = clock()
     rec = Recorder(measure)
     phase: dict[str, float] = {}
+    finals_s = plan.final_count * (plan.cooldown_s + plan.settle_s)
+    search_s = max(budget_s - finals_s, 0.5 * budget_s)
 
     def past(fraction: float) -> Callable[[], bool]:
-        return lambda: clock() - start > fraction * budget_s
+        return lambda: clock() - start > fraction * search_s
 
     shapes = plan.coarse_shapes()
     random.Random(shuffle_seed).shuffle(shapes)  # ties in FLOP count: no systematic order along one axis
@@ -410,16 +454,17 @@ def search(measure: MeasureFn, plan: SearchPlan, *, final_iterations: int, final
             progress(0.45 + 0.4 * i / max(len(seeds), 1), f"refining around {seed[0]}x{seed[1]}x{seed[2]}")
         # Each seed gets an equal share of the refinement time left, so climbing among the largest
         # shapes (tens of ms a measurement) cannot use up the time of the small and medium ones.
-        seed_end = clock() + (start + REFINE_END * budget_s - clock()) / (len(seeds) - i)
+        seed_end = clock() + (start + REFINE_END * search_s - clock()) / (len(seeds) - i)
         pattern_search(rec, seed, plan, lambda end=seed_end: refine_stop() or clock() > end, cap)
     cut2 = refine_stop()
     phase["refine_s"] = clock() - t0
 
     t0 = clock()
     finals = final_measure(rec, _class_finalists(rec.ranked(), plan, bounds), final_iterations, final_warmup,
-                           progress, (0.85, 1.0))
+                           progress, (0.85, 1.0), cool_down=cool_down, cooldown_s=plan.cooldown_s, settle_s=plan.settle_s)
     phase["final_s"] = clock() - t0
-    return SearchOutcome(best=finals[0] if finals else None, finals=finals, tried=rec.tried,
+    return SearchOutcome(best=finals.fresh[0] if finals.fresh else None, finals=finals.fresh,
+                         sustained=finals.sustained, tried=rec.tried,
                          iterations_total=rec.iterations, elapsed_s=clock() - start, phase_s=phase,
                          skipped=rec.skipped, stopped_early=cut1 or cut2)
 

@@ -10,6 +10,7 @@ from tools.accelerator_specs import match_accelerator
 OK_VS_PUBLISHED = 0.90    # >= 90% of the published MAMF: as expected
 FAIL_VS_PUBLISHED = 0.75  # < 75%: something is wrong with the card or the stack
 SLOW_GPU_PCT = 5.0        # all_gpus: flag a GPU this much below the node median
+SUSTAINED_DROP = 0.02     # sustained this far below the MAMF: say the clock does not hold (power cap)
 RANK = {"info": 0, "ok": 1, "warn": 2, "fail": 3}
 THROTTLING_PAGE = "knowledge://compute/throttling-and-clocks.md"
 
@@ -37,16 +38,27 @@ def compare_to_specs(mamf_tflops: float, dtype: str, device_name: str) -> dict:
     return out
 
 
-def gpu_spread(per_gpu: list[tuple[int, str, float | None, str | None]]) -> tuple[list[dict], list[int], float | None]:
-    """Rows with each GPU's difference from the node median, the GPUs more than SLOW_GPU_PCT below it, the median."""
-    values = [v for _, _, v, _ in per_gpu if v]
-    median = statistics.median(values) if values else None
+def gpu_spread(per_gpu: list[tuple[int, str, float | None, str | None, float | None]]
+               ) -> tuple[list[dict], list[int], float | None]:
+    """Rows (device, name, MAMF, its shape, sustained) with each GPU's differences from the node medians, the
+    GPUs more than SLOW_GPU_PCT below either median, and the MAMF median. Both figures count: a GPU with a
+    lowered power limit or poor cooling reaches full clock in a burst but holds less once settled."""
+    def median_of(i):
+        values = [g[i] for g in per_gpu if g[i]]
+        return statistics.median(values) if values else None
+
+    def pct(value, median):
+        return round(100 * (value - median) / median, 1) if (value and median) else None
+
+    median, sustained_median = median_of(2), median_of(4)
     rows, slow = [], []
-    for dev, name, value, shape in per_gpu:
-        pct = round(100 * (value - median) / median, 1) if (value and median) else None
-        rows.append({"device": dev, "name": name, "mamf_tflops": round(value, 1) if value else None,
-                     "best_shape": shape, "vs_median_pct": pct})
-        if value is None or (pct is not None and pct < -SLOW_GPU_PCT):
+    for dev, name, value, shape, sustained in per_gpu:
+        row = {"device": dev, "name": name, "mamf_tflops": round(value, 1) if value else None, "best_shape": shape,
+               "sustained_tflops": round(sustained, 1) if sustained else None,
+               "vs_median_pct": pct(value, median), "sustained_vs_median_pct": pct(sustained, sustained_median)}
+        rows.append(row)
+        below = [p for p in (row["vs_median_pct"], row["sustained_vs_median_pct"]) if p is not None and p < -SLOW_GPU_PCT]
+        if value is None or below:
             slow.append(dev)
     return rows, slow, median
 
@@ -83,7 +95,7 @@ def _telemetry_findings(tel: dict) -> tuple[str, list[str]]:
 
 
 def judge(*, dtype: str, device_name: str, is_cpu: bool, mamf_tflops: float, best_shape: str, iterations: int,
-          comparison: dict, telemetry: dict, gpu_rows: list[dict], slow_gpus: list[int], gpu_median: float | None,
+          comparison: dict, telemetry: dict, sustained_tflops: float | None = None, sustained_shape: str | None = None, gpu_rows: list[dict], slow_gpus: list[int], gpu_median: float | None,
           tunableop_missing: bool, stopped_early: bool, budget_s: float | None, warmup_stable: bool | None,
           shapes_tried: int, geomean_tflops: float | None, wall_time_s: float) -> tuple[str, list[str], list[str]]:
     """(verdict, findings, next) for one matmul_bench run."""
@@ -114,6 +126,16 @@ def judge(*, dtype: str, device_name: str, is_cpu: bool, mamf_tflops: float, bes
     else:
         findings.append(f"No published {dtype} MAMF for this card to judge against; typical MAMF is 70-90% of the "
                         "datasheet peak on NVIDIA and 50-70% on AMD.")
+    if sustained_tflops and not is_cpu:
+        drop = 1 - sustained_tflops / mamf_tflops
+        if drop > SUSTAINED_DROP:
+            findings.append(f"Sustained: {sustained_tflops:.4g} TFLOPS at {sustained_shape}, {drop:.1%} below the MAMF. "
+                            "The MAMF is measured from full clock (each finalist after a light load); held longer, "
+                            "the card's power controller lowers its clock. Plan MFU against the sustained figure: a "
+                            "training step is a long load.")
+        else:
+            findings.append(f"Sustained: {sustained_tflops:.4g} TFLOPS at {sustained_shape}, within {SUSTAINED_DROP:.0%} "
+                            "of the MAMF: the clock holds under a long load.")
     tel_verdict, tel_findings = _telemetry_findings(telemetry)
     findings += tel_findings
     if tel_verdict != "info":
@@ -130,10 +152,16 @@ def judge(*, dtype: str, device_name: str, is_cpu: bool, mamf_tflops: float, bes
             verdict = worst(verdict, "warn")
             if row["mamf_tflops"] is None:
                 findings.append(f"GPU {row['device']} ({row['name']}) could not be measured.")
-            else:
+            elif row["vs_median_pct"] is not None and row["vs_median_pct"] < -SLOW_GPU_PCT:
                 findings.append(f"GPU {row['device']} ({row['name']}) reached {row['mamf_tflops']:.1f} TFLOPS, "
                                 f"{-row['vs_median_pct']:.1f}% below the node median of {gpu_median:.1f}: check it "
                                 "with gpu_health (clocks, throttle reasons, power limit, ECC).")
+            else:
+                findings.append(f"GPU {row['device']} ({row['name']}) reaches {row['mamf_tflops']:.1f} TFLOPS from full "
+                                f"clock but holds only {row['sustained_tflops']:.1f} once settled, "
+                                f"{-row['sustained_vs_median_pct']:.1f}% below the node's sustained median: typical of a "
+                                "lowered power limit or poor cooling; check it with gpu_health (power limit, clocks, "
+                                "temperature, throttle reasons).")
     if gpu_rows and not slow_gpus:
         findings.append(f"All {len(gpu_rows)} GPUs within {SLOW_GPU_PCT:g}% of the node median ({gpu_median:.1f} TFLOPS).")
     if warmup_stable is False and not is_cpu:

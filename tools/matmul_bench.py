@@ -4,9 +4,11 @@ Instead of timing every shape of a grid for 150 iterations, it screens tile-frie
 few milliseconds each (in order of size, so each meets the clock a similar load sets), gives more
 time only to the contenders of each size class (successive halving), refines around the leaders of
 small, medium and large shapes alike, and measures the finalists of every class the published way
-(mean of 100 iterations after 50 warm-up). Size classes matter on power-capped cards (H100/H200 at
-700 W): large shapes look fast in a short burst, then their clocks sink; shorter ones sustain more.
-See tools/_matmul_search.py for the search and tools/_matmul_measure.py for how a shape is timed.
+(mean of 100 iterations after 50 warm-up), each from full clock (after a light load: the MAMF) and
+again once it has run a while at its own load (the sustained figure). On power-capped cards (H100/H200
+at 700 W) the two differ by ~4%, and a shape measured the published way without a defined start
+measures mostly the clock its predecessor left. See tools/_matmul_search.py for the search and
+tools/_matmul_measure.py for how a shape is timed.
 
 By hand:
     python -m tools.matmul_bench                                  # GPU 0, bf16, quick (~30 s)
@@ -107,7 +109,9 @@ class GpuRow(Params):
     name: str = Field(description="Device name as torch reports it.")
     mamf_tflops: float | None = Field(None, description="Best mean over the finalist shapes, TFLOPS.")
     best_shape: str | None = Field(None, description="Shape of that best mean.")
-    vs_median_pct: float | None = Field(None, description="Difference from the node median, percent (negative = slower).")
+    sustained_tflops: float | None = Field(None, description="Best mean of the finalists once settled at their own load, TFLOPS.")
+    vs_median_pct: float | None = Field(None, description="MAMF's difference from the node median, percent (negative = slower).")
+    sustained_vs_median_pct: float | None = Field(None, description="Sustained figure's difference from the node median, percent.")
 
 
 class MatmulBenchResult(Result):
@@ -115,8 +119,12 @@ class MatmulBenchResult(Result):
     device_name: str | None = Field(None, description="Device name as torch reports it.")
     accelerator_id: str | None = Field(None, description="Matching record in knowledge/data/accelerators.toml.")
     dtype: str | None = Field(None, description="Input dtype measured.")
-    mamf_tflops: float | None = Field(None, description="MAMF: the best per-shape mean, TFLOPS (1e12 FLOP/s).")
+    mamf_tflops: float | None = Field(None, description="MAMF: the best per-shape mean, TFLOPS (1e12 FLOP/s); in quick and "
+                                      "thorough modes each finalist is measured from full clock (after a light load).")
     best_shape: str | None = Field(None, description="M x N x K of the MAMF.")
+    sustained_tflops: float | None = Field(None, description="The finalists' best mean once each has run ~0.2 s at its own "
+                                           "load (quick/thorough): what a long job holds; below the MAMF on a power-capped card.")
+    sustained_shape: str | None = Field(None, description="M x N x K of the sustained figure.")
     best_median_tflops: float | None = Field(None, description="Median of the best shape, TFLOPS.")
     best_max_tflops: float | None = Field(None, description="Fastest single iteration of the best shape, TFLOPS.")
     spec_tflops: float | None = Field(None, description="Datasheet dense peak for this dtype, TFLOPS.")
@@ -132,7 +140,8 @@ class MatmulBenchResult(Result):
     stopped_early: bool = Field(False, description="The time budget cut the search or grid short.")
     phase_s: dict[str, float] = Field(default_factory=dict, description="Seconds per phase: screen_s (successive "
                                       "halving), refine_s (pattern search), final_s (finalists); measure_s for shapes/grid.")
-    top_shapes: list[ShapeRow] = Field(default_factory=list, description="The final measurements, best first (at most 10).")
+    top_shapes: list[ShapeRow] = Field(default_factory=list, description="The final measurements from full clock, best first (at most 10).")
+    top_sustained: list[ShapeRow] = Field(default_factory=list, description="The same finalists once settled, best first (at most 10).")
     telemetry: dict = Field(default_factory=dict, description="NVML samples during the run: SM clock (MHz), power (W), "
                             "temperature (C), fraction of samples with each clock-event (throttle) reason.")
     gpus: list[GpuRow] = Field(default_factory=list, description="With all_gpus: one row per GPU.")
@@ -196,15 +205,20 @@ def _measure_device(device, params, progress, share, plan_shapes=None):
                                  batch_s=0.02 if is_cpu else 0.5)
             if plan_shapes is not None:
                 rec = search.Recorder(timer.measure)
-                finals = search.final_measure(rec, plan_shapes, params.iterations, params.warmup, sub, (0.1, 1.0))
-                outcome = search.SearchOutcome(best=finals[0] if finals else None, finals=finals, tried=rec.tried,
+                # measured as on the first GPU: from full clock and settled after a search, plainly after shapes/grid
+                plan = search.TINY if is_cpu else search.PLANS.get(params.mode)
+                finals = search.final_measure(rec, plan_shapes, params.iterations, params.warmup, sub, (0.1, 1.0),
+                                              cool_down=timer.cool_down, cooldown_s=plan.cooldown_s if plan else 0.0,
+                                              settle_s=plan.settle_s if plan else 0.0)
+                outcome = search.SearchOutcome(best=finals.fresh[0] if finals.fresh else None, finals=finals.fresh,
+                                               sustained=finals.sustained, tried=rec.tried,
                                                iterations_total=rec.iterations, elapsed_s=0.0, phase_s={})
             elif params.mode in ("quick", "thorough"):
                 plan = search.TINY if is_cpu else search.PLANS[params.mode]
                 seeds = [] if is_cpu else search.wave_seeds(timer.compute_units)
                 outcome = search.search(timer.measure, plan, final_iterations=params.iterations,
                                         final_warmup=params.warmup, budget_s=max(budget - warm.seconds, 0.3 * budget),
-                                        progress=sub, extra_seeds=seeds)
+                                        progress=sub, extra_seeds=seeds, cool_down=timer.cool_down)
             else:
                 default = [64, 128, 192, 256] if is_cpu else PUBLISHED_GRID
                 dims = [params.dims(d) or default for d in "mnk"]
@@ -237,21 +251,27 @@ def run(params: MatmulBenchParams, progress) -> MatmulBenchResult:
     if best is None:
         raise ToolFailure("no shape could be measured (every shape was skipped for lack of GPU memory); free the "
                           "GPU (gpu_health lists processes holding memory) or ask for smaller shapes.")
-    per_gpu = [(devices[0], name, best.mean_tflops, _shape_str(best.shape))]
-    finalists = [t.shape for t in outcome.finals[:5]]
+    def row(dev, dev_name, o):
+        return (dev, dev_name, o.best and o.best.mean_tflops, o.best and _shape_str(o.best.shape),
+                o.best_sustained and o.best_sustained.mean_tflops)
+
+    per_gpu = [row(devices[0], name, outcome)]
+    # the other GPUs: the first GPU's best finalists by either figure
+    finalists = list(dict.fromkeys([t.shape for t in outcome.finals[:3]] + [t.shape for t in outcome.sustained[:3]]))
     for i, dev in enumerate(devices[1:], start=1):
         other, _, _ = _measure_device(dev, params, progress, (i * share, (i + 1) * share), plan_shapes=finalists)
-        per_gpu.append((dev, torch.cuda.get_device_name(dev), other.best and other.best.mean_tflops,
-                        other.best and _shape_str(other.best.shape)))
+        per_gpu.append(row(dev, torch.cuda.get_device_name(dev), other))
     progress(1.0, "done")
     gpu_rows, slow, median = verdict.gpu_spread(per_gpu) if params.all_gpus else ([], [], None)
     comparison = verdict.compare_to_specs(best.mean_tflops, params.dtype, name)
     wall = time.monotonic() - started
     geomean = outcome.geomean_tflops
+    sustained = outcome.best_sustained
     errors = outcome.errors
     v, findings, nxt = verdict.judge(
         dtype=params.dtype, device_name=name, is_cpu=devices[0] == "cpu", mamf_tflops=best.mean_tflops,
         best_shape=_shape_str(best.shape), iterations=best.iterations, comparison=comparison, telemetry=telemetry,
+        sustained_tflops=sustained and sustained.mean_tflops, sustained_shape=sustained and _shape_str(sustained.shape),
         gpu_rows=gpu_rows, slow_gpus=slow, gpu_median=median,
         tunableop_missing=rocm and os.environ.get("PYTORCH_TUNABLEOP_ENABLED") != "1",
         stopped_early=outcome.stopped_early, budget_s=params.time_budget_s or DEFAULT_BUDGET_S.get(params.mode),
@@ -262,11 +282,13 @@ def run(params: MatmulBenchParams, progress) -> MatmulBenchResult:
         verdict=v, findings=findings, next=nxt, device="cpu" if devices[0] == "cpu" else f"cuda:{devices[0]}",
         device_name=name, dtype=params.dtype, mamf_tflops=_r(best.mean_tflops), best_shape=_shape_str(best.shape),
         best_median_tflops=_r(best.median_tflops), best_max_tflops=_r(best.max_tflops), **comparison,
+        sustained_tflops=sustained and _r(sustained.mean_tflops), sustained_shape=sustained and _shape_str(sustained.shape),
         geomean_tflops=_r(geomean) if geomean else None, shapes_tried=len(outcome.tried),
         iterations_total=outcome.iterations_total, wall_time_s=round(wall, 1), warmup_s=round(warm.seconds, 1),
         warmup_stable=warm.stable, stopped_early=outcome.stopped_early,
         phase_s={k: round(v, 2) for k, v in outcome.phase_s.items()},
-        top_shapes=[_row(t) for t in outcome.finals[:10]], telemetry=telemetry,
+        top_shapes=[_row(t) for t in outcome.finals[:10]], top_sustained=[_row(t) for t in outcome.sustained[:10]],
+        telemetry=telemetry,
         gpus=[GpuRow(**r) for r in gpu_rows], slow_gpus=slow)
 
 
