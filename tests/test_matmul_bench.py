@@ -404,6 +404,17 @@ def test_verdict_against_published_mamf(mamf, verdict):
     assert (nxt[0] == "gpu_health") == (verdict != "ok")
 
 
+@pytest.mark.parametrize("sustained,verdict", [(760.0, "ok"), (690.0, "warn")])
+def test_sustained_figure_is_judged_too(sustained, verdict):
+    """Healthy H200s hold ~95-97% of the published MAMF once settled (docs/benchmarks.md); much less means the
+    clock does not hold: a lowered power limit or cooling, though the full-clock MAMF looks fine."""
+    v, findings, nxt = _judge(mamf_tflops=815.0, sustained_tflops=sustained, sustained_shape="2816x1536x11264")
+    assert v == verdict
+    assert any(f.startswith(f"Sustained: {sustained:.4g} TFLOPS at 2816x1536x11264 ({sustained / 794.5:.1%} of the published")
+               for f in findings)
+    assert (nxt[0] == "gpu_health") == (verdict == "warn")
+
+
 def test_throttling_warns_and_points_to_gpu_health():
     tel = summarize([{"sm_clock_mhz": 1400, "power_w": 690.0, "temperature_c": 91, "reasons": 0x40 | 0x4}] * 10
                     + [{"sm_clock_mhz": 1980, "power_w": 500.0, "temperature_c": 80, "reasons": 0}] * 10,

@@ -128,14 +128,23 @@ def judge(*, dtype: str, device_name: str, is_cpu: bool, mamf_tflops: float, bes
                         "datasheet peak on NVIDIA and 50-70% on AMD.")
     if sustained_tflops and not is_cpu:
         drop = 1 - sustained_tflops / mamf_tflops
+        pub = comparison.get("published_mamf_tflops")
+        vs_pub = f" ({sustained_tflops / pub:.1%} of the published MAMF)" if pub else ""
         if drop > SUSTAINED_DROP:
-            findings.append(f"Sustained: {sustained_tflops:.4g} TFLOPS at {sustained_shape}, {drop:.1%} below the MAMF. "
-                            "The MAMF is measured from full clock (each finalist after a light load); held longer, "
-                            "the card's power controller lowers its clock. Plan MFU against the sustained figure: a "
-                            "training step is a long load.")
+            findings.append(f"Sustained: {sustained_tflops:.4g} TFLOPS at {sustained_shape}{vs_pub}, {drop:.1%} below "
+                            "the MAMF. The MAMF is measured from full clock (each finalist after a light load); held "
+                            "longer, the card's power controller lowers its clock. Plan MFU against the sustained "
+                            "figure: a training step is a long load.")
         else:
-            findings.append(f"Sustained: {sustained_tflops:.4g} TFLOPS at {sustained_shape}, within {SUSTAINED_DROP:.0%} "
-                            "of the MAMF: the clock holds under a long load.")
+            findings.append(f"Sustained: {sustained_tflops:.4g} TFLOPS at {sustained_shape}{vs_pub}, within "
+                            f"{SUSTAINED_DROP:.0%} of the MAMF: the clock holds under a long load.")
+        if pub and verdict == "ok" and sustained_tflops < OK_VS_PUBLISHED * pub:
+            verdict = "warn"
+            findings.append(f"The card reaches full-clock throughput but holds only {sustained_tflops / pub:.1%} of the "
+                            f"published MAMF once settled (healthy cards hold >= {OK_VS_PUBLISHED:.0%}): a lowered power "
+                            "limit, poor cooling or power delivery. Check gpu_health (power limit, clocks, temperature, "
+                            "throttle reasons).")
+            nxt = ["gpu_health", THROTTLING_PAGE, *nxt]
     tel_verdict, tel_findings = _telemetry_findings(telemetry)
     findings += tel_findings
     if tel_verdict != "info":

@@ -31,9 +31,10 @@ from tools.harness import Field, Params, Result, ToolFailure, ToolSpec, local_gp
 
 PUBLISHED_GRID = list(range(2048, 14337, 2048))  # 343 shapes: the reference grid of bench/mamf_vs_grid.py
 CPU_MAX_DIM = 1024
-# quick: warm-up included; the search itself plans ~15 s on an H200 (a quarter of the 343-shape grid's time
-# is ~23 s); the budget only guards slower cards, where it drops the largest shapes' last rungs first.
-DEFAULT_BUDGET_S = {"quick": 25.0, "thorough": 300.0}
+# quick: warm-up included. On an H200 a quick run takes ~24 s: warm-up ~5, screen ~8, refinement ~5, finals
+# ~5.5 (3.6 of them cool-downs and settling); a quarter of the 343-shape grid's ~91 s is ~23 s. The budget
+# only guards slower cards, where it drops the largest shapes' last rungs first.
+DEFAULT_BUDGET_S = {"quick": 30.0, "thorough": 300.0}
 
 
 class MatmulBenchParams(Params):
@@ -53,7 +54,7 @@ class MatmulBenchParams(Params):
         0, description="GPU index as torch numbers them (after CUDA_VISIBLE_DEVICES), or 'cpu' to exercise the search on tiny shapes.")
     all_gpus: bool = Field(False, description="Measure every local GPU in turn (the search on the first, its finalists on the rest) and flag any more than 5% below the node median.")
     time_budget_s: float | None = Field(
-        None, ge=5, le=7200, description="Target wall time. Default: quick 25 s, thorough 300 s; shapes/grid: no limit (stops early when set).")
+        None, ge=5, le=7200, description="Target wall time. Default: quick 30 s, thorough 300 s; shapes/grid: no limit (stops early when set).")
     iterations: int = Field(100, ge=1, le=10000, description="Timed iterations per final shape; MAMF is the best mean over these.")
     warmup: int = Field(50, ge=0, le=10000, description="Untimed iterations before each final shape's timed ones.")
 
