@@ -166,9 +166,10 @@ class MatmulTimer:
             self.measure((2048, 2048, 2048), 50, 0)
 
     # ------------------------------------------------------------------------------------------
-    def warm_up(self, *, min_s: float, max_s: float, shape: Shape | None = None, batch_s: float = 0.5) -> Warmup:
+    def warm_up(self, *, min_s: float, max_s: float, shape: Shape | None = None, batch_s: float = 0.5,
+                tolerance: float = 0.01) -> Warmup:
         """Run one large shape in batches of about batch_s seconds until the throughput of the last three
-        batches agrees within 1%. Batches this long see clocks fall as the card heats; short ones would not."""
+        batches agrees within `tolerance`. Batches this long see clocks fall as the card heats; short ones would not."""
         if shape is None:
             shape = (256, 256, 256) if self.is_cpu else (8192, 8192, 8192)
         probe = self.measure(shape, 5, 2)
@@ -179,7 +180,7 @@ class MatmulTimer:
             t = self.measure(shape, batch, 1)
             return t.mean_tflops if t else 0.0
 
-        return warm_until_stable(run_batch, min_s=min_s, max_s=max_s)
+        return warm_until_stable(run_batch, min_s=min_s, max_s=max_s, tolerance=tolerance)
 
     def close(self) -> None:
         self.flush = None

@@ -110,8 +110,8 @@ class SearchPlan:
     refine_min_s: float = 0.0         # timed seconds per shape in the refinement
     classes: int = 3                  # size classes (by FLOP count) screened, refined and finalised separately
     # The finals (see the module docstring): light load before each finalist so it starts at full clock,
-    # then, after the published measurement, the same shape for settle_s more (timed the same way, only
-    # the last `final_iterations` kept) for the sustained figure. 0 turns either off.
+    # then, after the published measurement, the same shape until it has run settle_s (timed the same way,
+    # only the last `final_iterations` kept) for the sustained figure. 0 turns either off.
     cooldown_s: float = 0.0
     settle_s: float = 0.0
 
@@ -394,7 +394,8 @@ def final_measure(rec: Recorder, shapes: Sequence[Shape], iterations: int, warmu
     Before each shape, cool_down(cooldown_s) runs a light load so the shape starts at full clock rather
     than at whatever its predecessor left (on a power-capped card that differs by ~10%). With settle_s,
     the shape then runs on, timed the same way (cache flush between iterations: the same power draw),
-    for at least settle_s more, and the last `iterations` of that give its sustained mean."""
+    until it has run at least settle_s in all, and the last `iterations` of that give its sustained
+    mean. A long shape whose published measurement already lasted settle_s just runs `iterations` more."""
     fresh, sustained = [], []
     for i, shape in enumerate(sorted(shapes, key=flop)):
         if progress:
@@ -407,7 +408,8 @@ def final_measure(rec: Recorder, shapes: Sequence[Shape], iterations: int, warmu
             continue
         fresh.append(t)
         if settle_s > 0:
-            longer = math.ceil(settle_s / statistics.fmean(t.times_s))  # iterations lasting at least settle_s
+            per = statistics.fmean(t.times_s)
+            longer = math.ceil(max(settle_s - (warmup + iterations) * per, 0.0) / per)
             s = rec(shape, longer + iterations, 0)
             if s is not None:
                 sustained.append(Timing(shape, s.times_s[-iterations:]))
