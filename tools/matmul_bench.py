@@ -31,9 +31,9 @@ from tools.harness import Field, Params, Result, ToolFailure, ToolSpec, local_gp
 
 PUBLISHED_GRID = list(range(2048, 14337, 2048))  # 343 shapes: the reference grid of bench/mamf_vs_grid.py
 CPU_MAX_DIM = 1024
-# quick: warm-up included. On an H200 a quick run takes ~24 s: warm-up ~5, screen ~8, refinement ~5, finals
-# ~5.5 (3.6 of them cool-downs and settling); a quarter of the 343-shape grid's ~91 s is ~23 s. The budget
-# only guards slower cards, where it drops the largest shapes' last rungs first.
+# quick: warm-up included. On an H200 a quick run takes ~22 s: warm-up ~3.5, screen ~8.7, refinement ~5,
+# finals ~4.7 (most of it cool-downs and settling); a quarter of the 343-shape grid's ~90 s is ~22 s. The
+# budget only guards slower cards, where it drops the largest shapes' last rungs first.
 DEFAULT_BUDGET_S = {"quick": 30.0, "thorough": 300.0}
 
 
