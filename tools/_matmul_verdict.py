@@ -95,7 +95,8 @@ def _telemetry_findings(tel: dict) -> tuple[str, list[str]]:
 
 
 def judge(*, dtype: str, device_name: str, is_cpu: bool, mamf_tflops: float, best_shape: str, iterations: int,
-          comparison: dict, telemetry: dict, sustained_tflops: float | None = None, sustained_shape: str | None = None, gpu_rows: list[dict], slow_gpus: list[int], gpu_median: float | None,
+          comparison: dict, telemetry: dict, gpu_rows: list[dict], slow_gpus: list[int], gpu_median: float | None,
+          sustained_tflops: float | None = None, sustained_shape: str | None = None,
           tunableop_missing: bool, stopped_early: bool, budget_s: float | None, warmup_stable: bool | None,
           shapes_tried: int, geomean_tflops: float | None, wall_time_s: float) -> tuple[str, list[str], list[str]]:
     """(verdict, findings, next) for one matmul_bench run."""
@@ -141,7 +142,7 @@ def judge(*, dtype: str, device_name: str, is_cpu: bool, mamf_tflops: float, bes
         if pub and verdict == "ok" and sustained_tflops < OK_VS_PUBLISHED * pub:
             verdict = "warn"
             findings.append(f"The card reaches full-clock throughput but holds only {sustained_tflops / pub:.1%} of the "
-                            f"published MAMF once settled (healthy cards hold >= {OK_VS_PUBLISHED:.0%}): a lowered power "
+                            f"published MAMF once settled (below {OK_VS_PUBLISHED:.0%}; healthy H200s held 93-98%): a lowered power "
                             "limit, poor cooling or power delivery. Check gpu_health (power limit, clocks, temperature, "
                             "throttle reasons).")
             nxt = ["gpu_health", THROTTLING_PAGE, *nxt]

@@ -6,7 +6,7 @@ time only to the contenders of each size class (successive halving), refines aro
 small, medium and large shapes alike, and measures the finalists of every class the published way
 (mean of 100 iterations after 50 warm-up), each from full clock (after a light load: the MAMF) and
 again once it has run a while at its own load (the sustained figure). On power-capped cards (H100/H200
-at 700 W) the two differ by ~4%, and a shape measured the published way without a defined start
+at 700 W) the two differ by 4-7%, and a shape measured the published way without a defined start
 measures mostly the clock its predecessor left. See tools/_matmul_search.py for the search and
 tools/_matmul_measure.py for how a shape is timed.
 
@@ -207,7 +207,7 @@ def _measure_device(device, params, progress, share, plan_shapes=None):
             # does: warm fully (>= 3 s, stable within 1%). The search's finals start from a defined state
             # (a cool-down), so its warm-up only brings the card under load, which its power controller
             # follows within ~0.2 s (bench/clock_settle.py): >= 1.5 s, stable within 2%.
-            classic = plan_shapes is None and params.mode in ("shapes", "grid")
+            classic = params.mode in ("shapes", "grid")  # on every GPU of an all_gpus run too
             warm = timer.warm_up(min_s=0.1 if is_cpu else 3.0 if classic else 1.5, max_s=0.5 if is_cpu else 30.0,
                                  batch_s=0.02 if is_cpu else 0.5, tolerance=0.01 if classic else 0.02)
             if plan_shapes is not None:
@@ -258,6 +258,7 @@ def run(params: MatmulBenchParams, progress) -> MatmulBenchResult:
     if best is None:
         raise ToolFailure("no shape could be measured (every shape was skipped for lack of GPU memory); free the "
                           "GPU (gpu_health lists processes holding memory) or ask for smaller shapes.")
+
     def row(dev, dev_name, o):
         return (dev, dev_name, o.best and o.best.mean_tflops, o.best and _shape_str(o.best.shape),
                 o.best_sustained and o.best_sustained.mean_tflops)
