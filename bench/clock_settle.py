@@ -36,6 +36,11 @@ EXTRA_FINALISTS = [(2816, 1536, 10496), (2816, 1536, 11264), (1536, 2816, 11264)
 GRID = list(range(2048, 14337, 2048))
 
 
+def _r(tflops: float) -> float:
+    """One decimal for GPU-sized figures, four significant digits for the CPU smoke run's."""
+    return round(tflops, 1) if tflops >= 100 else float(f"{tflops:.4g}")
+
+
 def run_for(timer, shape, seconds: float) -> None:
     """Run `shape` for about `seconds` (untimed load), the way measure() runs it."""
     probe = timer.measure(shape, 3, 1)
@@ -119,7 +124,7 @@ def main() -> int:
         grid = ms.exhaustive(timer.measure, shapes, iterations=5 if args.cpu_smoke else 100,
                              warmup=1 if args.cpu_smoke else 50)
         report["grid"] = {"wall_s": round(time.monotonic() - t0, 1),
-                          "all_in_order": [("x".join(map(str, t.shape)), round(t.mean_tflops, 1)) for t in grid.tried.values()]}
+                          "all_in_order": [("x".join(map(str, t.shape)), _r(t.mean_tflops)) for t in grid.tried.values()]}
         top = [t.shape for t in grid.finals[:args.top]]
         candidates = sorted(dict.fromkeys([*top, *EXTRA_FINALISTS]), key=ms.flop)
         grid_mean = {t.shape: t.mean_tflops for t in grid.tried.values()}
@@ -132,8 +137,8 @@ def main() -> int:
                     else:
                         t = settle_measure(timer, shape, 0.02 if args.cpu_smoke else args.settle_s, 100)
                     report["remeasure"].append({"round": rnd, "how": how, "shape": "x".join(map(str, shape)),
-                                                "grid_tflops": round(grid_mean.get(shape, 0.0), 1),
-                                                "mean_tflops": round(t.mean_tflops, 1), "median_tflops": round(t.median_tflops, 1)})
+                                                "grid_tflops": _r(grid_mean.get(shape, 0.0)),
+                                                "mean_tflops": _r(t.mean_tflops), "median_tflops": _r(t.median_tflops)})
         print(f"{'shape':>18s} {'grid':>6s} | published rounds | settled rounds", flush=True)
         for shape in candidates:
             name = "x".join(map(str, shape))

@@ -1,0 +1,33 @@
+"""The GPU benchmark scripts' plumbing, on tiny CPU shapes (--cpu-smoke): they run end to end and write
+the figures docs/benchmarks.md is built from. Their GPU figures come from the device machine."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _run(script: str, *args: str) -> str:
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / script), "--cpu-smoke", *args],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout
+
+
+def test_mamf_vs_grid_compares_search_and_grid_both_ways(tmp_path):
+    out = _run("mamf_vs_grid.py", "--repeats", "1", "--skip-membw", "--json", str(tmp_path / "r.json"))
+    summary = next(line for line in out.splitlines() if line.startswith("SUMMARY"))
+    assert "best ratio" in summary and "sustained:" in summary and "both with their warm-ups" in summary
+    report = json.loads((tmp_path / "r.json").read_text())
+    search, grid = report["searches"][0], report["grid"]
+    assert search["best_tflops"] > 0 and search["sustained_tflops"] > 0 and search["top_sustained"]
+    assert grid["shapes"] == 27 and grid["top5_full_clock"] and grid["top5_sustained"] and grid["warmup_s"] >= 0
+
+
+def test_clock_settle_remeasures_the_grid_two_ways(tmp_path):
+    _run("clock_settle.py", "--grid", "--rounds", "1", "--json", str(tmp_path / "s.json"))
+    report = json.loads((tmp_path / "s.json").read_text())
+    assert {r["how"] for r in report["remeasure"]} == {"published", "settled"}
+    assert all(r["mean_tflops"] > 0 for r in report["remeasure"]) and len(report["grid"]["all_in_order"]) == 8
