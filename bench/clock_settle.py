@@ -36,18 +36,6 @@ EXTRA_FINALISTS = [(2816, 1536, 10496), (2816, 1536, 11264), (1536, 2816, 11264)
 GRID = list(range(2048, 14337, 2048))
 
 
-def _r(tflops: float) -> float:
-    """One decimal for GPU-sized figures, four significant digits for the CPU smoke run's."""
-    return round(tflops, 1) if tflops >= 100 else float(f"{tflops:.4g}")
-
-
-def run_for(timer, shape, seconds: float) -> None:
-    """Run `shape` for about `seconds` (untimed load), the way measure() runs it."""
-    probe = timer.measure(shape, 3, 1)
-    per = statistics.fmean(probe.times_s) if probe else 0.01
-    timer.measure(shape, max(1, round(seconds / (per * 1.3))), 0)  # ~30% of the time goes to flush + refresh
-
-
 def trace(timer, shape, seconds: float, window_s: float) -> dict:
     """Per-iteration TFLOPS for `seconds`, folded into windows of window_s (by the iteration's start time)."""
     torch = timer.torch
@@ -75,7 +63,7 @@ def trace(timer, shape, seconds: float, window_s: float) -> dict:
 
 
 def settle_measure(timer, shape, settle_s: float, iterations: int) -> ms.Timing | None:
-    run_for(timer, shape, settle_s)
+    timer.run_for(shape, settle_s)
     return timer.measure(shape, iterations, 0)
 
 
@@ -104,7 +92,7 @@ def main() -> int:
     if not args.cpu_smoke and args.cooldown:
         report["cooldown"] = {}
         for cool_s in (0.0, 0.05, 0.1, 0.2, 0.3, 0.5):
-            run_for(timer, HEAVY, 1.0)
+            timer.run_for(HEAVY, 1.0)
             timer.cool_down(cool_s)
             t = trace(timer, TRACE_SHAPES[1], 0.1, 0.01)
             report["cooldown"][str(cool_s)] = t
@@ -112,7 +100,7 @@ def main() -> int:
     if not args.cpu_smoke and not args.no_traces:
         for shape in TRACE_SHAPES:
             for pre_name, pre in (("after_heavy", HEAVY), ("after_light", LIGHT)):
-                run_for(timer, pre, 1.0)
+                timer.run_for(pre, 1.0)
                 t = trace(timer, shape, 0.6, 0.01)
                 key = f"{'x'.join(map(str, shape))} {pre_name}"
                 report["traces"][key] = t
@@ -124,7 +112,7 @@ def main() -> int:
         grid = ms.exhaustive(timer.measure, shapes, iterations=5 if args.cpu_smoke else 100,
                              warmup=1 if args.cpu_smoke else 50)
         report["grid"] = {"wall_s": round(time.monotonic() - t0, 1),
-                          "all_in_order": [("x".join(map(str, t.shape)), _r(t.mean_tflops)) for t in grid.tried.values()]}
+                          "all_in_order": [("x".join(map(str, t.shape)), ms.round_tflops(t.mean_tflops)) for t in grid.tried.values()]}
         top = [t.shape for t in grid.finals[:args.top]]
         candidates = sorted(dict.fromkeys([*top, *EXTRA_FINALISTS]), key=ms.flop)
         grid_mean = {t.shape: t.mean_tflops for t in grid.tried.values()}
@@ -137,8 +125,8 @@ def main() -> int:
                     else:
                         t = settle_measure(timer, shape, 0.02 if args.cpu_smoke else args.settle_s, 100)
                     report["remeasure"].append({"round": rnd, "how": how, "shape": "x".join(map(str, shape)),
-                                                "grid_tflops": _r(grid_mean.get(shape, 0.0)),
-                                                "mean_tflops": _r(t.mean_tflops), "median_tflops": _r(t.median_tflops)})
+                                                "grid_tflops": ms.round_tflops(grid_mean.get(shape, 0.0)),
+                                                "mean_tflops": ms.round_tflops(t.mean_tflops), "median_tflops": ms.round_tflops(t.median_tflops)})
         print(f"{'shape':>18s} {'grid':>6s} | published rounds | settled rounds", flush=True)
         for shape in candidates:
             name = "x".join(map(str, shape))

@@ -159,11 +159,14 @@ class MatmulTimer:
         Light: 2048^3 matmuls with the cache flush between them draw well under an H200's 700 W, and
         its clock returns to 1980 MHz (bench/clock_settle.py). A load, not an idle pause, because an
         idle card may drop to its idle clocks. No-op on the CPU (no power controller to wait for)."""
-        if self.is_cpu or seconds <= 0:
-            return
+        if not self.is_cpu:
+            self.run_for((2048, 2048, 2048), seconds)
+
+    def run_for(self, shape: Shape, seconds: float) -> None:
+        """Run `shape` as measure() does (cache flush between iterations) for about `seconds`, untimed."""
         end = time.monotonic() + seconds
         while time.monotonic() < end:  # measure() synchronizes, so the host clock follows the GPU's work
-            self.measure((2048, 2048, 2048), 50, 0)
+            self.measure(shape, 50, 0)
 
     # ------------------------------------------------------------------------------------------
     def warm_up(self, *, min_s: float, max_s: float, shape: Shape | None = None, batch_s: float = 0.5,

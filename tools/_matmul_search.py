@@ -80,6 +80,11 @@ class Timing:
         return self.flop / min(self.times_s) / 1e12
 
 
+def round_tflops(tflops: float) -> float:
+    """One decimal for GPU-sized figures, four significant digits for CPU-sized ones."""
+    return round(tflops, 1) if tflops >= 100 else float(f"{tflops:.4g}")
+
+
 MeasureFn = Callable[[Shape, int, int], Timing | None]  # (shape, iterations, warmup); None = shape skipped
 ProgressFn = Callable[[float, str], None]
 

@@ -57,8 +57,8 @@ def gpu_spread(per_gpu: list[tuple[int, str, float | None, str | None, float | N
                "sustained_tflops": round(sustained, 1) if sustained else None,
                "vs_median_pct": pct(value, median), "sustained_vs_median_pct": pct(sustained, sustained_median)}
         rows.append(row)
-        below = [p for p in (row["vs_median_pct"], row["sustained_vs_median_pct"]) if p is not None and p < -SLOW_GPU_PCT]
-        if value is None or below:
+        if value is None or any(p is not None and p < -SLOW_GPU_PCT
+                                for p in (row["vs_median_pct"], row["sustained_vs_median_pct"])):
             slow.append(dev)
     return rows, slow, median
 

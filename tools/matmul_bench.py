@@ -154,14 +154,10 @@ def _shape_str(shape) -> str:
     return "x".join(str(d) for d in shape)
 
 
-def _r(tflops: float) -> float:
-    """One decimal for GPU-sized figures, four significant digits for CPU-sized ones."""
-    return round(tflops, 1) if tflops >= 100 else float(f"{tflops:.4g}")
-
-
 def _row(t: search.Timing) -> ShapeRow:
-    return ShapeRow(shape=_shape_str(t.shape), iterations=t.iterations, mean_tflops=_r(t.mean_tflops),
-                    median_tflops=_r(t.median_tflops), max_tflops=_r(t.max_tflops))
+    r = search.round_tflops
+    return ShapeRow(shape=_shape_str(t.shape), iterations=t.iterations, mean_tflops=r(t.mean_tflops),
+                    median_tflops=r(t.median_tflops), max_tflops=r(t.max_tflops))
 
 
 def _gpu_environment(params: MatmulBenchParams):
@@ -275,6 +271,7 @@ def run(params: MatmulBenchParams, progress) -> MatmulBenchResult:
     wall = time.monotonic() - started
     geomean = outcome.geomean_tflops
     sustained = outcome.best_sustained
+    r = search.round_tflops
     errors = outcome.errors
     v, findings, nxt = verdict.judge(
         dtype=params.dtype, device_name=name, is_cpu=devices[0] == "cpu", mamf_tflops=best.mean_tflops,
@@ -288,16 +285,16 @@ def run(params: MatmulBenchParams, progress) -> MatmulBenchResult:
         findings.append(f"{len(errors)} shape(s) failed and were skipped, e.g. {errors[0]}")
     return MatmulBenchResult(
         verdict=v, findings=findings, next=nxt, device="cpu" if devices[0] == "cpu" else f"cuda:{devices[0]}",
-        device_name=name, dtype=params.dtype, mamf_tflops=_r(best.mean_tflops), best_shape=_shape_str(best.shape),
-        best_median_tflops=_r(best.median_tflops), best_max_tflops=_r(best.max_tflops), **comparison,
-        sustained_tflops=sustained and _r(sustained.mean_tflops), sustained_shape=sustained and _shape_str(sustained.shape),
-        geomean_tflops=_r(geomean) if geomean else None, shapes_tried=len(outcome.tried),
+        device_name=name, dtype=params.dtype, mamf_tflops=r(best.mean_tflops), best_shape=_shape_str(best.shape),
+        best_median_tflops=r(best.median_tflops), best_max_tflops=r(best.max_tflops), **comparison,
+        sustained_tflops=sustained and r(sustained.mean_tflops), sustained_shape=sustained and _shape_str(sustained.shape),
+        geomean_tflops=r(geomean) if geomean else None, shapes_tried=len(outcome.tried),
         iterations_total=outcome.iterations_total, wall_time_s=round(wall, 1), warmup_s=round(warm.seconds, 1),
         warmup_stable=warm.stable, stopped_early=outcome.stopped_early,
         phase_s={k: round(v, 2) for k, v in outcome.phase_s.items()},
         top_shapes=[_row(t) for t in outcome.finals[:10]], top_sustained=[_row(t) for t in outcome.sustained[:10]],
         telemetry=telemetry,
-        gpus=[GpuRow(**r) for r in gpu_rows], slow_gpus=slow)
+        gpus=[GpuRow(**row) for row in gpu_rows], slow_gpus=slow)
 
 
 def _gpu_devices(params: MatmulBenchParams) -> list[int]:
