@@ -80,3 +80,15 @@ def test_sxid_fatal_and_nonfatal():
 def test_xid154_takes_the_action_it_names():
     e = xid.XidEvent(bus="3b:00", code=154, text="GPU recovery action changed from 0x0 (None) to 0x2 (Node Reboot Required)")
     assert xid.judge(e)[0] == "reboot_node"
+
+
+def test_slurm_job_diagnose_turns_node_faults_into_actions():
+    from tools.shared.triage.core import triage_paths
+    from tools.slurm_job_diagnose import health_findings
+
+    logs = Path(__file__).parent / "fixtures" / "logs" / "slurm_xid"
+    hits = triage_paths([str(p) for p in sorted(logs.iterdir())]).signatures
+    found = health_findings("NODE_FAIL", "gpu-node02", hits)
+    assert found[0].code == "NODE_FAIL" and found[0].action == "drain_node" and found[0].subject == "gpu-node02"
+    assert {f.code: f.action for f in found}["xid"] == "drain_node"       # Xid 79 in the node's syslog
+    assert health_findings("COMPLETED", None, []) == []
