@@ -18,6 +18,7 @@ from ..engine.spec import Field, Record
 PREFIX = re.compile(r"^\[\d+,\d+\]<std(?:out|err)>:")
 DEVICE = re.compile(r"#\s*Rank\s+(\d+)\s+(?:Group\s+\d+\s+)?Pid\s+(\d+)\s+on\s+(\S+)\s+device\s+(\d+)\s+\[[^\]]*\]\s+(.+?)\s*$")
 OOB = re.compile(r"Out of bounds values\s*:\s*(\d+)\s+(OK|FAILED)")
+DTYPE = re.compile(r"[a-z][a-z0-9_]*")
 AVG = re.compile(r"Avg bus bandwidth\s*:\s*([0-9.eE+-]+)")
 
 
@@ -86,7 +87,8 @@ def parse_text(text: str) -> NcclTestsRun | None:
 
 
 def _row(tokens: list[str], layout: tuple[int, int, bool] | None) -> list[NcclTestsRow]:
-    if len(tokens) < 6 or not tokens[0].isdigit():
+    # a data row: size, count, then a datatype name (float, half, bfloat16, int8 ...)
+    if len(tokens) < 6 or not tokens[0].isdigit() or not tokens[1].isdigit() or not DTYPE.fullmatch(tokens[2]):
         return []
     start, per, counts_wrong = layout or (_guess_start(tokens), 4, True)
     out = []
@@ -125,7 +127,7 @@ def parse_json(text: str) -> NcclTestsRun | None:
     run.hosts = list(dict.fromkeys(d.get("hostname", "") for d in devices))
     run.ranks = len(devices) or None
     for r in doc.get("results", []):
-        run.op = run.op or r.get("experiment_name")
+        run.op = run.op or _snake(r.get("experiment_name") or "")
         for placement in ("out_of_place", "in_place"):
             m = r.get(placement)
             if isinstance(m, dict) and m.get("bus_bw") is not None:
@@ -138,6 +140,11 @@ def parse_json(text: str) -> NcclTestsRun | None:
     run.out_of_bounds = doc.get("out_of_bounds", {}).get("count")
     run.avg_busbw_gbps = doc.get("average_bus_bandwidth", {}).get("bandwidth")
     return run
+
+
+def _snake(name: str) -> str | None:
+    """'AllReduce' -> 'all_reduce' (nccl-tests' experiment names against the op names the tables use)."""
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower() or None
 
 
 def stragglers(times: list[list[float]], threshold: float = 0.10) -> list[tuple[int, float, float]]:
