@@ -35,8 +35,18 @@ def test_gen5_gpu_behind_gen4_switch_is_not_downtrained(tmp_path):
     assert "most its port" in pcie.capped_by_parent(samples)
 
 
+def test_inside_a_switch_the_ports_report_different_links(tmp_path):
+    """A Gen4 GPU under a Gen5 switch: the downstream port reports the GPU's Gen4 link, the upstream port its own
+    Gen5 link to the root port; the pair of switch ports is not one link and is not judged."""
+    root = _tree(tmp_path, [("0000:00:01.0", "32.0", 16, "32.0", 16), ("0000:01:00.0", "32.0", 16, "32.0", 16),
+                            ("0000:02:00.0", "16.0", 16, "32.0", 16), ("0000:03:00.0", "16.0", 16, "16.0", 16)])
+    samples = [pcie.chain("0000:03:00.0", root)]
+    assert [i for i, *_ in pcie.expected(samples[0])] == [0, 2]
+    assert pcie.judge("GPU 0", samples, loaded=True) == []
+
+
 def test_width_downtrained_and_idle_gen_not_reported(tmp_path):
-    root = _tree(tmp_path, [("0000:00:01.0", "32.0", 16, "32.0", 16), ("0000:01:00.0", "2.5", 8, "32.0", 16)])
+    root = _tree(tmp_path, [("0000:00:01.0", "2.5", 8, "32.0", 16), ("0000:01:00.0", "2.5", 8, "32.0", 16)])
     idle = [pcie.chain("0000:01:00.0", root)]
     found = pcie.judge("GPU 0", idle, loaded=False)
     assert [f.code for f in found] == ["pcie_width"] and found[0].action == "drain_node"
@@ -45,7 +55,7 @@ def test_width_downtrained_and_idle_gen_not_reported(tmp_path):
 
 def test_flapping_across_samples():
     hop = lambda g, w: [pcie.PcieHop(bdf="0000:01:00.0", gen=g, width=w, max_gen=5, max_width=16),  # noqa: E731
-                        pcie.PcieHop(bdf="0000:00:01.0", gen=5, width=16, max_gen=5, max_width=16)]
+                        pcie.PcieHop(bdf="0000:00:01.0", gen=g, width=w, max_gen=5, max_width=16)]  # both ends
     found = pcie.judge("GPU 1", [hop(5, 16), hop(5, 8), hop(5, 16)], loaded=True)
     assert [f.code for f in found] == ["pcie_flapping"] and "x8" in found[0].text
 
@@ -185,3 +195,72 @@ def test_unreadable_dcgm_file_is_named():
 
     found, note = _dcgm(GpuHealthParams(dcgm_file="/nonexistent/diag.json"))
     assert found == [] and "/nonexistent/diag.json" in note and "could not be read" in note
+
+
+class _FakeNvml:
+    """Just enough of pynvml for one healthy GPU whose NVLink 2 gains CRC errors during the window."""
+    NVML_TEMPERATURE_GPU = 0
+    NVML_TEMPERATURE_THRESHOLD_SLOWDOWN = 1
+    NVML_CLOCK_SM = 1
+    NVML_NVLINK_MAX_LINKS = 4
+    NVML_NVLINK_ERROR_DL_REPLAY, NVML_NVLINK_ERROR_DL_RECOVERY, NVML_NVLINK_ERROR_DL_CRC_FLIT = 0, 1, 2
+    NVML_NVLINK_ERROR_DL_CRC_DATA = 3
+    NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_MEMORY_ERROR_TYPE_CORRECTED = 1, 0
+    NVML_VOLATILE_ECC, NVML_AGGREGATE_ECC = 0, 1
+
+    def __init__(self):
+        self.crc_reads = 0
+
+    def nvmlInit(self): pass
+    def nvmlShutdown(self): pass
+    def nvmlSystemGetDriverVersion(self): return "580.95"
+    def nvmlDeviceGetCount(self): return 1
+    def nvmlDeviceGetHandleByIndex(self, i): return i
+    def nvmlDeviceGetName(self, h): return b"NVIDIA H200"
+    def nvmlDeviceGetUUID(self, h): return "GPU-1"
+    def nvmlDeviceGetSerial(self, h): return "SN1"
+    def nvmlDeviceGetPciInfo(self, h): return type("P", (), {"busId": b"00000000:18:00.0"})()
+    def nvmlDeviceGetTemperature(self, h, kind): return 40
+    def nvmlDeviceGetTemperatureThreshold(self, h, kind): return 90
+    def nvmlDeviceGetPowerUsage(self, h): return 120_000
+    def nvmlDeviceGetEnforcedPowerLimit(self, h): return 700_000
+    def nvmlDeviceGetPowerManagementDefaultLimit(self, h): return 700_000
+    def nvmlDeviceGetClockInfo(self, h, kind): return 1980
+    def nvmlDeviceGetMaxClockInfo(self, h, kind): return 1980
+    def nvmlDeviceGetUtilizationRates(self, h): return type("U", (), {"gpu": 0})()
+    def nvmlDeviceGetCurrentClocksEventReasons(self, h): return 0x1
+    def nvmlDeviceGetMemoryInfo(self, h): return type("M", (), {"used": 2**30, "total": 141 * 2**30})()
+    def nvmlDeviceGetEccMode(self, h): return [1, 1]
+    def nvmlDeviceGetTotalEccErrors(self, h, kind, counter): return 0
+    def nvmlDeviceGetRemappedRows(self, h): return (0, 0, 0, 0)
+    def nvmlDeviceGetPersistenceMode(self, h): return 1
+    def nvmlDeviceGetMigMode(self, h): return [0, 0]
+    def nvmlDeviceGetMaxPcieLinkGeneration(self, h): return 5
+    def nvmlDeviceGetMaxPcieLinkWidth(self, h): return 16
+    def nvmlDeviceGetCurrPcieLinkGeneration(self, h): return 5
+    def nvmlDeviceGetCurrPcieLinkWidth(self, h): return 16
+    def nvmlDeviceGetComputeRunningProcesses(self, h):
+        return [type("Proc", (), {"pid": os.getpid(), "usedGpuMemory": 2**30})()]
+    def nvmlDeviceGetNvLinkState(self, h, link): return 1
+    def nvmlDeviceGetPcieReplayCounter(self, h): return 0
+
+    def nvmlDeviceGetNvLinkErrorCounter(self, h, link, counter):
+        if link == 2 and counter == self.NVML_NVLINK_ERROR_DL_CRC_FLIT:
+            self.crc_reads += 1
+            return 0 if self.crc_reads == 1 else 10_000
+        return 0
+
+
+def test_a_whole_run_on_a_fake_nvml(monkeypatch):
+    import sys
+
+    from tools.gpu_health import GpuHealthParams, run
+
+    monkeypatch.setitem(sys.modules, "pynvml", _FakeNvml())
+    r = run(GpuHealthParams(sample_s=0.2, load=False, read_kernel_log=False), lambda *_: None)
+    g = r.gpus[0]
+    assert (g.nvlink_total, g.nvlink_active, g.persistence_mode, g.ecc_pending) == (4, 4, True, True)
+    assert [(p.code, p.action) for p in g.problems] == [("nvlink_crc", "drain_node")]
+    assert r.action == "drain_node" and r.actions == {"drain_node": ["GPU 0 (00000000:18:00.0)"]}
+    assert g.holders[0].mine is True and any("your process" in f for f in r.findings)
+    assert r.window_s >= 0.2 and r.load == "no load (load=false)"

@@ -121,15 +121,15 @@ class GpuHealthResult(Result):
 def read_gpu(nv, index: int):
     """(handle, reading) for GPU `index`: identity, clocks, memory health, modes, memory holders."""
     h = nv.nvmlDeviceGetHandleByIndex(index)
-    g = GpuReading(index=index, name=read.text(nv.nvmlDeviceGetName(h)), uuid=read.text(read.attempt(nv.nvmlDeviceGetUUID, h, default="")),
-                   serial=read.text(read.attempt(nv.nvmlDeviceGetSerial, h)))
-    pci = read.attempt(nv.nvmlDeviceGetPciInfo, h)
+    g = GpuReading(index=index, name=read.text(nv.nvmlDeviceGetName(h)), uuid=read.text(read.attempt(getattr(nv, "nvmlDeviceGetUUID", None), h, default="")),
+                   serial=read.text(read.attempt(getattr(nv, "nvmlDeviceGetSerial", None), h)))
+    pci = read.attempt(getattr(nv, "nvmlDeviceGetPciInfo", None), h)
     g.pci_bus_id = read.text(pci.busId) if pci is not None else ""
     read.read_basics(nv, h, g)
     read.read_memory_health(nv, h, g)
     read.read_modes(nv, h, g)
     now = time.time()
-    procs = read.attempt(nv.nvmlDeviceGetComputeRunningProcesses, h, default=[]) or []
+    procs = read.attempt(getattr(nv, "nvmlDeviceGetComputeRunningProcesses", None), h, default=[]) or []
     g.holders = [holders.describe(p.pid, getattr(p, "usedGpuMemory", None), now) for p in procs]
     return h, g
 

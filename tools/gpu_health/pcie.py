@@ -62,13 +62,18 @@ def nvml_bdf(bus_id: str) -> str:
     return f"{int(dom, 16):04x}:{rest}"
 
 
-def expected(hops: list[PcieHop]) -> list[tuple[PcieHop, int | None, int | None]]:
-    """(hop, gen it should run, width it should run) for each link: min of its two ends' maxima."""
+def expected(hops: list[PcieHop]) -> list[tuple[int, PcieHop, int | None, int | None]]:
+    """(index, hop, gen it should run, width it should run) for each physical link of the chain: min of its two
+    ends' maxima. Both ends of a link report the same negotiated speed and width; a pair that reports different
+    values is not one link (inside a PCIe switch the downstream port reports the link below it, the upstream port
+    the link above it), so it is left out."""
     out = []
-    for child, parent in zip(hops, hops[1:]):
+    for i, (child, parent) in enumerate(zip(hops, hops[1:])):
+        if (child.gen, child.width) != (parent.gen, parent.width):
+            continue
         gens = [g for g in (child.max_gen, parent.max_gen) if g]
         widths = [w for w in (child.max_width, parent.max_width) if w]
-        out.append((child, min(gens) if gens else None, min(widths) if widths else None))
+        out.append((i, child, min(gens) if gens else None, min(widths) if widths else None))
     return out
 
 
@@ -77,7 +82,7 @@ def judge(subject: str, samples: list[list[PcieHop]], loaded: bool) -> list[Heal
     if not samples or len(samples[0]) < 2:
         return []
     found: list[HealthFinding] = []
-    for i, (hop, want_gen, want_width) in enumerate(expected(samples[-1])):
+    for i, hop, want_gen, want_width in expected(samples[-1]):
         seen = [(s[i].gen, s[i].width) for s in samples if i < len(s) - 1]
         where = "GPU link" if i == 0 else f"upstream link at {hop.bdf}"
         if len(set(seen)) > 1:

@@ -7,7 +7,7 @@ import time
 
 from ..shared import xid
 from .pcie import PcieHop, capped_by_parent, chain, judge as judge_pcie, nvml_bdf
-from .read import clock_event_ns, nvlink_counters, pcie_replays
+from .read import attempt, clock_event_ns, nvlink_counters, pcie_replays
 from .sampling import event_seconds, judge_clock_events, judge_nvlink
 from .models import XidSeen
 from ..shared.actions import HealthFinding
@@ -17,6 +17,7 @@ PCIE_READINGS = 4     # readings of each PCIe chain spread over the window (flap
 # DCGM's pcie test fails a GPU above 80 replays while it runs (max_pcie_replays default, NVIDIA/DCGM
 # nvvs/plugin_src/pcie/Pcie.cpp, commit 72fa3fe); a shorter window than DCGM's test makes this stricter.
 MAX_REPLAYS = 80
+BUSY_PCT = 30       # utilisation at which a GPU has left its idle power state (PCIe generation is judged)
 
 
 def read_kernel_log() -> tuple[str, str]:
@@ -80,16 +81,19 @@ def sample_window(nv, handles, gpus, seconds: float, with_load: bool) -> tuple[d
     with (loader or _NoLoad()):
         if loader:
             note = loader.note or f"2048^3 bf16 matmuls on {len(gpus)} GPU(s) during the window"
-            time.sleep(min(0.5, seconds / 4))          # let the GPUs leave their idle power state
+            time.sleep(0.3)                             # the GPUs leave their idle power state within ~0.1 s
         for i in range(PCIE_READINGS if seconds > 0 else 1):
             for k, hops in enumerate(_pcie_reading(gpus)):
                 chains[k].append(hops)
             if seconds > 0:
                 time.sleep(seconds / PCIE_READINGS)
         window = time.monotonic() - t0
+        busy = [_busy(nv, h) for h in handles]
         end_links = [nvlink_counters(nv, h) for h in handles]
         end_events = [clock_event_ns(nv, h) for h in handles]
     loaded = bool(loader and loader.running)
+    if loader and loader.failed:
+        note = f"the load could not start on {'; '.join(loader.failed)}: PCIe generation not judged"
     out: dict[int, list] = {}
     for k, (g, h) in enumerate(zip(gpus, handles)):
         g.nvlink_links = end_links[k]
@@ -102,11 +106,17 @@ def sample_window(nv, handles, gpus, seconds: float, with_load: bool) -> tuple[d
             g.pcie_replays_window = end_replay - start_replays[k]
         g.pcie_chain = chains[k][-1] if chains[k] else []
         g.pcie_note = capped_by_parent(chains[k]) or ""
-        out[g.index] = (judge_pcie(g.subject, chains[k], loaded)
+        out[g.index] = (judge_pcie(g.subject, chains[k], loaded and busy[k])
                         + judge_nvlink(g.subject, start_links[k], end_links[k], window)
                         + judge_clock_events(g.subject, g.clock_event_s, window)
                         + _replay_findings(g))
     return out, note, round(window, 2)
+
+
+def _busy(nv, h) -> bool:
+    """Whether the GPU was working at the end of the window (our load, or someone's job)."""
+    util = attempt(getattr(nv, "nvmlDeviceGetUtilizationRates", None), h)
+    return bool(util is not None and util.gpu >= BUSY_PCT)
 
 
 def _replay_findings(g) -> list:
