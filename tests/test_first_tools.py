@@ -34,7 +34,7 @@ def test_healthy_gpu_is_ok():
     ({"nvlink_active": 12}, "fail", "reset_gpu", "12 of 18 NVLink"),
     ({"power_limit_w": 400.0}, "ok", "none", "power limit"),
     ({"xids": [{"code": 79, "text": "GPU has fallen off the bus."}]}, "fail", "drain_node", "fallen off the bus"),
-    ({"xids": [{"code": 13, "text": "Graphics Exception"}]}, "warn", "none", "Xid 13"),
+    ({"xids": [{"code": 13, "text": "Graphics Exception"}]}, "ok", "none", "Xid 13"),
 ])
 def test_each_fault_gives_its_verdict_and_action(change, verdict, action, words):
     g = reading(**change)
