@@ -9,6 +9,10 @@ description edit makes BM25 or MiniLM pick the wrong tool more often, an agent i
   sentence in a long description counts (and nothing is cut at the model's 256 tokens).
 - `HybridRouter`: a weighted sum of both, each scaled by constants fixed at calibration (not per
   query, so the absolute level still tells how confident the match is).
+- `PagesRouter`: BM25 over the descriptions plus a vote of the knowledge pages: the query is matched
+  against each page's title, summary and `symptoms` (the words users type, written for the pages, not
+  for the tools), and the best pages vote for the tools in their `tools` frontmatter. Same weighted
+  sum and calibration as the hybrid.
 - `calibrate()`: on the tune split only, picks the hybrid weight and the abstention threshold: below
   it the router answers "(none)" (call no tool).
 """
@@ -16,12 +20,14 @@ description edit makes BM25 or MiniLM pick the wrong tool more often, an agent i
 import logging
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 from evals.metrics import NONE
 
-ROUTERS = ("bm25", "embed", "hybrid")
+ROUTERS = ("bm25", "embed", "hybrid", "pages")
+KNOWLEDGE_DIR = Path(__file__).resolve().parent.parent / "knowledge"
 
 
 @dataclass(frozen=True)
@@ -126,10 +132,67 @@ class HybridRouter:
         return self.combine(*self.parts(queries))
 
 
+def knowledge_pages(root: Path = KNOWLEDGE_DIR) -> list[dict]:
+    """Frontmatter (title, summary, symptoms, tools) of every topic page of the knowledge tree."""
+    import yaml
+
+    pages = []
+    for path in sorted(root.rglob("*.md")):
+        match = re.match(r"^---\n(.*?)\n---\n", path.read_text(encoding="utf-8"), re.S)
+        if path.name == "README.md" or not match:
+            continue
+        meta = yaml.safe_load(match.group(1)) or {}
+        pages.append({"path": str(path.relative_to(root)), "title": str(meta.get("title", "")),
+                      "summary": str(meta.get("summary", "")), "tools": list(meta.get("tools") or []),
+                      "symptoms": [str(s) for s in meta.get("symptoms") or []]})
+    return pages
+
+
+class PageVote:
+    """Scores tools by the knowledge pages a query matches: the `top_k` best pages (BM25 over title,
+    summary and symptoms, symptoms counted twice) each add their score, divided by how many tools
+    the page names, to every tool the page names."""
+
+    def __init__(self, tools: list[str], pages: list[dict], top_k: int = 3):
+        import bm25s
+
+        logging.getLogger("bm25s").setLevel(logging.WARNING)
+        self.tools, self.top_k = tools, top_k
+        self.page_tools = [[tools.index(n) for n in p["tools"] if n in tools] for p in pages]
+        self._index = bm25s.BM25()
+        self._index.index([tokenize(" ".join([p["title"], p["summary"], *p["symptoms"], *p["symptoms"]]))
+                           for p in pages], show_progress=False)
+
+    def scores(self, queries: list[str]) -> np.ndarray:
+        out = np.zeros((len(queries), len(self.tools)))
+        for row, query in zip(out, queries):
+            tokens = [t for t in tokenize(query) if t in self._index.vocab_dict]
+            if not tokens:
+                continue
+            page_scores = self._index.get_scores(tokens)
+            for page in np.argsort(-page_scores)[: self.top_k]:
+                for tool in self.page_tools[page]:
+                    row[tool] += page_scores[page] / len(self.page_tools[page])
+        return out
+
+
+class PagesRouter(HybridRouter):
+    """weight * page_vote/vote_scale + (1 - weight) * bm25/bm25_scale (see PageVote)."""
+
+    name = "pages"
+
+    def __init__(self, tools: list[ToolText], weight: float = 0.5, scales: tuple[float, float] = (1.0, 1.0),
+                 pages: list[dict] | None = None):
+        self.tools = [t.name for t in tools]
+        self.bm25 = BM25Router(tools)
+        self.embed = PageVote(self.tools, knowledge_pages() if pages is None else pages)
+        self.weight, self.scales = weight, scales
+
+
 def make_router(kind: str, tools: list[ToolText]):
     if kind not in ROUTERS:
         raise ValueError(f"unknown router {kind!r}; choose one of {', '.join(ROUTERS)}")
-    return {"bm25": BM25Router, "embed": EmbedRouter, "hybrid": HybridRouter}[kind](tools)
+    return {"bm25": BM25Router, "embed": EmbedRouter, "hybrid": HybridRouter, "pages": PagesRouter}[kind](tools)
 
 
 def rankings(scores: np.ndarray, tools: list[str], threshold: float = -np.inf) -> list[list[str]]:

@@ -7,8 +7,8 @@
 
 Tool names and descriptions come from the live MCP server through the in-memory client
 (`list_tools`), so what is scored is exactly what an agent sees. The abstention threshold (and the
-hybrid's weight) are calibrated on the tune split of evals/cases.jsonl, never on the cases scored,
-unless those are the tune split themselves.
+hybrid's weight) are calibrated on the tune splits of evals/cases.jsonl and evals/public_cases.jsonl,
+never on the cases scored, unless those are a tune split themselves.
 """
 
 import argparse
@@ -22,7 +22,7 @@ from evals.routers import ROUTERS, ToolText, calibrate, make_router, rankings
 
 EVALS_DIR = Path(__file__).resolve().parent
 REPO_ROOT = EVALS_DIR.parent
-TUNE_CASES = EVALS_DIR / "cases.jsonl"
+TUNE_CASES = (EVALS_DIR / "cases.jsonl", EVALS_DIR / "public_cases.jsonl")
 
 
 def live_tools() -> list[ToolText]:
@@ -47,7 +47,7 @@ def route(router_kind: str, tools: list[ToolText], cases: list[dict], tune: list
     threshold = calibrate(router, tune)
     scores = router.scores([c["symptom"] for c in cases])
     calibration = {"threshold": round(threshold, 4)}
-    if router_kind == "hybrid":
+    if router_kind in ("hybrid", "pages"):
         calibration.update(weight=router.weight, scales=[round(s, 4) for s in router.scales])
     return rankings(scores, router.tools, threshold), calibration
 
@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None, tools: list[ToolText] | None = None) -> 
     started = time.monotonic()
     try:
         cases = load_cases(args.cases, args.split)
-        tune = load_cases(TUNE_CASES, "tune")
+        tune = [c for path in TUNE_CASES for c in load_cases(path, "tune")]
     except (OSError, ValueError) as e:
         print(f"mleng eval: {e}", file=sys.stderr)
         return 2

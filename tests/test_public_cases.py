@@ -1,0 +1,74 @@
+"""evals/public_cases.jsonl: tool-selection cases from public reports, split by source thread.
+
+Each case paraphrases one public GitHub issue or pull request (URL in `source`), keeping the error
+strings the reporter quoted. The held-out split must not share a thread with the tune split, or the
+held-out figures would measure memory of that thread's wording instead of generalisation.
+"""
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from evals.metrics import NONE, load_cases
+from evals.routers import PagesRouter, ToolText, knowledge_pages
+
+ROOT = Path(__file__).resolve().parents[1]
+PUBLIC = ROOT / "evals" / "public_cases.jsonl"
+PROJECT = ROOT / "evals" / "cases.jsonl"
+THREAD = re.compile(r"^https://github\.com/[\w.-]+/[\w.-]+/(issues|pull|discussions)/\d+$")
+
+
+def _cases() -> list[dict]:
+    return load_cases(PUBLIC)
+
+
+def test_every_case_names_its_public_source():
+    cases = _cases()
+    assert len(cases) >= 100
+    bad = [c["id"] for c in cases if not THREAD.match(c.get("source", ""))]
+    assert bad == [], f"cases without a GitHub thread URL as source: {bad}"
+    assert len({c["source"] for c in cases}) == len(cases), "one case per thread"
+    assert {c["split"] for c in cases} == {"tune", "heldout"}
+
+
+def test_no_thread_or_thread_group_is_on_both_sides():
+    sides: dict[str, set[str]] = {}
+    for case in _cases():
+        sides.setdefault(case.get("group", case["source"]), set()).add(case["split"])
+    both = sorted(g for g, s in sides.items() if len(s) > 1)
+    assert both == [], f"threads with cases in both splits: {both}"
+    project_symptoms = {c["symptom"] for c in load_cases(PROJECT)}
+    assert not project_symptoms & {c["symptom"] for c in _cases()}, "a public case repeats a project case"
+
+
+def test_labels_are_tools_the_project_cases_use_and_out_of_scope_is_represented():
+    known = {n for c in load_cases(PROJECT) for n in c["expected"] + c["acceptable"]} | {NONE}
+    cases = _cases()
+    unknown = sorted({n for c in cases for n in c["expected"] + c["acceptable"]} - known)
+    assert unknown == []
+    held = Counter(c["expected"][0] for c in cases if c["split"] == "heldout")
+    assert held[NONE] >= 10 and len(held) >= 15, held
+
+
+def test_pages_router_votes_with_the_knowledge_pages_symptom_words():
+    pages = [{"path": "a.md", "title": "Hangs", "summary": "stuck jobs", "tools": ["hang_stack_dump"],
+              "symptoms": ["training frozen at step 300", "no progress"]},
+             {"path": "b.md", "title": "Disks", "summary": "slow saves", "tools": ["storage_bench", "log_triage"],
+              "symptoms": ["checkpoint save takes minutes"]}]
+    tools = [ToolText("hang_stack_dump", "Python stacks of every rank."),
+             ToolText("storage_bench", "Filesystem throughput."), ToolText("log_triage", "Reads crash logs.")]
+    router = PagesRouter(tools, weight=1.0, pages=pages)
+    votes = router.scores(["my training is frozen at step 300", "the checkpoint save takes minutes"])
+    assert [router.tools[i] for i in votes.argmax(axis=1)] == ["hang_stack_dump", "storage_bench"]
+    # a page naming two tools splits its vote
+    assert votes[1][1] == pytest.approx(votes[1][2])
+
+
+def test_knowledge_pages_are_read_from_the_tree():
+    pages = knowledge_pages()
+    assert len(pages) >= 50 and all(p["symptoms"] and p["tools"] for p in pages)
+    assert any(p["path"] == "network/fabric-diagnosis.md" for p in pages)
