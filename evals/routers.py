@@ -9,10 +9,10 @@ description edit makes BM25 or MiniLM pick the wrong tool more often, an agent i
   sentence in a long description counts (and nothing is cut at the model's 256 tokens).
 - `HybridRouter`: a weighted sum of both, each scaled by constants fixed at calibration (not per
   query, so the absolute level still tells how confident the match is).
-- `PagesRouter`: BM25 over the descriptions plus a vote of the knowledge pages: the query is matched
-  against each page's title, summary and `symptoms` (the words users type, written for the pages, not
-  for the tools), and the best pages vote for the tools in their `tools` frontmatter. Same weighted
-  sum and calibration as the hybrid.
+- `PagesRouter`: bm25 + embedding + a vote of the knowledge pages: the query is matched against each
+  page's title, summary and `symptoms` (the words users type, written for the pages, not for the
+  tools), and the best pages vote for the tools in their `tools` frontmatter. Weights and threshold
+  are fitted together on the tune cases.
 - `calibrate()`: on the tune split only, picks the hybrid weight and the abstention threshold: below
   it the router answers "(none)" (call no tool).
 """
@@ -176,17 +176,53 @@ class PageVote:
         return out
 
 
-class PagesRouter(HybridRouter):
-    """weight * page_vote/vote_scale + (1 - weight) * bm25/bm25_scale (see PageVote)."""
+class PagesRouter:
+    """A weighted sum of bm25, the MiniLM embedding (unless use_embed=False) and the page vote, each
+    part divided by a scale fixed at calibration; `weights` sum to 1, bm25 first."""
 
     name = "pages"
 
-    def __init__(self, tools: list[ToolText], weight: float = 0.5, scales: tuple[float, float] = (1.0, 1.0),
-                 pages: list[dict] | None = None):
+    def __init__(self, tools: list[ToolText], pages: list[dict] | None = None, use_embed: bool = True):
         self.tools = [t.name for t in tools]
-        self.bm25 = BM25Router(tools)
-        self.embed = PageVote(self.tools, knowledge_pages() if pages is None else pages)
-        self.weight, self.scales = weight, scales
+        self.routers = [BM25Router(tools)] + ([EmbedRouter(tools)] if use_embed else [])
+        self.vote = PageVote(self.tools, knowledge_pages() if pages is None else pages)
+        self.weights = (1.0,) + (0.0,) * len(self.routers)
+        self.scales = (1.0,) * (len(self.routers) + 1)
+
+    def parts(self, queries: list[str]) -> list[np.ndarray]:
+        return [r.scores(queries) for r in self.routers] + [self.vote.scores(queries)]
+
+    def combine(self, parts: list[np.ndarray]) -> np.ndarray:
+        return sum(w * p / s for w, p, s in zip(self.weights, parts, self.scales))
+
+    def scores(self, queries: list[str]) -> np.ndarray:
+        return self.combine(self.parts(queries))
+
+
+def _calibrate_pages(router: PagesRouter, cases: list[dict]) -> float:
+    """Scales = 95th percentile of each part's best score; weights on a 0.1 grid (bm25 keeps the
+    rest), chosen for the most right first calls (expected or acceptable, half credit for expected
+    alone) with each grid point's own best threshold; returns that threshold."""
+    from itertools import product
+
+    from evals.metrics import evaluate
+
+    parts = router.parts([c["symptom"] for c in cases])
+    router.scales = tuple(float(np.percentile(p.max(axis=1), 95)) or 1.0 for p in parts)
+    grid = np.round(np.arange(0, 0.61, 0.1), 2)
+    best = (-1.0, router.weights, 0.0)
+    for others in product(grid, repeat=len(parts) - 1):
+        if sum(others) > 0.9:
+            continue
+        router.weights = (round(1 - sum(others), 2), *others)
+        scores = router.combine(parts)
+        threshold = best_threshold(scores, router.tools, cases)
+        report = evaluate(cases, rankings(scores, router.tools, threshold))
+        merit = report["top1_acceptable"] + 0.5 * report["top1"]
+        if merit > best[0]:
+            best = (merit, router.weights, threshold)
+    router.weights = best[1]
+    return best[2]
 
 
 def make_router(kind: str, tools: list[ToolText]):
@@ -230,6 +266,8 @@ def calibrate(router, cases: list[dict]) -> float:
     For the hybrid this also sets the score scales (the 95th percentile of each part's best score)
     and the weight (grid 0..1 by 0.1, best top-1 over the cases that expect a tool).
     """
+    if isinstance(router, PagesRouter):
+        return _calibrate_pages(router, cases)
     queries = [c["symptom"] for c in cases]
     if isinstance(router, HybridRouter):
         bm25, embed = router.parts(queries)

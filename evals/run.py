@@ -47,8 +47,10 @@ def route(router_kind: str, tools: list[ToolText], cases: list[dict], tune: list
     threshold = calibrate(router, tune)
     scores = router.scores([c["symptom"] for c in cases])
     calibration = {"threshold": round(threshold, 4)}
-    if router_kind in ("hybrid", "pages"):
+    if router_kind == "hybrid":
         calibration.update(weight=router.weight, scales=[round(s, 4) for s in router.scales])
+    if router_kind == "pages":
+        calibration.update(weights=list(router.weights), scales=[round(s, 4) for s in router.scales])
     return rankings(scores, router.tools, threshold), calibration
 
 

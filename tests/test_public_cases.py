@@ -61,11 +61,30 @@ def test_pages_router_votes_with_the_knowledge_pages_symptom_words():
               "symptoms": ["checkpoint save takes minutes"]}]
     tools = [ToolText("hang_stack_dump", "Python stacks of every rank."),
              ToolText("storage_bench", "Filesystem throughput."), ToolText("log_triage", "Reads crash logs.")]
-    router = PagesRouter(tools, weight=1.0, pages=pages)
+    router = PagesRouter(tools, pages=pages, use_embed=False)
+    router.weights = (0.0, 1.0)  # the page vote alone
     votes = router.scores(["my training is frozen at step 300", "the checkpoint save takes minutes"])
     assert [router.tools[i] for i in votes.argmax(axis=1)] == ["hang_stack_dump", "storage_bench"]
     # a page naming two tools splits its vote
     assert votes[1][1] == pytest.approx(votes[1][2])
+
+
+def test_pages_router_calibrates_weights_and_abstains_on_unmatched_questions():
+    pages = [{"path": "a.md", "title": "Hangs", "summary": "stuck jobs", "tools": ["hang_stack_dump"],
+              "symptoms": ["training frozen at step 300", "no progress"]}]
+    tools = [ToolText("hang_stack_dump", "Python stacks of every rank of a stuck job."),
+             ToolText("storage_bench", "Filesystem write throughput for checkpoints.")]
+    router = PagesRouter(tools, pages=pages, use_embed=False)
+    cases = [{"id": str(i), "symptom": s, "expected": [e], "acceptable": [], "category": "", "difficulty": ""}
+             for i, (s, e) in enumerate([
+        ("training frozen at step 300", "hang_stack_dump"), ("checkpoint write throughput is low", "storage_bench"),
+        ("which learning rate for my lora", NONE)])]
+    from evals.routers import calibrate, rankings
+
+    threshold = calibrate(router, cases)
+    assert abs(sum(router.weights) - 1) < 1e-9 and min(router.scales) > 0
+    first = [r[0] for r in rankings(router.scores([c["symptom"] for c in cases]), router.tools, threshold)]
+    assert first == ["hang_stack_dump", "storage_bench", NONE]
 
 
 def test_knowledge_pages_are_read_from_the_tree():
