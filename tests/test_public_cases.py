@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from evals.metrics import NONE, load_cases
-from evals.routers import PagesRouter, ToolText, knowledge_pages
+from tools.evals.metrics import NONE, load_cases
+from tools.evals.routers import PagesRouter, ToolText, knowledge_pages
 
 ROOT = Path(__file__).resolve().parents[1]
 PUBLIC = ROOT / "evals" / "public_cases.jsonl"
@@ -79,7 +79,7 @@ def test_pages_router_calibrates_weights_and_abstains_on_unmatched_questions():
              for i, (s, e) in enumerate([
         ("training frozen at step 300", "hang_stack_dump"), ("checkpoint write throughput is low", "storage_bench"),
         ("which learning rate for my lora", NONE)])]
-    from evals.routers import calibrate, rankings
+    from tools.evals.routers import calibrate, rankings
 
     threshold = calibrate(router, cases)
     assert abs(sum(router.weights) - 1) < 1e-9 and min(router.scales) > 0
