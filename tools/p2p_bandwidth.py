@@ -194,7 +194,8 @@ def run(params: P2pBandwidthParams, progress) -> P2pBandwidthResult:
         median_unidir_gbps=round(median, 2), min_unidir_gbps=min(p.unidir_gbps for p in pairs),
         local_copy_gbps=round(local, 1), flagged_pairs=[f"{p.src}->{p.dst}" for p in pairs if p.flagged],
         findings=findings,
-        next=(["gpu_topology", "gpu_health", "knowledge://network/intra-node.md"] if flagged or no_peer
+        next=(["gpu_topology", "gpu_health", "knowledge://network/intra-node.md"]
+              + (["knowledge://network/acs-iommu.md"] if no_peer else []) if flagged or no_peer
               else ["collective_bench"]))
 
 
