@@ -92,3 +92,20 @@ def test_every_vendor_figure_has_an_as_read_on_date(stem, tables):
 def test_rendered_tables_carry_the_dates():
     for rel in ("compute/accelerators.md", "network/expected-bandwidth.md", "compute/mamf.md"):
         assert "_Figures as read on 20" in _page(rel), rel
+
+
+NEW_CHAPTERS = ["network/fabric-diagnosis.md", "debugging/watchdog.md", "network/nvswitch-nvl72.md",
+                "network/acs-iommu.md", "debugging/native-crashes.md", "training/dtensor-fsdp2.md",
+                "compute/fleet-telemetry.md", "compute/burn-in.md", "cpu-memory/transparent-huge-pages.md",
+                "inference/sglang-and-speculative-decoding.md"]
+
+
+@pytest.mark.parametrize("rel", NEW_CHAPTERS)
+def test_new_chapters_are_served_and_found(rel):
+    from tools.engine.mcp_server import _read_knowledge, knowledge_index
+    from tools.knowledge_search import search
+
+    assert f"knowledge://{rel}" in knowledge_index()
+    assert _read_knowledge(rel).startswith("---\ntitle:")
+    title = _page(rel).split("title: ", 1)[1].split("\n", 1)[0]
+    assert rel in [page.path for _, page, _ in search(title, k=3)], f"{rel} not found by its own title"
