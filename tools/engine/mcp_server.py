@@ -69,8 +69,9 @@ class CallOptions(Params):
         "Hard limit in seconds: past it every process of the run is killed and the call fails."))
 
 
+@functools.cache
 def input_schema(spec: ToolSpec) -> dict:
-    """The tool's Params schema, plus wait_s / timeout_s on subprocess tools."""
+    """The tool's Params schema, plus wait_s / timeout_s on subprocess tools (built once per tool)."""
     schema = spec.Params.model_json_schema()
     schema.setdefault("additionalProperties", False)
     if spec.runs == "subprocess":
@@ -81,6 +82,7 @@ def input_schema(spec: ToolSpec) -> dict:
     return schema
 
 
+@functools.cache
 def output_schema(spec: ToolSpec) -> dict:
     return spec.Result.model_json_schema(mode="serialization")
 
