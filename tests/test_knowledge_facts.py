@@ -80,7 +80,8 @@ def test_ambiguous_vendor_figures_show_both_values_with_dates():
 
 
 @pytest.mark.parametrize("stem,tables", [("accelerators", ["accelerator"]),
-                                         ("interconnects", ["link", "expected_busbw"])])
+                                         ("interconnects", ["link", "expected_busbw"]),
+                                         ("model_presets", ["model"])])
 def test_every_vendor_figure_has_an_as_read_on_date(stem, tables):
     data = _records(stem)
     for table in tables:
