@@ -110,3 +110,15 @@ def test_new_chapters_are_served_and_found(rel):
     assert _read_knowledge(rel).startswith("---\ntitle:")
     title = _page(rel).split("title: ", 1)[1].split("\n", 1)[0]
     assert rel in [page.path for _, page, _ in search(title, k=3)], f"{rel} not found by its own title"
+
+
+def test_pages_quoting_vendor_figures_say_when_they_were_read():
+    """Every page whose prose quotes a figure from knowledge/data carries an 'as read on' date."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("tree", Path(__file__).with_name("test_knowledge_tree.py"))
+    tree = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tree)
+    undated = sorted({row[0] for row in tree.PROSE_FIGURES
+                      if not re.search(r"read on 20\d\d-\d\d-\d\d", _page(row[0]))})
+    assert undated == [], f"pages quoting vendor figures without a read-on date: {undated}"
