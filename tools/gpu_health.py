@@ -338,7 +338,9 @@ SPEC = ToolSpec(
         "link generation/width vs max (downtrained links), NVLink links down and error counters, and processes "
         "holding GPU memory. Verdict per GPU and for the node, with the serial to report. Use for 'is this GPU "
         "healthy', Xid messages in logs, a node slower than its peers, ECC errors, or before blaming software. "
-        "~1-3 s, read-only, NVIDIA GPUs (AMD: not yet). Not a performance test (matmul_bench, p2p_bandwidth)."),
+        "~1-3 s, read-only, NVIDIA GPUs (AMD: not yet). Not a performance test (matmul_bench, p2p_bandwidth)."
+        " Typical messages: 'uncorrectable ECC error encountered', 'GPU has fallen off the bus', 'Unable to"
+        " determine the device handle', nvidia-smi no longer lists a GPU, a GPU lost during training."),
     Params=GpuHealthParams, Result=GpuHealthResult, run=run, runs="subprocess", timeout_s=60,
     doctor=lambda ctx: {}, doctor_order=15,
 )

@@ -244,7 +244,10 @@ SPEC = ToolSpec(
         "idle or slow NICs, P2P disabled, traffic through the CPU, mismatched NCCL versions, ranks whose init never "
         "completed. Best with NCCL_DEBUG_SUBSYS=INIT,GRAPH,ENV,TUNING,NET. Not for finding which rank crashed in a "
         "training log (log_triage) or for measuring bandwidth (collective_bench). Read-only, reads files only, "
-        "needs no GPU."),
+        "needs no GPU."
+        " Also reads pasted nccl-tests output (all_reduce_perf tables: busbw per size against what the fabric"
+        " should give) and NET/Socket lines such as 'Failed to open libibverbs.so', 'NET/IB : No device"
+        " found'."),
     Params=NcclLogParams, Result=NcclLogResult, run=run,
     runs="subprocess", read_only=True, destructive=False, idempotent=True, open_world=False, timeout_s=300,
 )
