@@ -1,7 +1,8 @@
 """Render data tables into knowledge pages from knowledge/data/*.toml (one source of truth).
 
 A page marks a block like this (data blocks: accelerators, accelerators.mamf,
-interconnects.links, interconnects.gpu_links, interconnects.network, interconnects.expected_busbw;
+interconnects.links, interconnects.gpu_links, interconnects.network, interconnects.expected_busbw,
+xid_catalog;
 page blocks: index = the pages beside an area README, tree = every area, for knowledge/README.md):
 
     <!-- data:accelerators -->
@@ -132,6 +133,17 @@ def render_network(data: dict) -> str:
             + _read_on(_links(data, {"infiniband", "roce", "efa"}), "interconnects"))
 
 
+def render_xid(data: dict) -> str:
+    cat = data.get("catalog", {})
+    rows = [[code, r["description"] + (f": {r['note']}" if r.get("note") else ""), r["immediate"],
+             r["action"], r["on_repeat"]]
+            for code, r in sorted(data.get("xid", {}).items(), key=lambda kv: int(kv[0]))]
+    head = (f"_From NVIDIA's Xid catalog ({cat.get('source', '')}, read {cat.get('read', '?')}; {cat.get('version', '')})."
+            " `NVIDIA` is the catalog's immediate resolution bucket; `now` / `if it repeats` are what mleng's tools"
+            " answer (knowledge/data/xid_catalog.toml says why 64 and 79 differ)._\n\n")
+    return head + _table(["Xid", "meaning", "NVIDIA", "now", "if it repeats"], rows)
+
+
 def _frontmatter(page: Path) -> dict[str, str]:
     """title and summary from a page's frontmatter (simple one-line keys; no YAML dependency)."""
     m = re.match(r"^---\n(.*?)\n---\n", page.read_text(), re.S)
@@ -178,6 +190,7 @@ RENDERERS = {
     "interconnects.network": ("interconnects", render_network),
     "interconnects.links": ("interconnects", render_links),
     "interconnects.expected_busbw": ("interconnects", render_expected_busbw),
+    "xid_catalog": ("xid_catalog", render_xid),
 }
 
 

@@ -24,7 +24,8 @@ from .rank import OPS, size_sweep
 from ..shared.culprits import diagnose
 from ..shared.launch import RankLayout, launch_ranks, layout, manual_start, plan_command, visible_gpus
 from .models import BenchRow, OpSummary
-from .report import draw_plot, expected_busbw, format_table, human_size, judge, point_at
+from .report import draw_plot, format_table, human_size, judge, point_at
+from ..shared.expected_busbw import expected_busbw
 from ..engine.spec import Field, Result, ToolSpec, worst
 from ..engine.processes import local_gpu_count
 

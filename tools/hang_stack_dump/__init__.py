@@ -119,15 +119,30 @@ def _place(g: StackGroup) -> str:
     return f"{g.where}{via}"
 
 
+def _one_group(g: StackGroup) -> str:
+    """Every process in one place: a stuck collective only when a collective (or a rank) is there."""
+    distributed = bool(g.ranks) or any("torch/distributed/" in frame for frame in g.stack)
+    if g.in_collective and distributed:
+        what = ("the collective itself is stuck (network, NCCL, a GPU) or a rank not dumped here (another node?) "
+                "never arrived: run flight_recorder_analyze on the dumps, nccl_log_analyze on the log")
+    elif g.in_collective:
+        what = ("no collective on the stack and no rank: it waits in torch.cuda.synchronize for its own GPU work, "
+                "so it is busy on the GPU; a wait that never ends is a slow or stuck kernel (gpu_health, the GPU's "
+                "utilisation; py-spy dump --native shows the CUDA call)")
+    elif distributed:
+        what = "no rank is behind the others at the Python level"
+    else:
+        what = "no collective on the stack: this is what it is doing (not distributed, so nothing to wait for)"
+    who = _who(g.ranks, g.pids)
+    head = f"All {len(g.pids)} processes ({who}) sit in the same place" if len(g.pids) > 1 else f"The process ({who}) is in"
+    return f"{head}: {_place(g)}; {what}."
+
+
 def findings_for(groups: list[StackGroup], odd: list[StackGroup]) -> list[str]:
     if not groups:
         return []
     if len(groups) == 1:
-        g = groups[0]
-        what = ("the collective itself is stuck (network, NCCL, a GPU) or a rank not dumped here (another node?) "
-                "never arrived: run flight_recorder_analyze on the dumps, nccl_log_analyze on the log"
-                if g.in_collective else "no rank is behind the others at the Python level")
-        return [f"All {len(g.pids)} processes ({_who(g.ranks, g.pids)}) sit in the same place: {_place(g)}; {what}."]
+        return [_one_group(groups[0])]
     out = []
     for g in groups:
         verb = "wait in" if g.in_collective else "are in"

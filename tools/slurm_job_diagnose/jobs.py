@@ -178,15 +178,15 @@ def scan_slurm_lines(paths: list[Path]) -> tuple[str | None, str | None, str | N
     return state, node, evidence
 
 
-def triage(paths: list[Path]) -> tuple[str, list[str], list[str]]:
-    """(log_triage's verdict, findings, next) for these files; ('info', [a note], []) when log_triage is
-    missing or breaks: a fault there must not hide what SLURM itself says about the job."""
+def triage(paths: list[Path]) -> tuple[str, list[str], list[str], list]:
+    """(log_triage's verdict, findings, next, hits with their actions) for these files; ('info', [a note], [], [])
+    when log_triage is missing or breaks: a fault there must not hide what SLURM itself says about the job."""
     try:
         from ..shared.triage.core import triage_paths
     except Exception as e:  # noqa: BLE001
-        return "info", [f"log_triage is not usable here ({type(e).__name__}: {e}): read the log files by hand"], []
+        return "info", [f"log_triage is not usable here ({type(e).__name__}: {e}): read the log files by hand"], [], []
     try:
         result = triage_paths([str(p) for p in paths])
     except Exception as e:  # noqa: BLE001
-        return "info", [f"log_triage could not read the logs ({type(e).__name__}: {e})"], []
-    return result.verdict, list(result.findings), list(result.next)
+        return "info", [f"log_triage could not read the logs ({type(e).__name__}: {e})"], [], []
+    return result.verdict, list(result.findings), list(result.next), list(result.signatures)

@@ -9,6 +9,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..actions import worst_action
 from .signatures import MAX_RANKS_TRACKED, POST, Signature, gates_for, load_signatures
 from ..logscan import iter_text_blocks, line_ranges, line_rank, timestamp_near
 
@@ -243,6 +244,10 @@ def _merge_extra(into: dict, later: dict) -> None:
             into[key] = min(into.get(key, value), value)
         elif key == "last_scale":
             into[key] = value
+        elif key == "worst_action":
+            into[key] = worst_action([into.get(key, "none"), value])
+        elif isinstance(key, tuple) and isinstance(value, int):    # Xid occurrences per (bus, code)
+            into[key] = into.get(key, 0) + value
         elif isinstance(value, dict):
             for k, v in value.items():
                 into.setdefault(key, {}).setdefault(k, v)
