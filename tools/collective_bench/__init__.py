@@ -187,8 +187,11 @@ def build_result(outcome, params: CollectiveBenchParams, nnodes: int, wall_s: fl
         return result
     result.verdict = worst(verdicts, default="info")
     result.findings = findings
+    low = result.verdict in ("warn", "fail")
     result.next = (["knowledge://network/busbw.md", "knowledge://network/expected-bandwidth.md"]
-                   + (["gpu_topology", "p2p_bandwidth", "nccl_log_analyze"] if result.verdict in ("warn", "fail") else []))
+                   + (["gpu_topology", "p2p_bandwidth", "nccl_log_analyze"] if low else [])
+                   # short between nodes: port counters, perftest, link flaps, NCCL's IB settings
+                   + (["knowledge://network/fabric-diagnosis.md"] if low and nnodes > 1 else []))
     if params.plot and rows:
         result.plot_png = _plot(rows, expected_by_op, world, gpu or "cpu", params.plot_path)
     return result

@@ -222,7 +222,11 @@ SPEC = ToolSpec(
         "and seconds per stage. A rank that never joins, crashes or stalls is named with its host and stage "
         "within pg_timeout_s plus a few seconds; every rank process is killed afterwards. Flags torch/CUDA/"
         "NCCL/driver mismatches across ranks. Not a bandwidth test (use collective_bench). Cost: ~5-15 s when "
-        "healthy; up to pg_timeout_s + 10 s when a rank hangs. Needs torch; NCCL on GPUs, gloo on CPU."),
+        "healthy; up to pg_timeout_s + 10 s when a rank hangs. Needs torch; NCCL on GPUs, gloo on CPU."
+        " Symptoms: stuck in init_process_group or at the first barrier, RendezvousConnectionError, 'The"
+        " client socket has timed out while trying to connect', TCPStore connect hangs, gloo works but the"
+        " nccl backend never starts, multi-node training hangs at accelerator.prepare or before step 1, on"
+        " SLURM, Kubernetes, mpirun or ray."),
     Params=DistSmokeTestParams, Result=DistSmokeTestResult, run=run, runs="subprocess",
     read_only=True, destructive=False, idempotent=True, open_world=False, timeout_s=900,
     gpu_devices=_gpus, metric=None,

@@ -286,7 +286,10 @@ SPEC = ToolSpec(
         "busbw vs the expected figure for the hardware, #wrong, per-process stragglers) and ncclras reports "
         "(ranks missing or behind in a hang). Best with NCCL_DEBUG_SUBSYS=INIT,GRAPH,ENV,TUNING,NET. Not for finding which rank crashed in a "
         "training log (log_triage) or for measuring bandwidth (collective_bench). Read-only, reads files only, "
-        "needs no GPU."),
+        "needs no GPU."
+        " Also reads pasted nccl-tests output (all_reduce_perf tables: busbw per size against what the fabric"
+        " should give) and NET/Socket lines such as 'Failed to open libibverbs.so', 'NET/IB : No device"
+        " found'."),
     Params=NcclLogParams, Result=NcclLogResult, run=run,
     runs="subprocess", read_only=True, destructive=False, idempotent=True, open_world=False, timeout_s=300,
 )

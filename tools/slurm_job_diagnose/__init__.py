@@ -261,7 +261,9 @@ SPEC = ToolSpec(
         "to do next. Works without accounting (scontrol while slurmctld remembers the job, then the log files) "
         "and says what it could not see. Use for 'my job died', 'job killed', 'TIMEOUT', 'exit code 137', "
         "'NODE_FAIL'. Read-only, a few seconds; needs the SLURM client commands. Not for jobs still pending "
-        "(slurm_status) or hung jobs (hang_stack_dump)."),
+        "(slurm_status) or hung jobs (hang_stack_dump)."
+        " Reads 'slurmstepd: error: Detected 1 oom-kill event(s) in StepId=...' (host RAM, not GPU memory) and"
+        " DataLoader workers killed under SLURM."),
     Params=SlurmJobDiagnoseParams, Result=SlurmJobDiagnoseResult, run=run,
     runs="subprocess", read_only=True, destructive=False, idempotent=True, open_world=True,
     timeout_s=120, store=False,

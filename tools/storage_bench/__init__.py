@@ -289,7 +289,9 @@ SPEC = ToolSpec(
         "removes it. Needs a writable directory, no GPU, no root. One stream: not a parallel-filesystem "
         "aggregate benchmark."
         " Compares mounts (local NVMe, Lustre, GPFS, Weka, NFS, /scratch): which is faster for checkpoints or"
-        " shards."),
+        " shards."
+        " Typical: torch.save or save_checkpoint takes minutes, 'Disk quota exceeded', 'No space left on"
+        " device'."),
     Params=StorageParams, Result=StorageResult, run=run, runs="subprocess",
     read_only=False, destructive=False, idempotent=True, open_world=False, timeout_s=300,
     metric="seq_write_mbps", higher_is_better=True,
