@@ -240,6 +240,9 @@ def _context(gpus, window_s, load_note, log_note, dcgm_note) -> list[str]:
                    + ", ".join(f"{g.sm_clock_mhz}/{g.sm_clock_max_mhz}" for g in gpus) + " MHz (now/max).")
     notes = sorted({g.pcie_note for g in gpus if g.pcie_note})
     out += [f"PCIe: {n}." for n in notes]
+    if window_s and any(len(g.pcie_chain) < 2 for g in gpus):
+        out.append("PCIe: the PCI tree above some GPUs is not readable in /sys/bus/pci (a container?): their links "
+                   "are judged from NVML alone (width against the GPU's own maximum).")
     if window_s:
         out.append(f"Sampled {window_s:g} s ({load_note}).")
     if not log_note.startswith("read"):
@@ -247,6 +250,15 @@ def _context(gpus, window_s, load_note, log_note, dcgm_note) -> list[str]:
     if dcgm_note:
         out.append(f"DCGM: {dcgm_note}.")
     return out
+
+
+def _gpus_used(params: GpuHealthParams) -> list[int]:
+    """The GPUs a run occupies (its small load, or DCGM's tests), so that mleng's benchmarks do not run beside it."""
+    if not ((params.load and params.sample_s > 0) or params.dcgm_level >= 2):
+        return []
+    from ..engine.processes import local_gpu_count
+
+    return list(range(local_gpu_count()))
 
 
 SPEC = ToolSpec(
@@ -267,5 +279,5 @@ SPEC = ToolSpec(
         " Typical messages: 'uncorrectable ECC error encountered', 'GPU has fallen off the bus', 'Unable to"
         " determine the device handle', nvidia-smi no longer lists a GPU, a GPU lost during training."),
     Params=GpuHealthParams, Result=GpuHealthResult, run=run, runs="subprocess", timeout_s=1800,
-    doctor=lambda ctx: {}, doctor_order=15,
+    gpu_devices=_gpus_used, doctor=lambda ctx: {}, doctor_order=15,
 )
