@@ -94,7 +94,7 @@ def link_findings(g) -> list[HealthFinding]:
         out.append(HealthFinding(text=f"only {g.nvlink_active} of {g.nvlink_total} NVLink links are up: GPU-GPU "
                                  "bandwidth is cut; reset the GPU, drain the node if they stay down",
                                  action="reset_gpu", subject=g.subject, code="nvlink_down", source="nvml"))
-    if not g.pcie_chain and g.pcie_width and g.pcie_width_max and g.pcie_width < g.pcie_width_max:
+    if len(g.pcie_chain) < 2 and g.pcie_width and g.pcie_width_max and g.pcie_width < g.pcie_width_max:
         out.append(HealthFinding(text=f"PCIe link runs x{g.pcie_width} of x{g.pcie_width_max} (the port above was not "
                                  "read: check it with sysfs or run again with sample_s > 0)", action="monitor",
                                  subject=g.subject, code="pcie_width", source="nvml"))
