@@ -244,10 +244,10 @@ def _context(gpus, window_s, load_note, log_note, dcgm_note) -> list[str]:
         out.append("PCIe: the PCI tree above some GPUs is not readable in /sys/bus/pci (a container?): their links "
                    "are judged from NVML alone (width against the GPU's own maximum).")
     if window_s:
-        out.append(f"Sampled {window_s:g} s ({load_note}).")
+        out.append(f"Sampled {window_s:g} s; {load_note}.")
     if not log_note.startswith("read"):
         out.append(f"Xid check: {log_note}.")
-    if dcgm_note:
+    if dcgm_note and "dcgm_level=0" not in dcgm_note:
         out.append(f"DCGM: {dcgm_note}.")
     return out
 

@@ -39,8 +39,8 @@ def describe(pid: int, used_bytes: int | None, now: float | None = None) -> Memo
 
 def _age(s: float | None) -> str:
     if s is None:
-        return "for an unknown time"
-    return f"for {s / 3600:.1f} h" if s >= 3600 else f"for {s / 60:.0f} min" if s >= 60 else f"for {s:.0f} s"
+        return "an unknown time"
+    return f"{s / 3600:.1f} h" if s >= 3600 else f"{s / 60:.0f} min" if s >= 60 else f"{s:.0f} s"
 
 
 def judge(gpu: str, h: MemoryHolder) -> HealthFinding:
@@ -54,7 +54,7 @@ def judge(gpu: str, h: MemoryHolder) -> HealthFinding:
                              "pid namespace): ask on the host which job it belongs to", action="none", subject=gpu,
                              code="hidden_holder", source="nvml")
     if h.mine is False:
-        return HealthFinding(text=f"{h.user}'s process {h.pid} ({h.name}) holds {mem}, running {_age(h.age_s)}: "
+        return HealthFinding(text=f"{h.user}'s process {h.pid} ({h.name}) holds {mem}, running for {_age(h.age_s)}: "
                              "another user's job shares this GPU (memory and time are not yours alone)",
                              action="none", subject=gpu, code="other_user_holder", source="nvml+procfs")
     return HealthFinding(text=f"your process {h.pid} ({h.name}, {h.state or 'state unknown'}) holds {mem}, started "
