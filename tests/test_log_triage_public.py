@@ -59,3 +59,7 @@ def test_nan_loss_in_progress_bar_fields():
     hit = _hit(r, "loss_nan")
     assert hit.count == 4 and hit.details["field"] == "avr_" and hit.action == "none"
     assert r.first_failure.signature == "loss_nan"
+    from tools.shared.triage.core import triage_text
+
+    step = triage_text("Steps:  41%|####      | 410/1000 [03:12<04:36, 2.13it/s, lr=1e-05, step_loss=nan]\n")
+    assert step.first_failure.signature == "loss_nan" and step.first_failure.details["field"] == "step_"
