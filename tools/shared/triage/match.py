@@ -9,6 +9,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ...engine.redact import redact
 from .signatures import MAX_RANKS_TRACKED, POST, Signature, gates_for, load_signatures
 from ..logscan import iter_text_blocks, line_ranges, line_rank, timestamp_near
 
@@ -152,7 +153,7 @@ def _record(state: ScanState, sig: Signature, m: re.Match, line: str, line_no: i
     state.hits += 1
     if rank is not None and sig.severity == "error" and len(state.rank_first) < MAX_RANKS_TRACKED:
         state.rank_first.setdefault(rank, sig.id)
-    hit = Hit(label, line_no, rank, line[:MAX_LINE_CHARS], details, role, state.hits)
+    hit = Hit(label, line_no, rank, redact(line[:MAX_LINE_CHARS]), details, role, state.hits)
     tally.count += 1
     if rank is not None and len(tally.ranks) < MAX_RANKS_TRACKED:
         tally.ranks.add(rank)
