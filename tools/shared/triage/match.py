@@ -153,6 +153,8 @@ def _record(state: ScanState, sig: Signature, m: re.Match, line: str, line_no: i
     state.hits += 1
     if rank is not None and sig.severity == "error" and len(state.rank_first) < MAX_RANKS_TRACKED:
         state.rank_first.setdefault(rank, sig.id)
+    # Secrets leave no reader: the line and what was captured from it are redacted here, once.
+    details = {k: redact(v) if isinstance(v, str) else v for k, v in details.items()}
     hit = Hit(label, line_no, rank, redact(line[:MAX_LINE_CHARS]), details, role, state.hits)
     tally.count += 1
     if rank is not None and len(tally.ranks) < MAX_RANKS_TRACKED:
