@@ -2,6 +2,7 @@
 human table and the PNG plot. Pure apart from reading knowledge data and writing the plot file.
 """
 
+from ..shared.safe_write import open_output
 from .models import BenchRow, OpSummary
 
 
@@ -38,7 +39,7 @@ def human_size(size: int) -> str:
     return f"{size} B"
 
 
-def draw_plot(rows: list[BenchRow], expected: dict[str, float], path: str, title: str) -> str:
+def draw_plot(rows: list[BenchRow], expected: dict[str, float], path, title: str, overwrite: bool = False) -> str:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -57,8 +58,9 @@ def draw_plot(rows: list[BenchRow], expected: dict[str, float], path: str, title
     ax.grid(True, which="major", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    from pathlib import Path
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    try:
+        with open_output(path, overwrite=overwrite, field="plot_path") as f:
+            fig.savefig(f, format="png")
+    finally:
+        plt.close(fig)
+    return str(path)

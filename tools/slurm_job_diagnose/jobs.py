@@ -12,6 +12,7 @@ from pathlib import Path
 from pydantic import Field
 
 from ..shared import slurm as _slurm
+from ..engine.redact import redact
 from ..engine.spec import Record
 
 SACCT_FIELDS = ["JobID", "JobIDRaw", "JobName", "State", "ExitCode", "DerivedExitCode", "Elapsed", "Timelimit",
@@ -166,12 +167,12 @@ def scan_slurm_lines(paths: list[Path]) -> tuple[str | None, str | None, str | N
         for line in text.splitlines():
             m = SRUN_TASK_EXIT.search(line)
             if m and node is None:
-                node, evidence = m.group(1), line.strip()
+                node, evidence = m.group(1), redact(line.strip())
             for rx, what in SLURM_LINES:
                 hit = rx.search(line)
                 if hit:
                     if state is None or state == "CANCELLED":  # a specific cause beats plain CANCELLED
-                        state, evidence = what, line.strip()
+                        state, evidence = what, redact(line.strip())
                         if what == "NODE_FAIL" and node is None:
                             node = hit.group(1)
                     break

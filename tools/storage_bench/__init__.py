@@ -38,7 +38,7 @@ class StorageParams(Params):
     path: str = Field("/tmp", min_length=1, max_length=4096, description="Existing, writable directory on the "
                       "filesystem to test; a temporary directory is made inside it and removed afterwards.")
     size_mib: int = Field(256, ge=1, le=65536, description="Size of the sequential test file (MiB).")
-    block_kib: int = Field(1024, ge=4, le=65536, description="Sequential block size (KiB, multiple of 4).")
+    block_kib: int = Field(1024, ge=4, le=65536, multiple_of=4, description="Sequential block size (KiB, multiple of 4).")
     random_read_s: float = Field(2.0, ge=0, le=600, description="Seconds of random 4 KiB reads (0 skips).")
     small_files: int = Field(1000, ge=0, le=1_000_000, description="Small files (4 KiB) to create, stat and "
                              "delete (0 skips).")

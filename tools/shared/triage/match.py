@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..actions import worst_action
+from ...engine.redact import redact
 from .signatures import MAX_RANKS_TRACKED, POST, Signature, gates_for, load_signatures
 from ..logscan import iter_text_blocks, line_ranges, line_rank, timestamp_near
 
@@ -153,7 +154,9 @@ def _record(state: ScanState, sig: Signature, m: re.Match, line: str, line_no: i
     state.hits += 1
     if rank is not None and sig.severity == "error" and len(state.rank_first) < MAX_RANKS_TRACKED:
         state.rank_first.setdefault(rank, sig.id)
-    hit = Hit(label, line_no, rank, line[:MAX_LINE_CHARS], details, role, state.hits)
+    # Secrets leave no reader: the line and what was captured from it are redacted here, once.
+    details = {k: redact(v) if isinstance(v, str) else v for k, v in details.items()}
+    hit = Hit(label, line_no, rank, redact(line[:MAX_LINE_CHARS]), details, role, state.hits)
     tally.count += 1
     if rank is not None and len(tally.ranks) < MAX_RANKS_TRACKED:
         tally.ranks.add(rank)
