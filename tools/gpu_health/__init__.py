@@ -274,8 +274,8 @@ SPEC = ToolSpec(
         "slowdown, thermal), persistence / ECC / MIG modes, NVSwitch fabric state, who holds GPU memory (yours, "
         "another user's, a zombie), and optionally DCGM diagnostics (dcgm_level 1-4; 3 and 4 take the GPUs for "
         "15 minutes to hours) or a saved `dcgmi diag -j` output. Use for 'is this GPU healthy', Xid messages, a "
-        "node slower than its peers, ECC errors, before blaming software or returning a node. ~3-5 s without "
-        "DCGM, read-only apart from the small load; NVIDIA GPUs. Not a performance test (matmul_bench, p2p_bandwidth)."
+        "node slower than its peers, ECC errors, before blaming software or returning a node. ~5-15 s without "
+        "DCGM (most of it starting the small load on every GPU), read-only apart from that load; NVIDIA GPUs. Not a performance test (matmul_bench, p2p_bandwidth)."
         " Typical messages: 'uncorrectable ECC error encountered', 'GPU has fallen off the bus', 'Unable to"
         " determine the device handle', nvidia-smi no longer lists a GPU, a GPU lost during training."),
     Params=GpuHealthParams, Result=GpuHealthResult, run=run, runs="subprocess", timeout_s=1800,
