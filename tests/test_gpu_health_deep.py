@@ -264,3 +264,15 @@ def test_a_whole_run_on_a_fake_nvml(monkeypatch):
     assert r.action == "drain_node" and r.actions == {"drain_node": ["GPU 0 (00000000:18:00.0)"]}
     assert g.holders[0].mine is True and any("your process" in f for f in r.findings)
     assert r.window_s >= 0.2 and r.load == "no load (load=false)"
+
+
+def test_a_gpu_on_the_root_bus_is_not_called_unreadable():
+    """Seen on the H200 VM: the GPU sits on pci0000:00 with no bridge above it; sysfs is readable."""
+    from tools.gpu_health import _context
+
+    on_root = GpuReading(index=0, name="NVIDIA H200", pcie_chain=[pcie.PcieHop(bdf="0000:00:06.0", gen=5, width=16,
+                                                                               max_gen=5, max_width=16)])
+    unreadable = GpuReading(index=1, name="NVIDIA H200", pcie_chain=[pcie.PcieHop(bdf="0000:3b:00.0")])
+    vm = " ".join(_context([on_root], 3.0, "load", "read", ""))
+    assert "directly on a root bus" in vm and "not readable" not in vm
+    assert "not readable" in " ".join(_context([on_root, unreadable], 3.0, "load", "read", ""))

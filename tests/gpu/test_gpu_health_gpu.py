@@ -45,7 +45,8 @@ def _assert_healthy(r):
     assert r.gpu_count >= 1
     problems = [(g.index, p.code, p.action, p.text) for g in r.gpus for p in g.problems if p.action != "none"]
     assert r.verdict == "ok" and r.action == "none", problems
-    assert all(len(g.pcie_chain) >= 2 for g in r.gpus), "the PCI tree above the GPUs was not read from sysfs"
+    # The link was read from sysfs (a VM may show the GPU directly on the root bus: a chain of one hop)
+    assert all(g.pcie_chain and g.pcie_chain[0].gen is not None for g in r.gpus), "PCIe not read from sysfs"
 
 
 def test_idle_node_has_no_warning():

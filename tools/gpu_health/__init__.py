@@ -240,9 +240,13 @@ def _context(gpus, window_s, load_note, log_note, dcgm_note) -> list[str]:
                    + ", ".join(f"{g.sm_clock_mhz}/{g.sm_clock_max_mhz}" for g in gpus) + " MHz (now/max).")
     notes = sorted({g.pcie_note for g in gpus if g.pcie_note})
     out += [f"PCIe: {n}." for n in notes]
-    if window_s and any(len(g.pcie_chain) < 2 for g in gpus):
+    if window_s and any(not g.pcie_chain or g.pcie_chain[0].gen is None for g in gpus):
         out.append("PCIe: the PCI tree above some GPUs is not readable in /sys/bus/pci (a container?): their links "
                    "are judged from NVML alone (width against the GPU's own maximum).")
+    elif window_s and any(len(g.pcie_chain) == 1 for g in gpus):
+        out.append("PCIe: some GPUs sit directly on a root bus with no bridge or switch above them in this "
+                   "machine's view (typical of a virtual machine): their links are judged against the GPU's own "
+                   "maximum.")
     if window_s:
         out.append(f"Sampled {window_s:g} s; {load_note}.")
     if not log_note.startswith("read"):
