@@ -1,7 +1,7 @@
 """Peak GPU memory of one optimizer step of a Hugging Face Llama, against memory_estimate.
 
 Builds transformers' LlamaForCausalLM from a LlamaConfig with random weights (nothing is downloaded;
-without transformers it falls back to the repository's own Llama in tools/_tiny_llama.py), with a
+without transformers it falls back to the repository's own Llama in tools/shared/tiny_llama.py), with a
 128K vocabulary so that the logits and the loss count, and for each of four recipes
 
     fp32                     fp32 weights and activations, AdamW (16 B/param)
@@ -39,10 +39,10 @@ def build_model(arch: dict, device: str, checkpointing: bool):
         from transformers import LlamaConfig, LlamaForCausalLM
     except ImportError:
         from tools.memory_estimate import MemoryParams
-        from tools._tiny_llama import build
+        from tools.shared.tiny_llama import build
 
         model = build(MemoryParams(**arch).architecture(), device=device, recompute=checkpointing)
-        return model, "tools/_tiny_llama.py (transformers not importable)"
+        return model, "tools/shared/tiny_llama.py (transformers not importable)"
     config = LlamaConfig(vocab_size=arch["vocab"], hidden_size=arch["hidden"], intermediate_size=arch["ffn"],
                          num_hidden_layers=arch["layers"], num_attention_heads=arch["heads"],
                          num_key_value_heads=arch["kv_heads"], tie_word_embeddings=False,
@@ -62,7 +62,7 @@ def step(model, tokens, opt, autocast: bool, hf: bool):
     import torch
 
     if not hf:
-        from tools._tiny_llama import train_step
+        from tools.shared.tiny_llama import train_step
 
         return train_step(model, tokens, opt, autocast_dtype=torch.bfloat16 if autocast else None)
     with torch.autocast(tokens.device.type, dtype=torch.bfloat16, enabled=autocast):
