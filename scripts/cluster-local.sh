@@ -89,7 +89,7 @@ wait_idle() {  # wait_idle N: every node plain "idle" ("idle*" is not responding
 start() {
   local n=$1
   install_pkgs
-  stop
+  stop_cluster                             # a stale earlier run; munged stays for other clusters
   rm -rf "$D"; mkdir -p "$D"/{etc,state,spool,log,run}
   start_munge
   make_network "$n"
@@ -117,13 +117,17 @@ stop_processes() {
 }
 
 stop() {
+  stop_cluster
+  stop_munge_if_last
+}
+
+stop_cluster() {  # everything but munged (shared with other clusters; start keeps it)
   stop_processes
   for ns in $(our_namespaces); do ip netns del "$ns"; rm -rf "/etc/netns/$ns"; done
   ip link show "$BRIDGE" >/dev/null 2>&1 && ip link del "$BRIDGE"
   for cg in "$CGROUP"/*/; do [ -d "$cg" ] && rmdir "$cg" 2>/dev/null || true; done
   [ -d "$CGROUP" ] && rmdir "$CGROUP" 2>/dev/null || true
   rmdir /etc/netns 2>/dev/null || true      # only when empty: someone else's namespaces keep it
-  stop_munge_if_last
   return 0
 }
 

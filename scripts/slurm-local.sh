@@ -241,8 +241,12 @@ stop_munge_if_last() {
   # munged is shared: stop it only if one of these scripts started it and no other cluster runs.
   # (Zombie slurmctld entries, left when PID 1 does not reap, do not count: hence ps, not pgrep.)
   if [ -f "$MUNGE_MARK" ] && [ -f /run/munge/munged.pid ] && ! ps -C slurmctld -o stat= | grep -qv '^Z'; then
-    kill "$(cat /run/munge/munged.pid 2>/dev/null)" 2>/dev/null || true
+    local p
+    p=$(cat /run/munge/munged.pid 2>/dev/null) || p=
+    [ -n "$p" ] && kill "$p" 2>/dev/null || true
     rm -f "$MUNGE_MARK"
+    # Wait until it is gone: a start right after must not find a munged that is still exiting.
+    for _ in $(seq 50); do [ -n "$p" ] && [ -d "/proc/$p" ] && ! awk '{exit ($3 == "Z") ? 0 : 1}' "/proc/$p/stat" 2>/dev/null || break; sleep 0.1; done
   fi
 }
 
