@@ -18,7 +18,8 @@
 # Debian 12 (SLURM 22.05), root. Packages as scripts/slurm-local.sh (installed when missing).
 # Knobs: CLUSTER_LOCAL_DIR (default /tmp/mln-cluster), PORT_BASE (slurmctld P, slurmd P+1 inside each
 # namespace; default 7817, so this runs beside slurm-local.sh's 6817), CPUS per node (default 2).
-# One such cluster per machine (the names are fixed); start/stop hold $CLUSTER_LOCAL_DIR.op.lock.
+# One such cluster per machine (the names are fixed); start/stop/heal refuse while another session
+# holds /tmp/mln-cluster.session.lock (see with_cluster_lock), and hold $CLUSTER_LOCAL_DIR.op.lock.
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=slurm-local.sh
@@ -156,7 +157,17 @@ heal() {  # heal [NODE...]: lift injected faults (qdisc, CPU limit, dead slurmd)
 
 print_env() { echo "export SLURM_CONF=$SLURM_CONF"; echo "export MLN_CLUSTER_NODES=$(paste -sd, "$D/nodes")"; }
 
+SESSION_LOCK=${MLN_SESSION_LOCK:-/tmp/mln-cluster.session.lock}
+
 with_cluster_lock() {
+  # A test session (tests/multinode_cluster.py) holds the session lock while it uses the cluster and
+  # says so with MLN_CLUSTER_SESSION=held; anyone else may not start, stop or heal it under them.
+  # Manual runs: flock -w 900 /tmp/mln-cluster.session.lock env MLN_CLUSTER_SESSION=held <this script> ...
+  if [ "${MLN_CLUSTER_SESSION:-}" != held ] && ! flock -n "$SESSION_LOCK" true; then
+    say "a session holds $SESSION_LOCK (a test run uses the cluster); wait for it, or run under:"
+    say "  flock -w 900 $SESSION_LOCK env MLN_CLUSTER_SESSION=held $0 $*"
+    return 1
+  fi
   mkdir -p "$(dirname "$D")"
   exec 9>"$D.op.lock"; flock -w 300 9 || { say "another start/stop is still running"; return 1; }; "$@"
 }

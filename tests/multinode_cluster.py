@@ -126,7 +126,8 @@ def multinode_cluster():
     if lock is None:
         pytest.skip("another test session holds the multi-node cluster (/tmp/mln-cluster.session.lock)")
     count = os.environ.get("MLENG_CLUSTER_NODES", "4")
-    env = {**os.environ, "CLUSTER_LOCAL_DIR": CLUSTER_DIR, "PORT_BASE": str(PORT_BASE)}
+    env = {**os.environ, "CLUSTER_LOCAL_DIR": CLUSTER_DIR, "PORT_BASE": str(PORT_BASE),
+           "MLN_CLUSTER_SESSION": "held"}  # we hold the session lock: the script may start/stop
     env.pop("SLURM_CONF", None)
 
     def stop():

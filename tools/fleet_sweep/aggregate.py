@@ -118,26 +118,28 @@ def drain_list(outliers: list[dict], failed_checks: list[dict], missing: dict[st
             for node, why in sorted(reasons.items())]
 
 
-def unanswered(rows: list[dict], expected_nodes: list[str], checks: list[str], known: dict[str, str]) -> dict:
+def unanswered(rows: list[dict], expected_nodes: list[str], planned: dict[str, list[str]],
+               known: dict[str, str]) -> dict:
     """node -> why it is missing: `known` reasons first (launch failed, SLURM says down), then nodes
-    with no row at all or only some of the checks by the deadline."""
+    with no row at all, or rows for only some of the checks they said they would run."""
     done: dict[str, set] = defaultdict(set)
     for r in rows:
         done[r["node"]].add(r["check"])
     missing = {}
     for node in expected_nodes:
-        if node in known:
+        left = [c for c in planned.get(node, []) if c not in done[node]]
+        if node in known and not (done[node] and not left):
             missing[node] = known[node]
         elif not done[node]:
             missing[node] = "no answer within the deadline"
-        elif len(done[node]) < len(checks):
-            left = [c for c in checks if c not in done[node]]
-            missing[node] = f"answered {len(done[node])} of {len(checks)} checks within the deadline (not: {', '.join(left)})"
+        elif left:
+            missing[node] = (f"answered {len(done[node])} of {len(planned[node])} checks within the deadline "
+                             f"(not: {', '.join(left)})")
     return missing
 
 
-def aggregate(rows: list[dict], expected_nodes: list[str], checks: list[str], known_missing: dict[str, str],
-              margin_pct: float) -> dict:
+def aggregate(rows: list[dict], expected_nodes: list[str], planned: dict[str, list[str]],
+              known_missing: dict[str, str], margin_pct: float) -> dict:
     """Everything fleet_sweep reports across nodes, from the rows that arrived in time."""
     figures = flatten_figures(rows)
     medians = fleet_medians(figures)
@@ -146,7 +148,7 @@ def aggregate(rows: list[dict], expected_nodes: list[str], checks: list[str], kn
     versions: dict[str, dict] = {}
     for r in rows:
         versions.setdefault(r["node"], {}).update(r.get("versions") or {})
-    missing = unanswered(rows, expected_nodes, checks, known_missing)
+    missing = unanswered(rows, expected_nodes, planned, known_missing)
     return {"medians": medians, "outliers": outliers, "drift": version_drift(versions),
             "failed": failed, "missing": missing, "drain": drain_list(outliers, failed, missing),
             "rule": RULES.format(margin=margin_pct)}
