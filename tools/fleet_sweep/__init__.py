@@ -40,7 +40,7 @@ class FleetSweepParams(Params):
     nodes: int | None = Field(None, ge=1, le=100000, description="With partition: how many nodes. Default: every reachable one.")
     hosts: list[str] | None = Field(None, max_length=100000, description=(
         "SLURM node names or hostlists ('gpu-[01-16]'), swept in a job of our own (partition optional). "
-        "Hosts outside SLURM are not reachable by this tool (see the knowledge page)."))
+        "['localhost'] sweeps this machine without SLURM; other hosts outside SLURM are refused."))
     storage_path: str | None = Field(None, min_length=1, max_length=4096, description=(
         "A directory on every node for storage_bench (a shared filesystem mount, a local NVMe)."))
     deadline_s: float = Field(300, ge=10, le=3600, description=(
@@ -146,7 +146,7 @@ def run(params: FleetSweepParams, progress) -> FleetSweepResult:
         done = len(stored) / max(1, len(launch) * len(checks))
         progress(min(done, 0.99), f"{row['node']}: {row['check']} {row.get('verdict')}")
 
-    got = sweep(launch, target.srun_args, job, params.deadline_s, on_row) if launch else None
+    got = sweep(target, job, params.deadline_s, on_row) if launch else None
     return build_result(params, target, got, stored, round(time.monotonic() - t0, 2))
 
 

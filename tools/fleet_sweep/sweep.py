@@ -36,7 +36,10 @@ class Collected:
     leftovers: list[str] = field(default_factory=list)                 # steps scancel had to stop
 
 
-def step_command(nodes: list[str], srun_args: list[str], job: dict, name: str) -> list[str]:
+def step_command(nodes: list[str], srun_args: list[str], job: dict, name: str, local: bool = False) -> list[str]:
+    """srun over the nodes, or (local) the node process itself on this machine."""
+    if local:
+        return python_module_command("fleet_sweep.node", json.dumps(job))
     n = len(nodes)
     return ["srun", *srun_args, f"--nodelist={','.join(nodes)}", f"--nodes={n}", f"--ntasks={n}",
             "--ntasks-per-node=1", "--kill-on-bad-exit=0", f"--job-name={name}",
@@ -82,27 +85,30 @@ def launch_failures(stderr: str) -> dict[str, str]:
     return {m.group(1): m.group(2).strip() or "task launch failed" for m in LAUNCH_FAILED.finditer(stderr)}
 
 
-def run_step(nodes: list[str], srun_args: list[str], job: dict, got: Collected, deadline: float, on_row) -> None:
+def run_step(nodes: list[str], target, job: dict, got: Collected, deadline: float, on_row) -> None:
     """One srun step over `nodes`; updates `got`. The step is always stopped before this returns."""
     got.attempts += 1
     name = f"{STEP_NAME}-{uuid.uuid4().hex[:8]}"
-    with Supervised(step_command(nodes, srun_args, job, name), parse_line=parse_event) as child:
+    cmd = step_command(nodes, target.srun_args, job, name, target.local)
+    with Supervised(cmd, parse_line=parse_event) as child:
         finished = follow(child, got, deadline, on_row)
         if not finished:
             got.timed_out = True
         # srun forwards SIGTERM to the step's tasks on every node; KillWait later slurmd SIGKILLs them.
         child.stop(grace_s=15, exit_wait_s=2 if finished else 0)
         got.stderr_tail = child.stderr_text()[-4000:]
-    got.leftovers += cancel_leftovers(name)
+    if not target.local:
+        got.leftovers += cancel_leftovers(name)
     got.failed_launch.update(launch_failures(got.stderr_tail))
 
 
-def sweep(nodes: list[str], srun_args: list[str], job: dict, deadline_s: float, on_row) -> Collected:
+def sweep(target, job: dict, deadline_s: float, on_row) -> Collected:
     """Run the step; relaunch once on the unfinished nodes when some nodes refused the launch."""
     got = Collected()
     deadline = time.monotonic() + deadline_s
-    run_step(nodes, srun_args, job, got, deadline, on_row)
+    nodes = target.launch_nodes
+    run_step(nodes, target, job, got, deadline, on_row)
     rest = [n for n in nodes if n not in got.done and n not in got.failed_launch]
     if got.failed_launch and rest and time.monotonic() < deadline - 1:
-        run_step(rest, srun_args, job, got, deadline, on_row)
+        run_step(rest, target, job, got, deadline, on_row)
     return got

@@ -1,5 +1,7 @@
 """Which nodes a sweep covers and how srun reaches them: the allocation we run in, a running job,
-a partition and node count (a job of our own), or a host list of SLURM nodes.
+a partition and node count (a job of our own), or a host list of SLURM nodes. Without SLURM, only
+this machine (hosts=["localhost"]) can be swept: its node process is started here directly. Other
+hosts outside SLURM are refused: no remote launcher (ssh, pdsh) is built in or tested.
 
 Every bad input raises ToolFailure naming the field (job_id, partition, nodes, hosts) and what is
 accepted. Nodes SLURM already knows to be unreachable (down, not responding, drained) are left out
@@ -10,6 +12,7 @@ launch on every other node.
 from __future__ import annotations
 
 import math
+import socket
 from dataclasses import dataclass, field
 
 from ..engine.spec import ToolFailure
@@ -20,10 +23,11 @@ UNREACHABLE = ("down", "drain", "fail", "maint", "reboot", "future", "unknown", 
 
 @dataclass
 class Target:
-    kind: str                       # allocation | job | partition | hosts
+    kind: str                       # allocation | job | partition | hosts | local
     nodes: list[str]                # every node the sweep is about
     srun_args: list[str]            # where the step runs (--jobid/--overlap, or -p for a job of our own)
     skipped: dict[str, str] = field(default_factory=dict)   # node -> why it is not launched on
+    local: bool = False             # this machine only: the node process runs here, no srun
 
     @property
     def launch_nodes(self) -> list[str]:
@@ -116,12 +120,24 @@ def own_job_args(partition: str | None, deadline_s: float) -> list[str]:
     return [*(["--partition", partition] if partition else []), f"--time={minutes}"]
 
 
+LOCAL_NAMES = ("localhost", "127.0.0.1")
+
+
+def is_this_machine(hosts: list[str]) -> bool:
+    me = {socket.gethostname(), socket.gethostname().split(".")[0], *LOCAL_NAMES}
+    return bool(hosts) and all(h in me for h in hosts)
+
+
 def resolve(params, env: dict) -> Target:
     """The target from the params (hosts, job_id, partition) or, by default, our allocation."""
+    if params.hosts is not None and is_this_machine(params.hosts):
+        return Target("local", [socket.gethostname()], [], local=True)
     if not slurm.client_configured(env) and not slurm.in_allocation(env):
-        raise ToolFailure("fleet_sweep launches through SLURM (one srun step over the nodes) and this machine has "
-                          "no SLURM client or slurm.conf. Run it on a login node, or set SLURM_CONF. Hosts outside "
-                          "SLURM: run `python -m mleng.fleet_sweep.node '{\"checks\": [...]}'` on each host yourself.")
+        what = "hosts: outside SLURM only this machine can be swept (hosts=[\"localhost\"]); " if params.hosts else ""
+        raise ToolFailure(what + "fleet_sweep reaches other nodes through SLURM (one srun step) and this machine has "
+                          "no SLURM client or slurm.conf: run it on a login node or set SLURM_CONF. Hosts outside "
+                          "SLURM: run `python -m mleng.fleet_sweep.node '{\"checks\": [\"env_report\"]}'` on each "
+                          "(ssh/pdsh) and compare the stored results with results_history.")
     if params.hosts is not None:
         return from_hosts(params.hosts, params.partition, params.deadline_s)
     if params.job_id:
