@@ -22,7 +22,7 @@ pytestmark = pytest.mark.slurm
 CPU_CHECKS = ["env_report", "gpu_health", "cpu_probe"]
 
 
-def sweep(progress=None, **params) -> fs.FleetSweepResult:
+def sweep(progress=None, **params) -> fs.result.FleetSweepResult:
     return fs.SPEC.run(fs.SPEC.Params(**params), progress or (lambda f, m: None))
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from . import (Drain, Drift, FigureMedian, FleetSweepResult, GpuRow, Missing, NodeRow, Outlier)
+from .result import Drain, Drift, FigureMedian, FleetSweepResult, GpuRow, Missing, NodeRow, Outlier
 from .aggregate import aggregate, outlier_reason
 
 
