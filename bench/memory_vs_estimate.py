@@ -49,8 +49,12 @@ def build_model(arch: dict, device: str, checkpointing: bool):
                          attn_implementation="sdpa", use_cache=False)
     torch.manual_seed(0)
     model = LlamaForCausalLM(config).to(device=device, dtype=torch.float32)
-    if checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if checkpointing:  # every decoder layer recomputed in backward (transformers 5 renames it; same kwargs)
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     import transformers
 
     return model, f"transformers {transformers.__version__} LlamaForCausalLM"
@@ -102,13 +106,15 @@ def measure(arch: dict, precision: str, checkpointing: bool, batch: int, seq: in
 
 
 def estimate(arch: dict, precision: str, checkpointing: bool, batch: int, seq: int) -> dict:
-    from tools.memory_estimate import MemoryParams, run
+    from tools.memory_estimate import MemoryParams, run, setup_from
+    from tools.memory_estimate.memory_math import breakdown
 
-    r = run(MemoryParams(**arch, precision=precision, seq_len=seq, micro_batch=batch, kernels="eager",
-                         activation_checkpointing="full" if checkpointing else "none"), lambda f, m: None)
+    p = MemoryParams(**arch, precision=precision, seq_len=seq, micro_batch=batch, kernels="eager",
+                     activation_checkpointing="full" if checkpointing else "none")
+    r = run(p, lambda f, m: None)
+    parts = breakdown(setup_from(p))[1]
     return {"estimate_torch_reserved_gib": r.torch_reserved_gib, "estimate_torch_allocated_gib": r.torch_allocated_gib,
-            "estimate_total_gib": r.total_gib, "estimate_parts_gib": {k: getattr(r, f"{k}_gib") for k in (
-                "weights", "gradients", "optimizer_states", "weight_copies", "activations", "logits", "loss_backward")}}
+            "estimate_total_gib": r.total_gib, "estimate_parts_bytes": {k: int(v) for k, v in parts.items() if v}}
 
 
 def main(argv=None) -> int:

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import sys
 import os
+import sys
 import time
 
 import pytest
