@@ -112,3 +112,39 @@ def test_paged_kv_like_vllm():
     long = estimate(model="llama-3-8b", mode="inference", gpu_memory_utilization=0.9, seq_len=1_000_000,
                     gpu_memory_gib=79.19)
     assert long.fits is False and "refuses" in long.findings[0]
+
+
+@pytest.mark.parametrize("precision, checkpointing", [("fp32", False), ("fp32", True), ("amp_bf16", False),
+                                                      ("amp_bf16", True)])
+def test_hugging_face_llama_step_peak_on_cpu(precision, checkpointing):
+    """transformers' LlamaForCausalLM built from a config (nothing downloaded), one forward + backward with
+    the model's own loss, the largest set of tensors alive at once tracked op by op (torch has no allocator
+    statistics on CPU): against the estimate without the gradients, which do not exist yet at that peak
+    (the loss's backward; the estimate keeps them, to be safe). The recipes of bench/memory_vs_estimate.py."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from tools.shared.tiny_llama import peak_new_bytes
+
+    arch = dict(layers=2, hidden=256, heads=4, kv_heads=2, ffn=688, vocab=8192)
+    config = transformers.LlamaConfig(vocab_size=arch["vocab"], hidden_size=arch["hidden"], intermediate_size=arch["ffn"],
+                                      num_hidden_layers=arch["layers"], num_attention_heads=arch["heads"],
+                                      num_key_value_heads=arch["kv_heads"], tie_word_embeddings=False,
+                                      attn_implementation="sdpa", use_cache=False)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config)
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    tokens = torch.randint(0, arch["vocab"], (2, 512))
+
+    def step():
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "amp_bf16"):
+            out = model(tokens, labels=tokens)
+        out.loss.backward()
+
+    peak, at = peak_new_bytes(step)
+    p = MemoryParams(**arch, precision=precision, seq_len=512, micro_batch=2, kernels="eager",
+                     activation_checkpointing="full" if checkpointing else "none")
+    parts = mm.breakdown(setup_from(p))[1]
+    at_loss = sum(parts[k] for k in ("weight_copies", "activations", "logits", "loss_backward", "backward_working"))
+    assert "log_softmax_backward" in at
+    assert peak == pytest.approx(at_loss, rel=0.08), {k: int(v) for k, v in parts.items() if v}

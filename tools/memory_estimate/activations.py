@@ -134,29 +134,31 @@ def loss_bytes_per_logit(s) -> tuple[float, float]:
 
 
 def training_activation_parts(s, st, micro_batch: int) -> dict[str, float]:
-    """activations (saved), logits (saved for the loss), loss_backward and backward_working: the peak
-    of the backward pass comes either at the loss (head stage) or inside a layer's backward, whichever
-    is larger; backward_working is what the layer adds beyond the loss's extra."""
+    """activations (saved), logits (saved for the loss), loss_backward and backward_working. Backward
+    peaks in one of two phases: at the loss (saved activations + logits + the loss's extra), or inside a
+    layer's backward once the loss tensors are freed (saved activations + that layer's working set and,
+    with full recomputation, the layer rebuilt). backward_working is what the second adds beyond the
+    first, so that the categories sum to the larger."""
     a = s.arch
     if a is None:
         return {}
     layers = range(st.first_layer, st.first_layer + st.layers)
     per_layer = {moe: layer_activation_bytes(s, micro_batch, moe) for moe in {a.is_moe_layer(i) for i in layers}}
+    rebuilt = 0.0
     if s.activation_checkpointing == "full":
         held = sum(per_layer[a.is_moe_layer(i)][1] for i in layers) * st.inflight_microbatches
-        held += max((v[0] for v in per_layer.values()), default=0) + _context_parallel_bytes(s, micro_batch)
+        rebuilt = max((v[0] for v in per_layer.values()), default=0) + _context_parallel_bytes(s, micro_batch)
     else:
         held = sum(per_layer[a.is_moe_layer(i)][0] for i in layers) * st.inflight_microbatches
-    working = max((backward_working_bytes(s, micro_batch, moe) for moe in per_layer), default=0.0)
+    in_layer = rebuilt + max((backward_working_bytes(s, micro_batch, moe) for moe in per_layer), default=0.0)
     logits = extra = 0.0
     if st.head:
         seq = s.seq_len / s.cp
         sp = s.sequence_parallel and s.tp > 1
         held += (norm_bytes(s) + 2) * seq * micro_batch * a.hidden / (s.tp if sp else 1)  # final norm + head input
-        saved, extra = (seq * micro_batch * a.vocab / s.tp * x for x in loss_bytes_per_logit(s))
-        logits = saved
+        logits, extra = (seq * micro_batch * a.vocab / s.tp * x for x in loss_bytes_per_logit(s))
     return {"activations": held, "logits": logits, "loss_backward": extra,
-            "backward_working": max(working - extra, 0.0)}
+            "backward_working": max(in_layer - logits - extra, 0.0)}
 
 
 def _context_parallel_bytes(s, micro_batch: int) -> float:
