@@ -153,7 +153,8 @@ class ModelParams(Params):
 
     model: str | None = Field(
         None, description="Preset id of a well-known open model (e.g. llama-3-8b, llama-3-70b, llama-2-7b, "
-        "mistral-7b, qwen2.5-7b, llama-3.1-405b, gpt3-175b, tinyllama-1.1b). Fields given below override it.")
+        "mistral-7b, qwen2.5-7b, llama-3.1-405b, gpt3-175b, tinyllama-1.1b; MoE: mixtral-8x7b, qwen3-30b-a3b, "
+        "qwen3-235b-a22b, deepseek-v3). Fields given below override it.")
     params_b: float | None = Field(
         None, gt=0, le=100000, description="Total parameter count in billions, when the architecture is "
         "unknown. Without an architecture, activations, KV cache and the attention FLOPs cannot be estimated.")
