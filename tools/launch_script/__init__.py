@@ -220,7 +220,8 @@ SPEC = ToolSpec(
         "(dist_smoke_test, collective_bench, hang_stack_dump) over N nodes x G GPUs. One torchrun per node, c10d "
         "rendezvous on the first node at a port from the job id, $SLURM_PROCID expanded per task, --kill-on-bad-exit, "
         "--cpus-per-task passed to srun, whole nodes (--exclusive) by default, the nodes' own python3, NCCL variables "
-        "exported, per-node and per-rank log files; every value quoted for the shell, control characters refused. Use for 'how do I launch on 4 nodes', 'write me an sbatch "
+        "exported, per-node and per-rank log files; every value quoted for the shell, control characters refused. "
+        "Use for 'how do I launch on 4 nodes', 'write me an sbatch "
         "script', 'torchrun multi-node command'. Instant and read-only by default (a dry run); submit=true "
         "writes the script and runs sbatch, returning the job id. Not for diagnosing a job (slurm_job_diagnose)."),
     Params=LaunchScriptParams, Result=LaunchScriptResult, run=run,

@@ -122,7 +122,8 @@ def model_states(s: Setup, st: Stage) -> dict[str, float]:
     if 1 <= stage_ <= 2 and s.precision not in AMP and s.precision != "fp32" and s.fp32_grads:
         # DeepSpeed ZeRO-1/2: the 16-bit gradients (partitioned at stage 2) and an fp32 partition for the step
         sixteen = 2 * (trainable + expert)
-        out["gradients"] = (sixteen / s.shard_degree() if stage_ == 2 else sixteen) + 4 * (trainable + expert) / s.shard_degree()
+        fp32_partition = 4 * (trainable + expert) / s.shard_degree()
+        out["gradients"] = (sixteen / s.shard_degree() if stage_ == 2 else sixteen) + fp32_partition
     _offload(s, out)
     out["gathered_params"] = gathered_params(s, st) if stage_ >= 3 and s.shard_degree() > 1 else 0.0
     return out
@@ -133,7 +134,8 @@ def _offload(s: Setup, out: dict[str, float]) -> None:
     (DeepSpeed streams the 16-bit gradients there); with optimizer_and_params the sharded weights too."""
     if s.offload == "none":
         return
-    for k in ("master_weights", "optimizer_states", "gradients") + (("weights",) if s.offload == "optimizer_and_params" else ()):
+    moved = ("master_weights", "optimizer_states", "gradients")
+    for k in moved + (("weights",) if s.offload == "optimizer_and_params" else ()):
         out[k] = 0.0
 
 
