@@ -178,7 +178,7 @@ PROSE_FIGURES = [
     ("compute/accelerators.md", "180", "accelerators", "accelerator", "b200", "memory_gb"),
     ("insights/upgrade-roi.md", "1745", "accelerators", "accelerator", "b200", "mamf_bf16_tflops"),
     ("insights/upgrade-roi.md", "794.5", "accelerators", "accelerator", "h100-sxm", "mamf_bf16_tflops"),
-    ("insights/upgrade-roi.md", "8.0", "accelerators", "accelerator", "b200", "memory_bandwidth_tbps"),
+    ("insights/upgrade-roi.md", "7.7", "accelerators", "accelerator", "b200", "memory_bandwidth_tbps"),
     ("insights/upgrade-roi.md", "4.8", "accelerators", "accelerator", "h200", "memory_bandwidth_tbps"),
     ("insights/upgrade-roi.md", "3.35", "accelerators", "accelerator", "h100-sxm", "memory_bandwidth_tbps"),
     ("inference/serving-metrics.md", "3.35", "accelerators", "accelerator", "h100-sxm", "memory_bandwidth_tbps"),

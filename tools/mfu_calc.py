@@ -18,16 +18,23 @@ How to run by hand (anywhere, it runs no GPU code):
 
 from typing import Literal
 
-from pydantic import model_validator
+from pydantic import ConfigDict, model_validator
 
 from .shared.planning import find_accelerator
-from .shared.transformer_math import AttentionFlops, ModelParams, Recompute, flops_per_token
-from .engine.spec import Field, Progress, Result, ToolFailure, ToolSpec
+from .shared.transformer_math import MODEL_DESCRIBED, AttentionFlops, ModelParams, Recompute, flops_per_token
+from .engine.spec import Field, Progress, Result, ToolFailure, ToolSpec, needs, present
 
 DTYPES = ("bf16", "fp16", "fp8", "tf32", "fp32")
 
 
+THROUGHPUTS = ("tokens_per_s", "step_time_s", "samples_per_s", "achieved_tflops_per_gpu")
+
+
 class MfuParams(ModelParams):
+    model_config = ConfigDict(json_schema_extra={"allOf": [
+        MODEL_DESCRIBED, {"oneOf": [present(k) for k in THROUGHPUTS]},
+        needs("step_time_s", "global_batch"), needs("global_batch", "step_time_s")]})
+
     tokens_per_s: float | None = Field(None, gt=0, le=1e12, description="Measured training throughput in tokens/s "
                                        "(steady state, after warm-up). One of tokens_per_s, step_time_s + "
                                        "global_batch, samples_per_s or achieved_tflops_per_gpu.")
@@ -60,8 +67,7 @@ class MfuParams(ModelParams):
 
     @model_validator(mode="after")
     def _one_throughput(self):
-        given = [k for k in ("tokens_per_s", "step_time_s", "samples_per_s", "achieved_tflops_per_gpu")
-                 if getattr(self, k) is not None]
+        given = [k for k in THROUGHPUTS if getattr(self, k) is not None]
         if len(given) != 1:
             raise ValueError("give exactly one throughput: tokens_per_s, step_time_s (+ global_batch), samples_per_s "
                              f"or achieved_tflops_per_gpu (got {', '.join(given) or 'none'})")
@@ -248,7 +254,9 @@ SPEC = ToolSpec(
         "achieved TFLOPS per GPU, MFU vs the dense datasheet peak, HFU with recomputation, and utilisation vs "
         "the measured max achievable matmul TFLOPS (from matmul_bench results on this GPU model, else published), "
         "and flags common traps (total vs per-GPU tokens, sparse datasheet peaks, fp8 vs bf16 peaks). Pure "
-        "arithmetic, instant, no GPU. Not a benchmark: run matmul_bench to measure the GPU itself."),
+        "arithmetic, instant, no GPU. Not a benchmark: run matmul_bench to measure the GPU itself."
+        " Also when an MFU figure looks wrong: above 100%, computed against the sparse peak, or from a"
+        " framework's TFLOPS-per-GPU log line."),
     Params=MfuParams, Result=MfuResult, run=run, runs="in_process", store=False,
 )
 

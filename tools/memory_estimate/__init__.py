@@ -18,7 +18,7 @@ How to run by hand (anywhere, it runs no GPU code):
 
 from typing import Literal
 
-from pydantic import ValidationError, model_validator
+from pydantic import ConfigDict, model_validator
 
 from . import activations as ma
 from . import fit
@@ -26,11 +26,19 @@ from . import memory_math as mm
 from . import paged
 from . import report
 from .setup import setup_from, unmodelled
-from ..shared.transformer_math import ModelParams
-from ..engine.spec import Field, Progress, Result, ToolSpec
+from ..shared.transformer_math import MODEL_DESCRIBED, ModelParams
+from ..engine.spec import Field, Progress, Result, ToolSpec, present
+
+
+SHARDED = ["zero3", "fsdp_full_shard", "fsdp_hybrid_shard"]
 
 
 class MemoryParams(ModelParams):
+    model_config = ConfigDict(json_schema_extra={"allOf": [
+        MODEL_DESCRIBED,
+        {"anyOf": [{"not": present("offload", const="optimizer_and_params")}, present("sharding", enum=SHARDED)]},
+        {"anyOf": [{"not": present("gpu_memory_utilization")}, present("mode", const="inference")]}]})
+
     mode: Literal["train", "inference"] = Field("train", description="train (model states + activations) "
                                                 "or inference (weights + KV cache).")
     precision: Literal["fp32", "bf16_mixed", "fp16_mixed", "fp8", "amp_bf16", "amp_fp8"] = Field(
@@ -127,7 +135,7 @@ class MemoryParams(ModelParams):
                              "data-parallel ranks)")
         if self.sharding == "fsdp_hybrid_shard" and (self.dp * self.cp) % self.shard_group_size:
             raise ValueError(f"shard_group_size={self.shard_group_size} must divide dp x cp = {self.dp * self.cp}")
-        if self.offload == "optimizer_and_params" and self.sharding not in ("zero3", "fsdp_full_shard", "fsdp_hybrid_shard"):
+        if self.offload == "optimizer_and_params" and self.sharding not in SHARDED:
             raise ValueError("offload=optimizer_and_params needs sharding zero3 or fsdp_* (parameter offload is ZeRO-3's)")
         if self.finetune != "full" and arch is None:
             raise ValueError(f"finetune={self.finetune} needs the architecture (a preset or layers/hidden/heads): "
