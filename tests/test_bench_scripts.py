@@ -31,3 +31,14 @@ def test_clock_settle_remeasures_the_grid_two_ways(tmp_path):
     report = json.loads((tmp_path / "s.json").read_text())
     assert {r["how"] for r in report["remeasure"]} == {"published", "settled"}
     assert all(r["mean_tflops"] > 0 for r in report["remeasure"]) and len(report["grid"]["all_in_order"]) == 8
+
+
+def test_memory_vs_estimate_builds_the_model_and_estimates_each_recipe(tmp_path):
+    """On the CPU it builds the model (transformers' Llama when importable) and runs the steps, with no
+    GPU figures; the estimate side is the real memory_estimate call the GPU run compares against."""
+    _run("memory_vs_estimate.py", "--json", str(tmp_path / "m.json"))
+    rows = json.loads((tmp_path / "m.json").read_text())
+    assert [(r["precision"], r["checkpointing"]) for r in rows] == [
+        ("fp32", False), ("fp32", True), ("amp_bf16", False), ("amp_bf16", True)]
+    assert all(r["estimate_parts_bytes"]["optimizer_states"] == 8 * r["params"] for r in rows)
+    assert rows[1]["estimate_parts_bytes"]["activations"] < rows[0]["estimate_parts_bytes"]["activations"]

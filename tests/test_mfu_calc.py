@@ -26,10 +26,12 @@ def test_six_n_by_hand():
 def test_llama2_7b_flops_with_attention_by_hand():
     # matmul params: 32 layers x (4 x 4096^2 + 3 x 4096 x 11008) + 32000 x 4096 (head) = 6,607,077,376
     # attention: 12 x 32 layers x 4096 (heads x head_dim) x 4096 tokens = 6,442,450,944
-    r = mfu(model="llama-2-7b", seq_len=4096, tokens_per_s=1000, accelerator="h100")
+    r = mfu(model="llama-2-7b", seq_len=4096, tokens_per_s=1000, accelerator="h100", attention_flops="full")
     assert r.flops_per_token == 6 * 6_607_077_376 + 6_442_450_944
-    causal = mfu(model="llama-2-7b", seq_len=4096, tokens_per_s=1000, accelerator="h100", attention_flops="causal")
+    causal = mfu(model="llama-2-7b", seq_len=4096, tokens_per_s=1000, accelerator="h100")  # the default
     assert causal.flops_per_token == 6 * 6_607_077_376 + 6_442_450_944 / 2
+    assert causal.flops_per_token_full == r.flops_per_token and r.flops_per_token_causal == causal.flops_per_token
+    assert causal.mfu_full_pct == r.mfu_pct and causal.attention_convention == "causal"
 
 
 def test_matches_megatron_formula_for_gpt3():
@@ -85,19 +87,68 @@ def test_fp8_reports_both_peaks():
 
 def test_dtype_the_gpu_lacks_is_a_clear_error():
     with pytest.raises(ToolFailure, match="no fp8 peak"):
-        mfu(params_b=8, accelerator="a100", dtype="fp8")
+        mfu(params_b=8, tokens_per_s=1000, accelerator="a100", dtype="fp8")
 
 
 def test_no_gpu_and_no_accelerator_is_a_clear_error():
     with pytest.raises(ToolFailure, match="pass accelerator"):
-        mfu(params_b=8)
+        mfu(params_b=8, tokens_per_s=1000)
 
 
-@pytest.mark.parametrize("kw", [{"params_b": 8, "tokens_per_s": 0}, {"params_b": 8, "num_gpus": 0},
-                                {"params_b": -1}])
+@pytest.mark.parametrize("kw", [{"params_b": 8, "tokens_per_s": 0}, {"params_b": 8, "num_gpus": 0, "tokens_per_s": 1},
+                                {"params_b": -1, "tokens_per_s": 1}])
 def test_bad_numbers_are_refused(kw):
     with pytest.raises(ValidationError):
         MfuParams(**kw)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Published tables: each counts attention its own way
+
+def test_megatron_bridge_counts_causal_attention():
+    """Megatron-Bridge 25.09, DGX-GB200, LLAMA3_8B, 8 GPUs, seq 8192: 31357 tokens/s/GPU = 1614 model TFLOP/s/GPU
+    (https://docs.nvidia.com/nemo/megatron-bridge/latest/performance-summary.html, read 2026-12-01)."""
+    r = mfu(model="llama-3-8b", seq_len=8192, tokens_per_s=31357, tokens_per_s_scope="per_gpu", accelerator="gb200")
+    assert r.achieved_tflops_per_gpu == pytest.approx(1614, rel=0.005)
+    assert r.mfu_full_pct / r.mfu_causal_pct == pytest.approx(1.125, abs=0.002)  # full counts 12.5% more at 8K
+
+
+def test_nemo_24_12_counted_the_full_score_matrix():
+    """NeMo 24.12 performance summary (FP8, H100): LLAMA3-8B seq 8192 12273 tokens/s/GPU = 711 TFLOP/s/GPU;
+    LLAMA2-7B seq 4096 16934 = 780 (docs.nvidia.com/nemo-framework/user-guide/24.12/nemotoolkit/performance/
+    performance_summary.html, read 2026-12-01)."""
+    for model, seq, tps, tflops in (("llama-3-8b", 8192, 12273, 711), ("llama-2-7b", 4096, 16934, 780)):
+        r = mfu(model=model, seq_len=seq, tokens_per_s=tps, tokens_per_s_scope="per_gpu", accelerator="h100",
+                dtype="fp8", attention_flops="full")
+        assert r.achieved_tflops_per_gpu == pytest.approx(tflops, rel=0.005), model
+
+
+def test_the_four_throughput_inputs_agree():
+    """The eval case 'mfu-calc-02': 70B dense, 512 GPUs, 1.2M tokens per step, 9.5 s per step."""
+    kw = dict(model="llama-3-70b", seq_len=4096, num_gpus=512, accelerator="h100")
+    tokens = mfu(**kw, tokens_per_s=1_200_000 / 9.5)
+    step = mfu(**kw, step_time_s=9.5, global_batch=1_200_000 // 4096)
+    samples = mfu(**kw, samples_per_s=1_200_000 / 4096 / 9.5)
+    tflops = mfu(**kw, achieved_tflops_per_gpu=tokens.achieved_tflops_per_gpu)
+    assert step.mfu_pct == pytest.approx(tokens.mfu_pct, rel=0.005)  # 292 whole sequences per step
+    assert samples.mfu_pct == pytest.approx(tokens.mfu_pct, rel=1e-9)
+    assert tflops.tokens_per_s_per_gpu == pytest.approx(tokens.tokens_per_s_per_gpu, rel=1e-3)
+    for bad in ({"tokens_per_s": 1, "samples_per_s": 1}, {"step_time_s": 9.5}, {}):
+        with pytest.raises(ValidationError, match="throughput|go together"):
+            MfuParams(**kw, **bad)
+
+
+def test_embedding_counted_on_request():
+    excl = mfu(model="llama-3-8b", seq_len=8192, tokens_per_s=1000, accelerator="h100")
+    incl = mfu(model="llama-3-8b", seq_len=8192, tokens_per_s=1000, accelerator="h100", embedding_flops="include")
+    assert incl.flops_per_token - excl.flops_per_token == 6 * 128256 * 4096
+
+
+def test_moe_counts_the_active_experts():
+    r = mfu(model="mixtral-8x7b", seq_len=4096, tokens_per_s=1000, accelerator="h100", attention_flops="none")
+    p = ModelParams(model="mixtral-8x7b")
+    assert r.flops_per_token == 6 * p.architecture().matmul_params()
+    assert 6 * 12.0e9 < r.flops_per_token < 6 * p.active_params()  # active matmuls: no embedding, norms, router
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -80,6 +80,18 @@ def _children() -> list[psutil.Process]:
     return psutil.Process().children(recursive=True)
 
 
+def _scan_trees() -> list[psutil.Process]:
+    """The log_triage children and their descendants (other tests' processes may still be winding down)."""
+    leaders = []
+    for p in _children():
+        try:
+            if "engine.child" in " ".join(p.cmdline()) and "log_triage" in p.cmdline():
+                leaders.append(p)
+        except psutil.NoSuchProcess:
+            pass
+    return leaders + [c for p in leaders for c in p.children(recursive=True)]
+
+
 def _gone(procs, timeout_s: float) -> bool:
     _, alive = psutil.wait_procs(procs, timeout=timeout_s)
     return not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
@@ -89,10 +101,8 @@ async def test_cancel_of_log_triage_on_a_huge_gzip_stops_within_a_second(huge_gz
     async with Client(build_server()) as c:
         r = await c.call_tool("log_triage", {"paths": [str(huge_gzip)], "wait_s": 1.0})
         job_id = r.structured_content["job"]["job_id"]
-        # the scan's own process tree (other tests' processes may still be winding down beside it)
-        leaders = [p for p in _children() if "engine.child" in " ".join(p.cmdline()) and "log_triage" in p.cmdline()]
-        assert leaders, "the scan runs in a child process"
-        children = leaders + [c for p in leaders for c in p.children(recursive=True)]
+        children = _scan_trees()
+        assert children, "the scan runs in a child process"
         t0 = time.monotonic()
         cancel = await c.call_tool("job_cancel", {"job_id": job_id})
         assert cancel.structured_content["state"] == "cancelled"
@@ -118,7 +128,7 @@ async def test_forty_huge_scans_never_stop_job_status_or_accelerator_specs(huge_
                 r = await c.call_tool(name, args)
                 assert not r.is_error and time.monotonic() - t0 < 1.0, (name, time.monotonic() - t0)
     finally:
-        children = _children()
+        children = _scan_trees()
         await anyio.to_thread.run_sync(MANAGER.cancel_all)
         assert _gone(children, 3.0)
 
@@ -388,6 +398,11 @@ async def test_every_string_argument_of_every_tool_has_a_max_length():
     ("log_triage", {"paths": ["a.log"], "text": "x"}), ("log_triage", {}),
     ("memory_estimate", {}), ("memory_estimate", {"params_b": 7, "layers": 32}),
     ("upgrade_roi", {"candidate_tokens_per_s_per_gpu": 10.0}),
+    ("mfu_calc", {"params_b": 7, "accelerator": "h100"}),
+    ("mfu_calc", {"params_b": 7, "accelerator": "h100", "tokens_per_s": 1.0, "samples_per_s": 1.0}),
+    ("mfu_calc", {"params_b": 7, "accelerator": "h100", "step_time_s": 9.5}),
+    ("memory_estimate", {"params_b": 7, "offload": "optimizer_and_params", "sharding": "zero2"}),
+    ("memory_estimate", {"params_b": 7, "gpu_memory_utilization": 0.9}),
     ("matmul_bench", {"m": [1024]}), ("matmul_bench", {"mode": "shapes", "m": [64], "n": [64]}),
     ("matmul_bench", {"device": "cpu", "all_gpus": True}),
     ("memory_bandwidth_bench", {"device": "cpu"}), ("storage_bench", {"path": "/tmp", "block_kib": 6}),

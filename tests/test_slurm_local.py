@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import sys
 import time
 
 import pytest
@@ -181,7 +182,7 @@ def test_launch_script_command_runs_one_torchrun_per_node(slurm_cluster, tmp_pat
     (tmp_path / "ranks.py").write_text(RANK_PROGRAM)
     p = launch_script.LaunchScriptParams(
         command="ranks.py", nnodes=2, gpus_per_node=0, nproc_per_node=1, time_limit="5", job_name="cmd2",
-        workdir=str(tmp_path), rdzv_port=29531, env={"NCCL_DEBUG": "WARN"}, submit=True)
+        workdir=str(tmp_path), rdzv_port=29531, env={"NCCL_DEBUG": "WARN"}, submit=True, python=sys.executable)
     r = execute(launch_script.SPEC, p)
     assert r.submitted and r.job_id
     assert slurm_cluster.wait_state(r.job_id, timeout_s=120) == "COMPLETED", \

@@ -37,7 +37,8 @@ def test_dearer_candidate_says_so():
 
 def test_datasheet_estimates_pick_the_ratio_by_workload():
     compute = roi(current="h100", candidate="b200")
-    assert compute.speedup == pytest.approx(2250 / 989.4, abs=1e-3)
+    assert compute.speedup == pytest.approx(1745 / 794.5, abs=1e-3)  # published MAMF, the realistic ceiling
+    assert compute.compute_ratio == pytest.approx(2250 / 989.4, abs=1e-3) and "MAMF" in compute.speedup_basis
     memory = roi(current="h100", candidate="h200", workload="memory_bound")
     assert memory.speedup == pytest.approx(4.8 / 3.35, abs=1e-3)
     assert memory.compute_ratio == 1.0  # same compute, faster memory
@@ -82,3 +83,33 @@ def test_unknown_accelerator_and_missing_dtype():
         roi(candidate="quantum-9000")
     with pytest.raises(ToolFailure, match="no dense fp8"):
         roi(current="a100", candidate="h100", dtype="fp8")
+
+
+def test_break_even_within_tolerance_is_too_close_to_call():
+    # needs 4.0 / 2.0 = 2.0x; measured 2.1x is +5%: inside the default +-10%
+    close = roi(current="h100", candidate="b200", current_price_per_gpu_hour=2.0, candidate_price_per_gpu_hour=4.0,
+                speedup=2.1)
+    assert close.within_tolerance and close.verdict == "warn" and close.findings[0].startswith("Too close to call")
+    clear = roi(current="h100", candidate="b200", current_price_per_gpu_hour=2.0, candidate_price_per_gpu_hour=4.0,
+                speedup=2.1, break_even_tolerance=0.02)
+    assert clear.within_tolerance is False and "cheaper per token" in clear.findings[0]
+
+
+def test_first_purchase_without_a_current_gpu():
+    # 40% of 2250 TFLOPS / (6 x 8e9) = 18750 tokens/s per GPU; 1e12 tokens on 64 GPUs = 231.5 h.
+    r = roi(current="none", candidate="b200", params_b=8, candidate_price_per_gpu_hour=5.0, train_tokens=1e12,
+            num_gpus=64)
+    assert r.current is None and r.speedup is None
+    assert r.candidate_tokens_per_s_per_gpu == pytest.approx(0.4 * 2250e12 / 48e9, rel=1e-6)
+    assert r.candidate_hours_to_train == pytest.approx(1e12 / (18750 * 64) / 3600, abs=1e-3)
+    assert r.candidate_cost_per_mtok == pytest.approx(5.0 / (18750 * 3600) * 1e6, rel=1e-5)
+    with pytest.raises(ValidationError, match="first purchase"):
+        RoiParams(current="none", speedup=2)
+
+
+def test_memory_bound_ratio_comes_from_the_one_data_file():
+    from tools.shared.accelerators import match_accelerator
+
+    r = roi(current="h100", candidate="b200", workload="memory_bound")
+    b200, h100 = match_accelerator("b200"), match_accelerator("h100")
+    assert r.speedup == pytest.approx(b200["memory_bandwidth_tbps"] / h100["memory_bandwidth_tbps"], abs=1e-3)

@@ -33,7 +33,8 @@ class AcceleratorRow(Record):
                                            description="Dense (no sparsity) TFLOPS (1e12 FLOP/s) per dtype.")
     mamf_bf16_tflops: float | None = Field(None, description="Published measured max achievable bf16 matmul TFLOPS.")
     interconnect: str | None = Field(None, description="GPU-to-GPU interconnect.")
-    interconnect_gbps: float | None = Field(None, description="Interconnect bandwidth per GPU, GB/s unidirectional.")
+    interconnect_gbps: float | None = Field(None, description="Interconnect bandwidth per GPU and per direction, GB/s "
+                                             "(datasheets print both directions added: twice this).")
     tdp_w: float | None = Field(None, description="Board power, W.")
     sources: list[str] = Field(default_factory=list, description="Where the figures come from.")
     notes: str | None = Field(None, description="Caveats (e.g. sparsity-doubled datasheet figures).")
@@ -94,7 +95,8 @@ def run(params: AcceleratorSpecsParams, progress) -> AcceleratorSpecsResult:
         mamf = f", measured MAMF {r.mamf_bf16_tflops:g} ({r.mamf_bf16_tflops / bf16:.0%})" if (r.mamf_bf16_tflops and bf16) else ""
         findings.append(f"{r.name}: bf16 {bf16 or '?'} TFLOPS dense{mamf}, {r.memory_gb or '?'} GB at "
                         f"{r.memory_bandwidth_tbps or '?'} TB/s, {r.interconnect or 'no GPU interconnect'}"
-                        + (f" ({r.interconnect_gbps:g} GB/s per GPU)" if r.interconnect_gbps else "") + ".")
+                        + (f" ({r.interconnect_gbps:g} GB/s per GPU per direction, {2 * r.interconnect_gbps:g} both ways "
+                           "added as datasheets print it)" if r.interconnect_gbps else "") + ".")
     if unmatched:
         findings.append(f"No record for: {', '.join(unmatched)}. Use list_all=true to see the ids.")
     ratios = {r.id: _ratios(rows[0], r) for r in rows[1:]}

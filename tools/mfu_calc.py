@@ -18,18 +18,35 @@ How to run by hand (anywhere, it runs no GPU code):
 
 from typing import Literal
 
+from pydantic import ConfigDict, model_validator
+
 from .shared.planning import find_accelerator
-from .shared.transformer_math import AttentionFlops, ModelParams, Recompute, flops_per_token
-from .engine.spec import Field, Progress, Result, ToolFailure, ToolSpec
+from .shared.transformer_math import MODEL_DESCRIBED, AttentionFlops, ModelParams, Recompute, flops_per_token
+from .engine.spec import Field, Progress, Result, ToolFailure, ToolSpec, needs, present
 
 DTYPES = ("bf16", "fp16", "fp8", "tf32", "fp32")
 
 
+THROUGHPUTS = ("tokens_per_s", "step_time_s", "samples_per_s", "achieved_tflops_per_gpu")
+
+
 class MfuParams(ModelParams):
-    tokens_per_s: float = Field(1000.0, gt=0, le=1e12, description="Measured training throughput in tokens/s "
-                                "(steady state, after warm-up).")
+    model_config = ConfigDict(json_schema_extra={"allOf": [
+        MODEL_DESCRIBED, {"oneOf": [present(k) for k in THROUGHPUTS]},
+        needs("step_time_s", "global_batch"), needs("global_batch", "step_time_s")]})
+
+    tokens_per_s: float | None = Field(None, gt=0, le=1e12, description="Measured training throughput in tokens/s "
+                                       "(steady state, after warm-up). One of tokens_per_s, step_time_s + "
+                                       "global_batch, samples_per_s or achieved_tflops_per_gpu.")
     tokens_per_s_scope: Literal["total", "per_gpu"] = Field(
-        "total", description="Whether tokens_per_s is for the whole job (total) or one GPU (per_gpu).")
+        "total", description="Whether tokens_per_s / samples_per_s is for the whole job (total) or one GPU (per_gpu).")
+    step_time_s: float | None = Field(None, gt=0, le=1e6, description="Seconds per optimizer step (with global_batch).")
+    global_batch: int | None = Field(None, ge=1, le=1e9, description="Sequences per optimizer step for the whole job "
+                                     "(with step_time_s), each seq_len tokens.")
+    samples_per_s: float | None = Field(None, gt=0, le=1e12, description="Sequences (samples) per second, each "
+                                        "seq_len tokens.")
+    achieved_tflops_per_gpu: float | None = Field(None, gt=0, le=1e6, description="Model TFLOPS per GPU a framework "
+                                                  "printed; MFU and tokens/s follow from it.")
     num_gpus: int = Field(1, ge=1, le=1_000_000, description="GPUs in the job.")
     seq_len: int = Field(4096, ge=1, le=10_000_000, description="Training sequence length (tokens).")
     accelerator: str | None = Field(None, max_length=100, description="GPU model (h100, h200, a100, mi300x, "
@@ -39,21 +56,54 @@ class MfuParams(ModelParams):
     activation_checkpointing: Recompute = Field(
         "none", description="none | selective | full: recomputation adds hardware FLOPs (HFU) but not model FLOPs.")
     attention_flops: AttentionFlops = Field(
-        "full", description="full: whole seq x seq score matrix (PaLM/Megatron convention); causal: half; "
-        "none: the bare 6N rule.")
+        "causal", description="causal (default): half the score matrix, what a causal kernel computes and Megatron-"
+        "Bridge's / torchtitan's tables count; full: the whole seq x seq matrix (PaLM, Megatron-LM paper); none: the "
+        "bare 6N rule. MFU is reported both ways.")
+    embedding_flops: Literal["exclude", "include"] = Field(
+        "exclude", description="Count the input embedding as 6 x vocab x hidden FLOPs per token (include, as 6N over "
+        "all parameters does) or not (exclude: it is a lookup; the output head is counted either way).")
     peak_tflops: float | None = Field(None, gt=0, le=1e6, description="Override the dense peak TFLOPS per GPU "
                                       "(e.g. a power-capped part).")
+
+    @model_validator(mode="after")
+    def _one_throughput(self):
+        given = [k for k in THROUGHPUTS if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError("give exactly one throughput: tokens_per_s, step_time_s (+ global_batch), samples_per_s "
+                             f"or achieved_tflops_per_gpu (got {', '.join(given) or 'none'})")
+        if (self.step_time_s is None) != (self.global_batch is None):
+            raise ValueError("step_time_s and global_batch go together: tokens/s = global_batch x seq_len / step_time_s")
+        return self
+
+    def tokens_per_s_per_gpu(self, flops_per_token: float) -> tuple[float, str]:
+        """Throughput per GPU and where it came from."""
+        per = self.num_gpus if self.tokens_per_s_scope == "total" else 1
+        if self.tokens_per_s is not None:
+            return self.tokens_per_s / per, f"{self.tokens_per_s:,.0f} tokens/s ({self.tokens_per_s_scope})"
+        if self.samples_per_s is not None:
+            return self.samples_per_s * self.seq_len / per, f"{self.samples_per_s:,.1f} samples/s x {self.seq_len} tokens"
+        if self.step_time_s is not None:
+            tps = self.global_batch * self.seq_len / self.step_time_s
+            return tps / self.num_gpus, (f"{self.global_batch} sequences x {self.seq_len} tokens per "
+                                         f"{self.step_time_s:g} s step = {tps:,.0f} tokens/s")
+        return self.achieved_tflops_per_gpu * 1e12 / flops_per_token, f"{self.achieved_tflops_per_gpu:g} TFLOPS per GPU"
 
 
 class MfuResult(Result):
     accelerator: str | None = Field(None, description="GPU the peak figures are for.")
+    throughput_basis: str | None = Field(None, description="The throughput the figures are computed from.")
     tokens_per_s_per_gpu: float | None = Field(None, description="Throughput per GPU (tokens/s).")
+    attention_convention: str | None = Field(None, description="causal | full | none: what mfu_pct counts.")
     flops_per_token: float | None = Field(None, description="Model FLOPs per trained token (forward + backward).")
+    flops_per_token_causal: float | None = Field(None, description="The same with causal attention (FLOPs).")
+    flops_per_token_full: float | None = Field(None, description="The same with the full score matrix (FLOPs).")
     hardware_flops_per_token: float | None = Field(None, description="With recomputation (FLOPs per token).")
     attention_share_pct: float | None = Field(None, description="Share of the model FLOPs in attention scores (%).")
     achieved_tflops_per_gpu: float | None = Field(None, description="Model TFLOPS per GPU (1e12 FLOP/s).")
     peak_tflops: float | None = Field(None, description="Dense datasheet peak for the dtype (TFLOPS).")
-    mfu_pct: float | None = Field(None, description="Model FLOPs utilisation vs the dense peak (%).")
+    mfu_pct: float | None = Field(None, description="Model FLOPs utilisation vs the dense peak, attention_convention (%).")
+    mfu_causal_pct: float | None = Field(None, description="MFU counting causal attention (%).")
+    mfu_full_pct: float | None = Field(None, description="MFU counting the full score matrix (%).")
     hfu_pct: float | None = Field(None, description="Hardware FLOPs utilisation, recomputation included (%).")
     mamf_tflops: float | None = Field(None, description="Max achievable matmul TFLOPS used as the practical ceiling.")
     mamf_source: str | None = Field(None, description="'measured (results store id N)' or the published source.")
@@ -110,15 +160,22 @@ def run(params: MfuParams, progress: Progress) -> MfuResult:
                           f"{params.dtype} natively); pass another dtype or peak_tflops")
     arch = params.architecture()
     matmul_params = arch.matmul_params() if (arch and params.params_b is None) else params.total_params()
-    flops = flops_per_token(matmul_params, arch, params.seq_len, params.attention_flops,
-                            params.activation_checkpointing)
-    per_gpu = params.tokens_per_s / (params.num_gpus if params.tokens_per_s_scope == "total" else 1)
+    if arch and params.params_b is None and params.embedding_flops == "include":
+        matmul_params += arch.embedding_params()
+    conventions = {c: flops_per_token(matmul_params, arch, params.seq_len, c, params.activation_checkpointing)
+                   for c in ("causal", "full", params.attention_flops)}
+    flops = conventions[params.attention_flops]
+    per_gpu, basis = params.tokens_per_s_per_gpu(flops.model)
     achieved = flops.model * per_gpu / 1e12
-    res = MfuResult(accelerator=acc["name"], tokens_per_s_per_gpu=round(per_gpu, 3),
-                    flops_per_token=flops.model, hardware_flops_per_token=flops.hardware,
+    res = MfuResult(accelerator=acc["name"], throughput_basis=basis, tokens_per_s_per_gpu=round(per_gpu, 3),
+                    attention_convention=params.attention_flops, flops_per_token=flops.model,
+                    flops_per_token_causal=conventions["causal"].model, flops_per_token_full=conventions["full"].model,
+                    hardware_flops_per_token=flops.hardware,
                     attention_share_pct=round(100 * flops.attention / flops.model, 2),
                     achieved_tflops_per_gpu=round(achieved, 2), peak_tflops=peak,
                     mfu_pct=round(100 * achieved / peak, 2),
+                    mfu_causal_pct=round(100 * conventions["causal"].model * per_gpu / 1e12 / peak, 2),
+                    mfu_full_pct=round(100 * conventions["full"].model * per_gpu / 1e12 / peak, 2),
                     hfu_pct=round(100 * flops.hardware * per_gpu / 1e12 / peak, 2))
     measured = measured_mamf(acc["id"], params.dtype)
     if measured:
@@ -133,9 +190,17 @@ def run(params: MfuParams, progress: Progress) -> MfuResult:
 
 def _explain(p: MfuParams, acc: dict, res: MfuResult, per_gpu: float, flops, has_arch: bool) -> None:
     f = res.findings
-    f.append(f"{res.achieved_tflops_per_gpu:.1f} TFLOPS per GPU achieved ({per_gpu:,.0f} tokens/s per GPU x "
-             f"{flops.model / 1e9:.2f} GFLOP per token): MFU {res.mfu_pct:.1f}% of the {res.peak_tflops:g} TFLOPS "
-             f"dense {p.dtype} peak of {acc['name']}.")
+    f.append(f"{res.achieved_tflops_per_gpu:.1f} TFLOPS per GPU achieved ({per_gpu:,.0f} tokens/s per GPU from "
+             f"{res.throughput_basis}, x {flops.model / 1e9:.2f} GFLOP per token): MFU {res.mfu_pct:.1f}% of the "
+             f"{res.peak_tflops:g} TFLOPS dense {p.dtype} peak of {acc['name']}.")
+    if has_arch and p.attention_flops != "none":
+        f.append(f"Attention counted {p.attention_flops}. MFU is {res.mfu_causal_pct:.1f}% counting causal attention "
+                 f"(Megatron-Bridge, torchtitan) and {res.mfu_full_pct:.1f}% counting the full score matrix (PaLM, the "
+                 "Megatron-LM paper): compare with a source that counts the same way.")
+    if has_arch and p.params_b is None:
+        f.append("Embedding " + ("included (6 x vocab x hidden more per token, as 6N over all parameters counts)."
+                                 if p.embedding_flops == "include" else "lookup not counted as FLOPs (the output head "
+                                 "is); embedding_flops=include matches sources that use 6N over all parameters."))
     if p.activation_checkpointing != "none":
         f.append(f"With {p.activation_checkpointing} recomputation the GPUs execute more: HFU {res.hfu_pct:.1f}%.")
     if res.mamf_utilisation_pct is not None:
@@ -146,7 +211,7 @@ def _explain(p: MfuParams, acc: dict, res: MfuResult, per_gpu: float, flops, has
     if res.achieved_tflops_per_gpu > 1.02 * ceiling:
         res.verdict = "fail"
         f.insert(0, f"Impossible: {res.achieved_tflops_per_gpu:.0f} TFLOPS per GPU is above what this GPU can do "
-                    f"({ceiling:g}). Check that tokens/s is {'for the whole job' if p.tokens_per_s_scope == 'total' else 'per GPU'}, "
+                    f"({ceiling:g}). Check that the throughput is {'for the whole job' if p.tokens_per_s_scope == 'total' else 'per GPU'}, "
                     "the GPU count, the parameter count and the sequence length.")
     elif mfu > 75:
         res.verdict = "warn"
@@ -157,11 +222,11 @@ def _explain(p: MfuParams, acc: dict, res: MfuResult, per_gpu: float, flops, has
         f.insert(0, f"MFU {mfu:.1f}% is low for transformer training (well-tuned runs reach 35-55%).")
     else:
         res.verdict = "ok"
-    if p.num_gpus > 1 and (mfu < 20 or mfu > 75):
+    if p.num_gpus > 1 and (mfu < 20 or mfu > 75) and (p.tokens_per_s or p.samples_per_s):
         other = mfu * p.num_gpus if p.tokens_per_s_scope == "total" else mfu / p.num_gpus
         scope = "per GPU" if p.tokens_per_s_scope == "total" else "for the whole job"
         if 5 <= other <= 100:  # only when the other reading is plausible
-            f.append(f"Trap: if {p.tokens_per_s:,.0f} tokens/s was {scope}, MFU would be {other:.1f}%.")
+            f.append(f"Trap: if {res.throughput_basis} was {scope}, MFU would be {other:.1f}%.")
     if p.dtype == "fp8":
         bf16 = acc.get("dense_tflops", {}).get("bf16")
         if bf16:
@@ -179,11 +244,13 @@ def _explain(p: MfuParams, acc: dict, res: MfuResult, per_gpu: float, flops, has
 
 SPEC = ToolSpec(
     name="mfu_calc",
-    summary="Achieved TFLOPS per GPU, MFU, HFU and MAMF utilisation of a training run from its tokens/s.",
+    summary="Achieved TFLOPS per GPU, MFU (causal and full attention), HFU and MAMF utilisation of a training run.",
     description=(
         "Use when a user asks how efficient a training run is ('what is my MFU', 'is 3000 tokens/s per GPU good "
-        "for a 8B model on H100'). Needs the measured tokens/s (total or per GPU), the model (preset, params_b or "
-        "architecture), the sequence length, GPU count and GPU model. Reports FLOPs per token (6N + attention), "
+        "for a 8B model on H100'). Needs one measured throughput (tokens/s total or per GPU, step time with global "
+        "batch, samples/s, or the TFLOPS a framework printed), the model (preset incl. MoE, params_b or architecture), "
+        "the sequence length, GPU count and GPU model. Reports FLOPs per token (6N + attention, causal by default, "
+        "both conventions shown; embedding counted or not), "
         "achieved TFLOPS per GPU, MFU vs the dense datasheet peak, HFU with recomputation, and utilisation vs "
         "the measured max achievable matmul TFLOPS (from matmul_bench results on this GPU model, else published), "
         "and flags common traps (total vs per-GPU tokens, sparse datasheet peaks, fp8 vs bf16 peaks). Pure "

@@ -24,7 +24,9 @@ class RoiParams(Params):
         needs("candidate_tokens_per_s_per_gpu", "current_tokens_per_s_per_gpu"),
         not_both("speedup", "candidate_tokens_per_s_per_gpu")]})
 
-    current: str = Field("h100", max_length=100, description="Accelerator in use now (id, name or alias).")
+    current: str | None = Field("h100", max_length=100, description="Accelerator in use now (id, name or alias); "
+                                "null or 'none' for a first purchase (no current GPU: the candidate's own cost and "
+                                "time; then no current tokens/s, speedup or current price).")
     candidate: str = Field("b200", max_length=100, description="Accelerator considered (id, name or alias).")
     current_price_per_gpu_hour: float | None = Field(None, gt=0, le=1e6, description="Price of one current "
                                                      "GPU for one hour (any currency, same for both).")
@@ -47,6 +49,11 @@ class RoiParams(Params):
     params_b: float | None = Field(None, gt=0, le=100000, description="Model size in billions, to estimate "
                                    "current tokens/s (6N FLOPs per token at assumed_mfu) when not measured.")
     assumed_mfu: float = Field(0.4, gt=0, le=1, description="MFU assumed for that estimate (0..1).")
+    candidate_tokens_per_s_estimate: bool = Field(True, description="First purchase without a measured candidate "
+                                                  "tokens/s: estimate it from params_b at assumed_mfu.")
+    break_even_tolerance: float = Field(0.1, ge=0, le=1, description="Speedups within this fraction of the "
+                                        "break-even speedup are called too close to call (measurement noise, "
+                                        "software differences): 0.1 = +-10%.")
     train_tokens: float | None = Field(None, gt=0, le=1e18, description="Tokens to train, for the time and "
                                        "cost to train.")
     num_gpus: int = Field(8, ge=1, le=1_000_000, description="GPUs used on the current accelerator.")
@@ -58,6 +65,14 @@ class RoiParams(Params):
 
     @model_validator(mode="after")
     def _check(self):
+        if self.current is not None and self.current.strip().lower() == "none":
+            self.current = None
+        if self.current is None and (self.current_tokens_per_s_per_gpu is not None or self.speedup is not None
+                                     or self.current_price_per_gpu_hour is not None):
+            raise ValueError("a first purchase (current=none) has no current tokens/s, speedup or price: give the "
+                             "candidate's (candidate_tokens_per_s_per_gpu or params_b, candidate_price_per_gpu_hour)")
+        if self.current is None:
+            return self
         if self.candidate_tokens_per_s_per_gpu is not None and self.current_tokens_per_s_per_gpu is None:
             raise ValueError("candidate_tokens_per_s_per_gpu needs current_tokens_per_s_per_gpu to compare against")
         if self.speedup is not None and self.candidate_tokens_per_s_per_gpu is not None:
@@ -66,11 +81,14 @@ class RoiParams(Params):
 
 
 class RoiResult(Result):
-    current: str | None = Field(None, description="Current accelerator.")
+    current: str | None = Field(None, description="Current accelerator (None: a first purchase).")
     candidate: str | None = Field(None, description="Candidate accelerator.")
     speedup: float | None = Field(None, description="Candidate/current throughput per GPU used below.")
     speedup_basis: str | None = Field(None, description="measured | given | datasheet TFLOPS | datasheet bandwidth.")
     compute_ratio: float | None = Field(None, description="Datasheet dense TFLOPS ratio (candidate/current).")
+    mamf_ratio: float | None = Field(None, description="Published max achievable matmul TFLOPS ratio (bf16): the "
+                                     "realistic compute ceiling, used for compute-bound estimates.")
+    within_tolerance: bool | None = Field(None, description="The speedup is within break_even_tolerance of break-even.")
     bandwidth_ratio: float | None = Field(None, description="Datasheet memory bandwidth ratio.")
     memory_ratio: float | None = Field(None, description="Datasheet memory size ratio.")
     current_tokens_per_s_per_gpu: float | None = Field(None, description="Throughput per GPU now (tokens/s).")
@@ -99,10 +117,14 @@ def cost_per_mtok(price_per_gpu_hour: float, tokens_per_s_per_gpu: float) -> flo
 
 
 def run(params: RoiParams, progress: Progress) -> RoiResult:
-    cur, cand = find_accelerator(params.current), find_accelerator(params.candidate)
+    cand = find_accelerator(params.candidate)
+    if params.current is None:
+        return _first_purchase(params, cand)
+    cur = find_accelerator(params.current)
     cand_dtype = params.candidate_dtype or params.dtype
     res = RoiResult(current=cur["name"], candidate=cand["name"],
                     compute_ratio=round(_peak(cand, cand_dtype) / _peak(cur, params.dtype), 3),
+                    mamf_ratio=_mamf_ratio(cur, cand, params.dtype, cand_dtype),
                     bandwidth_ratio=round(cand["memory_bandwidth_tbps"] / cur["memory_bandwidth_tbps"], 3),
                     memory_ratio=round(cand["memory_gb"] / cur["memory_gb"], 3))
     cur_tps = params.current_tokens_per_s_per_gpu
@@ -110,18 +132,63 @@ def run(params: RoiParams, progress: Progress) -> RoiResult:
         res.speedup, res.speedup_basis = params.candidate_tokens_per_s_per_gpu / cur_tps, "measured"
     elif params.speedup is not None:
         res.speedup, res.speedup_basis = params.speedup, "given"
+    elif params.workload == "compute_bound" and res.mamf_ratio:
+        res.speedup, res.speedup_basis = res.mamf_ratio, f"published MAMF ratio ({params.dtype})"
     elif params.workload == "compute_bound":
         res.speedup, res.speedup_basis = res.compute_ratio, f"datasheet TFLOPS ({params.dtype} -> {cand_dtype})"
     else:
         res.speedup, res.speedup_basis = res.bandwidth_ratio, "datasheet bandwidth"
     res.speedup = round(res.speedup, 4)
     if cur_tps is None and params.params_b is not None:
-        cur_tps = params.assumed_mfu * _peak(cur, params.dtype) * 1e12 / (6 * params.params_b * 1e9)
+        cur_tps = _estimated_tps(params, cur, params.dtype)
     if cur_tps is not None:
         res.current_tokens_per_s_per_gpu = round(cur_tps, 3)
         res.candidate_tokens_per_s_per_gpu = round(cur_tps * res.speedup, 3)
     _costs(params, res)
     _explain(params, cur, cand, res)
+    return res
+
+
+def _mamf_ratio(cur: dict, cand: dict, dtype: str, cand_dtype: str) -> float | None:
+    """Published bf16 MAMF ratio, when both have one and both run bf16/fp16 (the realistic ceiling; the
+    seed chapter, compute/accelerator/README.md, recommends comparing MAMF, not datasheet peaks)."""
+    if {dtype, cand_dtype} <= {"bf16", "fp16"} and cur.get("mamf_bf16_tflops") and cand.get("mamf_bf16_tflops"):
+        return round(cand["mamf_bf16_tflops"] / cur["mamf_bf16_tflops"], 3)
+    return None
+
+
+def _estimated_tps(p: RoiParams, acc: dict, dtype: str) -> float:
+    """Tokens/s per GPU from 6N FLOPs per token at assumed_mfu of the dense peak."""
+    return p.assumed_mfu * _peak(acc, dtype) * 1e12 / (6 * p.params_b * 1e9)
+
+
+def _first_purchase(p: RoiParams, cand: dict) -> RoiResult:
+    res = RoiResult(current=None, candidate=cand["name"], speedup_basis="first purchase: no current GPU")
+    dtype = p.candidate_dtype or p.dtype
+    tps = p.candidate_tokens_per_s_per_gpu
+    if tps is None and p.params_b is not None and p.candidate_tokens_per_s_estimate:
+        tps = _estimated_tps(p, cand, dtype)
+    f = res.findings
+    if tps is None:
+        f.append("First purchase: give candidate_tokens_per_s_per_gpu (measured on a rented node) or params_b to "
+                 "estimate it, and candidate_price_per_gpu_hour, for cost per token and time to train.")
+    else:
+        res.candidate_tokens_per_s_per_gpu = round(tps, 3)
+        gpus = p.candidate_num_gpus or p.num_gpus
+        if p.candidate_price_per_gpu_hour is not None:
+            res.candidate_cost_per_mtok = round(cost_per_mtok(p.candidate_price_per_gpu_hour, tps), 6)
+            f.append(f"Cost per million tokens on {cand['name']}: {res.candidate_cost_per_mtok:.4g} at "
+                     f"{tps:,.0f} tokens/s per GPU.")
+        if p.train_tokens:
+            res.candidate_hours_to_train = round(p.train_tokens / (tps * gpus) / 3600, 3)
+            if p.candidate_price_per_gpu_hour is not None:
+                res.candidate_cost_to_train = round(res.candidate_hours_to_train * gpus * p.candidate_price_per_gpu_hour, 2)
+            f.append(f"{p.train_tokens:.3g} tokens: {res.candidate_hours_to_train / 24:.1f} days on {gpus} GPUs.")
+        if p.candidate_tokens_per_s_per_gpu is None:
+            f.append(f"Tokens/s is an estimate: {p.params_b:g}B parameters at {100 * p.assumed_mfu:.0f}% MFU of the "
+                     f"{_peak(cand, dtype):g} TFLOPS {dtype} peak; measure on a rented node before buying.")
+    res.verdict = "info"
+    res.next = ["mfu_calc", "memory_estimate", "accelerator_specs", "knowledge://insights/upgrade-roi.md"]
     return res
 
 
@@ -149,9 +216,18 @@ def _explain(p: RoiParams, cur: dict, cand: dict, res: RoiResult) -> None:
     f.append(f"{cand['name']} vs {cur['name']}: {res.speedup:.2f}x throughput per GPU ({res.speedup_basis}).")
     if res.break_even_speedup is not None:
         better = res.speedup > res.break_even_speedup
-        f.insert(0, f"The candidate is {'cheaper' if better else 'dearer'} per token: it needs {res.break_even_speedup:.2f}x "
-                    f"to break even at these prices and gives {res.speedup:.2f}x; it wins below "
-                    f"{res.candidate_break_even_price:.2f} per GPU-hour (now {p.candidate_price_per_gpu_hour:g}).")
+        margin = res.speedup / res.break_even_speedup - 1
+        res.within_tolerance = abs(margin) <= p.break_even_tolerance
+        if res.within_tolerance:
+            res.verdict = "warn"
+            f.insert(0, f"Too close to call: {res.speedup:.2f}x against the {res.break_even_speedup:.2f}x needed to break "
+                        f"even is within +-{100 * p.break_even_tolerance:.0f}% ({100 * margin:+.1f}%), inside what "
+                        f"software versions and tuning change; measure both on the same stack. It wins below "
+                        f"{res.candidate_break_even_price:.2f} per GPU-hour (now {p.candidate_price_per_gpu_hour:g}).")
+        else:
+            f.insert(0, f"The candidate is {'cheaper' if better else 'dearer'} per token: it needs {res.break_even_speedup:.2f}x "
+                        f"to break even at these prices and gives {res.speedup:.2f}x ({100 * margin:+.0f}%); it wins below "
+                        f"{res.candidate_break_even_price:.2f} per GPU-hour (now {p.candidate_price_per_gpu_hour:g}).")
     else:
         f.append("Give both prices per GPU-hour for cost per token, break-even speedup and price.")
     if res.current_cost_per_mtok is not None:
@@ -167,7 +243,11 @@ def _explain(p: RoiParams, cur: dict, cand: dict, res: RoiResult) -> None:
         f.append(f"{p.train_tokens:.3g} tokens: {res.current_hours_to_train / 24:.1f} days on {p.num_gpus} GPUs "
                  f"({-(-p.num_gpus // p.gpus_per_node)} nodes) now, {res.candidate_hours_to_train / 24:.1f} days on "
                  f"{cand_gpus} candidate GPUs ({nodes} nodes).")
-    if res.speedup_basis.startswith("datasheet"):
+    if res.mamf_ratio and res.speedup_basis.startswith("published MAMF"):
+        f.append(f"Compute ceiling from the published max achievable matmul TFLOPS ({res.mamf_ratio:.2f}x), not the "
+                 f"datasheet peaks ({res.compute_ratio:.2f}x): real matmuls reach 70-80% of a peak, by different "
+                 "fractions on different GPUs.")
+    if res.speedup_basis.startswith(("datasheet", "published MAMF")):
         other = res.bandwidth_ratio if p.workload == "compute_bound" else res.compute_ratio
         f.append(f"Datasheet estimate for {p.workload.replace('_', '-')} work; the other ratio is {other:.2f}x "
                  "(training and prefill are mostly compute-bound, decode is memory-bound). Real speedups are "
@@ -202,11 +282,12 @@ SPEC = ToolSpec(
     name="upgrade_roi",
     summary="Cost per token, time to train, break-even speedup and price for moving to another accelerator.",
     description=(
-        "Use for 'is the new GPU worth it', 'H100 vs B200 cost per token', 'what price makes H200 pay off'. "
-        "Compares a current and a candidate accelerator: throughput ratio from the user's measured tokens/s "
-        "or speedup, else from datasheets (TFLOPS for compute-bound, memory bandwidth for memory-bound work); "
-        "with prices per GPU-hour it gives cost per million tokens, the speedup needed to break even and the "
-        "candidate price at which it wins; with train_tokens and GPU counts, time and cost to train. Notes when "
+        "Use for 'is the new GPU worth it', 'H100 vs B200 cost per token', 'what price makes H200 pay off', or a "
+        "first purchase (current=none). Compares a current and a candidate accelerator: throughput ratio from the "
+        "user's measured tokens/s or speedup, else the published MAMF ratio (compute-bound) or the datasheet memory "
+        "bandwidth ratio (memory-bound); with prices per GPU-hour it gives cost per million tokens, the speedup "
+        "needed to break even (too close to call within a stated tolerance, default +-10%) and the candidate price "
+        "at which it wins; with train_tokens and GPU counts, time and cost to train. Notes when "
         "fp8/fp4 or memory size change the answer beyond throughput, and what to hold equal when measuring. "
         "Pure arithmetic, instant, no GPU. Prices are the user's: this tool knows none."),
     Params=RoiParams, Result=RoiResult, run=run, runs="in_process", store=False,

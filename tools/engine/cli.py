@@ -51,7 +51,8 @@ def tool_parser(spec: ToolSpec, prog: str) -> argparse.ArgumentParser:
         if _is_bool(field.annotation):
             parser.add_argument(*flags, dest=name, action=argparse.BooleanOptionalAction, default=None, help=help_text)
         elif _is_list(field.annotation):
-            parser.add_argument(*flags, dest=name, nargs="+", default=None, help=help_text)
+            # extend: a repeated flag adds to the list (--extra-sbatch=--qos=high --extra-sbatch=--exclusive)
+            parser.add_argument(*flags, dest=name, nargs="+", action="extend", default=None, help=help_text)
         else:
             parser.add_argument(*flags, dest=name, default=None, help=help_text)
     parser.add_argument("--json", action="store_true", help="print the result as JSON (for machines)")

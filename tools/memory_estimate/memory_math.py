@@ -1,83 +1,46 @@
-"""Per-GPU memory arithmetic for memory_estimate (no SPEC: not a tool). All sizes in bytes.
+"""Per-GPU memory arithmetic for memory_estimate: model states, pipeline stages, the breakdown (no SPEC).
 
-Model states follow the ZeRO paper's accounting (arXiv 1910.02054, section 3.1): half-precision
-weights and gradients plus fp32 master weights and two Adam moments, 16 bytes per parameter, or 18
-with Megatron-LM's fp32 gradient buffer. Activations follow Korthikanti et al., "Reducing Activation
-Recomputation in Large Transformer Models" (arXiv 2205.05198, section 4): per layer
-s*b*h*(34 + 5*a*s/h) bytes for GPT with dropout, generalised here to grouped-query attention,
-gated MLPs, no dropout and flash attention; the GPT case reproduces their formula exactly (tested).
+All sizes in bytes. Model states follow the ZeRO paper's accounting (arXiv 1910.02054, section 3.1):
+half-precision weights and gradients plus fp32 master weights and two Adam moments, 16 bytes per
+parameter, 18 with Megatron-LM's fp32 gradient buffer; DeepSpeed's ZeRO-1/2 keep a 16-bit gradient
+and an fp32 gradient partition (deepspeed/runtime/zero/stage_1_and_2.py, 2P + 18P/N). PyTorch AMP
+and FSDP2 mixed precision keep fp32 parameters (16 B/param with Adam) and compute on 16-bit copies.
+Activations and the loss: activations.py. Published figures they were checked against:
+docs/memory_estimate_validation.md and knowledge/data/memory_validation.toml.
 """
 
 import dataclasses
 import math
 
+from .activations import inference_activation_bytes, kv_cache_bytes_per_token, training_activation_parts
+from .setup import Setup
 from ..shared.transformer_math import Architecture
 
 GIB = 2**30
 
-WEIGHT_BYTES = {"fp32": 4, "bf16_mixed": 2, "fp16_mixed": 2, "fp8": 2}
-INFERENCE_WEIGHT_BYTES = {"fp32": 4, "bf16_mixed": 2, "fp16_mixed": 2, "fp8": 1}
-KV_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
-# Optimizer state bytes per parameter (fp32 unless the optimizer says otherwise).
+INFERENCE_WEIGHT_BYTES = {"fp32": 4, "bf16_mixed": 2, "fp16_mixed": 2, "fp8": 1, "amp_bf16": 2, "amp_fp8": 1}
 OPTIMIZER_BYTES = {"adamw": 8.0, "adam": 8.0, "adam_8bit": 2.0, "sgd_momentum": 4.0}
+AMP = ("amp_bf16", "amp_fp8")
+QLORA_BYTES = 0.5 + 0.127 / 8  # NF4 + double-quantised block constants (QLoRA, arXiv 2305.14314, section 3)
 CUDA_CONTEXT_BYTES = 0.5 * GIB     # CUDA context + cuBLAS/cuDNN workspaces, lazy module loading on
 NCCL_FIRST_GROUP_BYTES = 1.0 * GIB  # buffers of the first communicator (figures.md: ~1-1.5 GiB)
-NCCL_EXTRA_GROUP_BYTES = 0.25 * GIB  # each further parallel dimension (TP, PP, CP) adds communicators
-PREFILL_CHUNK_TOKENS = 8192       # tokens prefilled at once in inference mode
+NCCL_EXTRA_GROUP_BYTES = 0.25 * GIB  # each further parallel dimension (TP, PP, CP, EP) adds communicators
 FRAGMENTATION = 0.05                # caching-allocator slack on top of the tensors
-
-
-@dataclasses.dataclass
-class Setup:
-    """Everything the arithmetic needs, already validated (see memory_estimate.MemoryParams)."""
-
-    arch: Architecture | None
-    total_params: int
-    mode: str = "train"
-    precision: str = "bf16_mixed"
-    optimizer: str = "adamw"
-    fp32_grads: bool = True
-    sharding: str = "none"
-    shard_group_size: int = 8
-    tp: int = 1
-    pp: int = 1
-    dp: int = 1
-    cp: int = 1
-    seq_len: int = 4096
-    micro_batch: int = 1
-    activation_checkpointing: str = "none"
-    flash_attention: bool = True
-    kernels: str = "fused"
-    sequence_parallel: bool = True
-    dropout: bool = False
-    kv_dtype: str = "bf16"
-
-    @property
-    def world_size(self) -> int:
-        return self.tp * self.pp * self.dp * self.cp
-
-    def shard_degree(self) -> int:
-        """GPUs that share one copy of the sharded model states (ZeRO/FSDP runs over DP x CP)."""
-        if self.sharding == "none":
-            return 1
-        group = self.dp * self.cp
-        return min(self.shard_group_size, group) if self.sharding == "fsdp_hybrid_shard" else group
-
-    def zero_stage(self) -> int:
-        return {"none": 0, "zero1": 1, "zero2": 2, "zero3": 3, "fsdp_full_shard": 3,
-                "fsdp_hybrid_shard": 3}[self.sharding]
+OFFLOAD_BUFFER = 1.5                # DeepSpeed's additional_buffer_factor for host RAM (memory.rst)
 
 
 def model_state_bytes_per_param(s: Setup) -> dict[str, float]:
-    """Unsharded bytes per parameter for weights, gradients, master weights and optimizer states."""
-    mixed = s.precision != "fp32"
-    weights = WEIGHT_BYTES[s.precision] + (1 if s.precision == "fp8" else 0)  # + cached fp8 copy
-    grads = 4 if (not mixed or s.fp32_grads) else 2
+    """Unsharded bytes per trainable parameter for weights, gradients, master weights, optimizer states."""
     if s.optimizer == "adafactor":  # factored second moment: rows + columns per matrix, no momentum
         optim = 8.0 / (s.arch.hidden if s.arch else 4096)
     else:
         optim = OPTIMIZER_BYTES[s.optimizer]
-    return {"weights": weights, "gradients": grads, "master_weights": 4 if mixed else 0,
+    if s.precision == "fp32" or s.precision in AMP:  # fp32 parameters are the master copy
+        return {"weights": 4, "gradients": 4, "master_weights": 0, "optimizer_states": optim}
+    if s.finetune != "full":  # adapters in the 16-bit compute dtype, no master copy (QLoRA's qlora.py)
+        return {"weights": 2, "gradients": 2, "master_weights": 0, "optimizer_states": optim}
+    weights = 2 + (1 if s.precision == "fp8" else 0)  # Transformer Engine caches an fp8 copy
+    return {"weights": weights, "gradients": 4 if s.fp32_grads else 2, "master_weights": 4,
             "optimizer_states": optim}
 
 
@@ -86,6 +49,7 @@ class Stage:
     """One pipeline stage as seen by one of its GPUs."""
 
     label: str
+    first_layer: int
     layers: int
     embedding: bool
     head: bool
@@ -96,105 +60,138 @@ def stages(s: Setup) -> list[Stage]:
     layers = s.arch.layers if s.arch else 0
     per_stage = math.ceil(layers / s.pp)
     if s.pp == 1:
-        return [Stage("only", per_stage, True, True, 1)]
+        return [Stage("only", 0, per_stage, True, True, 1)]
     last_layers = max(layers - (s.pp - 1) * per_stage, 0)
-    # 1F1B: the first stage holds pp micro batches in flight, the last holds one.
-    return [Stage("first", per_stage, True, False, s.pp), Stage("last", last_layers, False, True, 1)]
+    microbatches = s.pp_microbatches or s.pp
+    # 1F1B: the first stage holds min(pp, micro batches) in flight, the last one; GPipe holds them all.
+    first_inflight = microbatches if s.pipeline_schedule == "gpipe" else min(s.pp, microbatches)
+    last_inflight = microbatches if s.pipeline_schedule == "gpipe" else 1
+    return [Stage("first", 0, per_stage, True, False, first_inflight),
+            Stage("last", layers - last_layers, last_layers, False, True, last_inflight)]
 
 
-def stage_params(s: Setup, st: Stage) -> float:
-    """Parameters held by one GPU of this stage, after tensor and pipeline parallel splits."""
+def stage_params(s: Setup, st: Stage) -> tuple[float, float, float]:
+    """(dense, expert, root) parameters one GPU of this stage holds, after TP/PP/EP splits. Root: the
+    embedding, final norm and output head, which FSDP2 keeps in its root module."""
     a = s.arch
     if a is None:
-        return s.total_params / (s.tp * s.pp)
-    held = st.layers * a.layer_params()
-    if st.embedding:
-        held += a.embedding_params()
+        return s.total_params / (s.tp * s.pp), 0.0, 0.0
+    dense = expert = 0.0
+    for i in range(st.first_layer, st.first_layer + st.layers):
+        moe = a.is_moe_layer(i)
+        routed = a.experts * a.expert_params() if moe else 0
+        dense += a.layer_params(moe) - routed
+        expert += routed
+    root = a.embedding_params() if st.embedding else 0
     if st.head:
-        held += a.final_norm_params()
-        held += a.head_params() if s.pp == 1 else a.vocab * a.hidden  # a tied head is a copy on the last stage
-    return held / s.tp
+        root += a.final_norm_params() + (a.head_params() if s.pp == 1 else a.vocab * a.hidden)
+    return dense / s.tp, expert / (s.tp * s.ep), root / s.tp
 
 
-def layer_activation_bytes(s: Setup, micro_batch: int) -> tuple[float, float]:
-    """(saved activations of one layer, its layer input alone) per micro batch on one GPU."""
+def _frozen_and_trainable(s: Setup, st: Stage) -> tuple[float, float, float]:
+    """(frozen weight bytes, trainable parameters, trainable expert parameters) of one GPU's stage."""
+    dense, expert, root = stage_params(s, st)
+    if s.finetune == "full":
+        return 0.0, dense + root, expert
     a = s.arch
-    seq, b, h, t = s.seq_len / s.cp, micro_batch, a.hidden, s.tp
-    sbh = seq * b * h
-    kv = 2 * seq * b * a.kv_dim
-    eager = s.kernels == "eager"
-    split = 2 * sbh + 2 * kv + 2 * sbh  # q, k and v, the attention output (o-proj input)
-    # Gated: gate and up outputs + their product (eager autograd also keeps silu(gate)); else act in/out.
-    split += ((8 if eager else 6) if a.gated_mlp else 4) * seq * b * a.ffn
-    keep_scores = not s.flash_attention and s.activation_checkpointing == "none"
-    if keep_scores:  # softmax output (2 bytes), + mask (1) and dropout output (2) with dropout
-        split += (5 if s.dropout else 2) * a.heads * seq * seq * b
-    elif s.flash_attention:
-        split += 4 * seq * b * a.heads  # fp32 log-sum-exp per row
-    # 2 norms, the qkv and mlp inputs, and the two dropout masks (1 byte each) when dropout is on
-    replicated = 2 * norm_bytes(s) * sbh + 2 * sbh + 2 * sbh + (2 * sbh if s.dropout else 0)
-    sp = s.sequence_parallel and t > 1
-    scale = 2 if s.precision == "fp32" else 1  # activations in fp32 rather than 16-bit
-    layer = scale * (split / t + (replicated / t if sp else replicated))
-    layer_input = scale * 2 * sbh / (t if sp else 1)
-    return layer, layer_input
+    matrices = dense + expert  # LoRA adapts every linear layer (QLoRA's recipe): r x (in + out) each
+    adapters = sum(adapter_params(a, a.is_moe_layer(i), s.lora_rank)
+                   for i in range(st.first_layer, st.first_layer + st.layers)) / s.tp
+    base = QLORA_BYTES if s.finetune == "qlora" else INFERENCE_WEIGHT_BYTES[s.precision]
+    return matrices * base + root * 2, adapters, 0.0
 
 
-def norm_bytes(s: Setup) -> int:
-    """Bytes a norm saves per element: its bf16 input when fused; eager PyTorch RMSNorm upcasts and
-    keeps two fp32 tensors (the input copy and the normalised product)."""
-    return 8 if s.kernels == "eager" else 2
+def adapter_params(a: Architecture, moe: bool, r: int) -> float:
+    h = a.hidden
+    attention = 2 * r * (h + a.heads * a.head_dim) + 2 * r * (h + a.kv_dim)  # q and o, k and v
+    width, count = (a.moe_ffn, a.experts + a.shared_experts) if moe else (a.ffn, 1)
+    return attention + count * a.mlp_matrices() * r * (h + width)
 
 
-def activation_bytes(s: Setup, st: Stage, micro_batch: int) -> tuple[float, float]:
-    """(activations, logits) held by one GPU of this stage at the peak of the backward pass."""
-    a = s.arch
-    if a is None or s.mode != "train":
-        return 0.0, 0.0
-    layer, layer_input = layer_activation_bytes(s, micro_batch)
-    if s.activation_checkpointing == "full":
-        # Only each layer's input is kept; one layer is recomputed in full at a time.
-        held = st.layers * layer_input * st.inflight_microbatches + layer
-    else:
-        held = st.layers * layer * st.inflight_microbatches
-    logits = 0.0
-    if st.head:
-        seq = s.seq_len / s.cp
-        # final norm + output-head input
-        held += (norm_bytes(s) + 2) * seq * micro_batch * a.hidden / (s.tp if s.sequence_parallel and s.tp > 1 else 1)
-        logits = 4 * seq * micro_batch * a.vocab / s.tp  # fp32 logits for the loss (Korthikanti's 4sbv)
-    return held, logits
+def model_states(s: Setup, st: Stage) -> dict[str, float]:
+    """Weights, gradients, master weights, optimizer states and gathered/unsharded parameters."""
+    per = model_state_bytes_per_param(s)
+    frozen, trainable, expert = _frozen_and_trainable(s, st)
+    stage_ = s.zero_stage()
+    shard = lambda n, sharded: n / s.shard_degree() if sharded else n  # noqa: E731
+    eshard = lambda n, sharded: n / s.shard_degree(expert=True) if sharded else n  # noqa: E731
+    both = lambda k, at: shard(trainable * per[k], stage_ >= at) + eshard(expert * per[k], stage_ >= at)  # noqa: E731
+    out = {"weights": both("weights", 3) + (frozen / s.shard_degree() if stage_ >= 3 else frozen),
+           "gradients": both("gradients", 2), "master_weights": both("master_weights", 1),
+           "optimizer_states": both("optimizer_states", 1)}
+    if 1 <= stage_ <= 2 and s.precision not in AMP and s.precision != "fp32" and s.fp32_grads:
+        # DeepSpeed ZeRO-1/2: the 16-bit gradients (partitioned at stage 2) and an fp32 partition for the step
+        sixteen = 2 * (trainable + expert)
+        fp32_partition = 4 * (trainable + expert) / s.shard_degree()
+        out["gradients"] = (sixteen / s.shard_degree() if stage_ == 2 else sixteen) + fp32_partition
+    _offload(s, out)
+    out["gathered_params"] = gathered_params(s, st) if stage_ >= 3 and s.shard_degree() > 1 else 0.0
+    return out
 
 
-def loss_backward_bytes(s: Setup, st: Stage, micro_batch: int) -> float:
-    """Logit-sized tensors alive, besides the saved ones, when backward starts (the step's peak).
+def _offload(s: Setup, out: dict[str, float]) -> None:
+    """ZeRO-Offload / FSDP CPUOffload: optimizer states, master weights and gradients live on the host
+    (DeepSpeed streams the 16-bit gradients there); with optimizer_and_params the sharded weights too."""
+    if s.offload == "none":
+        return
+    moved = ("master_weights", "optimizer_states", "gradients")
+    for k in moved + (("weights",) if s.offload == "optimizer_and_params" else ()):
+        out[k] = 0.0
 
-    Eager PyTorch / Hugging Face (F.cross_entropy on logits.float()): the gradient of the loss with
-    respect to the log-probabilities and with respect to the fp32 logits (4 + 4 bytes per logit), while
-    the training loop still holds the 16-bit logits the model returned (2 bytes). Measured on CPU: the
-    largest live set of a step is there, at log_softmax's backward. Fused losses (Megatron's
-    vocab-parallel cross-entropy, Liger) write the gradient into the saved softmax: nothing extra."""
-    a = s.arch
-    if a is None or s.mode != "train" or not st.head or s.kernels != "eager":
+
+def offloaded_bytes_per_gpu(s: Setup, st: Stage) -> float:
+    """What one GPU's offload puts on the host (or NVMe): its master and optimizer partition, an fp32
+    gradient partition, and with optimizer_and_params its 16-bit weight partition."""
+    if s.offload == "none":
         return 0.0
-    return 10 * (s.seq_len / s.cp) * micro_batch * a.vocab / s.tp
+    kept = model_states(dataclasses.replace(s, offload="none"), st)
+    _, trainable, expert = _frozen_and_trainable(s, st)
+    moved = kept["master_weights"] + kept["optimizer_states"] + 4 * (trainable + expert) / s.shard_degree()
+    return moved + (kept["weights"] if s.offload == "optimizer_and_params" else 0.0)
 
 
-def kv_cache_bytes_per_token(s: Setup) -> float:
-    """KV cache per token (all layers) on one GPU: K and V for each KV head this GPU holds."""
-    a = s.arch
-    kv_heads_here = a.kv_heads / s.tp if a.kv_heads >= s.tp else 1  # fewer KV heads than TP: replicated
-    layers_here = math.ceil(a.layers / s.pp)
-    return 2 * layers_here * kv_heads_here * a.head_dim * KV_BYTES[s.kv_dtype]
+def host_ram_per_node(s: Setup) -> float:
+    """Host RAM per node: the offloaded states of its GPUs and, without ZeRO-3's zero.Init, every rank
+    loading the whole model in fp32 first (DeepSpeed memory.rst: 4 x n_gpus x params), times
+    DeepSpeed's 1.5 buffer factor for pinned staging buffers."""
+    per_node = min(s.gpus_per_node, s.world_size)
+    states = offloaded_bytes_per_gpu(s, stages(s)[0]) * per_node if s.offload_device == "cpu" else 0.0
+    load = 4 * s.total_params * per_node if s.zero_stage() < 3 else 0.0
+    return max(states, load) * OFFLOAD_BUFFER
 
 
-def inference_activation_bytes(s: Setup, micro_batch: int) -> float:
-    """Working set of one layer during prefill, plus fp32 logits of each sequence's last token.
-    Serving engines prefill in chunks (vLLM's max_num_batched_tokens); PREFILL_CHUNK_TOKENS is assumed."""
-    a = s.arch
-    tokens = min(micro_batch * s.seq_len, PREFILL_CHUNK_TOKENS)
-    mlp = (3 if a.gated_mlp else 2) * a.ffn / s.tp
-    return 2 * tokens * (4 * a.hidden + mlp) + 4 * micro_batch * a.vocab / s.tp
+def nvme_bytes_per_node(s: Setup) -> float:
+    if s.offload == "none" or s.offload_device != "nvme":
+        return 0.0
+    return offloaded_bytes_per_gpu(s, stages(s)[0]) * min(s.gpus_per_node, s.world_size)
+
+
+def compute_weight_bytes(s: Setup) -> tuple[float, float]:
+    """(bytes per matmul weight, per other weight) of the copies the forward computes with."""
+    if s.precision == "fp32":
+        return 4, 4
+    if s.finetune == "qlora":
+        return QLORA_BYTES, 2
+    return (1 if s.precision == "amp_fp8" else 2), 2
+
+
+def gathered_params(s: Setup, st: Stage) -> float:
+    """ZeRO-3/FSDP unsharded parameters in flight. Resharding after forward: the current and the
+    prefetched layer and one layer's gradients, plus (FSDP2) the root module's embedding and head,
+    which stay unsharded from forward to backward. Without resharding (PP): the whole stage, and its
+    gradients accumulated unsharded in fp32 across micro batches (FSDP2 with requires_gradient_sync off)."""
+    if s.arch is None:
+        return 0.0
+    dense, expert, root = stage_params(s, st)
+    matmul_b, other_b = compute_weight_bytes(s)
+    root_bytes = root * other_b if s.fsdp else 0.0
+    if s.keeps_unsharded():
+        grads = 4 if (s.pp_microbatches or s.pp) > 1 else 2
+        trainable = dense + expert + root if s.finetune == "full" else 0.0
+        return (dense + expert) * matmul_b + root * other_b + trainable * grads
+    layer = (dense + expert) / max(st.layers, 1)
+    grads = 2 if s.finetune == "full" else 0
+    return layer * (2 * matmul_b + grads) + root_bytes
 
 
 def breakdown(s: Setup, micro_batch: int | None = None) -> tuple[str, dict[str, float]]:
@@ -208,34 +205,37 @@ def breakdown(s: Setup, micro_batch: int | None = None) -> tuple[str, dict[str, 
     return best
 
 
+CATEGORIES = ("weights", "gradients", "master_weights", "optimizer_states", "gathered_params", "weight_copies",
+              "activations", "logits", "loss_backward", "backward_working", "kv_cache")
+
+
 def _stage_breakdown(s: Setup, st: Stage, mb: int) -> dict[str, float]:
-    n = stage_params(s, st)
-    parts = dict.fromkeys(("weights", "gradients", "master_weights", "optimizer_states", "gathered_params",
-                           "activations", "logits", "loss_backward", "kv_cache"), 0.0)
+    parts = dict.fromkeys(CATEGORIES, 0.0)
     if s.mode == "inference":
-        parts["weights"] = n * INFERENCE_WEIGHT_BYTES[s.precision]
+        dense, expert, root = stage_params(s, st)
+        parts["weights"] = (dense + expert + root) * INFERENCE_WEIGHT_BYTES[s.precision]
         if s.arch is not None:
             parts["kv_cache"] = kv_cache_bytes_per_token(s) * s.seq_len * mb
             parts["activations"] = inference_activation_bytes(s, mb)
     else:
-        per_param = model_state_bytes_per_param(s)
-        shard, stage = s.shard_degree(), s.zero_stage()
-        parts["weights"] = n * per_param["weights"] / (shard if stage >= 3 else 1)
-        parts["gradients"] = n * per_param["gradients"] / (shard if stage >= 2 else 1)
-        parts["master_weights"] = n * per_param["master_weights"] / (shard if stage >= 1 else 1)
-        parts["optimizer_states"] = n * per_param["optimizer_states"] / (shard if stage >= 1 else 1)
-        if stage >= 3 and shard > 1 and s.arch is not None:
-            # Unsharded copies in flight: the current and the prefetched layer, and one layer's grads.
-            layer = s.arch.layer_params() / s.tp
-            parts["gathered_params"] = layer * (2 * per_param["weights"] + per_param["gradients"])
-        parts["activations"], parts["logits"] = activation_bytes(s, st, mb)
-        parts["loss_backward"] = loss_backward_bytes(s, st, mb)
+        parts.update(model_states(s, st))
+        parts["weight_copies"] = weight_copy_bytes(s, st)
+        parts.update(training_activation_parts(s, st, mb))
     tensors = sum(parts.values())
     parts["framework_overhead"] = CUDA_CONTEXT_BYTES + FRAGMENTATION * tensors
-    extra_dims = sum(d > 1 for d in (s.tp, s.pp, s.cp))
+    extra_dims = sum(d > 1 for d in (s.tp, s.pp, s.cp, s.ep))
     parts["nccl_buffers"] = (NCCL_FIRST_GROUP_BYTES + NCCL_EXTRA_GROUP_BYTES * max(extra_dims - 1, 0)
                              if s.world_size > 1 else 0.0)
     return parts
+
+
+def weight_copy_bytes(s: Setup, st: Stage) -> float:
+    """torch.autocast without FSDP caches a 16-bit (torchao fp8: an 8-bit) copy of every matmul weight
+    for the step, which backward keeps; FSDP2 mixed precision gathers those copies instead."""
+    if s.precision not in AMP or s.fsdp or s.finetune != "full" or s.arch is None:
+        return 0.0
+    dense, expert, _ = stage_params(s, st)
+    return (dense + expert) * compute_weight_bytes(s)[0]
 
 
 def total_bytes(s: Setup, micro_batch: int | None = None) -> float:

@@ -19,6 +19,10 @@ from ..engine.data import load_data
 
 @dataclasses.dataclass(frozen=True)
 class Architecture:
+    """A decoder-only transformer. Dense by default; `experts` > 0 makes the MLP of every layer after
+    the first `dense_layers` a mixture of experts (top_k routed + shared_experts always on, each of
+    width moe_ffn); kv_lora_rank > 0 is multi-head latent attention (DeepSeek-V2/V3)."""
+
     name: str
     layers: int
     hidden: int
@@ -29,27 +33,77 @@ class Architecture:
     tied_embeddings: bool = False
     gated_mlp: bool = True
     linear_bias: bool = False
+    head_dim_override: int | None = None  # when heads x head_dim != hidden (Qwen3, Gemma)
+    experts: int = 0
+    top_k: int = 0
+    shared_experts: int = 0
+    moe_ffn: int = 0
+    dense_layers: int = 0
+    q_lora_rank: int = 0  # MLA: low-rank query (0: full query projection)
+    kv_lora_rank: int = 0  # MLA: the latent that the KV cache holds
+    rope_head_dim: int = 0  # MLA: decoupled RoPE part of each query/key head
+    v_head_dim: int = 0  # MLA: value head size
 
     @property
     def head_dim(self) -> int:
-        return self.hidden // self.heads
+        return self.head_dim_override or self.hidden // self.heads
+
+    @property
+    def q_dim(self) -> int:
+        return self.heads * (self.head_dim + self.rope_head_dim)
 
     @property
     def kv_dim(self) -> int:
         return self.kv_heads * self.head_dim
 
-    def layer_matmul_params(self) -> int:
-        """Weights of the attention and MLP matrices of one layer."""
-        attention = 2 * self.hidden * self.hidden + 2 * self.hidden * self.kv_dim  # q, o + k, v
-        mlp = (3 if self.gated_mlp else 2) * self.hidden * self.ffn
-        return attention + mlp
+    @property
+    def mla(self) -> bool:
+        return self.kv_lora_rank > 0
 
-    def layer_params(self) -> int:
+    @property
+    def moe(self) -> bool:
+        return self.experts > 0
+
+    def is_moe_layer(self, index: int) -> bool:
+        return self.moe and index >= self.dense_layers
+
+    @property
+    def moe_layers(self) -> int:
+        return self.layers - self.dense_layers if self.moe else 0
+
+    def attention_params(self) -> int:
+        """q, k, v, o projections (MLA: the low-rank down/up projections and their norms)."""
+        h = self.hidden
+        if not self.mla:
+            return 2 * h * self.heads * self.head_dim + 2 * h * self.kv_dim
+        q = h * self.q_dim if not self.q_lora_rank else self.q_lora_rank * (h + 1 + self.q_dim)
+        kv = h * (self.kv_lora_rank + self.rope_head_dim) + self.kv_lora_rank * (
+            1 + self.heads * (self.head_dim + self.v_head_dim))
+        return q + kv + self.heads * self.v_head_dim * h
+
+    def mlp_matrices(self) -> int:
+        return 3 if self.gated_mlp else 2
+
+    def expert_params(self) -> int:
+        return self.mlp_matrices() * self.hidden * self.moe_ffn
+
+    def mlp_params(self, moe: bool, active: bool = False) -> int:
+        """One layer's MLP: dense, or the experts (all, or the top_k a token uses) + shared + router."""
+        if not moe:
+            return self.mlp_matrices() * self.hidden * self.ffn
+        routed = self.top_k if active else self.experts
+        return (routed + self.shared_experts) * self.expert_params() + self.hidden * self.experts
+
+    def layer_matmul_params(self, moe: bool = False, active: bool = False) -> int:
+        """Weights of the attention and MLP matrices of one layer."""
+        return self.attention_params() + self.mlp_params(moe, active)
+
+    def layer_params(self, moe: bool = False, active: bool = False) -> int:
         norms = 2 * self.hidden * (2 if self.linear_bias else 1)  # RMSNorm scale (+ LayerNorm bias)
         biases = 0
         if self.linear_bias:
             biases = 3 * self.hidden + 2 * self.kv_dim + self.ffn * (2 if self.gated_mlp else 1)
-        return self.layer_matmul_params() + norms + biases
+        return self.layer_matmul_params(moe, active) + norms + biases
 
     def embedding_params(self) -> int:
         return self.vocab * self.hidden
@@ -61,21 +115,37 @@ class Architecture:
     def final_norm_params(self) -> int:
         return self.hidden * (2 if self.linear_bias else 1)
 
-    def total_params(self) -> int:
-        return (self.embedding_params() + self.layers * self.layer_params() + self.final_norm_params()
-                + self.head_params())
+    def _layers_sum(self, per_layer) -> int:
+        dense = self.layers - self.moe_layers
+        return dense * per_layer(False) + self.moe_layers * per_layer(True)
+
+    def total_params(self, active: bool = False) -> int:
+        """All parameters, or (active=True) those one token uses: its top_k experts of each MoE layer."""
+        layers = self._layers_sum(lambda moe: self.layer_params(moe, active))
+        return self.embedding_params() + layers + self.final_norm_params() + self.head_params()
 
     def matmul_params(self) -> int:
-        """Parameters that take part in a matmul for every token: all layers plus the output head
-        (the embedding lookup is not a matmul, but a tied head still is one)."""
-        return self.layers * self.layer_matmul_params() + self.vocab * self.hidden
+        """Parameters that take part in a matmul for every token: all layers (MoE: the active experts)
+        plus the output head (the embedding lookup is not a matmul, but a tied head still is one)."""
+        return self._layers_sum(lambda moe: self.layer_matmul_params(moe, active=True)) + self.vocab * self.hidden
+
+    def kv_elements_per_token_layer(self, tp: int = 1) -> float:
+        """KV-cache elements one token needs in one layer on one GPU. MLA caches the latent and the
+        RoPE key once per token (replicated across TP ranks); GQA caches K and V per KV head, one head
+        per rank at least when there are fewer KV heads than ranks."""
+        if self.mla:
+            return self.kv_lora_rank + self.rope_head_dim
+        heads_here = self.kv_heads / tp if self.kv_heads >= tp else 1
+        return 2 * heads_here * self.head_dim
 
 
 def presets() -> dict[str, dict]:
     return {m["id"]: m for m in load_data("model_presets")["model"]}
 
 
-ARCH_FIELDS = ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "tied_embeddings", "gated_mlp")
+ARCH_FIELDS = ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "tied_embeddings", "gated_mlp",
+               "head_dim", "experts", "top_k", "shared_experts", "moe_ffn", "dense_layers")
+PRESET_ONLY = ("linear_bias", "q_lora_rank", "kv_lora_rank", "rope_head_dim", "v_head_dim")
 
 
 def _preset_enum(schema: dict) -> None:
@@ -87,21 +157,22 @@ def _preset_enum(schema: dict) -> None:
 
 # A model is described by a preset, by layers + hidden + heads, or by params_b alone (then with no
 # architecture field, which would need the other two).
-_DESCRIBED = {"anyOf": [present("model"), {"allOf": [present("layers"), present("hidden"), present("heads")]},
-                        {"allOf": [present("params_b"), *({"not": present(f)} for f in ARCH_FIELDS)]}]}
+MODEL_DESCRIBED = {"anyOf": [present("model"), {"allOf": [present("layers"), present("hidden"), present("heads")]},
+                              {"allOf": [present("params_b"), *({"not": present(f)} for f in ARCH_FIELDS)]}]}
 
 
 class ModelParams(Params):
     """The model description shared by memory_estimate and mfu_calc."""
 
-    model_config = ConfigDict(json_schema_extra=_DESCRIBED)
+    model_config = ConfigDict(json_schema_extra=MODEL_DESCRIBED)
 
     model: str | None = Field(
         None, json_schema_extra=_preset_enum, description=(
             "Preset id of a well-known open model (e.g. llama-3-8b, llama-3-70b, llama-2-7b, mistral-7b, "
-            "qwen2.5-7b, llama-3.1-405b, gpt3-175b, tinyllama-1.1b). Fields given below override it. Describe "
-            "the model by model, by layers + hidden + heads, or by params_b alone; hidden must be a multiple "
-            "of heads and heads of kv_heads."))
+            "qwen2.5-7b, llama-3.1-405b, gpt3-175b, tinyllama-1.1b; MoE: mixtral-8x7b, qwen3-30b-a3b, qwen3-235b-a22b, "
+            "deepseek-v3). Fields given below override it. Describe the model by model, by layers + hidden + heads, "
+            "or by params_b alone; hidden must be a multiple of heads (unless head_dim is given) and heads of "
+            "kv_heads."))
     params_b: float | None = Field(
         None, gt=0, le=100000, description="Total parameter count in billions, when the architecture is "
         "unknown. Without an architecture, activations, KV cache and the attention FLOPs cannot be estimated.")
@@ -116,6 +187,17 @@ class ModelParams(Params):
         None, description="Input embedding and output head share one matrix; default false.")
     gated_mlp: bool | None = Field(
         None, description="SwiGLU-style MLP with 3 matrices (Llama, Mistral, Qwen); default true.")
+    head_dim: int | None = Field(None, ge=1, le=4096, description="Attention head size when heads x head_dim "
+                                 "is not hidden (Qwen3: 128); default hidden / heads.")
+    experts: int | None = Field(None, ge=0, le=100000, description="Mixture of experts: routed experts per MoE "
+                                "layer (0 or unset: dense).")
+    top_k: int | None = Field(None, ge=1, le=1024, description="MoE: routed experts each token uses.")
+    shared_experts: int | None = Field(None, ge=0, le=64, description="MoE: experts every token uses "
+                                       "(DeepSeek: 1); default 0.")
+    moe_ffn: int | None = Field(None, ge=1, le=1_000_000, description="MoE: intermediate size of one expert; "
+                                "default ffn.")
+    dense_layers: int | None = Field(None, ge=0, le=1000, description="MoE: leading layers with a dense MLP "
+                                     "(DeepSeek-V3: 3); default 0.")
 
     @model_validator(mode="after")
     def _check_model(self):
@@ -132,7 +214,7 @@ class ModelParams(Params):
             if key not in table:
                 raise ValueError(f"model {self.model!r} is not a known preset; known: {', '.join(sorted(table))}. "
                                  "Give params_b or the architecture fields instead.")
-            base = {k: table[key][k] for k in (*ARCH_FIELDS, "linear_bias")}
+            base = {k: table[key][k] for k in (*ARCH_FIELDS, *PRESET_ONLY) if k in table[key]}
             name = table[key]["name"]
         given = {k: getattr(self, k) for k in ARCH_FIELDS if getattr(self, k) is not None}
         merged = {**base, **given}
@@ -148,8 +230,17 @@ class ModelParams(Params):
         merged.setdefault("vocab", 32000)
         merged.setdefault("tied_embeddings", False)
         merged.setdefault("gated_mlp", True)
+        merged["head_dim_override"] = merged.pop("head_dim", None)
+        if merged.get("experts"):
+            if not merged.get("top_k"):
+                raise ValueError("experts > 0 needs top_k (routed experts per token)")
+            if merged["top_k"] > merged["experts"]:
+                raise ValueError(f"top_k={merged['top_k']} is more than experts={merged['experts']}")
+            merged.setdefault("moe_ffn", merged["ffn"])
+            if merged.get("dense_layers", 0) > merged["layers"]:
+                raise ValueError(f"dense_layers={merged['dense_layers']} is more than layers={merged['layers']}")
         arch = Architecture(name=name, **merged)
-        if arch.hidden % arch.heads:
+        if arch.head_dim_override is None and arch.hidden % arch.heads:
             raise ValueError(f"hidden={arch.hidden} is not divisible by heads={arch.heads}")
         if arch.heads % arch.kv_heads:
             raise ValueError(f"heads={arch.heads} is not a multiple of kv_heads={arch.kv_heads}")
@@ -163,6 +254,11 @@ class ModelParams(Params):
         if arch is None:
             raise ToolFailure("no parameter count: give params_b, a model preset or the architecture")
         return arch.total_params()
+
+    def active_params(self) -> int:
+        """Parameters one token uses (= total for a dense model or a bare params_b)."""
+        arch = self.architecture()
+        return self.total_params() if arch is None or self.params_b is not None else arch.total_params(active=True)
 
 
 AttentionFlops = Literal["full", "causal", "none"]
@@ -188,7 +284,8 @@ def flops_per_token(matmul_params: int, arch: Architecture | None, seq_len: int,
     matmul = 6.0 * matmul_params
     attn_fwd = 0.0
     if arch is not None and attention != "none":
-        attn_fwd = 4.0 * arch.layers * arch.heads * arch.head_dim * seq_len
+        per_head = arch.head_dim + arch.rope_head_dim + (arch.v_head_dim or arch.head_dim)  # QK^T + AV widths
+        attn_fwd = 2.0 * arch.layers * arch.heads * per_head * seq_len
         if attention == "causal":
             attn_fwd /= 2
     model = matmul + 3 * attn_fwd

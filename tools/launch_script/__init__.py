@@ -8,6 +8,11 @@ variables are exported into the script; each node and each rank writes its own l
 distributed tool (dist_smoke_test, collective_bench, hang_stack_dump) already starts its ranks through
 srun when it runs inside an allocation, so the script runs it once and keeps its JSON result.
 
+Every value that reaches a shell is quoted by one function (render.q); control characters are
+refused in every field. The script passes --cpus-per-task to srun (SLURM >= 22.05 does not inherit it),
+asks for whole nodes (--exclusive) unless told otherwise, takes its rendezvous port from the job id,
+and runs a training command on the user's Python as the nodes find it on PATH.
+
 Dry run by default: returns the script text. `submit=true` writes it and runs sbatch (not read-only).
 
 By hand:
@@ -21,24 +26,27 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import sys
 from pathlib import Path
 from typing import Literal
 
-from .shared import slurm as _slurm
-from .engine.data import IMPORT_ROOT as REPO_ROOT
-from .engine.spec import Field, Params, Result, ToolFailure, ToolSpec
-from .engine.processes import torchrun_command
+from pydantic import field_validator, model_validator
+
+from . import render
+from ..shared import slurm as _slurm
+from ..engine.spec import Field, Params, Result, ToolFailure, ToolSpec
 
 MLENG_DIST_TOOLS = ("dist_smoke_test", "collective_bench", "hang_stack_dump")
 PASS_THROUGH_PREFIXES = ("NCCL_", "TORCH_NCCL_", "TORCH_DISTRIBUTED_", "TORCH_FR_", "FI_", "UCX_", "GLOO_")
-SAFE_TEXT = r"^[^\n\r\x00]*$"
+SAFE_TEXT = r"^[^\x00-\x1f\x7f]*$"  # no control characters (newlines would start new shell lines)
+PATH_TEXT = r"^[A-Za-z0-9_./%+@,:=-]{1,1000}$"  # goes into #SBATCH --output, which no shell unquotes
+CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 class LaunchScriptParams(Params):
     command: str | None = Field(None, max_length=2000, pattern=SAFE_TEXT, description=(
         "The training program and its arguments, as given to torchrun: 'train.py --cfg a.yaml' or "
-        "'-m mypkg.train --lr 3e-4'. Exactly one of command / tool."))
+        "'-m mypkg.train --lr 3e-4'; split like a shell line (quote arguments with spaces). Exactly one of "
+        "command / tool."))
     tool: Literal[MLENG_DIST_TOOLS] | None = Field(None, description=(
         "An mleng distributed tool to run across the nodes instead of a training command."))
     tool_args: list[str] = Field(default_factory=list, max_length=40, description=(
@@ -57,25 +65,70 @@ class LaunchScriptParams(Params):
     gpu_option: Literal["gpus-per-node", "gres"] = Field("gpus-per-node", description=(
         "How to ask for GPUs: --gpus-per-node=G (select/cons_tres, SLURM 19.05+) or --gres=gpu:G (older "
         "clusters, select/cons_res)."))
-    cpus_per_task: int | None = Field(None, ge=1, le=1024, description="CPUs for each node's torchrun task.")
+    cpus_per_task: int | None = Field(None, ge=1, le=1024, description=(
+        "CPUs for each node's torchrun task (default: all of the node's, with exclusive). srun gets it either way."))
+    exclusive: bool = Field(True, description="Whole nodes (#SBATCH --exclusive): no other job's ranks share the "
+                            "GPUs, CPUs or the rendezvous port.")
     extra_sbatch: list[str] = Field(default_factory=list, max_length=20, description=(
-        "More #SBATCH options, e.g. ['--exclusive', '--qos=high']."))
-    env: dict[str, str] = Field(default_factory=dict, description=(
+        "More #SBATCH options, each starting with '-', e.g. ['--qos=high', '--constraint=h100']. On the command "
+        "line: --extra-sbatch=--qos=high, repeated."))
+    env: dict[str, str] = Field(default_factory=dict, max_length=100, description=(
         "Variables to export on every node, e.g. {'NCCL_DEBUG': 'WARN'}."))
     pass_nccl_env: bool = Field(True, description=(
         "Also export the NCCL_*, TORCH_NCCL_*, TORCH_DISTRIBUTED_*, FI_*, UCX_* variables set here now."))
-    rdzv_port: int = Field(29500, ge=1024, le=65535, description="Rendezvous port on the first node.")
+    rdzv_port: int | None = Field(None, ge=1024, le=65535, description=(
+        "Rendezvous port on the first node (default: 20000 + job id % 20000 under SLURM, 29500 for torchrun mode)."))
     rdzv_host: str | None = Field(None, pattern=r"^[A-Za-z0-9_.\-:]{1,255}$", description=(
         "torchrun mode: the first node's address (sbatch/srun find it themselves)."))
     python: str | None = Field(None, max_length=500, pattern=SAFE_TEXT, description=(
-        "Python interpreter on the nodes (default: the one running mleng)."))
+        "Python interpreter on the nodes (default for a command: python3 from the job's PATH, i.e. the environment "
+        "you submit from; for an mleng tool: mleng's interpreter)."))
     workdir: str | None = Field(None, max_length=1000, pattern=SAFE_TEXT, description=(
         "Directory the job runs in and logs go under (default: the current one)."))
-    log_dir: str = Field("logs", max_length=1000, pattern=SAFE_TEXT, description=(
-        "Log directory, relative to workdir: per-node files %x-%j-node<N>.out, per-rank files under <job id>/."))
+    log_dir: str = Field("logs", pattern=PATH_TEXT, description=(
+        "Log directory, relative to workdir (letters, digits and _ . / % + @ , : = -): per-node files "
+        "%x-%j-node<N>.out, per-rank files under <job id>/."))
     submit: bool = Field(False, description="Write the script and submit it with sbatch (sbatch mode only).")
     script_path: str | None = Field(None, max_length=1000, pattern=SAFE_TEXT, description=(
         "Where to write the script (default with submit: <workdir>/<job_name>.sbatch)."))
+
+    @field_validator("tool_args", "extra_sbatch")
+    @classmethod
+    def _no_control_characters(cls, values: list[str]) -> list[str]:
+        for v in values:
+            if CONTROL.search(v):
+                raise ValueError(f"{v[:40]!r}: control characters (newline, tab, ...) are not allowed")
+        return values
+
+    @field_validator("extra_sbatch")
+    @classmethod
+    def _sbatch_options(cls, values: list[str]) -> list[str]:
+        for v in values:
+            if not v.startswith("-") or len(v) > 200:
+                raise ValueError(f"{v[:40]!r}: each extra_sbatch item is one sbatch option starting with '-'")
+        return values
+
+    @field_validator("env")
+    @classmethod
+    def _env_names_and_values(cls, env: dict[str, str]) -> dict[str, str]:
+        bad = [k for k in env if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,127}", k)]
+        if bad:
+            raise ValueError(f"not valid environment variable names: {bad[:5]}")
+        for k, v in env.items():
+            if CONTROL.search(v) or len(v) > 4000:
+                raise ValueError(f"env {k}: control characters are not allowed (and at most 4000 characters)")
+        return env
+
+    @model_validator(mode="after")
+    def _command_splits(self):
+        if self.command is not None:
+            try:
+                words = shlex.split(self.command)
+            except ValueError as e:
+                raise ValueError(f"command: {e} (it is split like a shell line: close every quote)") from None
+            if not words:
+                raise ValueError("command is empty")
+        return self
 
 
 class LaunchScriptResult(Result):
@@ -91,99 +144,10 @@ class LaunchScriptResult(Result):
 def _exports(params: LaunchScriptParams) -> dict[str, str]:
     env = {}
     if params.pass_nccl_env:
-        env.update({k: v for k, v in sorted(os.environ.items()) if k.startswith(PASS_THROUGH_PREFIXES)})
+        env.update({k: v for k, v in sorted(os.environ.items()) if k.startswith(PASS_THROUGH_PREFIXES)
+                    and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k) and not CONTROL.search(v)})
     env.update(params.env)
-    bad = [k for k in env if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k)]
-    if bad:
-        raise ToolFailure(f"not valid environment variable names: {bad}")
     return env
-
-
-def _torchrun_line(params: LaunchScriptParams, nproc: int, endpoint: str, rdzv_id: str,
-                   is_host: str, log_dir: str | None) -> str:
-    """The per-node torchrun command for a training program, as shell text. `endpoint`, `rdzv_id`,
-    `is_host` and `log_dir` may hold shell expansions that each node's shell fills in."""
-    words = shlex.split(params.command)
-    cmd = torchrun_command("PLACEHOLDER", nproc, [], nnodes=params.nnodes, rdzv_endpoint="E", rdzv_id="I")
-    cmd[0] = params.python or sys.executable
-    head = [w for w in cmd[:cmd.index("-m", 3)] if not w.startswith(("--rdzv-endpoint=", "--rdzv-id="))]
-    if params.nnodes == 1:  # --standalone picks its own port; keep it simple for one node
-        return shlex.join(head + words)
-    parts = [shlex.join(head), f"--rdzv-endpoint={endpoint}", f"--rdzv-id={rdzv_id}", is_host]
-    if log_dir:
-        parts += [f"--log-dir={log_dir}", "--tee=3"]
-    return " ".join(parts + [shlex.join(words)])
-
-
-def _tool_line(params: LaunchScriptParams, nproc: int) -> str:
-    py = params.python or sys.executable
-    return shlex.join([py, "-m", f"tools.{params.tool}", "--nnodes", str(params.nnodes),
-                       "--nproc-per-node", str(nproc), *params.tool_args, "--json"])
-
-
-HEAD_LOOKUP = """head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
-# NodeAddr is how SLURM itself reaches the node; node names need not resolve everywhere.
-head_addr=$(scontrol show node "$head_node" -o | tr ' ' '\\n' | sed -n 's/^NodeAddr=//p')
-export MASTER_ADDR=${head_addr:-$head_node} MASTER_PORT=%d"""
-
-
-def sbatch_script(params: LaunchScriptParams, nproc: int, workdir: str) -> str:
-    log_dir = params.log_dir
-    lines = ["#!/bin/bash", f"#SBATCH --job-name={params.job_name}", f"#SBATCH --nodes={params.nnodes}",
-             "#SBATCH --ntasks-per-node=1"]
-    if params.gpus_per_node:
-        lines.append(f"#SBATCH --gpus-per-node={params.gpus_per_node}" if params.gpu_option == "gpus-per-node"
-                     else f"#SBATCH --gres=gpu:{params.gpus_per_node}")
-    if params.cpus_per_task:
-        lines.append(f"#SBATCH --cpus-per-task={params.cpus_per_task}")
-    lines.append(f"#SBATCH --time={params.time_limit}")
-    lines += [f"#SBATCH --partition={params.partition}"] if params.partition else []
-    lines += [f"#SBATCH --account={params.account}"] if params.account else []
-    lines.append(f"#SBATCH --output={log_dir}/%x-%j.out")
-    lines += [f"#SBATCH {opt}" for opt in params.extra_sbatch]
-    lines += ["# Written by mleng launch_script.", "set -euo pipefail",
-              f"cd {shlex.quote(workdir)}", f"mkdir -p {shlex.quote(log_dir)}"]
-    lines += [f"export {k}={shlex.quote(v)}" for k, v in _exports(params).items()]
-    if params.tool:
-        lines += [f"export PYTHONPATH={shlex.quote(str(REPO_ROOT))}${{PYTHONPATH:+:$PYTHONPATH}}",
-                  "# The tool starts one torchrun per node through srun itself and prints one JSON report.",
-                  f"{_tool_line(params, nproc)} > {shlex.quote(log_dir)}/\"$SLURM_JOB_NAME-$SLURM_JOB_ID.json\""]
-        return "\n".join(lines) + "\n"
-    lines.append(HEAD_LOOKUP % params.rdzv_port)
-    per_node = _torchrun_line(params, nproc, "$MASTER_ADDR:$MASTER_PORT", "$SLURM_JOB_ID",
-                              _slurm.RDZV_IS_HOST, f"{log_dir}/$SLURM_JOB_ID/node$SLURM_PROCID")
-    lines += ["# One torchrun per node; single quotes keep $SLURM_PROCID for each task's own shell.",
-              f"srun --kill-on-bad-exit=1 --export=ALL --ntasks-per-node=1 "
-              f"--output={log_dir}/%x-%j-node%t.out bash -c {shlex.quote(per_node)}"]
-    return "\n".join(lines) + "\n"
-
-
-def srun_line(params: LaunchScriptParams, nproc: int) -> str:
-    if params.tool:
-        return _tool_line(params, nproc)
-    if params.nnodes == 1:
-        inner = _torchrun_line(params, nproc, "", "", "", None)
-    else:
-        inner = _torchrun_line(params, nproc, f"$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1)"
-                               f":{params.rdzv_port}", "$SLURM_JOB_ID", _slurm.RDZV_IS_HOST, None)
-    return (f"srun --nodes={params.nnodes} --ntasks-per-node=1 --kill-on-bad-exit=1 --export=ALL "
-            f"bash -c {shlex.quote(inner)}")
-
-
-def torchrun_lines(params: LaunchScriptParams, nproc: int) -> list[str]:
-    if params.tool:
-        if params.nnodes == 1:
-            return [_tool_line(params, nproc)]
-        host = params.rdzv_host or "FIRST_NODE"
-        same_everywhere = shlex.join([params.python or sys.executable, "-m", f"tools.{params.tool}",
-                                      "--nnodes", str(params.nnodes), "--nproc-per-node", str(nproc),
-                                      "--rdzv-endpoint", f"{host}:{params.rdzv_port}", *params.tool_args])
-        return [same_everywhere] * params.nnodes
-    host = params.rdzv_host or "FIRST_NODE"
-    exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in _exports(params).items())
-    return [(exports + " " if exports else "")
-            + _torchrun_line(params, nproc, f"{host}:{params.rdzv_port}", "mleng",
-                             f"--rdzv-conf=is_host={int(i == 0)}", None) for i in range(params.nnodes)]
 
 
 def run(params: LaunchScriptParams, progress) -> LaunchScriptResult:
@@ -199,14 +163,20 @@ def run(params: LaunchScriptParams, progress) -> LaunchScriptResult:
     result = LaunchScriptResult(mode=params.mode, world_size=params.nnodes * nproc,
                                 next=["knowledge://orchestration/launchers.md", "knowledge://orchestration/slurm.md"])
     if params.mode == "srun":
-        result.commands = [srun_line(params, nproc)]
+        result.commands = [render.srun_line(params, nproc)]
         findings.append("Run this line inside an allocation (salloc or an sbatch script).")
     elif params.mode == "torchrun":
-        result.commands = torchrun_lines(params, nproc)
+        result.commands = render.torchrun_lines(params, nproc, _exports(params))
         findings.append("Run line i on node i, all at about the same time; FIRST_NODE is the first node's "
                         "address unless rdzv_host was given.")
     else:
-        result.script = sbatch_script(params, nproc, workdir)
+        result.script = render.sbatch_script(params, nproc, workdir, _exports(params))
+    if params.command:
+        findings.append(f"Python on the nodes: {render.interpreter(params)}" + ("" if params.python else
+                        " from the job's PATH (the environment you submit from; set python to pin one)") + ".")
+    if params.mode == "sbatch" and not params.exclusive and not params.cpus_per_task:
+        findings.append("Neither exclusive nor cpus_per_task: each node's task gets SLURM's default CPUs (often 1), "
+                        "shared by all its ranks and their data loaders; set cpus_per_task.")
     if params.mode == "torchrun":
         result.script = "".join(f"# on node {i}\n{c}\n" for i, c in enumerate(result.commands))
     elif params.mode == "srun":
@@ -248,16 +218,13 @@ SPEC = ToolSpec(
         "Generate a correct multi-node launcher: an sbatch script (default), an srun line for inside salloc, or "
         "per-node torchrun commands without SLURM, for a training command or an mleng distributed tool "
         "(dist_smoke_test, collective_bench, hang_stack_dump) over N nodes x G GPUs. One torchrun per node, c10d "
-        "rendezvous on the first node, $SLURM_PROCID expanded per task, --kill-on-bad-exit, NCCL variables "
-        "exported, per-node and per-rank log files. Use for 'how do I launch on 4 nodes', 'write me an sbatch "
+        "rendezvous on the first node at a port from the job id, $SLURM_PROCID expanded per task, --kill-on-bad-exit, "
+        "--cpus-per-task passed to srun, whole nodes (--exclusive) by default, the nodes' own python3, NCCL variables "
+        "exported, per-node and per-rank log files; every value quoted for the shell, control characters refused. "
+        "Use for 'how do I launch on 4 nodes', 'write me an sbatch "
         "script', 'torchrun multi-node command'. Instant and read-only by default (a dry run); submit=true "
         "writes the script and runs sbatch, returning the job id. Not for diagnosing a job (slurm_job_diagnose)."),
     Params=LaunchScriptParams, Result=LaunchScriptResult, run=run,
     runs="subprocess", read_only=False, destructive=False, idempotent=False, open_world=True,
     timeout_s=90, store=False,
 )
-
-if __name__ == "__main__":
-    from .engine.cli import tool_main
-
-    tool_main(SPEC)

@@ -1,0 +1,84 @@
+"""fleet_sweep wall time at 1, 2, 4 and 8 namespace nodes (scripts/cluster-local.sh): does it follow the
+slowest node or the sum of the nodes?
+
+For each node count: start the cluster, run fleet_sweep over the partition `--repeats` times with
+(a) the light check gpu_health only (launch and collection cost) and (b) the CPU checks env_report,
+gpu_health, cpu_probe; print wall time, the slowest node's check time (sum of its checks) and the
+sum over all nodes. Holds /tmp/mln-cluster.session.lock (as the test fixture does) for the whole run.
+Root, Debian 12; the cluster is stopped at the end.
+
+    python bench/fleet_sweep_walltime.py                 # 1 2 4 8 nodes, 2 repeats
+    python bench/fleet_sweep_walltime.py --nodes 1 8 --repeats 1 --json walltime.json
+"""
+
+import argparse
+import fcntl
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+SCRIPT = REPO / "scripts" / "cluster-local.sh"
+CHECK_SETS = {"light": ["gpu_health"], "cpu": ["env_report", "gpu_health", "cpu_probe"]}
+
+
+def cluster(*args: str) -> str:
+    env = {**os.environ, "MLN_CLUSTER_SESSION": "held"}
+    return subprocess.run(["bash", str(SCRIPT), *args], env=env, check=True, capture_output=True, text=True).stdout
+
+
+def one_sweep(n: int, checks: list[str]) -> dict:
+    from tools import fleet_sweep as fs
+
+    t0 = time.monotonic()
+    r = fs.SPEC.run(fs.SPEC.Params(partition="debug", nodes=n, checks=checks, deadline_s=600, plot=False),
+                    lambda f, m: None)
+    wall = time.monotonic() - t0
+    per_node: dict[str, float] = {}
+    for row in r.rows:
+        per_node[row.node] = per_node.get(row.node, 0.0) + row.seconds
+    return {"nodes": n, "checks": ",".join(checks), "wall_s": round(wall, 2), "complete": r.nodes_complete,
+            "slowest_node_s": round(max(per_node.values(), default=0), 2),
+            "sum_nodes_s": round(sum(per_node.values()), 2)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--nodes", type=int, nargs="+", default=[1, 2, 4, 8])
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--json", help="write the rows here too")
+    args = ap.parse_args()
+    lock = open("/tmp/mln-cluster.session.lock", "w")
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    home = tempfile.mkdtemp(prefix="mln-walltime-")  # the sweeps' stored rows; removed at the end
+    os.environ["MLENG_HOME"] = home
+    rows = []
+    try:
+        for n in args.nodes:
+            env_lines = cluster("start", str(n))
+            os.environ["SLURM_CONF"] = env_lines.split("SLURM_CONF=")[1].split()[0]
+            for name, checks in CHECK_SETS.items():
+                for _ in range(args.repeats):
+                    row = one_sweep(n, checks)
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
+    finally:
+        cluster("stop")
+        lock.close()
+        shutil.rmtree(home, ignore_errors=True)
+    print(f"\n{'nodes':>5} {'checks':<30} {'wall s':>7} {'slowest node s':>15} {'sum of nodes s':>15}")
+    for r in rows:
+        print(f"{r['nodes']:>5} {r['checks']:<30} {r['wall_s']:>7} {r['slowest_node_s']:>15} {r['sum_nodes_s']:>15}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,95 @@
+"""fleet_sweep — run the per-node checks on every node at once and name the bad node, GPU or drift.
+
+One srun step, one process per node (tools/fleet_sweep/node.py), each running the chosen checks
+through the existing tools' own run(): env_report, gpu_health, a CPU probe, and on GPU nodes
+matmul_bench quick, memory_bandwidth_bench and p2p_bandwidth; storage_bench on a path when asked.
+Rows stream back as they finish; the step is cancelled on every node at the deadline. The answer:
+one row per node and check (and per GPU), the fleet median of every figure, outliers by the rule in
+aggregate.py, version drift, nodes that did not answer, and a drain list with the scontrol command
+for each node (never run). Every node's result is stored with its host and GPU serials.
+
+By hand:
+    salloc -N 16 python -m tools.fleet_sweep                         # the nodes of this allocation
+    python -m tools.fleet_sweep --job-id 123456                      # a running job's nodes (--overlap)
+    python -m tools.fleet_sweep --partition gpu --nodes 64 --deadline-s 600
+    python -m tools.fleet_sweep --hosts 'gpu-[001-064]' --checks env_report gpu_health cpu_probe
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Literal
+
+from ..engine.spec import Field, Params, ToolSpec
+from .checks import CHECKS, DEFAULT_CHECKS
+from .result import FleetSweepResult
+
+Check = Literal[CHECKS]
+
+
+class FleetSweepParams(Params):
+    checks: list[Check] | None = Field(None, min_length=1, max_length=len(CHECKS), description=(
+        "Per-node checks: env_report, gpu_health, cpu_probe (single-core CPU matmul and copy throughput), "
+        "matmul_bench (quick, every GPU), memory_bandwidth_bench (every GPU), p2p_bandwidth, storage_bench. "
+        "Default: all but storage_bench (GPU checks only on nodes with GPUs); storage_bench is added when "
+        "storage_path is given."))
+    job_id: str | None = Field(None, pattern=r"^\d+(_\d+)?$", description=(
+        "Sweep the nodes of this RUNNING job (srun --jobid --overlap, beside its own steps)."))
+    partition: str | None = Field(None, pattern=r"^[A-Za-z0-9_.\-]+$", max_length=128, description=(
+        "Sweep nodes of this partition in a job of our own (with `nodes`: that many of its reachable nodes)."))
+    nodes: int | None = Field(None, ge=1, le=100000, description="With partition: how many nodes. Default: every reachable one.")
+    hosts: list[str] | None = Field(None, max_length=100000, description=(
+        "SLURM node names or hostlists ('gpu-[01-16]'), swept in a job of our own (partition optional). "
+        "['localhost'] sweeps this machine without SLURM; other hosts outside SLURM are refused."))
+    storage_path: str | None = Field(None, min_length=1, max_length=4096, description=(
+        "A directory on every node for storage_bench (a shared filesystem mount, a local NVMe)."))
+    deadline_s: float = Field(300, ge=10, le=3600, description=(
+        "Whole-sweep deadline, seconds: nodes without an answer by then are named and the step is cancelled."))
+    margin_pct: float = Field(20, gt=0, le=90, description=(
+        "Outlier margin: a figure this much worse than the fleet median (or than its expected figure), %."))
+    plot: bool = Field(True, description="Draw each figure's per-node values against the median to a PNG.")
+    plot_path: str | None = Field(None, max_length=4096, description="Where to write the PNG. Default: $MLENG_HOME/plots/.")
+
+
+def run(params: FleetSweepParams, progress) -> FleetSweepResult:
+    from .report import build_result
+    from .sweep import sweep
+    from .targets import resolve
+
+    target = resolve(params, dict(os.environ))
+    checks = list(params.checks or DEFAULT_CHECKS)
+    if params.storage_path and "storage_bench" not in checks:
+        checks.append("storage_bench")
+    job = {"checks": checks, "storage_path": params.storage_path}
+    launch = target.launch_nodes
+    progress(0.0, f"{target.kind}: {len(target.nodes)} nodes, {len(launch)} launched; checks {', '.join(checks)}")
+    stored, t0 = {}, time.monotonic()
+
+    def on_row(row: dict) -> None:
+        from .report import store_row
+
+        stored[(row["node"], row["check"])] = store_row(row)
+        done = len(stored) / max(1, len(launch) * len(checks))
+        progress(min(done, 0.99), f"{row['node']}: {row['check']} {row.get('verdict')}")
+
+    got = sweep(target, job, params.deadline_s, on_row) if launch else None
+    return build_result(params, target, got, stored, round(time.monotonic() - t0, 2))
+
+
+SPEC = ToolSpec(
+    name="fleet_sweep",
+    summary="Checks on every node at once (one srun step): outlier nodes/GPUs vs the fleet median, drift, "
+            "silent nodes, drain list.",
+    description=(
+        "Use to find which node (or GPU) of a SLURM allocation, running job, partition or host list is bad before "
+        "or during a large run: runs env_report, gpu_health, a CPU throughput probe and, on GPU nodes, matmul_bench "
+        "quick, memory_bandwidth_bench and p2p_bandwidth (storage_bench on a path) on every node at once, then "
+        "returns one row per node and GPU, the fleet median, outliers (worse than the median by margin_pct, or "
+        "below the expected figure), version drift (driver, CUDA, NCCL, torch, NCCL_* variables), nodes that did "
+        "not answer by the deadline, and the scontrol commands to drain the bad ones (never run). Cost: about the "
+        "slowest node's checks (1-2 min on 8-GPU nodes), not their sum; it occupies the nodes while it runs. "
+        "Not for one node (use the single tools) or for network links between nodes (collective_bench)."),
+    Params=FleetSweepParams, Result=FleetSweepResult, run=run, runs="subprocess",
+    read_only=False, destructive=True, idempotent=False, open_world=True, timeout_s=3700,
+)

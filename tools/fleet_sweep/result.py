@@ -1,0 +1,82 @@
+"""fleet_sweep's output records: one row per node and check, per GPU, medians, outliers, drift,
+nodes not answering, the drain list, and the Result that carries them."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from ..engine.spec import Field, Record, Result
+
+
+class NodeRow(Record):
+    node: str = Field(description="SLURM node name.")
+    host: str | None = Field(None, description="Hostname the node process saw.")
+    check: str = Field(description="Check.")
+    verdict: str = Field(description="The check's own verdict on that node.")
+    seconds: float = Field(description="Wall time of the check on the node, s.")
+    figures: dict[str, float | None] = Field(default_factory=dict, description="Node-level figures (GPU ones in `gpus`).")
+    problems: list[str] = Field(default_factory=list, description="What the check found wrong there.")
+    result_id: int | None = Field(None, description="Its row in the results store (results_history).")
+
+
+class GpuRow(Record):
+    node: str = Field(description="SLURM node name.")
+    gpu: int = Field(description="GPU index on the node.")
+    check: str = Field(description="Check.")
+    figure: str = Field(description="Figure name.")
+    value: float | None = Field(None, description="Measured value.")
+    unit: str = Field("", description="Unit.")
+    expected: float | None = Field(None, description="Expected figure, where the check has one.")
+
+
+class FigureMedian(Record):
+    figure: str = Field(description="check.figure")
+    median: float = Field(description="Median over nodes (or GPUs).")
+    count: int = Field(description="Values behind it.")
+    unit: str = Field("", description="Unit.")
+
+
+class Outlier(Record):
+    node: str = Field(description="Node.")
+    gpu: int | None = Field(None, description="GPU, for per-GPU figures.")
+    figure: str = Field(description="check.figure")
+    value: float = Field(description="Its value.")
+    reference: float = Field(description="Fleet median or expected figure it is compared with.")
+    against: str = Field(description="'fleet median' or 'expected'.")
+    worse_by_pct: float = Field(description="How much worse, %.")
+
+
+class Drift(Record):
+    field: str = Field(description="driver, cuda, nccl, torch, python or an NCCL_* variable.")
+    values: dict[str, list[str]] = Field(description="value -> nodes with it ('(unset)' where absent).")
+    odd_nodes: list[str] = Field(description="Nodes outside the most common value.")
+
+
+class Missing(Record):
+    node: str = Field(description="Node.")
+    reason: str = Field(description="Why it has no complete answer.")
+
+
+class Drain(Record):
+    node: str = Field(description="Node to drain.")
+    reasons: list[str] = Field(description="Why.")
+    command: str = Field(description="scontrol command to drain it (fleet_sweep never runs it).")
+
+
+class FleetSweepResult(Result):
+    target: str = Field("", description="What was swept: allocation, job, partition or hosts, and the node count.")
+    nodes_total: int = Field(0, description="Nodes in the target.")
+    nodes_complete: int = Field(0, description="Nodes that answered every check they run.")
+    rows: list[NodeRow] = Field(default_factory=list, description="One row per node and check.")
+    gpus: list[GpuRow] = Field(default_factory=list, description="One row per node, GPU and per-GPU figure.")
+    medians: list[FigureMedian] = Field(default_factory=list, description="Fleet median of every figure.")
+    outliers: list[Outlier] = Field(default_factory=list, description="Figures breaking the rule.")
+    rule: str = Field("", description="The outlier rule, as applied.")
+    drift: list[Drift] = Field(default_factory=list, description="Versions and NCCL_* variables that differ between nodes.")
+    not_answering: list[Missing] = Field(default_factory=list, description="Nodes without a complete answer by the deadline.")
+    drain: list[Drain] = Field(default_factory=list, description="Nodes to drain, with reasons and the command.")
+    launch_attempts: int = Field(0, description="srun steps started (2 when nodes refused the first launch).")
+    wall_s: float = Field(0.0, description="Wall time of the sweep, s.")
+    plot_png: str | None = Field(None, description="PNG of every figure per node against the fleet median.")
+
+    image_fields: ClassVar[tuple[str, ...]] = ("plot_png",)

@@ -1,0 +1,150 @@
+"""Which nodes a sweep covers and how srun reaches them: the allocation we run in, a running job,
+a partition and node count (a job of our own), or a host list of SLURM nodes. Without SLURM, only
+this machine (hosts=["localhost"]) can be swept: its node process is started here directly. Other
+hosts outside SLURM are refused: no remote launcher (ssh, pdsh) is built in or tested.
+
+Every bad input raises ToolFailure naming the field (job_id, partition, nodes, hosts) and what is
+accepted. Nodes SLURM already knows to be unreachable (down, not responding, drained) are left out
+of the step and reported with SLURM's state as the reason, so one dead slurmd cannot abort the
+launch on every other node.
+"""
+
+from __future__ import annotations
+
+import math
+import socket
+from dataclasses import dataclass, field
+
+from ..engine.spec import ToolFailure
+from ..shared import slurm
+
+UNREACHABLE = ("down", "drain", "fail", "maint", "reboot", "future", "unknown", "power")
+
+
+@dataclass
+class Target:
+    kind: str                       # allocation | job | partition | hosts | local
+    nodes: list[str]                # every node the sweep is about
+    srun_args: list[str]            # where the step runs (--jobid/--overlap, or -p for a job of our own)
+    skipped: dict[str, str] = field(default_factory=dict)   # node -> why it is not launched on
+    local: bool = False             # this machine only: the node process runs here, no srun
+
+    @property
+    def launch_nodes(self) -> list[str]:
+        return [n for n in self.nodes if n not in self.skipped]
+
+
+def node_states(nodes: list[str]) -> dict[str, str]:
+    """node -> SLURM state as sinfo prints it (`idle`, `mixed`, `down*`, `drained`...)."""
+    out = slurm.run_cmd(["sinfo", "-h", "-N", "-n", ",".join(nodes), "-o", "%N %T"], timeout_s=30)
+    states = {}
+    for line in out.splitlines():
+        name, _, state = line.strip().partition(" ")
+        states.setdefault(name, state.strip().lower())
+    return states
+
+
+def unreachable_reason(state: str) -> str | None:
+    """Why SLURM would not start a task there, or None when it would."""
+    if state.endswith("*"):
+        return f"SLURM reports the node {state} (not responding to slurmctld)"
+    if any(state.startswith(word) for word in UNREACHABLE):
+        return f"SLURM reports the node {state}"
+    return None
+
+
+def check_known(nodes: list[str], field_name: str) -> dict[str, str]:
+    """States of `nodes`; ToolFailure naming the field when one is not a SLURM node."""
+    states = node_states(nodes)
+    unknown = [n for n in nodes if n not in states]
+    if unknown:
+        raise ToolFailure(f"{field_name}: unknown node(s) {', '.join(unknown[:10])}: not in `sinfo -N`. Give "
+                          "SLURM node names (sinfo -N -o %N lists them).")
+    return states
+
+
+def skip_unreachable(nodes: list[str], states: dict[str, str]) -> dict[str, str]:
+    return {n: why for n in nodes if (why := unreachable_reason(states.get(n, "unknown")))}
+
+
+def from_allocation(env: dict) -> Target:
+    nodes = slurm.allocation_nodes(env)
+    states = check_known(nodes, "SLURM_JOB_NODELIST")
+    return Target("allocation", nodes, ["--overlap"], skip_unreachable(nodes, states))
+
+
+def from_job(job_id: str) -> Target:
+    try:
+        env = slurm.job_allocation_env(job_id)
+    except slurm.SlurmError as exc:
+        raise ToolFailure(f"job_id: {exc}") from None
+    nodes = slurm.allocation_nodes(env)
+    states = check_known(nodes, "job_id")
+    return Target("job", nodes, [f"--jobid={job_id}", "--overlap"], skip_unreachable(nodes, states))
+
+
+def partition_nodes(partition: str) -> list[str]:
+    out = slurm.run_cmd(["sinfo", "-h", "-N", "-p", partition, "-o", "%N"], timeout_s=30)
+    nodes = list(dict.fromkeys(line.strip() for line in out.splitlines() if line.strip()))
+    if not nodes:
+        known = slurm.run_cmd(["sinfo", "-h", "-o", "%R"], timeout_s=30).split()
+        raise ToolFailure(f"partition: unknown or empty partition {partition!r}; partitions here: "
+                          f"{', '.join(sorted(set(known))) or '(none)'}")
+    return nodes
+
+
+def from_partition(partition: str, count: int | None, deadline_s: float) -> Target:
+    nodes = partition_nodes(partition)
+    states = node_states(nodes)
+    skipped = skip_unreachable(nodes, states)
+    usable = [n for n in nodes if n not in skipped]
+    count = count or len(usable)
+    if count > len(usable):
+        raise ToolFailure(f"nodes: partition {partition!r} has {len(usable)} reachable node(s) of {len(nodes)}; "
+                          f"ask for at most {len(usable)} (down or drained: {', '.join(skipped) or 'none'})")
+    return Target("partition", usable[:count], own_job_args(partition, deadline_s))
+
+
+def from_hosts(hosts: list[str], partition: str | None, deadline_s: float) -> Target:
+    if not hosts:
+        raise ToolFailure("hosts: the host list is empty; give at least one SLURM node name")
+    nodes = list(dict.fromkeys(h for item in hosts for h in slurm.expand_hostlist(item)))
+    states = check_known(nodes, "hosts")
+    return Target("hosts", nodes, own_job_args(partition, deadline_s), skip_unreachable(nodes, states))
+
+
+def own_job_args(partition: str | None, deadline_s: float) -> list[str]:
+    """A job of our own: its time limit is the deadline rounded up (minutes), a safety net should
+    this process die before it cancels the step."""
+    minutes = max(1, math.ceil(deadline_s / 60) + 1)
+    return [*(["--partition", partition] if partition else []), f"--time={minutes}"]
+
+
+LOCAL_NAMES = ("localhost", "127.0.0.1")
+
+
+def is_this_machine(hosts: list[str]) -> bool:
+    me = {socket.gethostname(), socket.gethostname().split(".")[0], *LOCAL_NAMES}
+    return bool(hosts) and all(h in me for h in hosts)
+
+
+def resolve(params, env: dict) -> Target:
+    """The target from the params (hosts, job_id, partition) or, by default, our allocation."""
+    if params.hosts is not None and is_this_machine(params.hosts):
+        return Target("local", [socket.gethostname()], [], local=True)
+    if not slurm.client_configured(env) and not slurm.in_allocation(env):
+        what = "hosts: outside SLURM only this machine can be swept (hosts=[\"localhost\"]); " if params.hosts else ""
+        raise ToolFailure(what + "fleet_sweep reaches other nodes through SLURM (one srun step) and this machine has "
+                          "no SLURM client or slurm.conf: run it on a login node or set SLURM_CONF. Hosts outside "
+                          "SLURM: run `python -m mleng.fleet_sweep.node '{\"checks\": [\"env_report\"]}'` on each "
+                          "(ssh/pdsh) and compare the stored results with results_history.")
+    if params.hosts is not None:
+        return from_hosts(params.hosts, params.partition, params.deadline_s)
+    if params.job_id:
+        return from_job(params.job_id)
+    if params.partition:
+        return from_partition(params.partition, params.nodes, params.deadline_s)
+    if slurm.in_allocation(env):
+        return from_allocation(env)
+    raise ToolFailure("no target: run inside a SLURM allocation (salloc/sbatch), or give job_id (a running job), "
+                      "partition (+ nodes), or hosts (SLURM node names)")
