@@ -103,31 +103,10 @@ EOF
 
 node_names() { if [ "$NODES" = 2 ]; then echo n1 n2; else hostname -s; fi; }
 
-write_conf() {
-  local host nodes gres="" acct
-  host=$(hostname -s)
-  if [ "$NODES" = 2 ]; then nodes="n[1-2]"; else nodes=$host; fi
-  rm -f "$D/etc/gres.conf"
-  if [ "$GPUS" -gt 0 ]; then
-    # slurmd drops a GPU without a device file; character devices under $D are enough.
-    mkdir -p "$D/dev"
-    for i in $(seq 0 $((GPUS - 1))); do
-      [ -e "$D/dev/nvidia$i" ] || mknod "$D/dev/nvidia$i" c 195 "$i"
-    done
-    printf 'AutoDetect=off\nNodeName=%s Name=gpu File=%s/dev/nvidia[0-%d]\n' \
-      "$nodes" "$D" $((GPUS - 1)) > "$D/etc/gres.conf"
-    gres=" Gres=gpu:$GPUS"
-  fi
-  if [ "$ACCOUNTING" = 1 ]; then
-    acct="AccountingStorageType=accounting_storage/slurmdbd
-AccountingStorageHost=localhost
-AccountingStoragePort=$DBD_PORT"
-  else
-    acct="AccountingStorageType=accounting_storage/none"
-  fi
+write_conf_head() {  # write_conf_head CLUSTER HOST(ADDR) ACCOUNTING-LINES: all but nodes, partitions
   cat > "$SLURM_CONF" <<EOF
-ClusterName=localtest
-SlurmctldHost=$host(127.0.0.1)
+ClusterName=$1
+SlurmctldHost=$2
 SlurmctldPort=$PORT_BASE
 SlurmdPort=$((PORT_BASE + 1))
 SlurmUser=root
@@ -153,9 +132,34 @@ MinJobAge=$MINJOBAGE
 JobAcctGatherType=jobacct_gather/linux
 JobCompType=jobcomp/filetxt
 JobCompLoc=$D/log/jobcomp.txt
-$acct
+$3
 GresTypes=gpu
 EOF
+}
+
+write_conf() {
+  local host nodes gres="" acct
+  host=$(hostname -s)
+  if [ "$NODES" = 2 ]; then nodes="n[1-2]"; else nodes=$host; fi
+  rm -f "$D/etc/gres.conf"
+  if [ "$GPUS" -gt 0 ]; then
+    # slurmd drops a GPU without a device file; character devices under $D are enough.
+    mkdir -p "$D/dev"
+    for i in $(seq 0 $((GPUS - 1))); do
+      [ -e "$D/dev/nvidia$i" ] || mknod "$D/dev/nvidia$i" c 195 "$i"
+    done
+    printf 'AutoDetect=off\nNodeName=%s Name=gpu File=%s/dev/nvidia[0-%d]\n' \
+      "$nodes" "$D" $((GPUS - 1)) > "$D/etc/gres.conf"
+    gres=" Gres=gpu:$GPUS"
+  fi
+  if [ "$ACCOUNTING" = 1 ]; then
+    acct="AccountingStorageType=accounting_storage/slurmdbd
+AccountingStorageHost=localhost
+AccountingStoragePort=$DBD_PORT"
+  else
+    acct="AccountingStorageType=accounting_storage/none"
+  fi
+  write_conf_head localtest "$host(127.0.0.1)" "$acct"
   if [ "$NODES" = 2 ]; then
     for i in 1 2; do
       echo "NodeName=n$i NodeHostname=$host NodeAddr=127.0.0.1 Port=$((PORT_BASE + i)) CPUs=$CPUS RealMemory=4000$gres State=UNKNOWN"
@@ -192,7 +196,9 @@ start() {
 alive() {  # alive PIDFILE NAME: the pid in the file runs and is that daemon (not a reused pid)
   local p
   p=$(cat "$1" 2>/dev/null) || return 1    # the daemon may remove its pid file as we look
-  [ -n "$p" ] && [ "$(cat "/proc/$p/comm" 2>/dev/null)" = "$2" ]
+  # A killed daemon stays a zombie where PID 1 does not reap: its comm still matches, its state is Z.
+  [ -n "$p" ] && [ "$(cat "/proc/$p/comm" 2>/dev/null)" = "$2" ] \
+    && ! awk '{exit ($3 == "Z") ? 0 : 1}' "/proc/$p/stat" 2>/dev/null
 }
 
 wait_gone() {  # wait_gone PIDFILE NAME: wait up to 5 s for that daemon to exit, then TERM it
@@ -227,13 +233,17 @@ stop() {
     wait_gone "$D/run/mysqld.pid" mariadbd
   fi
   rm -f "$D/run/mysqld.pid"
+  stop_munge_if_last
+  return 0
+}
+
+stop_munge_if_last() {
   # munged is shared: stop it only if one of these scripts started it and no other cluster runs.
   # (Zombie slurmctld entries, left when PID 1 does not reap, do not count: hence ps, not pgrep.)
   if [ -f "$MUNGE_MARK" ] && [ -f /run/munge/munged.pid ] && ! ps -C slurmctld -o stat= | grep -qv '^Z'; then
     kill "$(cat /run/munge/munged.pid 2>/dev/null)" 2>/dev/null || true
     rm -f "$MUNGE_MARK"
   fi
-  return 0
 }
 
 # One start/stop at a time on this machine (test sessions also hold /tmp/slurm-local.lock for their
@@ -241,6 +251,8 @@ stop() {
 # that inherited it would hold the lock for its whole life.
 with_lock() { exec 9>"$D.op.lock"; flock -w 300 9 || { say "another start/stop is still running"; return 1; }; "$@"; }
 
+# Sourced (scripts/cluster-local.sh reuses the functions above): define, do not run.
+[ "${BASH_SOURCE[0]}" = "$0" ] || return 0
 case "${1:-}" in
   start) with_lock start ;;
   stop) with_lock stop ;;

@@ -1,0 +1,170 @@
+#!/usr/bin/env bash
+# cluster-local.sh start [N]|stop|nodes|env|status|cpu NODE PCT|heal — a multi-node SLURM on one machine.
+#
+# Each node is a network namespace plus a UTS namespace named after its SLURM node (mln1..mlnN,
+# N = 1..8, default 4) with its own hostname and address 10.213.0.K on the bridge mlnbr0. The host
+# itself is the head node (slurmctld, clients such as srun/sbatch) at 10.213.0.254 on that bridge:
+# no route, forwarding or NAT leads anywhere else, so traffic stays on addresses this script made.
+# One slurmd runs inside each namespace (all on the same port, as on a real cluster), munged is
+# shared (its socket is a file). Every slurmd sits in its own cpu cgroup, so its job steps do too.
+#
+# Faults, injected from outside:
+#   ip netns exec mln3 tc qdisc add dev eth0 root tbf rate 50mbit burst 32kbit latency 400ms
+#   ip netns exec mln3 tc qdisc add dev eth0 root netem delay 100ms     (kernels with sch_netem)
+#   cluster-local.sh cpu mln2 20          (20% of one CPU for everything on mln2; 0 lifts it)
+#   kill "$(cat $CLUSTER_LOCAL_DIR/run/slurmd-mln2.pid)"
+#   cluster-local.sh heal [NODE...]       (undo all three, restart slurmd, wait until idle)
+#
+# Debian 12 (SLURM 22.05), root. Packages as scripts/slurm-local.sh (installed when missing).
+# Knobs: CLUSTER_LOCAL_DIR (default /tmp/mln-cluster), PORT_BASE (slurmctld P, slurmd P+1 inside each
+# namespace; default 7817, so this runs beside slurm-local.sh's 6817), CPUS per node (default 2).
+# One such cluster per machine (the names are fixed); start/stop hold $CLUSTER_LOCAL_DIR.op.lock.
+set -euo pipefail
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=slurm-local.sh
+. "$HERE/slurm-local.sh"                   # install_pkgs, start_munge, alive, wait_gone, ...
+D=${CLUSTER_LOCAL_DIR:-/tmp/mln-cluster}
+PORT_BASE=${PORT_BASE:-7817}
+CPUS=${CPUS:-2}
+PREFIX=mln
+BRIDGE=mlnbr0
+NET=10.213.0
+HEAD_ADDR=$NET.254
+CGROUP=/sys/fs/cgroup/cpu/mln
+export SLURM_CONF=$D/etc/slurm.conf
+
+say() { echo "cluster-local: $*" >&2; }
+
+our_namespaces() { ip netns list 2>/dev/null | awk '{print $1}' | grep -E "^${PREFIX}[0-9]+$" || true; }
+
+make_network() {  # make_network N
+  ip link add "$BRIDGE" type bridge
+  ip addr add "$HEAD_ADDR/24" dev "$BRIDGE"
+  ip link set "$BRIDGE" up
+  for k in $(seq "$1"); do
+    local ns=$PREFIX$k
+    ip netns add "$ns"
+    ip link add "$ns-h" type veth peer name eth0 netns "$ns"
+    ip link set "$ns-h" master "$BRIDGE" up
+    ip -n "$ns" addr add "$NET.$k/24" dev eth0
+    ip -n "$ns" link set eth0 up
+    ip -n "$ns" link set lo up
+    write_hosts "$1" "$ns"
+  done
+}
+
+write_hosts() {  # write_hosts N NS: bound over /etc/hosts on the node (as `ip netns exec` does)
+  mkdir -p "/etc/netns/$2"
+  { echo "127.0.0.1 localhost"; echo "$HEAD_ADDR $(hostname -s)-head"
+    for k in $(seq "$1"); do echo "$NET.$k $PREFIX$k"; done; } > "/etc/netns/$2/hosts"
+}
+
+write_conf() {  # write_conf N
+  write_conf_head mlncluster "$(hostname -s)($HEAD_ADDR)" "AccountingStorageType=accounting_storage/none"
+  for k in $(seq "$1"); do
+    echo "NodeName=$PREFIX$k NodeHostname=$PREFIX$k NodeAddr=$NET.$k CPUs=$CPUS RealMemory=2000 State=UNKNOWN"
+  done >> "$SLURM_CONF"
+  echo "PartitionName=debug Nodes=${PREFIX}[1-$1] Default=YES MaxTime=INFINITE State=UP" >> "$SLURM_CONF"
+}
+
+start_slurmd() {  # start_slurmd NODE: in its netns, its own UTS (hostname) and mount namespaces
+  # The mount namespace only carries /etc/hosts naming every node (gloo resolves its own hostname);
+  # /sys stays the host's, so the cgroup tree joined first is seen by slurmd too.
+  mkdir -p "$CGROUP/$1" "$D/spool/$1"
+  sh -c 'echo $$ > "$1/tasks" && exec nsenter --net="/run/netns/$2" unshare --uts --mount sh -c \
+    "mount --bind /etc/netns/$2/hosts /etc/hosts && hostname $2 && exec slurmd -N $2"' \
+    sh "$CGROUP/$1" "$1" 9>&-
+}
+
+wait_idle() {  # wait_idle N: every node plain "idle" ("idle*" is not responding yet)
+  for _ in $(seq 300); do
+    [ "$(sinfo -h -N -o '%T' 2>/dev/null | sort -u)" = idle ] \
+      && [ "$(sinfo -h -N -o '%N' 2>/dev/null | wc -l)" = "$1" ] && return 0
+    sleep 0.1
+  done
+  say "nodes did not become idle"; sinfo -N -l >&2 || true; tail -5 "$D"/log/*.log >&2 || true
+  return 1
+}
+
+start() {
+  local n=$1
+  install_pkgs
+  stop
+  rm -rf "$D"; mkdir -p "$D"/{etc,state,spool,log,run}
+  start_munge
+  make_network "$n"
+  write_conf "$n"
+  seq "$n" | sed "s/^/$PREFIX/" > "$D/nodes"
+  slurmctld 9>&-
+  for node in $(cat "$D/nodes"); do start_slurmd "$node"; done
+  wait_idle "$n" && print_env
+}
+
+stop_processes() {
+  if alive "$D/run/slurmctld.pid" slurmctld; then
+    # Cancel jobs first: a slurmstepd whose slurmctld is gone ignores SIGTERM and keeps retrying.
+    squeue -h -o %i 2>/dev/null | xargs -r scancel 2>/dev/null || true
+    for _ in $(seq 100); do [ -z "$(squeue -h -t R,CG,PD -o %i 2>/dev/null)" ] && break; sleep 0.1; done
+    scontrol shutdown >/dev/null 2>&1 || true
+  fi
+  wait_gone "$D/run/slurmctld.pid" slurmctld
+  for f in "$D"/run/slurmd-*.pid; do wait_gone "$f" slurmd; done
+  # Whatever still runs on a node (steps, tasks, a stopped slurmd) is ours: it lives in our netns.
+  for ns in $(our_namespaces); do ip netns pids "$ns" 2>/dev/null | xargs -r kill -9 2>/dev/null || true; done
+  for _ in $(seq 50); do
+    [ -z "$(for ns in $(our_namespaces); do ip netns pids "$ns" 2>/dev/null; done)" ] && break; sleep 0.1
+  done
+}
+
+stop() {
+  stop_processes
+  for ns in $(our_namespaces); do ip netns del "$ns"; rm -rf "/etc/netns/$ns"; done
+  ip link show "$BRIDGE" >/dev/null 2>&1 && ip link del "$BRIDGE"
+  for cg in "$CGROUP"/*/; do [ -d "$cg" ] && rmdir "$cg" 2>/dev/null || true; done
+  [ -d "$CGROUP" ] && rmdir "$CGROUP" 2>/dev/null || true
+  rmdir /etc/netns 2>/dev/null || true      # only when empty: someone else's namespaces keep it
+  stop_munge_if_last
+  return 0
+}
+
+cpu_limit() {  # cpu_limit NODE PCT: PCT% of one CPU for every process on NODE (0: no limit)
+  [ -d "$CGROUP/$1" ] || { say "cpu: unknown node '$1' (nodes: $(tr '\n' ' ' < "$D/nodes"))"; return 2; }
+  [[ "$2" =~ ^[0-9]+$ ]] || { say "cpu: PCT must be a whole number, got '$2'"; return 2; }
+  local quota=-1
+  [ "$2" -gt 0 ] && quota=$(( $2 * 1000 ))
+  echo 100000 > "$CGROUP/$1/cpu.cfs_period_us"
+  echo "$quota" > "$CGROUP/$1/cpu.cfs_quota_us"
+}
+
+heal() {  # heal [NODE...]: lift injected faults (qdisc, CPU limit, dead slurmd); wait for idle
+  local nodes n
+  nodes=${*:-$(cat "$D/nodes")}
+  for node in $nodes; do
+    grep -qx "$node" "$D/nodes" || { say "heal: unknown node '$node'"; return 2; }
+    ip netns exec "$node" tc qdisc del dev eth0 root 2>/dev/null || true
+    cpu_limit "$node" 0
+    alive "$D/run/slurmd-$node.pid" slurmd || start_slurmd "$node"
+  done
+  n=$(wc -l < "$D/nodes")
+  scontrol update nodename="$(paste -sd, "$D/nodes")" state=resume >/dev/null 2>&1 || true
+  wait_idle "$n"
+}
+
+print_env() { echo "export SLURM_CONF=$SLURM_CONF"; echo "export MLN_CLUSTER_NODES=$(paste -sd, "$D/nodes")"; }
+
+with_cluster_lock() {
+  mkdir -p "$(dirname "$D")"
+  exec 9>"$D.op.lock"; flock -w 300 9 || { say "another start/stop is still running"; return 1; }; "$@"
+}
+
+case "${1:-}" in
+  start) [[ "${2:-4}" =~ ^[1-8]$ ]] || { say "start N: N (node count) must be 1..8, got '$2'"; exit 2; }
+         with_cluster_lock start "${2:-4}" ;;
+  stop) with_cluster_lock stop ;;
+  nodes) cat "$D/nodes" ;;
+  env) print_env ;;
+  status) sinfo -N -l ;;
+  cpu) cpu_limit "${2:?cpu NODE PCT}" "${3:?cpu NODE PCT}" ;;
+  heal) shift; with_cluster_lock heal "$@" ;;
+  *) echo "usage: $0 start [N]|stop|nodes|env|status|cpu NODE PCT|heal [NODE...]" >&2; exit 2 ;;
+esac

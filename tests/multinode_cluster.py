@@ -1,0 +1,158 @@
+"""A multi-node SLURM cluster on this machine for tests (scripts/cluster-local.sh), one per module.
+
+    from tests.multinode_cluster import multinode_cluster   # noqa: F401  (the fixture)
+
+    @pytest.mark.slurm
+    def test_x(multinode_cluster): ...
+
+Four nodes mln1..mln4 (MLENG_CLUSTER_NODES=1..8 changes it), each a network + UTS namespace with
+its own hostname and address 10.213.0.K on the bridge mlnbr0, one slurmd per node, slurmctld on the
+host. The fixture points SLURM_CONF at it for the module, heals injected faults between tests when
+asked (`cluster.heal()`), and stops it after the module's last test. The names are fixed, so one
+such cluster runs per machine: a session holds /tmp/mln-cluster.session.lock for the module and a
+second session waits for it (up to MLENG_CLUSTER_WAIT_S, default 900 s) or skips. Where the cluster
+cannot start (not root, no `ip netns`, SLURM not installable) every test using it skips with why.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+SCRIPT = REPO / "scripts" / "cluster-local.sh"
+CLUSTER_DIR = "/tmp/mln-cluster"
+SESSION_LOCK = "/tmp/mln-cluster.session.lock"
+PORT_BASE = 7817
+START_TIMEOUT_S = 200
+
+
+class MultiNodeCluster:
+    def __init__(self, conf: str, nodes: list[str], env: dict[str, str]):
+        self.conf = conf
+        self.nodes = nodes
+        self.env = env
+        self.slurmd_port = PORT_BASE + 1
+
+    def script(self, *args: str, timeout: float = 120) -> str:
+        proc = subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True,
+                              env=self.env, timeout=timeout)
+        if proc.returncode:
+            raise AssertionError(f"cluster-local.sh {' '.join(args)} -> {proc.returncode}: {proc.stderr[-800:]}")
+        return proc.stdout
+
+    def cmd(self, *argv: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess:
+        proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout,
+                              env={**os.environ, "SLURM_CONF": self.conf})
+        if check and proc.returncode:
+            raise AssertionError(f"{' '.join(argv)} -> {proc.returncode}: {proc.stderr.strip()[-800:]}")
+        return proc
+
+    def on_node(self, node: str, *argv: str, check: bool = True) -> subprocess.CompletedProcess:
+        """Run a command inside a node's network namespace (fault injection, inspection)."""
+        return self.cmd("ip", "netns", "exec", node, *argv, check=check)
+
+    @staticmethod
+    def address(node: str) -> str:
+        return f"10.213.0.{int(node.removeprefix('mln'))}"
+
+    def slurmd_pid(self, node: str) -> int:
+        return int(Path(f"{CLUSTER_DIR}/run/slurmd-{node}.pid").read_text())
+
+    def kill_slurmd(self, node: str) -> None:
+        os.kill(self.slurmd_pid(node), 9)
+
+    def cpu_limit(self, node: str, percent: int) -> None:
+        self.script("cpu", node, str(percent))
+
+    def heal(self, *nodes: str) -> None:
+        self.script("heal", *nodes)
+
+    def node_pids(self, node: str) -> list[int]:
+        out = self.cmd("ip", "netns", "pids", node, check=False).stdout
+        return [int(p) for p in out.split()]
+
+    def connect_rtt_s(self, node: str, samples: int = 5) -> float:
+        """Median TCP connect time from the head to the node's slurmd: one round trip each."""
+        times = []
+        for _ in range(samples):
+            t0 = time.perf_counter()
+            with socket.create_connection((self.address(node), self.slurmd_port), timeout=5):
+                times.append(time.perf_counter() - t0)
+        return sorted(times)[len(times) // 2]
+
+
+def _why_not() -> str | None:
+    if os.name != "posix" or os.geteuid() != 0:
+        return "the multi-node cluster needs root (network namespaces, a bridge, SLURM daemons)"
+    if not shutil.which("ip") or not shutil.which("nsenter") or not shutil.which("unshare"):
+        return "the multi-node cluster needs iproute2 (ip) and util-linux (nsenter, unshare)"
+    if not shutil.which("slurmctld") and not shutil.which("apt-get"):
+        return "SLURM is not installed and there is no apt-get to install slurmctld/slurmd/munge"
+    probe = subprocess.run(["ip", "netns", "add", "mlnprobe"], capture_output=True, text=True)
+    if probe.returncode:
+        return f"cannot create a network namespace here: {probe.stderr.strip()}"
+    subprocess.run(["ip", "netns", "del", "mlnprobe"], capture_output=True)
+    return None
+
+
+def _session_lock():
+    handle = open(SESSION_LOCK, "w")
+    deadline = time.monotonic() + float(os.environ.get("MLENG_CLUSTER_WAIT_S", "900"))
+    while True:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return handle
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                handle.close()
+                return None
+            time.sleep(1)
+
+
+@pytest.fixture(scope="module")
+def multinode_cluster():
+    reason = _why_not()
+    if reason:
+        pytest.skip(reason)
+    lock = _session_lock()
+    if lock is None:
+        pytest.skip("another test session holds the multi-node cluster (/tmp/mln-cluster.session.lock)")
+    count = os.environ.get("MLENG_CLUSTER_NODES", "4")
+    env = {**os.environ, "CLUSTER_LOCAL_DIR": CLUSTER_DIR, "PORT_BASE": str(PORT_BASE)}
+    env.pop("SLURM_CONF", None)
+
+    def stop():
+        subprocess.run(["bash", str(SCRIPT), "stop"], env=env, capture_output=True, timeout=120)
+        shutil.rmtree(CLUSTER_DIR, ignore_errors=True)
+        Path(CLUSTER_DIR + ".op.lock").unlink(missing_ok=True)  # the session lock stays: waiters hold it
+
+    try:
+        proc = subprocess.run(["bash", str(SCRIPT), "start", count], capture_output=True, text=True,
+                              env=env, timeout=START_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        proc = None
+    if proc is None or proc.returncode != 0:
+        stop()
+        lock.close()
+        why = "timed out" if proc is None else proc.stderr.strip()[-800:]
+        pytest.skip(f"the multi-node cluster did not start: {why}")
+    conf = f"{CLUSTER_DIR}/etc/slurm.conf"
+    old = os.environ.get("SLURM_CONF")
+    os.environ["SLURM_CONF"] = conf  # tools under test (and their child processes) find the cluster
+    try:
+        yield MultiNodeCluster(conf, [f"mln{k}" for k in range(1, int(count) + 1)], env)
+    finally:
+        stop()
+        lock.close()
+        if old is None:
+            os.environ.pop("SLURM_CONF", None)
+        else:
+            os.environ["SLURM_CONF"] = old
