@@ -185,6 +185,12 @@ def test_node_that_fails_with_every_partner():
     assert [(s.node, s.failed_partners) for s in verdict.slow_nodes] == [(2, 5)]
 
 
+def test_every_pair_failing_is_fleet_wide_not_every_node():
+    figs = [PairFigure(a, b, None, None, ok=False) for r in pair_rounds(4) for a, b in r]
+    verdict = analyse_pairs(4, figs)
+    assert verdict.fleet_wide and not verdict.slow_nodes and not verdict.slow_links
+
+
 def test_two_nodes_cannot_tell_node_from_link():
     verdict = analyse_pairs(2, [PairFigure(0, 1, 0.01, 5e4, ok=False)])
     assert not verdict.slow_nodes and not verdict.slow_links and len(verdict.undetermined) == 1

@@ -12,6 +12,7 @@ was slow with at least `node_share` of its partners and with at least two (one p
 node from a link). A good node is slow only with the bad nodes it met, a small share unless most of the
 fleet is bad, so one share rule separates them without a search.
 Pass 3: slow pairs with neither end a slow node are slow links (listed up to `link_cap`, all counted).
+When more than half the nodes would be named, nothing is: the fault is fleet-wide (`fleet_wide`).
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ class PairVerdict:
     slow_link_count: int = 0
     undetermined: list[PairFigure] = field(default_factory=list)  # slow pairs of nodes with one partner
     pairs: int = 0
+    fleet_wide: bool = False  # more than half the nodes would be named: the fault is not in a few nodes
 
 
 class _Histogram:
@@ -122,12 +124,12 @@ def analyse_pairs(n: int, figures, *, margin: float = 0.5, latency_margin: float
     verdict = PairVerdict(median_busbw_gbps=bw_hist.quantile(0.5), median_latency_us=lat_hist.quantile(0.5),
                           reference_busbw_gbps=bw_ref, reference_latency_us=lat_ref, busbw_floor_gbps=floor,
                           latency_ceiling_us=ceiling, pairs=pairs)
-    named = set()
-    for i in range(n):
-        partners, slow_count = nodes.partners[i], nodes.slow[i]
-        if partners >= 2 and slow_count >= 2 and slow_count >= node_share * partners:
-            named.add(i)
-            verdict.slow_nodes.append(nodes.summary(i))
+    named = {i for i in range(n) if nodes.partners[i] >= 2 and nodes.slow[i] >= 2
+             and nodes.slow[i] >= node_share * nodes.partners[i]}
+    if len(named) > n / 2:
+        verdict.fleet_wide = True
+        return verdict
+    verdict.slow_nodes = [nodes.summary(i) for i in sorted(named)]
     for f in read():
         if not slow(f) or f.a in named or f.b in named:
             continue
