@@ -98,7 +98,7 @@ def _check(n: int, f: PairFigure) -> None:
         raise ValueError(f"figures: pair ({f.a}, {f.b}) is not two different nodes of 0..{n - 1}")
 
 
-def analyse_pairs(n: int, figures, *, margin: float = 0.5, latency_margin: float = 1.0,
+def analyse_pairs(n: int, figures, *, margin: float = 0.5, latency_margin: float = 4.0,
                   node_share: float = 0.75, link_cap: int = 64) -> PairVerdict:
     """Name slow nodes and slow links among n nodes from their pair figures (see the module doc)."""
     if not 0 < margin < 1:
