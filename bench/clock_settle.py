@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tools import _matmul_search as ms
+from tools.matmul_bench import search as ms
 
 TRACE_SHAPES = [(2048, 2048, 10240), (2816, 1536, 11264), (4096, 2048, 8192), (2048, 2048, 4096), (8192, 8192, 8192)]
 HEAVY, LIGHT = (8192, 8192, 8192), (2048, 2048, 2048)
@@ -80,7 +80,7 @@ def main() -> int:
     ap.add_argument("--cpu-smoke", action="store_true")
     args = ap.parse_args()
 
-    from tools._matmul_measure import MatmulTimer
+    from tools.matmul_bench.measure import MatmulTimer
 
     if args.cpu_smoke:  # the plumbing only: tiny shapes, no traces (they use CUDA events)
         global HEAVY, LIGHT, GRID, EXTRA_FINALISTS

@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tools import _matmul_search as ms
+from tools.matmul_bench import search as ms
 
 GRID = list(range(2048, 14337, 2048))
 
@@ -81,8 +81,8 @@ def run_search(device, budget: float | None, smoke: bool) -> dict:
 
 
 def run_grid(device, smoke: bool) -> dict:
-    from tools._gpu_sampler import GpuSampler
-    from tools._matmul_measure import MatmulTimer
+    from tools.shared.gpu_sampler import GpuSampler
+    from tools.matmul_bench.measure import MatmulTimer
 
     timer = MatmulTimer(device, "bf16")
     dims = [64, 128, 192] if smoke else GRID
@@ -104,12 +104,12 @@ def run_grid(device, smoke: bool) -> dict:
     print(f"grid: {b.mean_tflops:.1f} TFLOPS at {'x'.join(map(str, b.shape))}, {len(out.tried)} shapes, {wall:.1f} s; "
           f"its top 5 measured the search's way: {fresh.mean_tflops:.1f} from full clock at {'x'.join(map(str, fresh.shape))}, "
           f"{settled.mean_tflops:.1f} sustained at {'x'.join(map(str, settled.shape))}", flush=True)
-    return {"best_tflops": round(b.mean_tflops, 1), "best_shape": "x".join(map(str, b.shape)), "wall_s": round(wall, 1),
-            "warmup_s": round(warm.seconds, 1), "top5_full_clock": [("x".join(map(str, t.shape)), round(t.mean_tflops, 1)) for t in again.fresh],
-            "top5_sustained": [("x".join(map(str, t.shape)), round(t.mean_tflops, 1)) for t in again.sustained],
-            "shapes": len(out.tried), "geomean_tflops": round(out.geomean_tflops, 1),
-            "top5": [("x".join(map(str, t.shape)), round(t.mean_tflops, 1)) for t in out.finals[:5]],
-            "all_in_order": [("x".join(map(str, t.shape)), round(t.mean_tflops, 1)) for t in out.tried.values()],
+    return {"best_tflops": ms.round_tflops(b.mean_tflops), "best_shape": "x".join(map(str, b.shape)), "wall_s": round(wall, 1),
+            "warmup_s": round(warm.seconds, 1), "top5_full_clock": [("x".join(map(str, t.shape)), ms.round_tflops(t.mean_tflops)) for t in again.fresh],
+            "top5_sustained": [("x".join(map(str, t.shape)), ms.round_tflops(t.mean_tflops)) for t in again.sustained],
+            "shapes": len(out.tried), "geomean_tflops": ms.round_tflops(out.geomean_tflops),
+            "top5": [("x".join(map(str, t.shape)), ms.round_tflops(t.mean_tflops)) for t in out.finals[:5]],
+            "all_in_order": [("x".join(map(str, t.shape)), ms.round_tflops(t.mean_tflops)) for t in out.tried.values()],
             "telemetry": sampler.summary()}
 
 

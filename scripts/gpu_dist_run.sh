@@ -85,7 +85,7 @@ if [ "$NGPU" -ge 2 ]; then
   TORCH_FR_BUFFER_SIZE=2000 TORCH_NCCL_TRACE_BUFFER_SIZE=2000 TORCH_NCCL_DUMP_ON_TIMEOUT=1 TORCH_FR_DUMP_ON_TIMEOUT=1 \
   TORCH_FR_DUMP_TEMP_FILE=$WORK/fr/nccl_trace_rank_ TORCH_NCCL_DEBUG_INFO_TEMP_FILE=$WORK/fr/nccl_trace_rank_ \
   NCCL_DEBUG=INFO NCCL_DEBUG_FILE=$WORK/nccl_logs/fr_hang.%h.%p.log PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} \
-    step fr_hang 120 $PY -m torch.distributed.run --standalone --nproc-per-node 2 -m tools._ranks smoke \
+    step fr_hang 120 $PY -m torch.distributed.run --standalone --nproc-per-node 2 -m tools.dist_smoke_test.rank \
     '{"timeout_s": 20, "fault": "sleep_before_all_reduce", "fault_rank": 1, "watchdog_only": true, "numel": 1048576, "alloc_mib": 16}'
   ls -la "$WORK/fr" >>"$WORK/fr_hang.out" 2>&1
   command -v torchfrtrace >/dev/null && step fr_trace 60 torchfrtrace "$WORK/fr" -j --allow-incomplete-ranks

@@ -24,7 +24,7 @@ def anyio_backend():
 
 
 def _has_nvidia_gpu() -> bool:
-    from tools.harness import local_gpu_count
+    from tools.engine.processes import local_gpu_count
 
     return local_gpu_count() > 0
 

@@ -5,7 +5,7 @@ import subprocess
 import sys
 import time
 
-from tools.harness import Field, Params, Result, ToolSpec
+from tools.engine.spec import Field, Params, Result, ToolSpec
 
 
 class FaultParams(Params):
@@ -57,3 +57,25 @@ GPU_LOCKED = ToolSpec(name="test_gpu_locked", summary="holds GPU 0", description
                       gpu_devices=lambda p: [0], metric="slept_s")
 NOISY = ToolSpec(name="test_noisy", summary="prints to stdout", description="test only", Params=FaultParams,
                  Result=FaultResult, run=_print_noise, runs="subprocess", timeout_s=60)
+
+
+def _spin_reporting(params, progress):
+    """An in-process tool that works in a loop and reports progress: cancel and deadline stop it there."""
+    started = time.monotonic()
+    while time.monotonic() - started < params.seconds:
+        progress(min(0.99, (time.monotonic() - started) / max(params.seconds, 1e-9)), "spinning")
+        time.sleep(0.01)
+    return FaultResult(verdict="ok", slept_s=params.seconds)
+
+
+def _spin_silent(params, progress):
+    """An in-process tool that never reports: only the job's deadline can end the wait for it."""
+    time.sleep(params.seconds)
+    return FaultResult(verdict="ok", slept_s=params.seconds)
+
+
+SPINNER = ToolSpec(name="test_spinner", summary="spins in-process", description="test only", Params=FaultParams,
+                   Result=FaultResult, run=_spin_reporting, runs="in_process", timeout_s=5, store=False)
+SILENT = ToolSpec(name="test_silent", summary="sleeps in-process without progress", description="test only",
+                  Params=FaultParams, Result=FaultResult, run=_spin_silent, runs="in_process", timeout_s=1,
+                  store=False)

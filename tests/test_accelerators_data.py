@@ -110,6 +110,6 @@ def test_spot_checks(records):
 
 @pytest.mark.parametrize("name,expected", sorted(NAMES.items()))
 def test_match_accelerator_finds_reported_names(name, expected):
-    from tools.accelerator_specs import match_accelerator
+    from tools.shared.accelerators import match_accelerator
 
     assert match_accelerator(name)["id"] == expected

@@ -14,7 +14,7 @@ def run(*args, env_home):
 
 
 def test_list_shows_every_registered_tool(mleng_home):
-    from tools import registry
+    from tools.engine.registry import registry
 
     out = run("-m", "tools", "list", env_home=mleng_home)
     assert out.returncode == 0
@@ -56,7 +56,7 @@ def test_doctor_summarises_this_machine(mleng_home):
 def test_readme_tool_table_lists_every_registered_tool():
     import re
 
-    from tools import registry
+    from tools.engine.registry import registry
 
     readme = open(os.path.join(REPO, "README.md")).read()
     listed = set(re.findall(r"^\| `([a-z0-9_]+)`(?: / `([a-z0-9_]+)`)? \|", readme, re.M))

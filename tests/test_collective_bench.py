@@ -4,10 +4,10 @@ import tomllib
 
 import pytest
 
-from tools._collectives import bandwidths, busbw_factor, round_size, size_sweep
+from tools.collective_bench.rank import bandwidths, busbw_factor, round_size, size_sweep
 from tools.collective_bench import (SPEC, CollectiveBenchParams, OpSummary, expected_busbw, judge,
                                     parse_size)
-from tools.harness import KNOWLEDGE_DIR
+from tools.engine.data import KNOWLEDGE_DIR
 
 
 @pytest.mark.parametrize("op, n, factor", [("all_reduce", 2, 1.0), ("all_reduce", 8, 1.75),
@@ -104,7 +104,7 @@ def test_one_rank_says_busbw_needs_two(tmp_path):
 
 
 def test_expected_across_nodes_is_per_nic_figure_times_active_ports(tmp_path):
-    from tools._collectives import rdma_ports
+    from tools.collective_bench.rank import rdma_ports
 
     for i, (rate, state) in enumerate([("400 Gb/sec (4X NDR)", "4: ACTIVE")] * 8 + [("400 Gb/sec (4X NDR)", "1: DOWN")]):
         port = tmp_path / "class" / "infiniband" / f"mlx5_{i}" / "ports" / "1"
@@ -123,7 +123,7 @@ def test_expected_across_nodes_is_per_nic_figure_times_active_ports(tmp_path):
 
 
 def _fake_outcome(gpu: str, world: int, rows: list[tuple[int, float]], env=None):
-    from tools._launch import LaunchOutcome, RankState
+    from tools.shared.launch import LaunchOutcome, RankState
 
     data = [{"kind": "setup", "versions": {"device_name": gpu}, "world_size": world, "local_world_size": world,
              "backend": "nccl", "nccl_env": env or {}, "rdma_ports": []}]

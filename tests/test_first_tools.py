@@ -2,7 +2,7 @@
 
 import pytest
 
-from tools.accelerator_specs import match_accelerator
+from tools.shared.accelerators import match_accelerator
 from tools.env_report import env_warnings
 from tools.gpu_health import GpuReading, assess, parse_xids, summarise
 

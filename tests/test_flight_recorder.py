@@ -11,15 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from tools.flight_recorder_analyze import (
-    SPEC,
-    FlightRecorderParams,
-    analyse,
-    rank_list,
-    read_dumps,
-    run,
-)
-from tools.harness import ToolFailure
+from tools.flight_recorder_analyze import SPEC, FlightRecorderParams, analyse, read_dumps, run
+from tools.shared.culprits import rank_list
+from tools.engine.spec import ToolFailure
 
 FIXTURES = Path(__file__).parent / "fixtures" / "flight_recorder"
 
@@ -265,7 +259,7 @@ def test_gap_in_sequence_numbers_is_skipped(tmp_path):
 async def test_through_the_mcp_server():
     from mcp import Client
 
-    from server import build_server
+    from tools.engine.mcp_server import build_server
 
     async with Client(build_server()) as c:
         r = await c.call_tool("flight_recorder_analyze", {"path": str(FIXTURES / "hung" / "pickle")})

@@ -16,7 +16,9 @@ import pytest
 
 from tests.slurm_cluster import slurm_cluster  # noqa: F401  (session fixture, only started when used)
 from tools import hang_stack_dump as hsd
-from tools.harness import REPO_ROOT, ToolFailure, kill_tree, torchrun_command
+from tools.engine.data import IMPORT_ROOT as REPO_ROOT
+from tools.engine.spec import ToolFailure
+from tools.engine.processes import kill_tree, torchrun_command
 
 WORLD = 3
 JOB = f"stuck_job_{os.getpid()}"   # unique: other test sessions on this machine run the same job
@@ -204,7 +206,7 @@ def test_ptrace_refusal_says_how_to_fix_it():
 
 
 def test_gpu_processes_without_nvml_is_explained():
-    from tools.harness import local_gpu_count
+    from tools.engine.processes import local_gpu_count
 
     if local_gpu_count():
         pytest.skip("this machine has a GPU driver")
@@ -346,7 +348,7 @@ def test_second_tracer_is_explained():
 async def test_through_the_mcp_server(ptrace_ok):
     from mcp import Client
 
-    from server import build_server
+    from tools.engine.mcp_server import build_server
 
     proc = _start_sleeper()
     try:

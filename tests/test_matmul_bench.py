@@ -9,10 +9,10 @@ import statistics
 import pytest
 from pydantic import ValidationError
 
-from tools import _matmul_search as ms
-from tools._gpu_sampler import decode_reasons, summarize
-from tools._matmul_verdict import compare_to_specs, gpu_spread, judge
-from tools.harness import ToolFailure
+from tools.matmul_bench import search as ms
+from tools.shared.gpu_sampler import decode_reasons, summarize
+from tools.matmul_bench.verdict import MatmulRun, compare_to_specs, gpu_spread, judge
+from tools.engine.spec import ToolFailure
 from tools.matmul_bench import SPEC, MatmulBenchParams
 
 
@@ -395,10 +395,10 @@ def _judge(**over):
     base = dict(dtype="bf16", device_name="NVIDIA H200", is_cpu=False, mamf_tflops=785.1, best_shape="2048x2048x12288",
                 iterations=100, telemetry={}, gpu_rows=[], slow_gpus=[], gpu_median=None, tunableop_missing=False,
                 stopped_early=False, budget_s=60, warmup_stable=True, shapes_tried=700, geomean_tflops=600.0,
-                wall_time_s=25.0)
+                wall_time_s=25.0, sustained_tflops=None, sustained_shape=None)
     base.update(over)
     base["comparison"] = compare_to_specs(base["mamf_tflops"], base["dtype"], base["device_name"])
-    return judge(**base)
+    return judge(MatmulRun(**base))
 
 
 def test_compare_to_specs_uses_the_data_table():
@@ -486,8 +486,8 @@ def test_decode_throttle_reasons():
 
 def test_runs_as_a_subprocess_tool_through_the_runner():
     """What the server and CLI do: child process, JSON lines, result stored with its headline metric."""
-    from tools import store
-    from tools.runner import execute
+    from tools.engine import store
+    from tools.engine.runner import execute
 
     r = execute(SPEC, MatmulBenchParams(device="cpu", mode="shapes", m=[64], n=[64], k=[64, 128], iterations=3,
                                         warmup=1, dtype="fp32"), timeout_s=120)
@@ -528,7 +528,8 @@ def test_samplers_read_nvml_with_the_real_function_names(monkeypatch):
 
     import pynvml
 
-    from tools import _gpu_sampler, _membw_measure
+    from tools.shared import gpu_sampler as _gpu_sampler
+    from tools.memory_bandwidth_bench import measure as _membw_measure
 
     fake = FakeNvml()
     missing = [n for n in dir(FakeNvml) if n.startswith("nvml") and not hasattr(pynvml, n)]
@@ -552,7 +553,7 @@ def test_fp8_code_path_runs_where_torch_can_execute_it():
     the GPU code path's operand layout and call on the CPU so a wrong argument fails here, not on the GPU."""
     import torch
 
-    from tools._matmul_measure import MatmulTimer
+    from tools.matmul_bench.measure import MatmulTimer
 
     timer = MatmulTimer("cpu", "bf16")
     timer.fp8, timer.fp8_dtype, timer.out_dtype = True, torch.float8_e4m3fn, torch.bfloat16
@@ -566,7 +567,7 @@ def test_fp8_code_path_runs_where_torch_can_execute_it():
 
 
 def test_a_failing_shape_is_skipped_until_too_many_fail():
-    from tools._matmul_measure import MatmulTimer, Unsupported
+    from tools.matmul_bench.measure import MatmulTimer, Unsupported
 
     timer = MatmulTimer("cpu", "fp32")
 
@@ -598,7 +599,7 @@ def test_all_gpus_assembly_names_the_slow_gpu(monkeypatch):
     import types
 
     from tools import matmul_bench
-    from tools._gpu_sampler import summarize
+    from tools.shared.gpu_sampler import summarize
 
     speed = {0: 1.0, 1: 0.99, 2: 0.92, 3: 1.005}
     fake_torch = types.SimpleNamespace(

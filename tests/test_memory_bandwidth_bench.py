@@ -6,8 +6,8 @@ import os
 import pytest
 from pydantic import ValidationError
 
-from tools._membw_measure import numa_placement, parse_cpulist
-from tools.harness import ToolFailure
+from tools.memory_bandwidth_bench.measure import numa_placement, parse_cpulist
+from tools.engine.spec import ToolFailure
 from tools.memory_bandwidth_bench import (SPEC, MemoryBandwidthParams, MemoryBandwidthResult, judge, parse_pcie,
                                           pcie_link_gbps)
 
@@ -116,8 +116,8 @@ def test_no_gpu_is_a_clear_error():
 
 
 def test_runs_as_a_subprocess_tool_through_the_runner():
-    from tools import store
-    from tools.runner import execute
+    from tools.engine import store
+    from tools.engine.runner import execute
 
     r = execute(SPEC, MemoryBandwidthParams(device="cpu", size_mib=8, tests=["copy"], iterations=2), timeout_s=120)
     assert r.copy_tbps > 0 and r.read_tbps is None and r.result_id is not None
@@ -130,7 +130,7 @@ def test_gpu_run_assembly_with_fake_measurements(monkeypatch):
 
     import torch
 
-    from tools import _membw_measure as mm
+    from tools.memory_bandwidth_bench import measure as mm
     from tools import memory_bandwidth_bench as mb
 
     def row(test, gbps, size=1 << 30, factor=1):

@@ -5,9 +5,9 @@ import math
 import pytest
 from pydantic import ValidationError
 
-from tools import _memory_math as mm
-from tools._transformer_math import ModelParams, presets
-from tools.harness import ToolFailure
+from tools.memory_estimate import memory_math as mm
+from tools.shared.transformer_math import ModelParams, presets
+from tools.engine.spec import ToolFailure
 from tools.memory_estimate import MemoryParams, run, setup_from
 
 GIB = 2**30
@@ -215,7 +215,7 @@ TINY = dict(layers=3, hidden=256, heads=4, kv_heads=2, ffn=688, vocab=1024)
                                                                  (2, 1024, "full")])
 def test_activations_match_what_autograd_saves_on_cpu(micro_batch, seq_len, checkpointing):
     torch = pytest.importorskip("torch")
-    from tools._tiny_llama import build, saved_activation_bytes
+    from tools.shared.tiny_llama import build, saved_activation_bytes
 
     p = MemoryParams(**TINY, seq_len=seq_len, micro_batch=micro_batch, kernels="eager",
                      activation_checkpointing=checkpointing)
@@ -235,7 +235,7 @@ def test_step_peak_is_activations_plus_loss_backward_on_cpu():
     comes as backward starts: the saved activations and logits, plus two fp32 logit gradients and the
     16-bit logits the loop still holds. A large vocabulary makes the loss part count."""
     torch = pytest.importorskip("torch")
-    from tools._tiny_llama import build, peak_new_bytes, train_step
+    from tools.shared.tiny_llama import build, peak_new_bytes, train_step
 
     p = MemoryParams(**{**TINY, "vocab": 4096}, seq_len=512, micro_batch=2, kernels="eager")
     s = setup_from(p)
@@ -259,7 +259,7 @@ def test_training_peak_memory_on_gpu(micro_batch, seq_len):
     import gc
 
     torch = pytest.importorskip("torch")
-    from tools._tiny_llama import build, saved_activation_bytes, train_step
+    from tools.shared.tiny_llama import build, saved_activation_bytes, train_step
 
     est = {k: MemoryParams(**GPU_ARCH, seq_len=seq_len, micro_batch=micro_batch, kernels=k) for k in ("fused", "eager")}
     arch = setup_from(est["eager"]).arch

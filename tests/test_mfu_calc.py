@@ -3,9 +3,9 @@
 import pytest
 from pydantic import ValidationError
 
-from tools import store
-from tools._transformer_math import ModelParams, flops_per_token
-from tools.harness import ToolFailure
+from tools.engine import store
+from tools.shared.transformer_math import ModelParams, flops_per_token
+from tools.engine.spec import ToolFailure
 from tools.mfu_calc import MfuParams, run
 
 
@@ -112,7 +112,7 @@ def test_flops_match_torch_flop_counter_on_cpu(recompute, expand_kv):
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.utils.flop_counter import FlopCounterMode
 
-    from tools._tiny_llama import build, train_step
+    from tools.shared.tiny_llama import build, train_step
 
     arch = ModelParams(**TINY).architecture()
     batch, seq = 2, 256
@@ -132,7 +132,7 @@ def test_flops_match_torch_flop_counter_on_cpu(recompute, expand_kv):
 def test_expanded_kv_heads_compute_the_same_model():
     """The counting path (K/V repeated to the query heads) must be the model that is timed (enable_gqa)."""
     torch = pytest.importorskip("torch")
-    from tools._tiny_llama import build
+    from tools.shared.tiny_llama import build
 
     arch = ModelParams(**TINY).architecture()
     tokens = torch.randint(0, arch.vocab, (2, 64))
@@ -171,7 +171,7 @@ def test_measured_mfu_on_gpu():
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.utils.flop_counter import FlopCounterMode
 
-    from tools._tiny_llama import build, train_step
+    from tools.shared.tiny_llama import build, train_step
 
     arch = ModelParams(**GPU_ARCH).architecture()
     batch, seq = 4, 4096

@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from tools.harness import REPO_ROOT, ToolFailure, local_gpu_count
+from tools.engine.data import IMPORT_ROOT as REPO_ROOT
+from tools.engine.spec import ToolFailure
+from tools.engine.processes import local_gpu_count
 from tools.nccl_log_analyze import NcclLogParams, analyse, parse_text, run, transport_of
 
 NCCL = Path(__file__).parent / "fixtures" / "nccl"

@@ -6,9 +6,10 @@ import os
 import pytest
 
 from tools import gpu_topology
-from tools.gpu_topology import (GpuInfo, NicInfo, binding_advice, nvml_busid_to_sysfs, parse_cpulist, pci_chain,
-                                pcie_relation)
-from tools.harness import ToolFailure
+from tools.shared import topology
+from tools.shared.topology import GpuInfo, NicInfo, nvml_busid_to_sysfs, parse_cpulist, pci_chain, pcie_relation
+from tools.gpu_topology import binding_advice
+from tools.engine.spec import ToolFailure
 from tools.p2p_bandwidth import PairResult, expected_link_gbps, flag_pairs
 
 ROOT = "/sys/devices/pci0000:00/0000:00:01.0"
@@ -61,8 +62,8 @@ def test_nics_are_read_from_sysfs(tmp_path, monkeypatch):
     os.symlink(tmp_path / "bus/pci/drivers/efa", efa_dev / "driver")
     (tmp_path / "class/infiniband/rdmap2s0/ports/1").mkdir(parents=True)
     os.symlink(efa_dev, tmp_path / "class/infiniband/rdmap2s0/device")
-    monkeypatch.setattr(gpu_topology, "SYSFS", tmp_path)
-    nics = gpu_topology.read_nics()
+    monkeypatch.setattr(topology, "SYSFS", tmp_path)
+    nics = topology.read_nics()
     assert [(n.name, n.kind, n.pci, n.numa_node, n.rate_gbits, n.state) for n in nics] == \
         [("mlx5_0", "infiniband", "0000:01:00.0", 1, 400.0, "ACTIVE"),
          ("rdmap2s0", "efa", "0000:02:00.0", None, None, None)]
@@ -85,7 +86,7 @@ def test_expected_link_rate_from_knowledge_data():
 
 def test_without_gpus_topology_says_so_and_p2p_fails_clearly(monkeypatch):
     from tools.gpu_topology import SPEC as TOPO, GpuTopologyParams
-    from tools.harness import local_gpu_count
+    from tools.engine.processes import local_gpu_count
     from tools.p2p_bandwidth import SPEC as P2P, P2pBandwidthParams
 
     if local_gpu_count():

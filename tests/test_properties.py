@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from hypothesis_jsonschema import from_schema
 from mcp import Client
 
-from server import build_server
-from tools import registry
+from tools.engine.mcp_server import build_server
+from tools.engine.registry import registry
 
 SERVER = build_server()
 

@@ -15,8 +15,8 @@ import pytest
 from mcp import Client, StdioServerParameters
 
 import fault_tools
-from server import build_server
-from tools import registry
+from tools.engine.mcp_server import build_server
+from tools.engine.registry import registry
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytestmark = pytest.mark.anyio
@@ -169,6 +169,9 @@ async def test_real_stdio_server(tmp_path):
         assert not r.is_error and r.structured_content["accelerators"][0]["id"] == "b200"
 
 
+TOKEN = "test-token-0123456789-abcdefghijklmnop"   # 32+ characters, as the server requires
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -185,7 +188,7 @@ def test_http_beyond_loopback_refuses_to_start_without_token(tmp_path):
 
 def test_http_request_without_token_is_refused(tmp_path):
     port = _free_port()
-    env = {**os.environ, "MLENG_HOME": str(tmp_path), "MLENG_HTTP_TOKEN": "s3cret-token"}
+    env = {**os.environ, "MLENG_HOME": str(tmp_path), "MLENG_HTTP_TOKEN": TOKEN}
     proc = subprocess.Popen([sys.executable, "server.py", "--http", f"0.0.0.0:{port}"], cwd=REPO, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -208,13 +211,14 @@ def test_http_request_without_token_is_refused(tmp_path):
                 time.sleep(0.1)
         assert status == 401
         assert post({"Authorization": "Bearer wrong"}) == 401
-        assert post({"Authorization": "Bearer s3cret-token"}) not in (401, 403)
+        assert post({"Authorization": f"Bearer {TOKEN}"}) not in (401, 403)
     finally:
         proc.terminate()
         proc.wait(10)
 
 
 def test_server_start_imports_no_torch():
-    code = "import sys, server; server.build_server(); print('torch' in sys.modules)"
+    code = ("import sys, asyncio; from tools.engine.mcp_server import build_server; s = build_server(); "
+            "asyncio.run(s.list_tools()); print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert out.stdout.strip() == "False", out.stderr

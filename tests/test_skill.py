@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tools import registry
+from tools.engine.registry import registry
 
 ROOT = Path(__file__).resolve().parent.parent
 SKILL = ROOT / "SKILL.md"
@@ -88,7 +88,7 @@ def test_tools_named_in_the_decision_tree_exist():
 
 
 def test_command_lines_parse_with_the_real_cli():
-    from tools.cli import _coerce, tool_parser
+    from tools.engine.cli import _coerce, tool_parser
 
     lines = re.findall(r"python -m tools\.(\w+)([^\n#`)]*)", _body())
     assert len(lines) >= 5

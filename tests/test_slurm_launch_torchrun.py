@@ -70,7 +70,7 @@ def test_two_torchrun_nodes_meet_at_the_rendezvous_gloo(tmp_path):
 
 
 def _gpu_count() -> int:
-    from tools.harness import local_gpu_count
+    from tools.engine.processes import local_gpu_count
 
     return local_gpu_count()
 

@@ -15,8 +15,8 @@ import pytest
 
 from tests.slurm_cluster import slurm_cluster  # noqa: F401  (fixture)
 from tools import launch_script, slurm_job_diagnose, slurm_status
-from tools.harness import ToolFailure
-from tools.runner import execute
+from tools.engine.spec import ToolFailure
+from tools.engine.runner import execute
 
 pytestmark = pytest.mark.slurm
 
@@ -156,7 +156,7 @@ def test_pending_reasons_and_gpus_in_use(slurm_cluster, tmp_path):  # noqa: F811
 
 
 def test_text_fallback_reads_the_same_nodes(slurm_cluster):  # noqa: F811
-    from tools import _slurm
+    from tools.shared import slurm as _slurm
 
     from_json = slurm_status.nodes_from_json(_slurm.json_or_none(["sinfo"]))
     from_text = slurm_status.nodes_from_scontrol(_slurm.run_cmd(["scontrol", "show", "node", "-d", "-o"]))
@@ -216,7 +216,7 @@ def test_srun_torchrun_into_a_running_jobs_allocation(slurm_cluster, tmp_path): 
     """What the distributed tools do when 'given' an allocation: one torchrun per node of a running job."""
     import subprocess
 
-    from tools import _slurm
+    from tools.shared import slurm as _slurm
 
     holder = slurm_cluster.sbatch("-N", "2", "-J", "training", "--wrap", "sleep 120", cwd=tmp_path)
     try:
@@ -263,7 +263,7 @@ def test_timeout_job_is_diagnosed(slurm_cluster, jobs):  # noqa: F811
     assert any("time limit" in f for f in r.findings)
     assert "knowledge://training/checkpoints.md" in r.next
     if slurm_cluster.accounting:
-        from tools import _slurm
+        from tools.shared import slurm as _slurm
 
         # The job-completion log (what sacct -c reads without slurmdbd) agrees.
         text = _slurm.run_cmd(["sacct", "-c", "-P", "-n", "-j", job, "-o",

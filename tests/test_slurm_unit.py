@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from tools import _slurm, launch_script, slurm_job_diagnose as sjd, slurm_status
-from tools.harness import ToolFailure
+from tools.shared import slurm as _slurm
+from tools import launch_script, slurm_job_diagnose as sjd, slurm_status
+from tools.engine.spec import ToolFailure
 
 FIX = Path(__file__).parent / "fixtures" / "slurm"
 
@@ -337,7 +338,7 @@ def test_spec_annotations():
 
 
 def test_a_broken_log_triage_does_not_hide_slurms_answer(tmp_path, monkeypatch):
-    monkeypatch.setitem(sys.modules, "tools.log_triage", None)  # import now fails
+    monkeypatch.setitem(sys.modules, "tools.shared.triage.core", None)  # import now fails
     monkeypatch.setattr(sjd, "from_scontrol", lambda job_id: None)
     monkeypatch.setattr(sjd, "from_sacct", lambda job_id, not_seen: (None, [], None))
     (tmp_path / "slurm-7.out").write_text(

@@ -8,10 +8,10 @@ import threading
 
 import pytest
 
-from tools import _storage_io as sio
+from tools.storage_bench import storage_io as sio
 from tools import storage_bench as sb
-from tools.harness import ToolFailure
-from tools.runner import Cancelled, execute
+from tools.engine.spec import ToolFailure
+from tools.engine.runner import Cancelled, execute
 
 SMALL = dict(size_mib=8, random_read_s=0.3, small_files=200, time_budget_s=30)
 HAS_FIO = shutil.which("fio") is not None

@@ -3,7 +3,7 @@
 import pytest
 from pydantic import ValidationError
 
-from tools.harness import ToolFailure
+from tools.engine.spec import ToolFailure
 from tools.upgrade_roi import RoiParams, run
 
 

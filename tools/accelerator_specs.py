@@ -1,7 +1,7 @@
 """accelerator_specs — datasheet figures for GPUs and other accelerators, side by side.
 
 The figures live in knowledge/data/accelerators.toml (one source of truth, each record with its
-sources); this tool only matches names and lays them out. Other tools import `match_accelerator`.
+sources); this tool only lays them out; name matching is tools/shared/accelerators.py, which other tools use too.
 
 By hand:
     python -m tools.accelerator_specs --names h100 mi300x b200
@@ -9,50 +9,10 @@ By hand:
     python -m tools.accelerator_specs --list-all
 """
 
-import re
-
-from tools.harness import Field, Params, Result, ToolFailure, ToolSpec, load_data
+from .shared.accelerators import accelerators, match_accelerator
+from .engine.spec import Field, Params, Record, Result, ToolFailure, ToolSpec
 
 DTYPES = ("fp64", "fp32", "tf32", "bf16", "fp16", "fp8", "fp4")
-
-
-def _norm(name: str) -> str:
-    """Lowercase, vendor words dropped, separators unified: 'NVIDIA H100-SXM5-80GB' -> 'h100 sxm5 80gb'."""
-    s = name.lower()
-    s = re.sub(r"\b(nvidia|amd|instinct|intel|habana|geforce|tesla)\b", " ", s)
-    s = re.sub(r"[^a-z0-9.]+", " ", s)
-    return " ".join(s.split())
-
-
-def accelerators() -> list[dict]:
-    return load_data("accelerators").get("accelerator", [])
-
-
-def match_accelerator(name: str) -> dict | None:
-    """The record for a name as people or NVML write it ('h100', 'NVIDIA H100 80GB HBM3'), else None.
-
-    Exact id/alias first, then the longest alias contained in the name as whole words (so
-    'H100-SXM5-80GB' finds the SXM record, not PCIe), then a unique record whose id's tokens all appear.
-    """
-    want = _norm(name)
-    if not want:
-        return None
-    records = accelerators()
-    for rec in records:
-        if want in {_norm(rec["id"]), _norm(rec["name"]), *(_norm(a) for a in rec.get("aliases", []))}:
-            return rec
-    best, best_len = None, 0
-    padded = f" {want} "
-    for rec in records:
-        for alias in [rec["id"], rec["name"], *rec.get("aliases", [])]:
-            a = _norm(alias)
-            if a and f" {a} " in padded and len(a) > best_len:
-                best, best_len = rec, len(a)
-    if best:
-        return best
-    tokens = set(want.split())
-    hits = [r for r in records if set(_norm(r["id"]).split()) <= tokens]
-    return hits[0] if len(hits) == 1 else None
 
 
 class AcceleratorSpecsParams(Params):
@@ -63,7 +23,7 @@ class AcceleratorSpecsParams(Params):
     list_all: bool = Field(False, description="List every accelerator in the table (id and name only).")
 
 
-class AcceleratorRow(Params):
+class AcceleratorRow(Record):
     id: str = Field(description="Stable id in knowledge/data/accelerators.toml.")
     name: str = Field(description="Full product name.")
     vendor: str = Field(description="nvidia | amd | intel")
@@ -114,7 +74,7 @@ def run(params: AcceleratorSpecsParams, progress) -> AcceleratorSpecsResult:
                                       findings=[f"{len(records)} accelerators in the table."])
     names = params.names
     if not names:
-        from tools.store import host_provenance
+        from .engine.store import host_provenance
 
         names = sorted(set(host_provenance()["gpu_names"]))
         if not names:
@@ -159,6 +119,6 @@ SPEC = ToolSpec(
 )
 
 if __name__ == "__main__":
-    from tools.harness import main
+    from .engine.cli import tool_main
 
-    main(SPEC)
+    tool_main(SPEC)

@@ -19,7 +19,7 @@ import subprocess
 import sys
 from importlib import metadata
 
-from tools.harness import Field, Params, Result, ToolSpec
+from .engine.spec import Field, Params, Result, ToolSpec
 
 KEY_PACKAGES = ["torch", "deepspeed", "accelerate", "transformers", "flash-attn", "flash_attn", "megatron-core",
                 "vllm", "triton", "apex", "torchtitan", "nvidia-nccl-cu12", "nvidia-nccl-cu13", "nvidia-nccl-cu11",
@@ -223,6 +223,7 @@ def run(params: EnvReportParams, progress) -> EnvReportResult:
 
 
 SPEC = ToolSpec(
+    runs="subprocess",  # reads files / starts processes: under the runner's deadline and cancel
     name="env_report",
     summary="Python/torch/CUDA/cuDNN/NCCL/driver versions and NCCL_/TORCH_/CUDA_ env vars, with warnings.",
     description=(
@@ -238,6 +239,6 @@ SPEC = ToolSpec(
 )
 
 if __name__ == "__main__":
-    from tools.harness import main
+    from .engine.cli import tool_main
 
-    main(SPEC)
+    tool_main(SPEC)

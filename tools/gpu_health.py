@@ -13,7 +13,7 @@ import re
 import shutil
 import subprocess
 
-from tools.harness import Field, Params, Result, ToolSpec
+from .engine.spec import Field, Params, Record, Result, ToolSpec
 
 # XID codes and what they mean for the node (NVIDIA's XID catalog, docs.nvidia.com/deploy/xid-errors).
 XID_MEANING = {
@@ -49,7 +49,7 @@ class GpuHealthParams(Params):
     read_kernel_log: bool = Field(True, description="Look for NVIDIA XID events in the kernel log (dmesg / journal).")
 
 
-class GpuReading(Params):
+class GpuReading(Record):
     index: int = Field(description="NVML index.")
     name: str = Field(description="GPU model as NVML reports it.")
     uuid: str = Field("", description="GPU UUID.")
@@ -344,6 +344,6 @@ SPEC = ToolSpec(
 )
 
 if __name__ == "__main__":
-    from tools.harness import main
+    from .engine.cli import tool_main
 
-    main(SPEC)
+    tool_main(SPEC)

@@ -3,8 +3,8 @@
 By hand: jobs live inside the MCP server process; from a shell, stop a run with Ctrl-C instead.
 """
 
-from tools.harness import Field, Params, Result, ToolSpec
-from tools.jobs import MANAGER
+from .engine.spec import Field, Params, Result, ToolSpec
+from .engine.jobs import MANAGER
 
 
 class JobCancelParams(Params):
@@ -23,10 +23,14 @@ def run(params: JobCancelParams, progress) -> JobCancelResult:
     if job.finished.is_set():
         return JobCancelResult(verdict="info", state=job.state,
                                findings=[f"Job {job.id} ({job.spec.name}) had already ended: {job.state}."])
-    job.cancel()
+    stopped = job.cancel()
     if not job.finished.is_set():
         return JobCancelResult(verdict="warn", state=job.state,
                                findings=[f"Job {job.id} was told to stop but has not ended yet; check job_status."])
+    if not stopped:  # it ended on its own between the check above and the cancel
+        return JobCancelResult(verdict="info", state=job.state,
+                               findings=[f"Job {job.id} ({job.spec.name}) ended on its own before the cancel "
+                                         f"reached it: {job.state}."])
     return JobCancelResult(verdict="ok", state=job.state,
                            findings=[f"Job {job.id} ({job.spec.name}) cancelled after {job.elapsed_s():.0f} s;"
                                      " its processes were killed and its GPU locks released."])
@@ -42,6 +46,6 @@ SPEC = ToolSpec(
 )
 
 if __name__ == "__main__":
-    from tools.harness import main
+    from .engine.cli import tool_main
 
-    main(SPEC)
+    tool_main(SPEC)

@@ -7,8 +7,8 @@ Finished runs are also in the results store: `python -m tools.results_history --
 
 from typing import Any
 
-from tools.harness import Field, Params, Result, ToolSpec
-from tools.jobs import MANAGER
+from .engine.spec import Field, Params, Record, Result, ToolSpec
+from .engine.jobs import MANAGER
 
 
 class JobStatusParams(Params):
@@ -16,7 +16,7 @@ class JobStatusParams(Params):
                         description="Job id from a tool result's `job.job_id`. Empty: list every job of this server.")
 
 
-class JobInfo(Params):
+class JobInfo(Record):
     job_id: str = Field(description="Job id.")
     tool: str = Field(description="Tool the job runs.")
     state: str = Field(description="running | done | failed | cancelled")
@@ -77,6 +77,6 @@ SPEC = ToolSpec(
 )
 
 if __name__ == "__main__":
-    from tools.harness import main
+    from .engine.cli import tool_main
 
-    main(SPEC)
+    tool_main(SPEC)

@@ -11,7 +11,7 @@ By hand:
 import functools
 import re
 
-from tools.harness import Field, Params, Result, ToolFailure, ToolSpec
+from .engine.spec import Field, Params, Record, Result, ToolFailure, ToolSpec
 
 STOPWORDS = frozenset(
     "a an and are as at be but by can do does for from how i if in into is it its my of on or our so that the "
@@ -51,7 +51,7 @@ def _index(pages: tuple):
 
 def search(query: str, k: int = 5) -> list[tuple[float, object, object]]:
     """[(score, page, section)], best first, at most one section per page."""
-    from tools._knowledge import load_pages  # markdown-it and yaml only when a search is made
+    from .engine.knowledge import load_pages  # markdown-it and yaml only when a search is made
 
     pages = load_pages()
     if not pages:
@@ -90,7 +90,7 @@ class KnowledgeSearchParams(Params):
     k: int = Field(5, ge=1, le=20, description="How many pages to return (one section each).")
 
 
-class Hit(Params):
+class Hit(Record):
     uri: str = Field(description="knowledge:// URI of the page; read it as an MCP resource.")
     section: str = Field(description="Heading path of the best-matching section.")
     anchor: str = Field(description="Section anchor within the page ('' for the page intro).")
@@ -139,6 +139,6 @@ SPEC = ToolSpec(
 )
 
 if __name__ == "__main__":
-    from tools.harness import main
+    from .engine.cli import tool_main
 
-    main(SPEC)
+    tool_main(SPEC)

@@ -25,8 +25,10 @@ import sys
 from pathlib import Path
 from typing import Literal
 
-from tools import _slurm
-from tools.harness import REPO_ROOT, Field, Params, Result, ToolFailure, ToolSpec, torchrun_command
+from .shared import slurm as _slurm
+from .engine.data import IMPORT_ROOT as REPO_ROOT
+from .engine.spec import Field, Params, Result, ToolFailure, ToolSpec
+from .engine.processes import torchrun_command
 
 MLENG_DIST_TOOLS = ("dist_smoke_test", "collective_bench", "hang_stack_dump")
 PASS_THROUGH_PREFIXES = ("NCCL_", "TORCH_NCCL_", "TORCH_DISTRIBUTED_", "TORCH_FR_", "FI_", "UCX_", "GLOO_")
@@ -251,11 +253,11 @@ SPEC = ToolSpec(
         "script', 'torchrun multi-node command'. Instant and read-only by default (a dry run); submit=true "
         "writes the script and runs sbatch, returning the job id. Not for diagnosing a job (slurm_job_diagnose)."),
     Params=LaunchScriptParams, Result=LaunchScriptResult, run=run,
-    runs="in_process", read_only=False, destructive=False, idempotent=False, open_world=True,
+    runs="subprocess", read_only=False, destructive=False, idempotent=False, open_world=True,
     timeout_s=90, store=False,
 )
 
 if __name__ == "__main__":
-    from tools.harness import main
+    from .engine.cli import tool_main
 
-    main(SPEC)
+    tool_main(SPEC)

@@ -21,278 +21,20 @@ Under SLURM: the job's output, ideally from `srun --label` so every line carries
     python -m tools.log_triage --paths slurm-$SLURM_JOB_ID.out /var/log/kern.log
 (slurm_job_diagnose finds a job's files itself and calls triage_paths on them).
 
-Library use (stable; slurm_job_diagnose imports it):
-    from tools.log_triage import triage_paths, triage_text
-    result = triage_paths(["slurm-1234.out", "logs/"])     # -> LogTriageResult (same as the tool's)
-    result = triage_text(pasted_log)
-Both raise ToolFailure for unusable input (no such path, a binary file named explicitly).
-
-This file judges (first failure, findings, verdict); the helpers do the rest: tools/_logscan.py reads files
-and rank labels, tools/_log_signatures.py holds the catalog and what each signature parses from its line,
-tools/_log_match.py matches blocks (in parallel for big files), tools/_log_findings.py writes the per-signature
-and per-rank findings.
+The triage itself lives in tools/shared/triage/ (slurm_job_diagnose uses it too): this file is
+the tool's inputs and spec. It runs as a subprocess, so a scan of a huge log (and its worker
+processes) stops at the deadline or on cancel like any other run.
 """
 
-import time
-
-from pydantic import BaseModel
-
-from tools._log_findings import on_rank, quiet_ranks, silent_ranks, special_findings
-from tools._log_match import (
-    Hit,
-    ScanState,
-    Tally,
-    merge,
-    new_state,
-    scan_block,
-    scan_file,
-)
-from tools._log_signatures import load_signatures
-from tools._logscan import (
-    CHUNK_BYTES,
-    LogInputParams,
-    NotText,
-    format_ranks,
-    head_text,
-    iter_text_blocks,
-    iter_text_chunks_of_string,
-    rank_of_path,
-    ranks_in_block,
-    ranks_phrase,
-    read_each,
-    resolve_paths,
-    srun_labelled,
-    timestamp_key,
-)
-from tools.harness import Field, Progress, Result, ToolFailure, ToolSpec, main
-
-# What other modules and the tests import from here, although some of it now lives in the helper modules.
-__all__ = [
-    "SPEC", "LogInputParams", "LogTriageParams", "LogTriageResult", "NotText", "format_ranks", "iter_text_blocks",
-    "iter_text_chunks_of_string", "load_signatures", "ranks_phrase", "resolve_paths", "run", "timestamp_key",
-    "triage_paths", "triage_text",
-]
-
-
-# ---------------------------------------------------------------------------------------------------
-# Result
-
-class SignatureHit(BaseModel):
-    id: str = Field(description="Signature id from knowledge/data/log_signatures.toml.")
-    name: str = Field(description="Short name.")
-    category: str = Field(description="cuda, nccl, collective, numerics, slurm, storage, ...")
-    severity: str = Field(description="error | warn")
-    role: str = Field(description="cause (why a run fails) | cascade (usually a consequence of a failure elsewhere)")
-    count: int = Field(0, description="Matching lines.")
-    ranks: str = Field("", description="Ranks whose lines match, as ranges ('0-6,8'); empty when lines carry no rank.")
-    first: str = Field("", description="First occurrence: 'file:line'.")
-    details: dict[str, str] = Field(default_factory=dict, description="Values parsed from the first occurrence "
-                                    "(op, seq, sizes in GiB, exit code, XID meaning ...).")
-    evidence: list[str] = Field(default_factory=list, description="A few matching lines as 'file:line: text'.")
-    meaning: str = Field("", description="What it means and what to check.")
-    next: list[str] = Field(default_factory=list, description="Tools and knowledge pages to go to next.")
-
-
-class FirstFailure(BaseModel):
-    signature: str = Field(description="Signature id.")
-    name: str = Field(description="Signature name.")
-    role: str = Field(description="cause, or cascade when no cause was found in the logs.")
-    location: str = Field(description="'file:line'.")
-    rank: int | None = Field(None, description="Rank of that line, when known.")
-    text: str = Field("", description="The line (cut at 400 characters).")
-    details: dict[str, str] = Field(default_factory=dict, description="Values parsed from it.")
+from .engine.spec import Field, Progress, ToolSpec
+from .shared.logscan import LogInputParams
+from .shared.triage.core import LogTriageResult, triage_paths, triage_text
 
 
 class LogTriageParams(LogInputParams):
     max_signatures: int = Field(12, ge=1, le=100, description="Report at most this many distinct signatures.")
     evidence_lines: int = Field(3, ge=0, le=20, description="Matching lines kept per signature.")
 
-
-class LogTriageResult(Result):
-    first_failure: FirstFailure | None = Field(None, description=(
-        "The chronologically first cause (time stamps where lines have them, otherwise order of appearance); "
-        "the first cascade line when no cause is present."))
-    signatures: list[SignatureHit] = Field(default_factory=list, description="Signatures found, first failure first, "
-                                           "then by first occurrence.")
-    signatures_omitted: int = Field(0, description="Distinct signatures found but left out (max_signatures).")
-    suspect_ranks: list[int] = Field(default_factory=list, description=(
-        "Ranks that report no error while others timed out waiting for them in a collective (first 64)."))
-    by_rank: dict[str, str] = Field(default_factory=dict, description=(
-        "Ranks (as ranges) -> the signature of their first error line, e.g. {'3': 'cuda_oom', '0-2': "
-        "'nccl_remote_error'}; at most 20 groups."))
-    files_scanned: list[str] = Field(default_factory=list, description="Files read (at most 50 listed).")
-    files_skipped: list[str] = Field(default_factory=list, description="Files not read, with the reason.")
-    lines_scanned: int = Field(0, description="Lines read.")
-    bytes_scanned: int = Field(0, description="Bytes read (uncompressed size for .gz).")
-    ranks_seen: str = Field("", description="Ranks that appear in rank labels, as ranges.")
-    seconds: float = Field(0.0, description="Wall time of the scan (s).")
-
-
-# ---------------------------------------------------------------------------------------------------
-# Summary: first failure, findings, verdict
-
-def _chronological(hits: list[Hit]) -> list[Hit]:
-    """By time stamp when every hit has one (logs from several files), else by order of appearance."""
-    if hits and all(h.ts is not None for h in hits):
-        return sorted(hits, key=lambda h: (h.ts, h.order))
-    return sorted(hits, key=lambda h: h.order)
-
-
-def _pick_first_failure(tallies: list[Tally]) -> Hit | None:
-    errors = [t for t in tallies if t.sig.severity == "error"]
-    causes = [t.first_cause for t in errors if t.first_cause]
-    if causes:
-        ordered = _chronological(causes)
-        weak = {t.first_cause.order for t in errors if t.first_cause and t.sig.weak}
-        first = ordered[0]
-        # a generic line (a bare exception, "terminate called ...") followed within 3 lines by a specific
-        # cause: the specific one says what happened
-        for later in ordered[1:]:
-            if first.order in weak and later.file == first.file and 0 < later.line_no - first.line_no <= 3:
-                return later
-        return first
-    cascades = [t.first for t in errors if t.first]
-    return _chronological(cascades)[0] if cascades else None
-
-
-def _where(hit: Hit) -> str:
-    return f"{hit.file}:{hit.line_no}"
-
-
-def _summarise(state: ScanState, scanned: list[str], skipped: list[str], max_signatures: int,
-               seconds: float) -> LogTriageResult:
-    tallies = list(state.tallies.values())
-    first = _pick_first_failure(tallies)
-    first_tally = state.tallies[next(t.sig.id for t in tallies if first in (t.first, t.first_cause))] if first else None
-    ordered = sorted(tallies, key=lambda t: (t is not first_tally, t.sig.severity != "error", t.first.order))
-    shown = ordered[:max_signatures]
-    by_rank = _by_rank(state)
-    findings, suspects, quiet = _findings(state, first, first_tally, shown, by_rank)
-    findings.append(f"Read {len(scanned)} file(s), {state.bytes / (1 << 20):.1f} MiB, {state.lines} lines in "
-                    f"{seconds:.1f} s.")
-    if not tallies:
-        findings.insert(0, "The log is empty." if state.lines == 0 else
-                        f"No known failure signature in {state.lines} lines. If the job hangs without an error, "
-                        "dump the stacks of the live ranks (hang_stack_dump).")
-    severities = {t.sig.severity for t in tallies}
-    verdict = "fail" if "error" in severities else "warn" if severities or quiet else (
-        "info" if state.lines == 0 else "ok")
-    return LogTriageResult(
-        verdict=verdict, findings=findings, next=_next_steps(first_tally, shown)[:6],
-        first_failure=FirstFailure(signature=first_tally.sig.id, name=first_tally.sig.name, role=first.role,
-                                   location=_where(first), rank=first.rank, text=first.text,
-                                   details={k: str(v) for k, v in first.details.items()}) if first else None,
-        signatures=[_hit_model(t) for t in shown], signatures_omitted=len(ordered) - len(shown),
-        files_scanned=scanned[:50], files_skipped=skipped[:50], lines_scanned=state.lines,
-        bytes_scanned=state.bytes, ranks_seen=format_ranks(state.ranks_seen), seconds=round(seconds, 3),
-        by_rank=by_rank, suspect_ranks=suspects[:64])
-
-
-def _findings(state: ScanState, first: Hit | None, first_tally: Tally | None, shown: list[Tally],
-              by_rank: dict[str, str]) -> tuple[list[str], list[int], list[int]]:
-    """The first failure and what it means, then per-signature and per-rank findings, then the other
-    signatures. Returns (findings, suspect ranks, ranks that went quiet)."""
-    findings: list[str] = []
-    if first:
-        sig = first_tally.sig
-        findings.append(f"First failure: {sig.name}{on_rank(first.rank)} at {_where(first)}: {first.text[:240]}")
-        if first.role == "cascade":
-            findings.append("No root cause line in these logs, only consequences: add the logs of every rank "
-                            "(and the kernel log for XIDs / OOM kills) or dump stacks of a live job.")
-        findings.append(sig.meaning)
-    for tally in shown:
-        findings.extend(special_findings(tally))
-    suspects, silent_findings = silent_ranks(state)
-    findings.extend(silent_findings)
-    quiet, quiet_findings = quiet_ranks(state)
-    findings.extend(quiet_findings)
-    if len(state.rank_first) > 1 and len(by_rank) > 1:
-        names = {t.sig.id: t.sig.name for t in state.tallies.values()}
-        findings.append("By rank, first error: " + "; ".join(
-            f"{ranks_phrase(_parse_ranges(r))}: {names[sig]}" for r, sig in list(by_rank.items())[:6]) + ".")
-    for tally in shown:
-        if tally is first_tally:
-            continue
-        ranks = f" on {ranks_phrase(tally.ranks)}" if tally.ranks else ""
-        findings.append(f"{tally.sig.name}: {tally.count} line(s){ranks}, first at {_where(tally.first)}.")
-    return findings, sorted(set(suspects) | set(quiet)), quiet
-
-
-def _next_steps(first_tally: Tally | None, shown: list[Tally]) -> list[str]:
-    if not shown:
-        return ["hang_stack_dump", "knowledge://debugging/logs.md"]
-    steps = [step for tally in ([first_tally] if first_tally else []) + shown for step in tally.sig.next]
-    return list(dict.fromkeys(steps))
-
-
-def _by_rank(state: ScanState) -> dict[str, str]:
-    """Group ranks by the signature of their first error line; groups in order of their lowest rank."""
-    groups: dict[str, list[int]] = {}
-    for rank, sig_id in state.rank_first.items():
-        groups.setdefault(sig_id, []).append(rank)
-    ordered = sorted(groups.items(), key=lambda kv: min(kv[1]))[:20]
-    return {format_ranks(ranks): sig_id for sig_id, ranks in ordered}
-
-
-def _parse_ranges(text: str) -> list[int]:
-    out = []
-    for part in text.split(","):
-        lo, _, hi = part.partition("-")
-        out.extend(range(int(lo), int(hi or lo) + 1))
-    return out
-
-
-def _hit_model(t: Tally) -> SignatureHit:
-    return SignatureHit(
-        id=t.sig.id, name=t.sig.name, category=t.sig.category, severity=t.sig.severity, role=t.sig.role,
-        count=t.count, ranks=format_ranks(t.ranks), first=_where(t.first),
-        details={k: str(v) for k, v in t.first.details.items()},
-        evidence=[f"{_where(e)}: {e.text}" for e in t.evidence], meaning=t.sig.meaning, next=list(t.sig.next))
-
-
-# ---------------------------------------------------------------------------------------------------
-# Entry points
-
-def triage_paths(paths: list[str], *, max_files: int = 2000, max_signatures: int = 12, evidence_lines: int = 3,
-                 progress: Progress | None = None, workers: int | None = None) -> LogTriageResult:
-    """Triage log files / directories / globs. Stable API (slurm_job_diagnose uses it).
-
-    workers: processes per big file (None: automatic, plain files over 96 MiB use up to 8 CPUs; 1: never split).
-    """
-    files, skipped = resolve_paths([str(p) for p in paths], max_files)
-    state = new_state(evidence_lines)
-    t0 = time.monotonic()
-
-    def scan(path):
-        label, file_rank = str(path), rank_of_path(str(path))
-        head = head_text(path)
-        srun = srun_labelled(head)
-        if file_rank is not None and ranks_in_block(head, srun):
-            file_rank = None  # a multi-rank log whose name happens to say "rank3"
-        offset = 0
-        for part in scan_file(path, label, file_rank, srun, evidence_lines, workers):
-            merge(state, part, offset)
-            offset += part.lines
-
-    # a single binary file named on its own is a mistake worth an error, not a skipped entry
-    refuse = ("log_triage reads text logs (plain or .gz); for flight-recorder dumps use flight_recorder_analyze"
-              if len(paths) == 1 and len(files) == 1 else None)
-    scanned = read_each(files, skipped, scan, progress, refuse)
-    return _summarise(state, scanned, skipped, max_signatures, time.monotonic() - t0)
-
-
-def triage_text(text: str, *, max_signatures: int = 12, evidence_lines: int = 3) -> LogTriageResult:
-    """Triage pasted log text. Stable API."""
-    if "\x00" in text[:65536] and text[:65536].count("\x00") > len(text[:65536]) // 100:
-        raise ToolFailure("the text holds binary data (NUL bytes), not a log; paste the text output of the job")
-    state = new_state(evidence_lines)
-    t0 = time.monotonic()
-    line_no, srun = 1, srun_labelled(text[:CHUNK_BYTES])
-    for block in iter_text_chunks_of_string(text):
-        state.bytes += len(block.encode("utf-8", errors="replace"))
-        line_no += scan_block(block, line_no, "<text>", None, state, srun)
-    state.lines = line_no - 1
-    return _summarise(state, ["<text>"], [], max_signatures, time.monotonic() - t0)
 
 
 def run(params: LogTriageParams, progress: Progress) -> LogTriageResult:
@@ -318,9 +60,11 @@ SPEC = ToolSpec(
         "NCCL_DEBUG=INFO setup logs (use nccl_log_analyze), for flight-recorder dumps (flight_recorder_analyze) "
         "or for a job that hangs with nothing in its log (hang_stack_dump). Read-only; needs no GPU."),
     Params=LogTriageParams, Result=LogTriageResult, run=run,
-    runs="in_process", read_only=True, destructive=False, idempotent=True, open_world=False,
+    runs="subprocess", read_only=True, destructive=False, idempotent=True, open_world=False,
     timeout_s=600, store=True,
 )
 
 if __name__ == "__main__":
-    main(SPEC)
+    from .engine.cli import tool_main
+
+    tool_main(SPEC)

@@ -18,9 +18,9 @@ How to run by hand (anywhere, it runs no GPU code):
 
 from typing import Literal
 
-from tools._planning import find_accelerator
-from tools._transformer_math import AttentionFlops, ModelParams, Recompute, flops_per_token
-from tools.harness import Field, Progress, Result, ToolFailure, ToolSpec, main
+from .shared.planning import find_accelerator
+from .shared.transformer_math import AttentionFlops, ModelParams, Recompute, flops_per_token
+from .engine.spec import Field, Progress, Result, ToolFailure, ToolSpec
 
 DTYPES = ("bf16", "fp16", "fp8", "tf32", "fp32")
 
@@ -62,7 +62,7 @@ class MfuResult(Result):
 
 def local_gpu_name() -> str | None:
     """Name of this machine's first GPU through NVML (None without a driver)."""
-    from tools.store import host_provenance
+    from .engine.store import host_provenance
 
     names = host_provenance()["gpu_names"]
     return names[0] if names else None
@@ -70,8 +70,8 @@ def local_gpu_name() -> str | None:
 
 def measured_mamf(acc_id: str, dtype: str) -> tuple[float, int] | None:
     """Best MAMF matmul_bench stored for this GPU model and dtype: (TFLOPS, result id), else None."""
-    from tools.accelerator_specs import match_accelerator
-    from tools import store
+    from .shared.accelerators import match_accelerator
+    from .engine import store
 
     try:
         rows = store.query(tool="matmul_bench", limit=1000)
@@ -192,4 +192,6 @@ SPEC = ToolSpec(
 )
 
 if __name__ == "__main__":
-    main(SPEC)
+    from .engine.cli import tool_main
+
+    tool_main(SPEC)

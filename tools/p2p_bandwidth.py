@@ -14,9 +14,10 @@ By hand:
 import statistics
 import time
 
-from pydantic import BaseModel
 
-from tools.harness import Field, Params, Result, ToolFailure, ToolSpec, load_data, local_gpu_count
+from .engine.spec import Field, Params, Record, Result, ToolFailure, ToolSpec
+from .engine.data import load_data
+from .engine.processes import local_gpu_count
 
 FLAG_SHARE = 0.7
 
@@ -29,7 +30,7 @@ class P2pBandwidthParams(Params):
     bidirectional: bool = Field(True, description="Also measure both directions at once.")
 
 
-class PairResult(BaseModel):
+class PairResult(Record):
     src: int = Field(description="Source GPU.")
     dst: int = Field(description="Destination GPU.")
     link: str = Field("", description="NV<n> or the PCIe path (PIX/PXB/PHB/NODE/SYS).")
@@ -54,8 +55,8 @@ class P2pBandwidthResult(Result):
 
 def expected_link_gbps(link: str, gpu_name: str) -> float | None:
     """Line rate, one direction, of a pair's link: NV<n> x per-link speed, or the GPU's PCIe x16 rate."""
-    from tools.accelerator_specs import match_accelerator
-    from tools.gpu_topology import ARCH_LINK
+    from .shared.accelerators import match_accelerator
+    from .shared.topology import ARCH_LINK
 
     accel = match_accelerator(gpu_name) or {}
     links = {r["id"]: r for r in load_data("interconnects")["link"]}
@@ -202,11 +203,11 @@ def _link_matrix(n: int) -> list[list[str]] | None:
     try:
         import pynvml
 
-        from tools.gpu_topology import _nvml_gpus
+        from .shared.topology import nvml_gpus
 
         pynvml.nvmlInit()
         try:
-            _, matrix = _nvml_gpus(pynvml)
+            _, matrix = nvml_gpus(pynvml)
         finally:
             pynvml.nvmlShutdown()
     except Exception:
@@ -230,6 +231,6 @@ SPEC = ToolSpec(
 )
 
 if __name__ == "__main__":
-    from tools.harness import main
+    from .engine.cli import tool_main
 
-    main(SPEC)
+    tool_main(SPEC)

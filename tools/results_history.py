@@ -16,8 +16,8 @@ import datetime
 import statistics
 import time
 
-from tools.harness import Field, Params, Result, ToolSpec
-from tools.store import query
+from .engine.spec import Field, Params, Record, Result, ToolSpec
+from .engine.store import count, query
 
 
 class ResultsHistoryParams(Params):
@@ -29,7 +29,7 @@ class ResultsHistoryParams(Params):
     threshold_pct: float = Field(10, gt=0, le=90, description="Flag figures worse than the reference by more than this, %.")
 
 
-class HistoryRow(Params):
+class HistoryRow(Record):
     id: int = Field(description="Result id.")
     tool: str = Field(description="Tool.")
     started: str = Field(description="Start time, UTC ISO 8601.")
@@ -41,7 +41,7 @@ class HistoryRow(Params):
     value: float | None = Field(None, description="Headline figure.")
 
 
-class Flag(Params):
+class Flag(Record):
     kind: str = Field(description="outlier | regression")
     tool: str = Field(description="Tool.")
     machine: str = Field(description="Host (and GPU) flagged.")
@@ -100,18 +100,26 @@ def find_flags(rows: list[dict], higher_is_better: dict[str, bool], threshold_pc
     return flags
 
 
+ANALYSED_ROWS = 5000   # newest rows the outlier and regression rules look at
+
+
 def run(params: ResultsHistoryParams, progress) -> ResultsHistoryResult:
-    from tools import registry
+    from .engine.registry import registry
 
     since = time.time() - params.since_days * 86400
-    rows = query(tool=params.tool or None, host=params.host or None, gpu=params.gpu or None, since=since, limit=5000)
+    filters = dict(tool=params.tool or None, host=params.host or None, gpu=params.gpu or None, since=since)
+    total = count(**filters)
+    rows = query(**filters, limit=ANALYSED_ROWS)
     higher = {name: spec.higher_is_better for name, spec in registry().items()}
     flags = find_flags(rows, higher, params.threshold_pct)
     out = [HistoryRow(id=r["id"], tool=r["tool"], host=r["host"], machine=machine_key(r),
                       started=datetime.datetime.fromtimestamp(r["started"], datetime.UTC).isoformat(timespec="seconds"),
                       gpu=(r["gpu_names"] or [None])[0], verdict=r["verdict"], metric=r["metric_name"],
                       value=r["metric_value"]) for r in rows[:params.limit]]
-    findings = [f"{len(rows)} stored result(s) match" + (f" ({len(out)} shown)." if len(rows) > len(out) else ".")]
+    findings = [f"{total} stored result(s) match" + (f" ({len(out)} shown)." if total > len(out) else ".")]
+    if total > len(rows):
+        findings.append(f"Outliers and regressions were judged on the newest {len(rows)} of them; narrow the "
+                        "filters (tool, host, gpu, since_days) to judge older results.")
     for f in flags:
         findings.append(f"{f.kind.upper()}: {f.machine} {f.tool} {f.metric} = {f.value:g}, {f.worse_by_pct:g}% worse "
                         f"than {'the others' if f.kind == 'outlier' else 'its own past'} ({f.reference:g}); result #{f.result_id}.")
@@ -119,7 +127,7 @@ def run(params: ResultsHistoryParams, progress) -> ResultsHistoryResult:
         findings = ["No stored results match. Results are stored when tools run (CLI or server) with the same "
                     "MLENG_HOME."]
     return ResultsHistoryResult(
-        verdict="warn" if flags else "info", rows=out, flags=flags, total_matching=len(rows), findings=findings,
+        verdict="warn" if flags else "info", rows=out, flags=flags, total_matching=total, findings=findings,
         next=["gpu_health", "env_report"] if flags else [])
 
 
@@ -139,6 +147,6 @@ SPEC = ToolSpec(
 )
 
 if __name__ == "__main__":
-    from tools.harness import main
+    from .engine.cli import tool_main
 
-    main(SPEC)
+    tool_main(SPEC)

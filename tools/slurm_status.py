@@ -19,10 +19,9 @@ import re
 import time
 from datetime import datetime
 
-from pydantic import BaseModel
 
-from tools import _slurm
-from tools.harness import Field, Params, Result, ToolFailure, ToolSpec
+from .shared import slurm as _slurm
+from .engine.spec import Field, Params, Record, Result, ToolFailure, ToolSpec
 
 PROBLEM_WORDS = ("DRAIN", "DOWN", "FAIL", "NOT_RESPONDING", "INVAL", "NO_RESPOND", "MAINT", "REBOOT",
                  "POWER_DOWN", "POWERED_DOWN", "UNKNOWN")
@@ -37,7 +36,7 @@ class SlurmStatusParams(Params):
     max_jobs: int = Field(50, ge=0, le=5000, description="At most this many jobs in the result.")
 
 
-class PartitionInfo(BaseModel):
+class PartitionInfo(Record):
     name: str
     state: str = Field(description="UP, DOWN, DRAIN or INACTIVE.")
     default: bool = False
@@ -50,7 +49,7 @@ class PartitionInfo(BaseModel):
     gpus_free: int = Field(0, description="GPUs on usable nodes not allocated to any job.")
 
 
-class NodeProblem(BaseModel):
+class NodeProblem(Record):
     node: str
     state: str = Field(description="Base state plus flags, e.g. IDLE+DRAIN, DOWN+NOT_RESPONDING.")
     reason: str | None = None
@@ -59,7 +58,7 @@ class NodeProblem(BaseModel):
     partitions: list[str] = Field(default_factory=list)
 
 
-class JobInfo(BaseModel):
+class JobInfo(Record):
     job_id: str
     name: str = ""
     user: str = ""
@@ -292,6 +291,6 @@ SPEC = ToolSpec(
 )
 
 if __name__ == "__main__":
-    from tools.harness import main
+    from .engine.cli import tool_main
 
-    main(SPEC)
+    tool_main(SPEC)

@@ -13,8 +13,8 @@ from typing import Literal
 
 from pydantic import model_validator
 
-from tools._planning import find_accelerator
-from tools.harness import Field, Params, Progress, Result, ToolFailure, ToolSpec, main
+from .shared.planning import find_accelerator
+from .engine.spec import Field, Params, Progress, Result, ToolFailure, ToolSpec
 
 Dtype = Literal["bf16", "fp16", "fp8", "fp4", "tf32", "fp32"]
 
@@ -207,4 +207,6 @@ SPEC = ToolSpec(
 )
 
 if __name__ == "__main__":
-    main(SPEC)
+    from .engine.cli import tool_main
+
+    tool_main(SPEC)

@@ -7,12 +7,12 @@ import time
 
 import pytest
 
-from tools.harness import ToolFailure
+from tools.engine.spec import ToolFailure
 from tools.matmul_bench import SPEC as MATMUL
 from tools.matmul_bench import MatmulBenchParams
 from tools.memory_bandwidth_bench import SPEC as MEMBW
 from tools.memory_bandwidth_bench import MemoryBandwidthParams
-from tools.runner import execute
+from tools.engine.runner import execute
 
 pytestmark = pytest.mark.gpu
 
@@ -24,7 +24,7 @@ COPY_BANDS = {"h200": (3.0, 4.8), "h100-sxm": (2.3, 3.35), "a100-sxm": (1.4, 2.0
 def _record():
     import torch
 
-    from tools.accelerator_specs import match_accelerator
+    from tools.shared.accelerators import match_accelerator
 
     return torch.cuda.get_device_name(0), match_accelerator(torch.cuda.get_device_name(0))
 

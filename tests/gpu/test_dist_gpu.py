@@ -11,8 +11,8 @@ import pytest
 from tools.collective_bench import SPEC as BENCH, CollectiveBenchParams
 from tools.dist_smoke_test import SPEC as SMOKE, DistSmokeTestParams
 from tools.gpu_topology import SPEC as TOPO, GpuTopologyParams
-from tools._launch import visible_gpus
-from tools.harness import local_gpu_count
+from tools.shared.launch import visible_gpus
+from tools.engine.processes import local_gpu_count
 from tools.p2p_bandwidth import SPEC as P2P, P2pBandwidthParams
 
 pytestmark = pytest.mark.gpu
@@ -28,12 +28,14 @@ def _no_ranks_left():
         left = []
         for proc in pathlib.Path("/proc").glob("[0-9]*"):
             try:
-                if b"tools._ranks" in (proc / "cmdline").read_bytes():
+                if b"tools.dist_smoke_test.rank" in (proc / "cmdline").read_bytes() or \
+                        b"tools.collective_bench.rank" in (proc / "cmdline").read_bytes():
                     left.append(proc.name)
             except OSError:
                 pass
         return left
-    return [p.pid for p in psutil.process_iter(["cmdline"]) if "tools._ranks" in " ".join(p.info["cmdline"] or [])]
+    return [p.pid for p in psutil.process_iter(["cmdline"])
+            if any(m in " ".join(p.info["cmdline"] or []) for m in ("tools.dist_smoke_test.rank", "tools.collective_bench.rank"))]
 
 
 def test_smoke_all_gpus_nccl():

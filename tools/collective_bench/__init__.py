@@ -1,0 +1,249 @@
+"""collective_bench — algbw and busbw of NCCL/gloo collectives over message sizes, checked, against expected.
+
+all_reduce, all_gather (into a tensor), reduce_scatter (tensor), all_to_all, broadcast; sizes from
+min to max by a factor like nccl-tests' -b -e -f; warm-up, then iterations launched back to back and
+timed as a batch (CUDA events); busbw with nccl-tests' factors; a correctness check that counts wrong
+elements; a table, JSON rows and a PNG plot of busbw against size; the expected busbw for the detected
+GPUs and count from knowledge/data/interconnects.toml, with a verdict.
+
+By hand:
+    python -m tools.collective_bench                                     # all local GPUs, all_reduce 32K..1G
+    python -m tools.collective_bench --ops all_reduce all_gather reduce_scatter all_to_all broadcast \\
+        --min-bytes 32K --max-bytes 16G --factor 2
+    salloc -N 2 --gpus-per-node 8 python -m tools.collective_bench --max-bytes 8G   # srun + torchrun per node
+    python -m tools.collective_bench --nnodes 2 --nproc-per-node 8 --rdzv-endpoint node1:29500   # on each node
+"""
+
+import re
+import time
+from typing import ClassVar, Annotated, Literal
+
+from pydantic import BeforeValidator
+
+from .rank import OPS, size_sweep
+from ..shared.culprits import diagnose
+from ..shared.launch import RankLayout, launch_ranks, layout, manual_start, plan_command, visible_gpus
+from .models import BenchRow, OpSummary
+from .report import draw_plot, expected_busbw, format_table, human_size, judge, point_at
+from ..engine.spec import Field, Result, ToolSpec, worst
+from ..engine.processes import local_gpu_count
+
+_UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def parse_size(value):
+    """'32K', '16G', '1M', 1048576 -> bytes (binary units, as nccl-tests reads -b/-e)."""
+    if isinstance(value, int) or value is None:
+        return value
+    m = re.fullmatch(r"\s*(\d+)\s*([KMGT]?)(?:I?B)?\s*", str(value).upper())
+    if not m:
+        raise ValueError(f"not a size: {value!r} (use bytes or 32K / 256M / 16G)")
+    return int(m.group(1)) * _UNITS[m.group(2)]
+
+
+Size = Annotated[int, BeforeValidator(parse_size)]
+
+
+class CollectiveBenchParams(RankLayout):
+    ops: list[Literal[OPS]] = Field(["all_reduce"], min_length=1, max_length=5, description=(
+        "Collectives to measure: all_reduce, all_gather, reduce_scatter, all_to_all, broadcast."))
+    dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="Element type.")
+    min_bytes: Size = Field(32 << 10, ge=8, le=1 << 36, description="Smallest size (bytes, or 32K/1M/1G).")
+    max_bytes: Size | None = Field(None, ge=8, le=1 << 36, description=(
+        "Largest size. Default 1G on GPUs, 16M on CPU. Capped to fit free memory on every rank."))
+    factor: int = Field(2, ge=2, le=1024, description="Size multiplier between steps (nccl-tests -f).")
+    iters: int = Field(20, ge=1, le=10000, description="Timed iterations per size, launched back to back.")
+    warmup: int = Field(5, ge=0, le=1000, description="Untimed iterations per size first.")
+    blocking: bool = Field(False, description=(
+        "Synchronise around every call instead of timing the batch (what a naive loop sees; small sizes "
+        "look several times slower)."))
+    pg_timeout_s: float = Field(120.0, ge=5, le=600, description="Process-group timeout per collective, seconds.")
+    plot: bool = Field(True, description="Draw busbw against size to a PNG (needs matplotlib).")
+    plot_path: str | None = Field(None, description="Where to write the PNG. Default: $MLENG_HOME/plots/.")
+    plant_error_rank: int | None = Field(None, ge=0, description=(
+        "Self-test: this rank corrupts one output element after each checked call; #wrong must count it."))
+
+
+class CollectiveBenchResult(Result):
+    world_size: int = Field(0, description="Ranks.")
+    nnodes: int = Field(1, description="Nodes.")
+    backend: str | None = Field(None, description="nccl or gloo.")
+    gpu: str | None = Field(None, description="GPU name rank 0 reported.")
+    accelerator_id: str | None = Field(None, description="Matched id in knowledge/data/accelerators.toml.")
+    busbw_gbps: float | None = Field(None, description="Headline: busbw of the first op at its largest size, GB/s.")
+    expected_busbw_gbps: float | None = Field(None, description="Expected busbw for the first op, GB/s.")
+    expected_source: str | None = Field(None, description="interconnects.toml record the expectation comes from.")
+    wrong_elements: int = Field(0, description="Wrong elements over all sizes and ops.")
+    summary: list[OpSummary] = Field(default_factory=list, description="Per op.")
+    rows: list[BenchRow] = Field(default_factory=list, description="Per op and size, like nccl-tests -J JSON.")
+    skipped: list[str] = Field(default_factory=list, description="Sizes left out because they do not fit in memory.")
+    table: str = Field("", description="Human table, nccl-tests style.")
+    plot_png: str | None = Field(None, description="PNG of busbw against size.")
+    sweep_wall_s: float = Field(0.0, description="Wall time of the whole run including start-up, seconds.")
+    culprit_ranks: list[int] = Field(default_factory=list, description="Ranks named when the run failed or hung.")
+
+    image_fields: ClassVar[tuple[str, ...]] = ("plot_png",)
+
+
+def summarize_rows(rows: list[BenchRow], op: str, record: dict | None) -> OpSummary:
+    mine = [r for r in rows if r.op == op]
+    peak = max(mine, key=lambda r: r.bytes)
+    expected = None
+    if record:
+        point = point_at(record, peak.bytes)
+        expected = point["busbw_gbps"] if point else record["busbw_gbps"]
+    return OpSummary(op=op, avg_busbw_gbps=round(sum(r.busbw_gbps for r in mine) / len(mine), 3),
+                     peak_busbw_gbps=peak.busbw_gbps, peak_bytes=peak.bytes, expected_busbw_gbps=expected,
+                     ratio=round(peak.busbw_gbps / expected, 3) if expected else None)
+
+
+# ---------------------------------------------------------------------------------------------------
+
+def run(params: CollectiveBenchParams, progress) -> CollectiveBenchResult:
+    gpus = visible_gpus()
+    nproc, nnodes = layout(params.nproc_per_node, params.nnodes)
+    world = nproc * nnodes
+    cmd = manual_start("collective_bench", nnodes, nproc, params.rdzv_endpoint)
+    if cmd:
+        return CollectiveBenchResult(verdict="info", world_size=world, nnodes=nnodes, findings=[
+            f"{nnodes} nodes asked for outside a SLURM allocation: run this on each node: {cmd}"],
+            next=["launch_script"])
+    on_gpu = params.backend == "nccl" or (params.backend == "auto" and gpus > 0)
+    max_bytes = params.max_bytes or ((1 << 30) if on_gpu else (16 << 20))
+    if max_bytes < params.min_bytes:
+        from ..engine.spec import ToolFailure
+        raise ToolFailure(f"max_bytes ({max_bytes}) is below min_bytes ({params.min_bytes}): give max_bytes >= min_bytes")
+    job = {"backend": params.backend, "timeout_s": params.pg_timeout_s, "dtype": params.dtype,
+           "ops": params.ops, "min_bytes": params.min_bytes, "max_bytes": max_bytes, "factor": params.factor,
+           "iters": params.iters, "warmup": params.warmup, "blocking": params.blocking,
+           "plant_error_rank": params.plant_error_rank}
+    steps = len(params.ops) * len(size_sweep(params.min_bytes, max_bytes, params.factor))
+    done = [0]
+
+    def on_event(event):
+        if event["ev"] == "data" and event.get("kind") == "row":
+            done[0] += 1
+            progress(min(done[0] / steps, 0.99), f"{event['op']} {human_size(event['bytes'])}: "
+                                                  f"{event['busbw_gbps']:.1f} GB/s busbw")
+
+    progress(0.0, f"starting {world} ranks")
+    t0 = time.monotonic()
+    outcome = launch_ranks(plan_command("collective_bench.rank", job, nproc, nnodes, params.rdzv_endpoint),
+                           0 if params.rdzv_endpoint else world,
+                           timeout_s=params.pg_timeout_s, stall_s=params.pg_timeout_s + 60,
+                           deadline_s=840, on_event=on_event)
+    wall = round(time.monotonic() - t0, 2)
+    return build_result(outcome, params, nnodes, wall)
+
+
+def build_result(outcome, params: CollectiveBenchParams, nnodes: int, wall_s: float) -> CollectiveBenchResult:
+    from ..shared.accelerators import match_accelerator
+
+    setup = next((e for e in outcome.data if e.get("kind") == "setup"), {})
+    rows = [BenchRow(**{k: e[k] for k in BenchRow.model_fields}) for e in outcome.data if e.get("kind") == "row"]
+    skipped = [f"{e['op']} {human_size(e['bytes'])} (needs more than {human_size(e['cap_bytes'])} per rank)"
+               for e in outcome.data if e.get("kind") == "skipped"]
+    world = setup.get("world_size", outcome.world_size)
+    gpu = (setup.get("versions") or {}).get("device_name")
+    accel = match_accelerator(gpu) if gpu and gpu != "cpu" else None
+    accel_id = accel["id"] if accel else ("cpu" if gpu == "cpu" else None)
+    result = CollectiveBenchResult(world_size=world, nnodes=nnodes, backend=setup.get("backend"), gpu=gpu,
+                                   accelerator_id=accel_id, rows=rows, skipped=skipped, sweep_wall_s=wall_s,
+                                   table=format_table(rows) if rows else "")
+    culprits, failure = diagnose(outcome, params.pg_timeout_s)
+    if failure:
+        result.verdict, result.culprit_ranks = "fail", culprits
+        result.findings = [f"The benchmark did not finish ({len(rows)} sizes measured)."] + failure
+        result.next = ["dist_smoke_test", "hang_stack_dump", "knowledge://network/nccl-debugging.md"]
+        if not rows:
+            return result
+    if not rows and not failure:
+        result.findings = ["This node's ranks finished; rank 0 runs on another node and reports the figures there."]
+        return result
+    summaries, verdicts, findings, records = judge_ops(rows, accel_id, setup.get("local_world_size", world),
+                                                       nnodes, world, setup)
+    result.summary = summaries
+    expected_by_op = {s.op: s.expected_busbw_gbps for s in summaries if s.expected_busbw_gbps}
+    if summaries:
+        first = summaries[0]
+        result.busbw_gbps, result.expected_busbw_gbps = first.peak_busbw_gbps, first.expected_busbw_gbps
+        result.expected_source = records[first.op]["id"] if records[first.op] else None
+    result.wrong_elements = sum(r.wrong for r in rows)
+    if result.wrong_elements:
+        bad = sorted({f"{r.op} {human_size(r.bytes)}" for r in rows if r.wrong})
+        findings.insert(0, f"{result.wrong_elements} wrong elements: data corruption or a broken transport at "
+                           f"{', '.join(bad[:6])}. Results are not trustworthy.")
+        verdicts.append("fail")
+    if world == 1:
+        findings.insert(0, "World size 1: busbw needs at least 2 ranks (the factor is 0 with one rank); the "
+                           "times are only the local cost of each call. Run on 2 or more GPUs.")
+    if skipped:
+        findings.append(f"Left out to fit free memory: {', '.join(skipped[:4])}.")
+    if params.blocking:
+        findings.append("blocking mode: every call was synchronised on its own, so small sizes read slower "
+                        "than a training loop (or nccl-tests) sees them.")
+    if failure:
+        return result
+    result.verdict = worst(verdicts, default="info")
+    result.findings = findings
+    result.next = (["knowledge://network/busbw.md", "knowledge://network/expected-bandwidth.md"]
+                   + (["gpu_topology", "p2p_bandwidth", "nccl_log_analyze"] if result.verdict in ("warn", "fail") else []))
+    if params.plot and rows:
+        result.plot_png = _plot(rows, expected_by_op, world, gpu or "cpu", params.plot_path)
+    return result
+
+
+def judge_ops(rows: list[BenchRow], accel_id: str | None, gpus_per_node: int, nnodes: int, world: int,
+              setup: dict) -> tuple[list[OpSummary], list[str], list[str], dict]:
+    """Per op: summary, verdict and sentence against the expected figure (none with one rank)."""
+    summaries, verdicts, findings, records = [], [], [], {}
+    for op in dict.fromkeys(r.op for r in rows):
+        record, note = expected_busbw(accel_id, gpus_per_node, nnodes, op, setup.get("nccl_env"),
+                                      setup.get("rdma_ports")) if world > 1 else (None, "")
+        records[op] = record
+        summary = summarize_rows(rows, op, record)
+        summaries.append(summary)
+        verdict, text = judge(summary, record, summary.peak_bytes >= 256 << 20 or bool(
+            record and point_at(record, summary.peak_bytes)))
+        verdicts.append(verdict)
+        if text:
+            findings.append(text + (f" ({note})" if note else ""))
+        elif world > 1:
+            findings.append(f"{op}: peak busbw {summary.peak_busbw_gbps:.1f} GB/s at {human_size(summary.peak_bytes)}, "
+                            f"average {summary.avg_busbw_gbps:.1f} GB/s" + (f"; {note}." if note else "."))
+    return summaries, verdicts, findings, records
+
+
+def _plot(rows, expected, world, gpu, path) -> str | None:
+    from ..engine.store import mleng_home
+
+    path = path or str(mleng_home() / "plots" / f"collective_bench-{time.strftime('%Y%m%d-%H%M%S')}.png")
+    try:
+        return draw_plot(rows, expected, path, f"busbw, {world} ranks, {gpu}")
+    except ImportError:
+        return None
+
+
+def _gpus(params: CollectiveBenchParams) -> list[int]:
+    gpus = local_gpu_count()
+    return list(range(min(params.nproc_per_node or gpus, gpus)))
+
+
+SPEC = ToolSpec(
+    name="collective_bench",
+    summary="algbw and busbw of all_reduce / all_gather / reduce_scatter / all_to_all / broadcast over sizes, "
+            "checked, against expected.",
+    description=(
+        "Use when collectives or data-parallel steps seem slow, to check a new node or cluster, or to compare "
+        "nodes: measures time, algbw and busbw (nccl-tests conventions) per message size, counts wrong "
+        "elements, and compares peak busbw with the expected figure for the detected GPUs (NVLink generation, "
+        "NVLS or Ring) from knowledge data. Returns a table, JSON rows and a PNG plot. Start with "
+        "dist_smoke_test if ranks cannot even connect. One rank cannot measure busbw. Cost: seconds for the "
+        "default all_reduce 32K..1G on GPUs; a 32K..16G sweep of all five ops takes a few minutes. Needs "
+        "torch, NCCL on GPUs (gloo on CPU, slow), matplotlib for the plot."
+        " Also answers 'inter-node / InfiniBand bandwidth per GPU is lower than NDR or HDR should give', "
+        "all_to_all (alltoall) speed for MoE, and whether an NCCL upgrade changed throughput."),
+    Params=CollectiveBenchParams, Result=CollectiveBenchResult, run=run, runs="subprocess",
+    read_only=True, destructive=False, idempotent=True, open_world=False, timeout_s=900,
+    gpu_devices=_gpus, metric="busbw_gbps", higher_is_better=True,
+)

@@ -1,0 +1,52 @@
+"""Child side of a subprocess tool: `python -m tools.child TOOL [MODULE]`, params as JSON on stdin.
+
+MODULE (a dotted name or a .py path) is where the spec lives when it is not `tools.TOOL`: tests use
+it for fault-injection tools that must not be in the registry.
+
+Protocol (JSON lines on stdout, nothing else there):
+    {"event": "progress", "fraction": 0.25, "message": "..."}     zero or more
+    {"event": "result", "result": {...}, "provenance": {...}}      exactly one on success
+    {"event": "error", "message": "..."}                            on a ToolFailure
+Anything the tool (or a library, or C code) prints goes to stderr: file descriptor 1 is pointed at
+stderr before the tool runs, and the protocol writes to a private duplicate of the original stdout.
+Exit status 0 after a result or error event; anything else is a crash the parent reports.
+"""
+
+import json
+import os
+import sys
+
+
+def main() -> int:
+    if len(sys.argv) not in (2, 3):
+        print("usage: python -m tools.child TOOL_NAME [MODULE] < params.json", file=sys.stderr)
+        return 2
+    wire = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)  # stray prints, C libraries and NCCL logs must not corrupt the wire
+    sys.stdout = sys.stderr
+
+    def emit(event: dict) -> None:
+        wire.write(json.dumps(event, default=str) + "\n")
+        wire.flush()
+
+    from .registry import load_spec
+    from .spec import ToolFailure
+    from .store import torch_provenance
+
+    spec = load_spec(*sys.argv[1:])
+    params = spec.Params.model_validate_json(sys.stdin.read())
+
+    def progress(fraction: float, message: str) -> None:
+        emit({"event": "progress", "fraction": float(fraction), "message": str(message)})
+
+    try:
+        result = spec.run(params, progress)
+    except ToolFailure as e:
+        emit({"event": "error", "message": str(e)})
+        return 0
+    emit({"event": "result", "result": result.model_dump(mode="json"), "provenance": torch_provenance()})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,176 @@
+"""Every tool call is a job: it runs on a thread of its own, the caller waits up to `wait_s`.
+
+MCP tasks are not in the SDK. A call waits up to its wait budget; if the run is still going, the
+call answers with a Result whose `job` field holds the handle, and the run goes on. `job_status`
+shows progress and, once done, the result; `job_cancel` stops it (a subprocess run's whole process
+tree is killed). The server and the CLI both go through `JobManager.start` and `wait`, so both offer
+the same wait-or-hand-back behaviour. Jobs live in the process that started them; finished results
+are also in the results store.
+
+At most `max_runs` subprocess runs go at once per process (MLENG_MAX_RUNS, default 4): beyond that a
+call is refused with a "busy" answer naming the runs in progress, rather than letting twenty smoke
+tests take the host's memory. In-process calls are short and never count, so job_status and
+job_cancel always answer.
+"""
+
+import os
+import threading
+import time
+import uuid
+
+from .runner import Cancelled, DeadlineExceeded, deadline_message, execute
+from .spec import JobRef, Params, Progress, Result, ToolFailure, ToolSpec
+
+MAX_FINISHED_KEPT = 200
+IN_PROCESS_GRACE_S = 1.0   # an in-process run gets this long past its deadline to notice it
+
+
+class Busy(ToolFailure):
+    """Too many runs in progress: the call was refused, nothing was started."""
+
+
+class Job:
+    def __init__(self, spec: ToolSpec, params: Params, timeout_s: float | None):
+        self.id = uuid.uuid4().hex[:12]
+        self.spec = spec
+        self.params = params
+        self.timeout_s = timeout_s or spec.timeout_s
+        self.started = time.time()
+        self.deadline = time.monotonic() + self.timeout_s
+        self.ended: float | None = None
+        self.state = "running"          # running | done | failed | cancelled
+        self.fraction = 0.0
+        self.message = "starting"
+        self.progress_log: list[tuple[float, float, str]] = []   # (elapsed_s, fraction, message)
+        self.result: Result | None = None
+        self.error: str | None = None
+        self.cancel_event = threading.Event()
+        self.finished = threading.Event()
+        self._end_lock = threading.Lock()
+        self._thread = threading.Thread(target=self._work, name=f"job-{spec.name}-{self.id}", daemon=True)
+
+    def _progress(self, fraction: float, message: str) -> None:
+        # Progress notifications must increase: keep the running maximum.
+        self.fraction = max(self.fraction, min(max(fraction, 0.0), 1.0))
+        self.message = message
+        self.progress_log.append((round(time.time() - self.started, 2), self.fraction, message))
+        del self.progress_log[:-50]  # bounded: the last 50 events are enough to see where it is
+
+    def _end(self, state: str, result: Result | None = None, error: str | None = None) -> bool:
+        """Record how the job ended, once: a late in-process thread cannot overwrite a deadline."""
+        with self._end_lock:
+            if self.finished.is_set():
+                return False
+            self.state, self.result, self.error = state, result, error
+            self.ended = time.time()
+            self.finished.set()
+            return True
+
+    def _work(self) -> None:
+        try:
+            result = execute(self.spec, self.params, self._progress, timeout_s=self.timeout_s,
+                             cancel=self.cancel_event, job_id=self.id)
+            self._end("done", result=result)
+        except Cancelled as e:
+            self._end("cancelled", error=str(e))
+        except ToolFailure as e:
+            self._end("failed", error=str(e))
+        except Exception as e:  # a bug in a tool: report it, never take the server down
+            self._end("failed", error=f"internal error in {self.spec.name}: {type(e).__name__}: {e}")
+
+    def check_deadline(self) -> None:
+        """An in-process run that never reports progress cannot be interrupted: past its deadline the
+        job ends as failed and whatever the thread returns later is dropped."""
+        if (not self.finished.is_set() and self.spec.runs == "in_process"
+                and time.monotonic() > self.deadline + IN_PROCESS_GRACE_S):
+            self._end("failed", error=deadline_message(self.spec, self.timeout_s, killed=False))
+
+    def elapsed_s(self) -> float:
+        return round((self.ended or time.time()) - self.started, 2)
+
+    def cancel(self, wait_s: float = 10.0) -> bool:
+        """Stop the run; True when this call stopped it (False: it had already ended by itself)."""
+        if self.finished.is_set():
+            return False
+        self.cancel_event.set()
+        self.finished.wait(wait_s)
+        if self.spec.runs == "in_process":
+            self._end("cancelled", error=f"{self.spec.name} was cancelled.")
+        return self.state == "cancelled"
+
+    def handle(self) -> Result:
+        """The answer for a caller whose wait budget ran out: the job handle and where the run is."""
+        return self.spec.Result(
+            verdict="info", job=JobRef(job_id=self.id, state=self.state, elapsed_s=self.elapsed_s()),
+            findings=[f"{self.spec.name} is still running after {self.elapsed_s():.0f} s"
+                      f" ({self.fraction:.0%}: {self.message}). Follow it with job_status(job_id='{self.id}');"
+                      " stop it with job_cancel."],
+            next=["job_status", "job_cancel"])
+
+    def outcome(self) -> Result:
+        """The result of a finished job, or the handle of a running one; raises ToolFailure (Cancelled
+        for a cancelled run) when it failed."""
+        if not self.finished.is_set():
+            return self.handle()
+        if self.state == "done":
+            return self.result
+        if self.state == "cancelled":
+            raise Cancelled(self.error or f"{self.spec.name} was cancelled")
+        raise ToolFailure(self.error or f"{self.spec.name} {self.state}")
+
+
+class JobManager:
+    def __init__(self, max_runs: int | None = None):
+        self._jobs: dict[str, Job] = {}
+        self._lock = threading.Lock()
+        self.max_runs = max_runs or int(os.environ.get("MLENG_MAX_RUNS", "4"))
+
+    def start(self, spec: ToolSpec, params: Params, timeout_s: float | None = None) -> Job:
+        job = Job(spec, params, timeout_s)
+        with self._lock:
+            if spec.runs == "subprocess":
+                running = [j for j in self._jobs.values() if j.spec.runs == "subprocess" and not j.finished.is_set()]
+                if len(running) >= self.max_runs:
+                    names = ", ".join(f"{j.spec.name} ({j.id}, {j.elapsed_s():.0f} s)" for j in running)
+                    raise Busy(f"busy: {len(running)} runs are in progress ({names}), the most this server runs at "
+                               f"once (MLENG_MAX_RUNS={self.max_runs}). Wait for one with job_status, stop one with "
+                               "job_cancel, or try again later; nothing was started.")
+            self._jobs[job.id] = job
+            finished = [j for j in self._jobs.values() if j.finished.is_set()]
+            for old in sorted(finished, key=lambda j: j.started)[:-MAX_FINISHED_KEPT]:
+                del self._jobs[old.id]
+        job._thread.start()
+        return job
+
+    def get(self, job_id: str) -> Job | None:
+        with self._lock:
+            return self._jobs.get(job_id)
+
+    def all(self) -> list[Job]:
+        with self._lock:
+            return list(self._jobs.values())
+
+    def cancel_all(self) -> None:
+        for job in self.all():
+            if not job.finished.is_set():
+                job.cancel()
+
+
+def wait(job: Job, wait_s: float, progress: Progress | None = None, poll_s: float = 0.1) -> Result:
+    """Block up to wait_s for `job`, forwarding progress; its outcome (see Job.outcome)."""
+    end = time.monotonic() + wait_s
+    reported = -1.0
+    while not job.finished.wait(min(poll_s, max(0.0, end - time.monotonic()))):
+        job.check_deadline()
+        if progress and job.fraction > reported:
+            reported = job.fraction
+            progress(job.fraction, job.message)
+        if time.monotonic() >= end:
+            break
+    return job.outcome()
+
+
+# One manager per process: tool calls and the job_status / job_cancel tools share it.
+MANAGER = JobManager()
+
+__all__ = ["Busy", "Cancelled", "DeadlineExceeded", "Job", "JobManager", "MANAGER", "wait"]

@@ -1,0 +1,297 @@
+"""The MCP wiring: every tool in the registry, the knowledge tree as resources, a diagnose prompt.
+
+    mleng serve                              # stdio (what MCP hosts launch); also `python server.py`
+    mleng serve --http 127.0.0.1:8765        # streamable HTTP at /mcp
+    MLENG_HTTP_TOKEN=... mleng serve --http 0.0.0.0:8765   # beyond loopback a bearer token is required
+
+Generic: one loop over `registry()` builds the tool list, and every call goes through the same path
+(validate off the event loop -> JobManager.start -> wait up to wait_s -> result or job handle).
+Nothing here names a tool. Tool input schemas are the tools' own Params schemas (so they say
+`additionalProperties: false` and carry every bound), not schemas rebuilt from a function signature.
+Anything that touches a GPU runs in a child process (runner.py); this process never imports torch.
+"""
+
+import argparse
+import base64
+import functools
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+from mcp.server import MCPServer
+from mcp.server.mcpserver import Context
+from mcp.server.mcpserver.exceptions import ResourceNotFoundError, ToolError
+from mcp.types import CallToolResult, ImageContent, TextContent, ToolAnnotations
+from mcp.types import Tool as MCPTool
+from pydantic import Field, ValidationError
+
+from .jobs import MANAGER, Busy, Cancelled, Job
+from .registry import registry
+from .rendering import format_result, validation_message
+from .spec import Params, ToolFailure, ToolSpec
+
+log = logging.getLogger("mleng")
+
+INSTRUCTIONS = """mleng runs real diagnostics and benchmarks on this machine's GPUs, network, storage and
+SLURM cluster, and reads the answers against known-good figures. Measure before guessing; start with
+cheap read-only probes (env_report, gpu_health, log_triage) before GPU-heavy benchmarks. Each result
+has a verdict, findings with units, and `next`: tools or knowledge:// pages to go to next. Long runs
+return a job handle: follow it with job_status. Read knowledge://index for the reference shelf."""
+
+TEXT_JSON_LIMIT = 12_000  # characters of JSON in the text copy; structuredContent always has everything
+IMAGE_LIMIT_BYTES = 5_000_000
+
+
+def version() -> str:
+    """The installed package's version (pyproject.toml is the one place it is written)."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        return dist_version("mleng")
+    except PackageNotFoundError:  # a checkout that was never installed
+        return "0+checkout"
+
+
+class CallOptions(Params):
+    """How long a subprocess tool's call waits and how long its run may take (not the tool's own inputs)."""
+
+    wait_s: float = Field(60.0, ge=0, le=3600, description=(
+        "Seconds to wait for the result. If the run takes longer, the call returns a job handle "
+        "(result.job.job_id) and the run continues: follow it with job_status."))
+    timeout_s: float | None = Field(None, ge=1, le=86400, description=(
+        "Hard limit in seconds: past it every process of the run is killed and the call fails."))
+
+
+def input_schema(spec: ToolSpec) -> dict:
+    """The tool's Params schema, plus wait_s / timeout_s on subprocess tools."""
+    schema = spec.Params.model_json_schema()
+    schema.setdefault("additionalProperties", False)
+    if spec.runs == "subprocess":
+        options = CallOptions.model_json_schema()["properties"]
+        options["timeout_s"] = {"type": "number", "minimum": 1, "maximum": 86400, "default": spec.timeout_s,
+                                "description": options["timeout_s"]["description"]}
+        schema["properties"] = {**schema.get("properties", {}), **options}
+    return schema
+
+
+def output_schema(spec: ToolSpec) -> dict:
+    return spec.Result.model_json_schema(mode="serialization")
+
+
+def _annotations(spec: ToolSpec) -> ToolAnnotations:
+    return ToolAnnotations(title=spec.summary, read_only_hint=spec.read_only, destructive_hint=spec.destructive,
+                           idempotent_hint=spec.idempotent, open_world_hint=spec.open_world)
+
+
+def _split_arguments(spec: ToolSpec, arguments: dict) -> tuple[Params, CallOptions]:
+    """Validate a call's arguments (on a worker thread: a model validator may be slow on a bad input)."""
+    arguments = dict(arguments or {})
+    allowed = set(spec.Params.model_fields) | (set(CallOptions.model_fields) if spec.runs == "subprocess" else set())
+    unknown = sorted(set(arguments) - allowed)
+    if unknown:
+        raise ToolError(f"unknown argument(s) for {spec.name}: {', '.join(unknown)[:300]}; "
+                        f"accepted: {', '.join(sorted(allowed))}")
+    common = {k: arguments.pop(k) for k in list(arguments) if k in CallOptions.model_fields}
+    problems = []   # both models are checked, so one answer names every bad argument
+    try:
+        params = spec.Params(**arguments)
+    except ValidationError as e:
+        problems.append(e)
+    try:
+        options = CallOptions(**common)
+    except ValidationError as e:
+        problems.append(e)
+    if problems:
+        raise ToolError(validation_message(spec, *problems))
+    return params, options
+
+
+def to_call_result(spec: ToolSpec, result) -> CallToolResult:
+    """Text: the human summary, then the result's JSON, bounded. Structured content: the whole result.
+    PNGs the result declares (Result.image_fields) are attached as images."""
+    data = json.dumps(result.model_dump(mode="json", exclude_none=True), separators=(",", ":"))
+    if len(data) > TEXT_JSON_LIMIT:
+        data = (data[:TEXT_JSON_LIMIT] + f"… [truncated: {len(data)} characters in all; the structured result "
+                "holds everything]")
+    content: list[Any] = [TextContent(type="text", text=f"{format_result(spec, result)}\n\nResult JSON:\n{data}")]
+    for field in type(result).image_fields:
+        path = getattr(result, field, None)
+        if path and Path(path).is_file() and Path(path).stat().st_size < IMAGE_LIMIT_BYTES:
+            content.append(ImageContent(type="image", mime_type="image/png",
+                                        data=base64.b64encode(Path(path).read_bytes()).decode()))
+    return CallToolResult(content=content, structured_content=result.model_dump(mode="json"))
+
+
+async def _follow(ctx: Context | None, job: Job, wait_s: float):
+    """Wait for `job` up to wait_s, reporting progress; a cancelled call stops the run and frees its GPUs."""
+    deadline = time.monotonic() + wait_s
+    reported, pause = -1.0, 0.001
+    try:
+        while not job.finished.is_set() and time.monotonic() < deadline:
+            job.check_deadline()
+            if ctx is not None and job.fraction > reported:
+                reported = job.fraction
+                await ctx.report_progress(round(reported * 100, 1), total=100, message=job.message)
+            await anyio.sleep(pause)
+            pause = min(pause * 2, 0.1)  # fast calls answer within milliseconds, long ones poll at 10 Hz
+    except BaseException:  # the client cancelled the call while we waited
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(job.cancel)
+        raise
+    return job.outcome()
+
+
+async def call_tool(spec: ToolSpec, arguments: dict, ctx: Context | None = None) -> CallToolResult:
+    """One tool call, start to answer. Every failure becomes a ToolError with a message for the agent."""
+    params, options = await anyio.to_thread.run_sync(_split_arguments, spec, arguments)
+    try:
+        job = MANAGER.start(spec, params, options.timeout_s)
+        wait_s = options.wait_s if spec.runs == "subprocess" else float("inf")
+        result = await _follow(ctx, job, wait_s)
+    except (Busy, Cancelled, ToolFailure) as e:
+        raise ToolError(str(e)) from None
+    return await anyio.to_thread.run_sync(to_call_result, spec, result)
+
+
+class ToolServer(MCPServer):
+    """MCPServer whose tools are ToolSpecs: listed with their own schemas, called through the jobs."""
+
+    def __init__(self, specs: list[ToolSpec], **kwargs):
+        super().__init__(**kwargs)
+        self.specs = {spec.name: spec for spec in specs}
+
+    @functools.cached_property
+    def _tools(self) -> list[MCPTool]:
+        return [MCPTool(name=s.name, title=s.summary, description=s.description, input_schema=input_schema(s),
+                        output_schema=output_schema(s), annotations=_annotations(s)) for s in self.specs.values()]
+
+    async def list_tools(self) -> list[MCPTool]:
+        return self._tools
+
+    def _tool_input_schema(self, name: str) -> dict | None:
+        spec = self.specs.get(name)
+        return input_schema(spec) if spec else None
+
+    async def call_tool(self, name: str, arguments: dict, context: Context | None = None):
+        spec = self.specs.get(name)
+        if spec is None:
+            raise ToolError(f"unknown tool {name[:100]!r}; known tools: {', '.join(self.specs)}")
+        return await call_tool(spec, arguments, context)
+
+
+def _read_knowledge(path: str) -> str:
+    """A page or data table of the knowledge tree, refusing anything that resolves outside it."""
+    from .knowledge import knowledge_file
+
+    target = knowledge_file(path)
+    if target is None:
+        raise ResourceNotFoundError(f"no knowledge page {path[:200]!r}: read knowledge://index for the list of pages")
+    return target.read_text()
+
+
+def knowledge_index() -> str:
+    """A markdown list of every page: URI, title, summary (from each page's frontmatter)."""
+    from .knowledge import load_pages
+
+    lines = ["# mleng knowledge index", "", "Read a page with its URI. Search with the knowledge_search tool.", ""]
+    for page in load_pages():
+        lines.append(f"- `knowledge://{page.path}` — **{page.title}**: {page.summary}")
+    return "\n".join(lines) + "\n"
+
+
+def build_server(specs: list[ToolSpec] | None = None) -> ToolServer:
+    """The MCP server over `specs` (default: every tool in the registry; tests add fault-injection tools)."""
+    specs = list(registry().values()) if specs is None else specs
+    server = ToolServer(specs, name="mleng", title="mleng — GPU cluster diagnostics", version=version(),
+                        instructions=INSTRUCTIONS)
+
+    server.resource("knowledge://index", name="knowledge-index", title="Knowledge tree index",
+                    description="Every knowledge page with its URI, title and one-line summary.",
+                    mime_type="text/markdown")(knowledge_index)
+
+    @server.resource("knowledge://{+path}", name="knowledge-page", title="Knowledge page",
+                     description="A page of the mleng knowledge tree (markdown) or a data table (TOML).",
+                     mime_type="text/markdown")
+    def knowledge_page(path: str) -> str:
+        return _read_knowledge(path)
+
+    @server.prompt(name="diagnose", title="Diagnose a GPU-cluster problem")
+    def diagnose(symptom: str) -> str:
+        """Turn a symptom into an ordered plan of mleng tool calls."""
+        tools = "\n".join(f"- {s.name}: {s.summary}" for s in specs)
+        return (f"A user reports: {symptom}\n\nWork out the cause with measurements, not guesses. Plan first: "
+                "list the 2-4 tools below that bear on this symptom, cheapest and read-only first (version and "
+                "health checks, log triage) before GPU-heavy benchmarks or multi-rank runs, and say what each "
+                "result would rule in or out. Search the knowledge tree (knowledge_search) for what the numbers "
+                "should be. Then run the first tool, read its verdict, findings and `next`, and continue. "
+                f"Finish with the named culprit (rank, node, link, setting) and the fix.\n\nTools:\n{tools}")
+
+    return server
+
+
+# ---------------------------------------------------------------------------------------------------
+# Shutdown: SIGTERM / SIGINT answer every call in flight with an error, kill every run, and exit.
+
+SHUTDOWN_GRACE_S = 1.0   # time for the error answers of cancelled calls to reach the client
+
+
+async def _exit_on_signal() -> None:
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async for signum in signals:
+            log.info("signal %d: stopping every run and exiting", signum)
+            await anyio.to_thread.run_sync(MANAGER.cancel_all)   # calls in flight now answer with an error
+            await anyio.sleep(SHUTDOWN_GRACE_S)
+            sys.stdout.flush()
+            # The stdio transport blocks a worker thread on reading stdin, which no cancellation reaches;
+            # every child is already dead, so leave without waiting for it.
+            os._exit(0)
+
+
+async def _serve_stdio(server: ToolServer) -> None:
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(_exit_on_signal)
+        await server.run_stdio_async()
+        tg.cancel_scope.cancel()
+
+
+async def _serve_http(server: ToolServer, host: str, port: int) -> None:
+    import uvicorn
+
+    from .http_guard import http_app
+
+    config = uvicorn.Config(http_app(server, host), host=host, port=port, log_level="warning")
+    web = uvicorn.Server(config)
+    web.install_signal_handlers = lambda: None   # our handler answers calls in flight first
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(_exit_on_signal)
+        await web.serve()
+        tg.cancel_scope.cancel()
+
+
+def serve(http: str | None = None) -> None:
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
+    server = build_server()
+    try:
+        if not http:
+            anyio.run(_serve_stdio, server)
+            return
+        host, _, port = http.rpartition(":")
+        if not host or not port.isdigit():
+            raise SystemExit(f"--http wants HOST:PORT, e.g. 127.0.0.1:8765; got {http!r}")
+        anyio.run(_serve_http, server, host.strip("[]"), int(port))
+    finally:
+        MANAGER.cancel_all()  # nothing outlives the server: no orphan ranks holding GPUs
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python server.py", description="mleng MCP server (stdio by default)")
+    parser.add_argument("--http", metavar="HOST:PORT", help="serve streamable HTTP at http://HOST:PORT/mcp")
+    args = parser.parse_args(argv)
+    serve(args.http)

@@ -1,0 +1,171 @@
+"""Runs one tool call: every call has a deadline, can be cancelled and reports progress.
+
+`execute()` is synchronous and thread-safe; jobs.py runs it on a job thread for the server and the
+CLI alike. Subprocess tools run as `python -m PACKAGE.engine.child` under processes.Supervised: on a
+deadline, a cancel, a crash or an exception in the caller the child's whole process tree is killed
+before execute returns. In-process tools are short pure computations; they run on the calling
+thread, and their progress callback raises at once when the call is cancelled or past its deadline
+(jobs.py stops waiting for one that never calls it). Every result that comes back is stored.
+"""
+
+import contextlib
+import fcntl
+import json
+import signal
+import threading
+import time
+
+from . import store
+from .processes import Supervised, python_module_command
+from .registry import module_of
+from .spec import Params, Progress, Result, ToolFailure, ToolSpec
+
+
+class Cancelled(ToolFailure):
+    """The run was cancelled by the caller (client cancellation or job_cancel)."""
+
+
+class DeadlineExceeded(ToolFailure):
+    """The run did not finish within its deadline (timeout_s)."""
+
+
+def deadline_message(spec: ToolSpec, timeout_s: float, killed: bool) -> str:
+    what = "all its processes were killed" if killed else "it was stopped"
+    return (f"{spec.name} did not finish within its timeout of {timeout_s:g} s; {what}. "
+            "Raise timeout_s or ask for less work.")
+
+
+def execute(spec: ToolSpec, params: Params, progress: Progress | None = None, *,
+            timeout_s: float | None = None, cancel: threading.Event | None = None,
+            job_id: str | None = None) -> Result:
+    """Run `spec` with validated `params`; returns its Result (with result_id) or raises ToolFailure."""
+    progress = progress or (lambda fraction, message: None)
+    cancel = cancel or threading.Event()
+    timeout_s = timeout_s or spec.timeout_s
+    started = time.time()
+    provenance = store.host_provenance() if spec.store else {}
+    if spec.runs == "in_process":
+        result = spec.run(params, _checked_progress(spec, progress, cancel, time.monotonic() + timeout_s, timeout_s))
+    else:
+        devices = sorted(set(spec.gpu_devices(params))) if spec.gpu_devices else []
+        with gpu_locks(devices, cancel, progress):
+            data, child_prov = _run_child(spec, params, progress, timeout_s, cancel)
+        provenance.update(child_prov)
+        try:
+            result = spec.Result.model_validate(data)
+        except ValueError as e:
+            raise ToolFailure(f"{spec.name} returned a result that does not match its schema: {e}") from None
+    if spec.store:
+        result.result_id = store.save(
+            spec.name, params.model_dump(mode="json"), result.model_dump(mode="json"),
+            started=started, ended=time.time(), provenance=provenance, metric_name=spec.metric,
+            job_id=job_id)
+    return result
+
+
+def _checked_progress(spec: ToolSpec, progress: Progress, cancel: threading.Event, deadline: float,
+                      timeout_s: float) -> Progress:
+    """progress() for an in-process run: where the tool reports, it also stops if it must."""
+    def report(fraction: float, message: str) -> None:
+        if cancel.is_set():
+            raise Cancelled(f"{spec.name} was cancelled.")
+        if time.monotonic() > deadline:
+            raise DeadlineExceeded(deadline_message(spec, timeout_s, killed=False))
+        progress(fraction, message)
+    return report
+
+
+def _parse_wire(line: str) -> dict | None:
+    try:
+        event = json.loads(line)
+    except json.JSONDecodeError:
+        return None   # not ours: the child redirects stdout, so this should not happen; never fatal
+    return event if isinstance(event, dict) else None
+
+
+def _run_child(spec: ToolSpec, params: Params, progress: Progress, timeout_s: float,
+               cancel: threading.Event) -> tuple[dict, dict]:
+    module = module_of(spec)
+    cmd = python_module_command("engine.child", spec.name, *([module] if module else []))
+    deadline = time.monotonic() + timeout_s
+    outcome = None
+    child = Supervised(cmd, parse_line=_parse_wire, stdin_bytes=params.model_dump_json().encode(), tail_lines=60)
+    try:
+        while outcome is None:
+            if cancel.is_set():
+                raise Cancelled(f"{spec.name} was cancelled; its processes were killed.")
+            if time.monotonic() > deadline:
+                raise DeadlineExceeded(deadline_message(spec, timeout_s, killed=True) + _tail_note(child))
+            event = child.next_event(0.1)
+            if event is None:
+                continue
+            if event is Supervised.EOF:  # stdout closed: the child exited (or closed it) without a result
+                outcome = ("crash", None)
+            elif event.get("event") == "progress":
+                progress(event.get("fraction", 0.0), event.get("message", ""))
+            elif event.get("event") in ("result", "error"):
+                outcome = (event["event"], event)
+    finally:
+        # After an outcome the child is on its way out: let it exit so its status is its own.
+        returncode = child.stop(grace_s=2.0, exit_wait_s=3.0 if outcome is not None else 0.0)
+    kind, event = outcome
+    if kind == "result":
+        return event["result"], event.get("provenance") or {}
+    if kind == "error":
+        raise ToolFailure(event["message"])
+    raise ToolFailure(f"{spec.name} crashed: {_describe_exit(returncode)}.{_tail_note(child)}")
+
+
+def _tail_note(child: Supervised) -> str:
+    text = child.stderr_text().strip()
+    if not text:
+        return ""
+    return "\nLast lines of its stderr:\n" + "\n".join(text.splitlines()[-25:])
+
+
+def _describe_exit(code: int | None) -> str:
+    if code is None:
+        return "exit status unknown"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        hint = {"SIGSEGV": " (segmentation fault: often a CUDA/driver or extension bug)",
+                "SIGABRT": " (abort: a C++ exception or failed assertion, e.g. a CUDA or NCCL error)",
+                "SIGKILL": " (killed: often the kernel OOM killer — check `dmesg`)"}.get(name, "")
+        return f"killed by {name}{hint}"
+    return f"exited with status {code} without a result"
+
+
+# ---------------------------------------------------------------------------------------------------
+# Per-GPU locks: two GPU benchmarks never share a device. File locks, so they hold across the server,
+# the CLI and other users' processes on the host; the kernel drops them if a holder dies.
+
+@contextlib.contextmanager
+def gpu_locks(devices: list[int], cancel: threading.Event, progress: Progress):
+    lock_dir = store.mleng_home() / "locks"
+    lock_dir.mkdir(parents=True, exist_ok=True)
+    held = []
+    try:
+        for device in devices:  # sorted by the caller: a fixed order cannot deadlock
+            f = open(lock_dir / f"gpu{device}.lock", "a+")
+            told = False
+            while True:
+                try:
+                    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if cancel.is_set():
+                        f.close()
+                        raise Cancelled("cancelled while waiting for a GPU lock") from None
+                    if not told:
+                        progress(0.0, f"waiting for GPU {device}: another mleng benchmark is using it")
+                        told = True
+                    time.sleep(0.2)
+            held.append(f)
+        yield
+    finally:
+        for f in held:
+            fcntl.flock(f, fcntl.LOCK_UN)
+            f.close()

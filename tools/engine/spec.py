@@ -1,0 +1,130 @@
+"""The tool contract: what a tool declares (ToolSpec) and the models its inputs and outputs build on.
+
+A tool is a module `tools/<name>.py`, or a package `tools/<name>/` when it owns helpers, that defines
+`SPEC = ToolSpec(...)`: its name, a description written for an agent, a `Params` model, a `Result`
+model and a `run()` function. The engine owns everything else: discovery (registry.py), argument
+parsing (cli.py), the child process protocol (child.py, runner.py), deadlines, cancellation, GPU
+locks, the results store, MCP wiring (mcp_server.py). A tool never parses argv, spawns its own
+child, formats tables or talks MCP. docs/architecture.md draws the whole picture.
+
+Tool modules are imported by the server at start, so they must import quickly: heavy imports
+(torch, matplotlib) go inside `run()`.
+"""
+
+import dataclasses
+from collections.abc import Callable, Iterable
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = ["Field", "Params", "Record", "Result", "JobRef", "ToolSpec", "Progress", "ToolFailure", "Verdict",
+           "worst", "VERDICT_ORDER"]
+
+Verdict = Literal["ok", "warn", "fail", "info"]
+IN_PROCESS_MAX_S = 60.0
+RunsIn = Literal["in_process", "subprocess"]
+
+# Verdicts from least to most severe: `worst` of several is the one furthest along.
+VERDICT_ORDER: tuple[str, ...] = ("info", "ok", "warn", "fail")
+
+
+def worst(verdicts: Iterable[str], default: str = "ok") -> str:
+    """The most severe of `verdicts` (info < ok < warn < fail); `default` when there are none."""
+    return max(verdicts, key=VERDICT_ORDER.index, default=default)
+
+# progress(fraction_done_0_to_1, message). Cheap to call; the harness rate-limits nothing, so call it
+# at natural boundaries (per shape, per size, per rank), not in inner loops.
+Progress = Callable[[float, str], None]
+
+
+class ToolFailure(Exception):
+    """A run that could not produce a result: bad environment, missing prerequisite, crashed child.
+
+    The message is shown to the agent as is: say what happened, what was expected, what to do.
+    """
+
+
+class Params(BaseModel):
+    """Base for every tool's parameters (its input): unknown fields are refused, values validated on
+    construction. Output sub-records derive from Record, not from this class."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class Record(BaseModel):
+    """Base for the rows and sub-records a Result carries (per GPU, per size, per rank...)."""
+
+
+class JobRef(BaseModel):
+    """Set on a result whose run outlived the caller's wait budget: follow it with job_status."""
+
+    job_id: str = Field(description="Pass to job_status / job_cancel.")
+    state: str = Field(description="running | done | failed | cancelled")
+    elapsed_s: float = Field(description="Seconds since the run started.")
+
+
+class Result(BaseModel):
+    """Base for every tool's result. Subclasses add their measured data; every field needs a default
+    (a result that is still running, or returned as a job handle, carries only the base fields)."""
+
+    verdict: Verdict = Field("info", description="ok | warn | fail | info (info: nothing to judge).")
+    findings: list[str] = Field(
+        default_factory=list, description="Plain sentences with numbers and units, most important first."
+    )
+    next: list[str] = Field(
+        default_factory=list, description="Suggested next tools (catalog names) or knowledge:// pages."
+    )
+    job: JobRef | None = Field(None, description="Present when the run continues in the background.")
+    result_id: int | None = Field(None, description="Row id of this result in the results store.")
+
+    # Fields that hold the path of a PNG the tool drew: the MCP server attaches those images to its answer.
+    image_fields: ClassVar[tuple[str, ...]] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class ToolSpec:
+    """Everything the server, the CLI and the runner need to know about one tool."""
+
+    name: str
+    summary: str
+    description: str
+    Params: type[Params]
+    Result: type[Result]
+    run: Callable[[Any, Progress], Result]
+    runs: RunsIn = "in_process"
+    read_only: bool = True
+    destructive: bool = False
+    idempotent: bool = True
+    open_world: bool = False
+    # Deadline of one call. Default: 30 s in-process (they must be short), 300 s in a subprocess.
+    timeout_s: float | None = None
+    # GPUs (local indices) the run occupies; the runner holds a per-GPU lock on each while it runs.
+    gpu_devices: Callable[[Any], list[int]] | None = None
+    # Name of the Result field that is the headline figure, for results_history outliers/regressions.
+    metric: str | None = None
+    higher_is_better: bool = True
+    # Whether results are worth keeping in the store (pure look-ups are not).
+    store: bool = True
+    # Part of `mleng doctor`? Called with {"gpu_count": int, "gpu_names": [str]}; returns the params
+    # for a quick, safe run on this machine, or None to sit this machine out. Order: doctor_order.
+    doctor: Callable[[dict], dict | None] | None = None
+    doctor_order: int = 50
+
+    def __post_init__(self):
+        if not self.name.isidentifier() or self.name != self.name.lower():
+            raise ValueError(f"tool name {self.name!r}: use lower_snake_case")
+        if not issubclass(self.Params, Params) or not issubclass(self.Result, Result):
+            raise TypeError(f"{self.name}: Params/Result must subclass harness Params/Result")
+        missing = [n for n, f in self.Result.model_fields.items() if f.is_required()]
+        if missing:
+            raise TypeError(f"{self.name}: Result fields need defaults: {missing}")
+        undocumented = [n for n, f in self.Params.model_fields.items() if not f.description]
+        if undocumented:
+            raise TypeError(f"{self.name}: Params fields need a description: {undocumented}")
+        if self.metric and self.metric not in self.Result.model_fields:
+            raise ValueError(f"{self.name}: metric {self.metric!r} is not a Result field")
+        if self.timeout_s is None:
+            object.__setattr__(self, "timeout_s", 30.0 if self.runs == "in_process" else 300.0)
+        if self.runs == "in_process" and self.timeout_s > IN_PROCESS_MAX_S:
+            raise ValueError(f"{self.name}: an in-process tool cannot be killed, so it must be short "
+                             f"(timeout_s <= {IN_PROCESS_MAX_S:g}); run it as a subprocess instead")

@@ -1,0 +1,180 @@
+"""The results store: every tool result, with where and on what it was measured.
+
+One SQLite file, `$MLENG_HOME/results.sqlite3` (default: the user's data directory,
+~/.local/share/mleng on Linux). SQLite because it is embedded, safe across the server and CLI
+processes at once (WAL), and queryable by anyone with the sqlite3 shell.
+
+Provenance is collected where it is cheapest: the host, the GPUs and the driver through NVML in the
+parent; torch / CUDA / NCCL versions in the child that imported torch (a parent never imports torch).
+"""
+
+import json
+import os
+import platform
+import socket
+import sqlite3
+import sys
+from importlib import metadata
+from pathlib import Path
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS results (
+    id            INTEGER PRIMARY KEY AUTOINCREMENT,
+    tool          TEXT NOT NULL,
+    verdict       TEXT,
+    host          TEXT,
+    gpu_names     TEXT,   -- JSON list, one per GPU the run could see
+    gpu_uuids     TEXT,   -- JSON list
+    gpu_serials   TEXT,   -- JSON list
+    driver        TEXT,
+    torch         TEXT,
+    cuda          TEXT,
+    nccl          TEXT,
+    python        TEXT,
+    params        TEXT,   -- JSON of the validated Params
+    params_key    TEXT,   -- canonical JSON of params without volatile fields: groups comparable runs
+    result        TEXT,   -- JSON of the Result
+    metric_name   TEXT,
+    metric_value  REAL,
+    started       REAL,   -- unix seconds
+    ended         REAL,
+    job_id        TEXT
+);
+CREATE INDEX IF NOT EXISTS results_tool ON results(tool, params_key, started);
+"""
+
+# Params that change how long or how verbosely a run goes, not what it measures.
+VOLATILE_PARAMS = {"detail", "wait_s", "timeout_s", "time_budget_s", "json"}
+
+
+def mleng_home() -> Path:
+    """$MLENG_HOME, else the XDG data directory (~/.local/share/mleng)."""
+    if os.environ.get("MLENG_HOME"):
+        return Path(os.environ["MLENG_HOME"])
+    base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
+    return Path(base) / "mleng"
+
+
+def connect() -> sqlite3.Connection:
+    home = mleng_home()
+    home.mkdir(parents=True, exist_ok=True)
+    conn = sqlite3.connect(home / "results.sqlite3", timeout=30)
+    conn.row_factory = sqlite3.Row
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.executescript(SCHEMA)
+    return conn
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def host_provenance() -> dict:
+    """Host, python, torch (by package metadata: no import), GPUs and driver through NVML."""
+    prov = {"host": socket.gethostname(), "python": platform.python_version(),
+            "torch": _version("torch"), "gpu_names": [], "gpu_uuids": [], "gpu_serials": [],
+            "driver": None}
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:
+        return prov
+    try:
+        prov["driver"] = _str(pynvml.nvmlSystemGetDriverVersion())
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            prov["gpu_names"].append(_str(pynvml.nvmlDeviceGetName(h)))
+            prov["gpu_uuids"].append(_str(pynvml.nvmlDeviceGetUUID(h)))
+            try:
+                prov["gpu_serials"].append(_str(pynvml.nvmlDeviceGetSerial(h)))
+            except pynvml.NVMLError:  # consumer cards have no serial
+                prov["gpu_serials"].append(None)
+    except Exception:
+        pass
+    finally:
+        pynvml.nvmlShutdown()
+    return prov
+
+
+def torch_provenance() -> dict:
+    """torch / CUDA / NCCL versions, only if this process already imported torch (children do)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return {}
+    prov = {"torch": torch.__version__, "cuda": torch.version.cuda or getattr(torch.version, "hip", None)}
+    try:
+        if torch.cuda.is_available():
+            v = torch.cuda.nccl.version()
+            prov["nccl"] = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
+    except Exception:
+        pass
+    return prov
+
+
+def _str(v) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def params_key(params: dict) -> str:
+    return json.dumps({k: v for k, v in params.items() if k not in VOLATILE_PARAMS}, sort_keys=True)
+
+
+def save(tool: str, params: dict, result: dict, *, started: float, ended: float, provenance: dict,
+         metric_name: str | None = None, job_id: str | None = None) -> int:
+    """Insert one result; returns its row id."""
+    metric_value = result.get(metric_name) if metric_name else None
+    if not isinstance(metric_value, (int, float)) or isinstance(metric_value, bool):
+        metric_value = None
+    with connect() as conn:
+        cur = conn.execute(
+            "INSERT INTO results (tool, verdict, host, gpu_names, gpu_uuids, gpu_serials, driver, torch,"
+            " cuda, nccl, python, params, params_key, result, metric_name, metric_value, started, ended,"
+            " job_id) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            (tool, result.get("verdict"), provenance.get("host"),
+             json.dumps(provenance.get("gpu_names", [])), json.dumps(provenance.get("gpu_uuids", [])),
+             json.dumps(provenance.get("gpu_serials", [])), provenance.get("driver"),
+             provenance.get("torch"), provenance.get("cuda"), provenance.get("nccl"),
+             provenance.get("python"), json.dumps(params, default=str), params_key(params),
+             json.dumps(result, default=str), metric_name, metric_value, started, ended, job_id))
+        return cur.lastrowid
+
+
+def _filters(tool: str | None, host: str | None, gpu: str | None, since: float | None) -> tuple[str, list]:
+    """WHERE clause (with its arguments) shared by query() and count()."""
+    where, args = [], []
+    if tool:
+        where.append("tool = ?"); args.append(tool)
+    if host:
+        where.append("host = ?"); args.append(host)
+    if gpu:
+        where.append("(lower(gpu_names) LIKE ? OR lower(gpu_uuids) LIKE ? OR lower(gpu_serials) LIKE ?)")
+        args += [f"%{gpu.lower()}%"] * 3
+    if since is not None:
+        where.append("started >= ?"); args.append(since)
+    return (" WHERE " + " AND ".join(where) if where else ""), args
+
+
+def count(tool: str | None = None, host: str | None = None, gpu: str | None = None,
+          since: float | None = None) -> int:
+    """How many rows match (no limit)."""
+    clause, args = _filters(tool, host, gpu, since)
+    with connect() as conn:
+        return conn.execute("SELECT count(*) FROM results" + clause, args).fetchone()[0]
+
+
+def query(tool: str | None = None, host: str | None = None, gpu: str | None = None,
+          since: float | None = None, limit: int = 200) -> list[dict]:
+    """Rows, newest first. `gpu` matches a substring of any GPU name, UUID or serial (case-insensitive)."""
+    clause, args = _filters(tool, host, gpu, since)
+    sql = "SELECT * FROM results" + clause + " ORDER BY started DESC, id DESC LIMIT ?"
+    args.append(limit)
+    with connect() as conn:
+        rows = [dict(r) for r in conn.execute(sql, args)]
+    for r in rows:
+        for k in ("gpu_names", "gpu_uuids", "gpu_serials", "params", "result"):
+            r[k] = json.loads(r[k]) if r[k] else None
+    return rows

@@ -1,0 +1,183 @@
+"""Reading flight-recorder dumps (private to flight_recorder_analyze: no SPEC).
+
+Any torch version's pickle or JSON dump becomes one RankDump per rank: its collectives as Op records
+per process group, the fields looked up by every name they have had. Pickles go through an unpickler
+that refuses every class, so a hostile file cannot run code; only plain data loads.
+"""
+
+import ast
+import json
+import os
+import pickle
+import re
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..engine.spec import ToolFailure
+
+DEFAULT_PREFIX_ENV = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
+TORCH_DEFAULT_PREFIX = "/tmp/nccl_trace_rank_"
+MAX_FILES = 4096
+MAX_FILE_BYTES = 512 * 1024 * 1024
+RANK_IN_NAME = re.compile(r"(\d+)(?:\.(?:json|pkl|pickle))?$")
+
+
+class _PlainData(pickle.Unpickler):
+    def find_class(self, module, name):
+        raise pickle.UnpicklingError(f"refusing to load {module}.{name}: a flight-recorder dump is plain data")
+
+
+@dataclass(slots=True)
+class Op:
+    seq: int
+    op: str
+    in_sizes: list
+    in_dtypes: list
+    out_sizes: list
+    done: bool
+    state: str
+    called_from: str
+    timeout_ms: int | None
+
+    def describe(self) -> str:
+        sizes = ",".join("x".join(map(str, s)) or "scalar" for s in self.in_sizes) or "-"
+        dtypes = ",".join(dict.fromkeys(map(str, self.in_dtypes))) or "-"
+        where = f" from {self.called_from}" if self.called_from else ""
+        return f"{self.op} #{self.seq} (sizes {sizes}, dtype {dtypes}){where}"
+
+
+@dataclass
+class RankDump:
+    rank: int
+    path: str
+    version: str
+    pg_config: dict
+    groups: dict = field(default_factory=lambda: defaultdict(list))     # (name, desc) -> [Op]
+    backend: str = ""
+    p2p_ops: int = 0
+
+
+def rank_of(name: str, prefix: str) -> int | None:
+    if prefix and not name.startswith(prefix):
+        return None
+    m = RANK_IN_NAME.search(name[len(prefix):] if prefix else name)
+    return int(m.group(1)) if m else None
+
+
+def load_dump(path: Path) -> dict:
+    size = path.stat().st_size
+    if size == 0:
+        raise ValueError("empty file (0 bytes): the rank was killed while writing its dump; the first dump "
+                         "with stack traces takes 1-3 s, so give ranks time before SIGKILL")
+    if size > MAX_FILE_BYTES:
+        raise ValueError(f"{size / 2**20:.0f} MiB is larger than any flight-recorder dump")
+    with open(path, "rb") as f:
+        head = f.read(1)
+        f.seek(0)
+        if head == b"\x80":
+            try:
+                data = _PlainData(f).load()
+            except (pickle.UnpicklingError, EOFError, ValueError, TypeError, MemoryError, IndexError) as e:
+                raise ValueError(f"not a complete pickle ({type(e).__name__}: {e}): truncated or corrupt") from None
+        elif head in (b"{", b" ", b"\n"):
+            try:
+                data = json.load(f)
+            except (json.JSONDecodeError, UnicodeDecodeError) as e:
+                raise ValueError(f"not valid JSON ({e}): truncated or corrupt") from None
+        else:
+            raise ValueError("neither a pickle nor a JSON flight-recorder dump")
+    if not isinstance(data, dict) or "version" not in data or not ({"entries", "pg_config", "pg_status"} & set(data)):
+        raise ValueError("readable, but not a flight-recorder dump (no version/entries/pg_config keys)")
+    return data
+
+
+def _called_from(frames) -> str:
+    """The innermost frame outside torch: the user's line that issued the collective."""
+    for fr in frames or []:
+        fname = str(fr.get("filename", ""))
+        if "/torch/" in fname or fname.startswith("<"):
+            continue
+        return f"{fr.get('name', '?')} ({'/'.join(fname.rsplit('/', 2)[-2:])}:{fr.get('line', '?')})"
+    return ""
+
+
+def _parse(rank: int, path: Path, data: dict, shared: dict) -> RankDump:
+    """Entries -> Ops per process group. `shared` interns the values thousands of entries repeat
+    (sizes, dtypes, call sites): a 256-rank x 2000-entry job fits in a few hundred MB."""
+    def one(value):
+        return shared.setdefault(repr(value), value)
+
+    dump = RankDump(rank=rank, path=str(path), version=str(data.get("version", "")),
+                    pg_config=data.get("pg_config") or {})
+    for e in data.get("entries") or []:
+        if e.get("is_p2p"):
+            dump.p2p_ops += 1              # send/recv are paired differently; collectives name hangs
+            continue
+        seq = e.get("collective_seq_id", e.get("seq_id"))
+        if seq is None:
+            continue
+        backend, _, op = str(e.get("profiling_name", "?")).rpartition(":")
+        dump.backend = dump.backend or backend
+        pg = e.get("process_group") or (str(e.get("pg_id", "?")), "")
+        state = str(e.get("state", ""))
+        dump.groups[(str(pg[0]), str(pg[1]) if len(pg) > 1 else "")].append(Op(
+            seq=int(seq), op=one(op or "?"), in_sizes=one(list(e.get("input_sizes") or [])),
+            in_dtypes=one(list(e.get("input_dtypes") or [])), out_sizes=one(list(e.get("output_sizes") or [])),
+            done=state == "completed" or bool(e.get("retired")), state=one(state),
+            called_from=one(_called_from(e.get("frames"))), timeout_ms=e.get("timeout_ms")))
+    return dump
+
+
+def find_dump_files(path: str, prefix: str) -> tuple[Path, str]:
+    if not path:
+        env_prefix = next((os.environ[v] for v in DEFAULT_PREFIX_ENV if os.environ.get(v)), TORCH_DEFAULT_PREFIX)
+        path, prefix = str(Path(env_prefix).parent), prefix or Path(env_prefix).name
+    root = Path(path).expanduser()
+    if not root.exists():
+        raise ToolFailure(f"{root} does not exist. Give the directory the ranks dumped into (the directory "
+                          f"part of TORCH_FR_DUMP_TEMP_FILE; torch's default prefix is {TORCH_DEFAULT_PREFIX}). "
+                          "On several nodes, copy every node's dumps into one directory first.")
+    return root, prefix
+
+
+def read_dumps(path: str, prefix: str = "") -> tuple[dict[int, RankDump], list[str]]:
+    """Every readable per-rank dump under `path` (pickle preferred over JSON for the same rank)."""
+    root, prefix = find_dump_files(path, prefix)
+    files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file())
+    dumps, unreadable, shared = {}, [], {}
+    for p in files[:MAX_FILES]:
+        rank = rank_of(p.name, prefix) if root.is_dir() else (rank_of(p.name, "") or 0)
+        if rank is None:
+            continue
+        try:
+            dump = _parse(rank, p, load_dump(p), shared)
+        except (ValueError, OSError) as e:
+            unreadable.append(f"{p}: {e}")
+            continue
+        if rank in dumps and not dumps[rank].path.endswith(".json"):
+            continue                       # keep the pickle: it has stacks
+        dumps[rank] = dump
+    if not dumps:
+        why = f"; unreadable: {'; '.join(unreadable[:5])}" if unreadable else ""
+        raise ToolFailure(f"no flight-recorder dump found under {root}"
+                          f"{' with prefix ' + repr(prefix) if prefix else ''}{why}. Dumps are files named "
+                          "<prefix><rank> (pickle) or <prefix><rank>.json, one per rank.")
+    return dumps, unreadable
+
+
+
+def configured_ranks(dumps: dict[int, RankDump]) -> dict[str, set[int]]:
+    """pg name -> ranks, from pg_config where it is usable (it is broken for gloo: one '' key)."""
+    out: dict[str, set[int]] = {}
+    for d in dumps.values():
+        for key, cfg in (d.pg_config or {}).items():
+            ranks = cfg.get("ranks") if isinstance(cfg, dict) else None
+            if isinstance(ranks, str):
+                try:
+                    ranks = ast.literal_eval(ranks)
+                except (ValueError, SyntaxError):
+                    ranks = None
+            if isinstance(ranks, (list, tuple)) and ranks and all(isinstance(r, int) for r in ranks):
+                out.setdefault(str(key), set()).update(ranks)
+    return out

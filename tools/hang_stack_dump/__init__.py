@@ -1,0 +1,256 @@
+"""hang_stack_dump — py-spy stacks of a stuck job's processes, grouped, with the odd ranks named.
+
+"It's stuck": dump the Python stack of every rank (py-spy attaches with ptrace; the job is not
+stopped or changed), group identical stacks, and name the minority — typically most ranks wait in a
+collective and one is somewhere else: "ranks 0-6 wait in all_reduce called from train.py:212;
+rank 7 is in the dataloader at data.py:88". Each process's rank comes from its environment
+(RANK / LOCAL_RANK / SLURM_PROCID).
+
+By hand (the node the job runs on, as the job's user or root):
+    python -m tools.hang_stack_dump --launcher-pid 12345             # a torchrun pid: all its workers
+    python -m tools.hang_stack_dump --pattern 'train.py'             # processes whose command matches
+    python -m tools.hang_stack_dump --gpu-processes                  # every process holding GPU memory
+    python -m tools.hang_stack_dump --pids 101 102 --native --save-path /tmp/stacks.txt
+Under SLURM (from a login node or inside the allocation; needs this checkout on a shared filesystem):
+    python -m tools.hang_stack_dump --slurm-job-id 4242              # prints the all-nodes srun command
+    python -m tools.hang_stack_dump --slurm-job-id 4242 --all-nodes  # runs it: every node, one report
+"""
+
+import os
+import socket
+import sys
+from pathlib import Path
+from typing import Annotated
+
+from .stacks import (
+    ProcessStack,
+    StackGroup,
+    assign_roles,
+    dump_one,
+    dump_processes,
+    explain_py_spy_error,
+    group_stacks,
+    job_nodes,
+    py_spy_path,
+    run_all_nodes,
+    summarise_threads,
+)
+from .targets import gpu_targets, launcher_targets, pattern_targets, processes_with_env
+from ..engine.data import IMPORT_ROOT as REPO_ROOT
+from ..engine.spec import Field, Params, Result, ToolFailure, ToolSpec
+
+MAX_PROCESSES = 1024
+
+
+class HangStackDumpParams(Params):
+    pids: list[Annotated[int, Field(ge=1)]] = Field(default_factory=list, max_length=MAX_PROCESSES,
+                                                    description="Process ids to dump.")
+    launcher_pid: int | None = Field(None, ge=1, description=(
+        "A launcher's pid (torchrun, deepspeed, a python parent): dump its descendants. For an srun pid, "
+        "the local tasks of its job are dumped (srun's tasks are children of slurmstepd, not srun)."))
+    pattern: str = Field("", max_length=200, description="Regex on the command line, e.g. 'train.py'.")
+    gpu_processes: bool = Field(False, description="Dump every process holding GPU memory (NVML).")
+    slurm_job_id: str = Field("", max_length=32, pattern=r"^[0-9_]*$", description=(
+        "A SLURM job: dump its processes on this node; with all_nodes, on every node of the job."))
+    all_nodes: bool = Field(False, description=(
+        "With slurm_job_id: run `srun --overlap --jobid` to dump every node and merge the reports. "
+        "Without it the command is only returned."))
+    native: bool = Field(False, description="Add C/C++ frames (py-spy --native; ~1 s per torch process).")
+    save_path: str = Field("", max_length=4096, description=(
+        "Write every full dump (all threads) to this file; '{host}' in it becomes the host name. With "
+        "all_nodes each node writes its own file (a '.{host}' suffix is added when '{host}' is missing)."))
+    max_frames: int = Field(12, ge=1, le=200, description="Frames kept per stack in the report.")
+    max_groups: int = Field(8, ge=1, le=200, description="Stack groups reported (largest and odd ones first).")
+    per_process_timeout_s: float = Field(30.0, gt=0, le=600, description="Give up on one py-spy after this.")
+    detail: bool = Field(False, description="Also return each process's stack (always on for --all-nodes tasks).")
+
+
+class HangStackDumpResult(Result):
+    groups: list[StackGroup] = Field(default_factory=list, description="Identical main-thread stacks, largest first.")
+    odd_ranks: list[int] = Field(default_factory=list, description="Ranks outside the majority stack: look here first.")
+    processes: list[ProcessStack] = Field(default_factory=list, description="Every process examined.")
+    dumped: int = Field(0, description="Processes whose stack was read.")
+    failed: int = Field(0, description="Processes that could not be dumped (see processes[].error).")
+    slurm_command: str = Field("", description="The srun command that dumps every node of the job.")
+    saved_to: str = Field("", description="File holding the full dumps, when save_path was given.")
+
+
+def resolve_targets(params: HangStackDumpParams) -> list[int]:
+    pids = list(params.pids)
+    if params.launcher_pid:
+        pids += launcher_targets(params.launcher_pid)
+    if params.pattern:
+        pids += pattern_targets(params.pattern)
+    if params.gpu_processes:
+        pids += gpu_targets()
+    if params.slurm_job_id and not params.all_nodes:
+        pids += processes_with_env("SLURM_JOB_ID", params.slurm_job_id)
+    pids = [p for p in dict.fromkeys(pids) if p != os.getpid()]
+    return pids[:MAX_PROCESSES]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Judging: which ranks are the odd ones out
+
+def _who(ranks: list[int], pids: list[int]) -> str:
+    from ..shared.culprits import rank_list
+
+    if ranks:
+        extra = f" (+{len(pids) - len(ranks)} processes without a rank)" if len(pids) > len(ranks) else ""
+        return f"rank{'s' if len(ranks) > 1 else ''} {rank_list(ranks)}{extra}"
+    return f"pid{'s' if len(pids) > 1 else ''} {', '.join(map(str, pids[:8]))}"
+
+
+def odd_groups(groups: list[StackGroup]) -> list[StackGroup]:
+    """The groups to look at first: outside a collective while others wait in one, else the minority."""
+    if len(groups) < 2:
+        return []
+    waiting = [g for g in groups if g.in_collective]
+    elsewhere = [g for g in groups if not g.in_collective]
+    if waiting and elsewhere:
+        return elsewhere
+    if len(groups[0].pids) > len(groups[1].pids):
+        return groups[1:]
+    return []                              # a tie: no majority to measure the others against
+
+
+def _place(g: StackGroup) -> str:
+    via = f", called from {g.called_from}" if g.called_from and g.called_from != g.where else ""
+    return f"{g.where}{via}"
+
+
+def findings_for(groups: list[StackGroup], odd: list[StackGroup]) -> list[str]:
+    if not groups:
+        return []
+    if len(groups) == 1:
+        g = groups[0]
+        what = ("the collective itself is stuck (network, NCCL, a GPU) or a rank not dumped here (another node?) "
+                "never arrived: run flight_recorder_analyze on the dumps, nccl_log_analyze on the log"
+                if g.in_collective else "no rank is behind the others at the Python level")
+        return [f"All {len(g.pids)} processes ({_who(g.ranks, g.pids)}) sit in the same place: {_place(g)}; {what}."]
+    out = []
+    for g in groups:
+        verb = "wait in" if g.in_collective else "are in"
+        if len(g.pids) == 1:
+            verb = "waits in" if g.in_collective else "is in"
+        tag = " <- the odd one out: look here first" if g in odd else ""
+        out.append(f"{_who(g.ranks, g.pids)} {verb} {_place(g)}{tag}.")
+    if odd and any(g.in_collective for g in groups):
+        out.append(f"The ranks in a collective are waiting for {_who(sorted(r for g in odd for r in g.ranks), [p for g in odd for p in g.pids])}, "
+                   "which never reached it.")
+    elif not odd:
+        out.append("No majority stack: compare the groups' frames side by side.")
+    return out
+
+
+def slurm_all_nodes_command(params: HangStackDumpParams, nnodes: int | None) -> list[str]:
+    cmd = ["srun", "--overlap", f"--jobid={params.slurm_job_id}", "--ntasks-per-node=1", "--label",
+           "--kill-on-bad-exit=0", f"--chdir={REPO_ROOT}"]
+    if nnodes:
+        cmd.append(f"--nodes={nnodes}")
+    cmd += [sys.executable, "-m", "tools.hang_stack_dump", "--slurm-job-id", params.slurm_job_id, "--detail",
+            "--max-frames", str(params.max_frames), "--json"]
+    if params.save_path:
+        path = params.save_path if "{host}" in params.save_path else params.save_path + ".{host}"
+        cmd += ["--save-path", path]
+    return cmd + (["--native"] if params.native else [])
+
+
+# ---------------------------------------------------------------------------------------------------
+# The tool
+
+def _require_targets(params: HangStackDumpParams) -> None:
+    if params.pids or params.launcher_pid or params.pattern or params.gpu_processes or params.slurm_job_id:
+        return
+    job = os.environ.get("SLURM_JOB_ID", "")
+    hint = (f" This shell is inside SLURM job {job}: slurm_job_id={job} dumps its processes on this node, "
+            "and adding all_nodes=true dumps every node." if job.isdigit() else "")
+    raise ToolFailure("say which processes to dump: pids, launcher_pid (torchrun's pid), pattern (e.g. "
+                      "'train.py'), gpu_processes=true, or slurm_job_id." + hint)
+
+
+def _save_full_dumps(save_path: str, full: list[str]) -> str:
+    """Where the full dumps went; under all_nodes each node wrote its own file, named per host."""
+    if not save_path:
+        return ""
+    if not full:
+        return save_path if "{host}" in save_path else save_path + ".{host}"
+    path = Path(save_path.replace("{host}", socket.gethostname())).expanduser()
+    path.write_text("\n".join(full))
+    return str(path)
+
+
+def _uncompared_findings(procs: list[ProcessStack], problems: list[str]) -> list[str]:
+    """What was dumped but left out of the comparison, and what could not be dumped at all."""
+    out = []
+    ranked = any(p.role == "rank" for p in procs)
+    helpers = [p for p in procs if p.role == "helper"]
+    others = [p for p in procs if p.role == "other"]
+    if ranked and helpers:
+        out.append(f"{len(helpers)} child process(es) of ranks (dataloader or compile workers) were "
+                   "dumped but not compared with the ranks: see processes (detail=true for stacks).")
+    if ranked and others:
+        out.append(f"{len(others)} process(es) without a rank in their environment (launchers, "
+                   "others) were dumped but not compared with the ranks: see processes.")
+    errors = [p.error for p in procs if p.error] + problems
+    if errors:
+        out.append(f"{len(errors)} process(es) not dumped; first: {errors[0]}")
+    return out
+
+
+def run(params: HangStackDumpParams, progress) -> HangStackDumpResult:
+    _require_targets(params)
+    result = HangStackDumpResult()
+    if params.slurm_job_id:
+        cmd = slurm_all_nodes_command(params, job_nodes(params.slurm_job_id) if params.all_nodes else None)
+        result.slurm_command = " ".join(cmd)
+    progress(0.05, "finding processes")
+    problems, full = [], []
+    if params.slurm_job_id and params.all_nodes:
+        procs, problems = run_all_nodes(params.slurm_job_id, cmd, params.per_process_timeout_s)
+    else:
+        pids = resolve_targets(params)
+        if not pids:
+            raise ToolFailure("no process matched: check the pid / pattern / job id on THIS node (ps -ef), or use "
+                              "slurm_job_id with all_nodes to reach every node of a SLURM job.")
+        procs, full = dump_processes(pids, params.native, params.per_process_timeout_s, params.max_frames, progress)
+    procs = list({(p.host, p.pid): p for p in procs}.values())   # nodes sharing a host report alike
+    procs.sort(key=lambda p: (p.rank if p.rank is not None else 1 << 30, p.host, p.pid))
+    result.failed = sum(1 for p in procs if p.error)
+    result.dumped = len(procs) - result.failed
+    result.saved_to = _save_full_dumps(params.save_path, full)
+    assign_roles(procs)
+    ranked = [p for p in procs if p.role == "rank"]
+    groups = group_stacks(ranked or procs)    # launchers and ranks' own children are not compared with ranks
+    odd = odd_groups(groups)
+    result.groups = (odd + [g for g in groups if g not in odd])[:params.max_groups]
+    result.odd_ranks = sorted(r for g in odd for r in g.ranks)
+    shown = procs if (params.detail or len(procs) <= 64) else [p for p in procs if p.error][:64]
+    result.processes = shown if params.detail else [p.model_copy(update={"stack": []}) for p in shown]
+    result.findings = findings_for(groups, odd) + _uncompared_findings(procs, problems)
+    if not result.dumped:
+        errors = [p.error for p in procs if p.error] + problems
+        raise ToolFailure("no stack could be read. " + "; ".join(dict.fromkeys(errors))[:1500])
+    result.verdict = "warn" if odd or result.failed or problems else "info"
+    result.next = (["flight_recorder_analyze", "log_triage", "knowledge://debugging/hangs.md"] if odd else
+                   ["flight_recorder_analyze", "nccl_log_analyze", "knowledge://debugging/hangs.md"])
+    progress(1.0, "done")
+    return result
+
+
+SPEC = ToolSpec(
+    name="hang_stack_dump",
+    summary="py-spy stacks of a hung job's ranks, grouped by identical stack; names the ranks that are elsewhere.",
+    description=(
+        "For a job that is stuck right now ('training hangs at step 300', 'GPU util 0%, no progress'): reads "
+        "every rank's Python stack with py-spy (no restart, the job keeps running), groups identical stacks and "
+        "names the odd ranks, e.g. 'ranks 0-6 wait in all_reduce called from train.py:212; rank 7 is in "
+        "data.py:88'. Targets: pids, a launcher pid (torchrun) and its workers, a command-line regex, every "
+        "process holding GPU memory, or a SLURM job (every node with all_nodes, via srun --overlap). Needs "
+        "py-spy and ptrace permission (same user or root; explains how to fix it otherwise). Seconds per "
+        "node. After the job died use flight_recorder_analyze or log_triage instead."
+        " The process is still alive but frozen: deadlock, stuck dataloader, eval loop or torch.save that "
+        "never returns, one rank lagging while the others wait."),
+    Params=HangStackDumpParams, Result=HangStackDumpResult, run=run, runs="subprocess",
+    read_only=True, destructive=False, idempotent=True, open_world=False, timeout_s=300, store=False,
+)

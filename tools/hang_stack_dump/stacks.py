@@ -1,0 +1,249 @@
+"""Reading and grouping Python stacks with py-spy (private to hang_stack_dump: no SPEC).
+
+One `py-spy dump --json` per process (in parallel, retried while another tracer holds it), its
+main thread boiled down to the frames that matter, identical stacks grouped; and, for a SLURM job,
+the same done on every node through srun with the per-node JSON reports merged.
+"""
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+
+from .targets import describe
+from ..engine.spec import Field, Record, ToolFailure
+
+LAUNCHER_FILES = ("torch/distributed/elastic/", "torch/distributed/run.py", "torch/distributed/launch")
+
+
+# The report's records: hang_stack_dump's output schema, so every field keeps its description.
+class StackGroup(Record):
+    ranks: list[int] = Field(default_factory=list, description="Ranks with this stack (from each process's env).")
+    pids: list[int] = Field(default_factory=list, description="Processes with this stack (host:pid in procs).")
+    hosts: list[str] = Field(default_factory=list, description="Hosts these processes run on.")
+    where: str = Field("", description="Innermost frame: function (file:line).")
+    called_from: str = Field("", description="Innermost frame in user code (outside torch and the stdlib).")
+    in_collective: bool = Field(False, description=(
+        "Whether the stack waits on other ranks: inside torch.distributed, or in torch.cuda.synchronize "
+        "(NCCL collectives return at once; the wait shows up at the next synchronize)."))
+    stack: list[str] = Field(default_factory=list, description="Main-thread frames, innermost first (bounded).")
+
+
+class ProcessStack(Record):
+    pid: int = Field(0, description="Process id.")
+    host: str = Field("", description="Host name.")
+    rank: int | None = Field(None, description="Global rank from RANK / SLURM_PROCID, if readable.")
+    local_rank: int | None = Field(None, description="LOCAL_RANK / SLURM_LOCALID, if readable.")
+    command: str = Field("", description="Command line (shortened).")
+    parent_pid: int = Field(0, description="Parent process id.")
+    role: str = Field("rank", description=(
+        "rank | helper (a child of a rank with the same RANK: dataloader worker, compile worker) | "
+        "other (no rank in its environment: launcher, unrelated process)."))
+    stack: list[str] = Field(default_factory=list, description="Main-thread frames, innermost first.")
+    called_from: str = Field("", description="Innermost main-thread frame in user code.")
+    in_collective: bool = Field(False, description="Whether the main thread is inside torch.distributed.")
+    error: str = Field("", description="Why this process could not be dumped.")
+
+
+def py_spy_path() -> str:
+    found = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    if not Path(found).exists():
+        raise ToolFailure("py-spy is not installed: `pip install py-spy` (it is a dependency of mleng), "
+                          "then run again as the job's user or root.")
+    return found
+
+
+def explain_py_spy_error(pid: int, stderr: str, command: str) -> str:
+    err = stderr.strip().split("\nStack backtrace:")[0].strip()[-400:]
+    low = err.lower()
+    if "failed to suspend process" in low:
+        return (f"could not pause pid {pid} to read it: another tracer (gdb, strace, a second py-spy) is attached, "
+                f"or ptrace is denied. Check `grep TracerPid /proc/{pid}/status`; py-spy said: {err}")
+    if "permission denied" in low or "operation not permitted" in low or "ptrace" in low:
+        scope = Path("/proc/sys/kernel/yama/ptrace_scope")
+        now = f" (kernel.yama.ptrace_scope is {scope.read_text().strip()} here)" if scope.exists() else ""
+        return (f"no permission to attach to pid {pid}{now}: run as the same user as the job, or root; with Yama set "
+                "`sysctl kernel.yama.ptrace_scope=0` (1 lets only root / CAP_SYS_PTRACE attach to non-children); "
+                "in Docker add `--cap-add SYS_PTRACE`, in Kubernetes securityContext.capabilities.add "
+                f"[SYS_PTRACE]. py-spy said: {err}")
+    if "failed to find python version" in low or "not a python" in low:
+        return (f"pid {pid} is not a Python process ({command[:80]}): py-spy reads Python stacks only; for native "
+                f"code use `gdb -p {pid} -batch -ex 'thread apply all bt'`.")
+    if ("no such process" in low or "failed to get process executable name" in low
+            or "check that the process is running" in low):
+        return f"pid {pid} exited before or during the dump (the job may have moved on or died)."
+    return f"py-spy failed on pid {pid}: {err or 'no error text'}"
+
+
+def _frame(f: dict) -> str:
+    name = f.get("name") or "?"
+    short = f.get("short_filename") or f.get("filename") or "?"
+    return f"{name} ({short}:{f.get('line', '?')})" if f.get("line") else f"{name} ({short})"
+
+
+def main_thread(threads: list[dict], pid: int) -> dict | None:
+    for t in threads:
+        if t.get("os_thread_id") == pid or t.get("thread_name") == "MainThread":
+            return t
+    return threads[0] if threads else None
+
+
+def dump_one(pid: int, native: bool, timeout_s: float, py_spy: str) -> tuple[list[dict] | None, str]:
+    """(threads from `py-spy dump --json`, error text)."""
+    cmd = [py_spy, "dump", "--json", "--pid", str(pid)] + (["--native"] if native else [])
+    for attempt in range(3):
+        try:
+            proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=timeout_s,
+                                  env=dict(os.environ, RUST_BACKTRACE="0"))
+        except subprocess.TimeoutExpired:
+            return None, (f"py-spy gave no answer for pid {pid} in {timeout_s:.0f} s: a process in uninterruptible "
+                          f"I/O (state D) cannot be read; as root, `cat /proc/{pid}/stack` shows where the kernel "
+                          "holds it")
+        # Only one tracer at a time: a second py-spy (another dump, a colleague) makes this one fail.
+        if proc.returncode == 0 or "failed to suspend process" not in proc.stderr.lower():
+            break
+        time.sleep(0.3 * (attempt + 1))
+    if proc.returncode != 0:
+        return None, proc.stderr
+    try:
+        return json.loads(proc.stdout), ""
+    except json.JSONDecodeError:
+        return None, f"unreadable py-spy output: {proc.stdout[:200]}"
+
+
+
+def assign_roles(procs: list[ProcessStack]) -> None:
+    """Ranks are compared with ranks; a rank's own children (same RANK) and rank-less processes are not."""
+    by_pid = {(p.host, p.pid): p for p in procs}
+    for p in procs:
+        parent = by_pid.get((p.host, p.parent_pid))
+        if p.rank is None:
+            p.role = "other"
+        elif parent is not None and parent.rank == p.rank:
+            p.role = "helper"
+
+
+def _library_file(path: str) -> bool:
+    """Not the user's code: installed packages, the stdlib, frozen modules, native libraries."""
+    return ("/site-packages/" in path or "/dist-packages/" in path or "/lib/python3" in path
+            or path.startswith("<frozen") or ".so" in Path(path).name)
+
+
+def _waits_on_peers(frame: dict) -> bool:
+    """Inside torch.distributed (not the launcher), or blocked on the GPU stream where a NCCL kernel waits."""
+    path = str(frame.get("filename", ""))
+    if "torch/distributed/" in path:
+        return not any(x in path for x in LAUNCHER_FILES)
+    return "torch/cuda/" in path and frame.get("name") == "synchronize"
+
+
+def summarise_threads(threads: list[dict], pid: int, max_frames: int) -> dict:
+    """Main-thread frames (bounded), the user's innermost frame, and whether it waits in torch.distributed."""
+    t = main_thread(threads, pid) or {}
+    frames = t.get("frames") or []
+    user = next((f for f in frames if f.get("filename") and not _library_file(str(f["filename"]))), None)
+    in_dist = any(_waits_on_peers(f) for f in frames)
+    return {"stack": [_frame(f) for f in frames][:max_frames], "called_from": _frame(user) if user else "",
+            "in_collective": in_dist}
+
+
+def render_full_dump(pid: int, command: str, rank, threads: list[dict] | None, error: str) -> str:
+    lines = [f"=== pid {pid} rank {rank if rank is not None else '?'}: {command}"]
+    if threads is None:
+        return "\n".join(lines + [f"  (not dumped: {error})", ""])
+    for t in threads:
+        lines.append(f"Thread {t.get('os_thread_id') or t.get('thread_id')} "
+                     f"({'active' if t.get('active') else 'idle'}): {t.get('thread_name') or ''}")
+        lines += [f"    {_frame(f)}" for f in t.get("frames") or []]
+    return "\n".join(lines + [""])
+
+
+
+def group_stacks(procs: list[ProcessStack]) -> list[StackGroup]:
+    by_stack: dict[tuple, StackGroup] = {}
+    for p in procs:
+        if p.error:
+            continue
+        g = by_stack.setdefault(tuple(p.stack), StackGroup(
+            where=p.stack[0] if p.stack else "(no Python frames: idle in C code)", called_from=p.called_from,
+            in_collective=p.in_collective, stack=p.stack))
+        g.pids.append(p.pid)
+        if p.rank is not None:
+            g.ranks.append(p.rank)
+        if p.host not in g.hosts:
+            g.hosts.append(p.host)
+    for g in by_stack.values():
+        g.ranks.sort()
+    return sorted(by_stack.values(), key=lambda g: (-len(g.pids), g.ranks[:1], g.pids[:1]))
+
+
+def dump_processes(pids: list[int], native: bool, timeout_s: float, max_frames: int,
+                   progress) -> tuple[list[ProcessStack], list[str]]:
+    """Every pid's summary, and each one's full dump (all threads) as text for save_path."""
+    py_spy = py_spy_path()
+    host = socket.gethostname()
+    full = []
+
+    def one(pid: int) -> ProcessStack:
+        command, ppid, rank, local_rank = describe(pid)
+        threads, err = dump_one(pid, native, timeout_s, py_spy)
+        full.append(render_full_dump(pid, command, rank, threads, err))
+        ps = ProcessStack(pid=pid, host=host, rank=rank, local_rank=local_rank, command=command, parent_pid=ppid)
+        if threads is None:
+            ps.error = explain_py_spy_error(pid, err, command) if "no answer" not in err else err
+        else:
+            for key, value in summarise_threads(threads, pid, max_frames).items():
+                setattr(ps, key, value)
+        return ps
+
+    with ThreadPoolExecutor(max_workers=min(8, max(1, len(pids)))) as pool:
+        procs = []
+        for i, ps in enumerate(pool.map(one, pids)):
+            procs.append(ps)
+            progress(0.1 + 0.8 * (i + 1) / len(pids), f"dumped {i + 1}/{len(pids)} processes")
+    return procs, full
+
+
+# ---------------------------------------------------------------------------------------------------
+# SLURM: every node of a job
+
+def job_nodes(job_id: str) -> int | None:
+    from ..shared import slurm as _slurm
+
+    try:
+        out = _slurm.run_cmd(["squeue", "-h", "-j", job_id, "-o", "%D"], timeout_s=20).split()
+        return int(out[0]) if out and out[0].isdigit() else None
+    except _slurm.SlurmError as e:
+        raise ToolFailure(str(e)) from None
+
+
+def run_all_nodes(job_id: str, cmd: list[str], per_process_timeout_s: float) -> tuple[list[ProcessStack], list[str]]:
+    """Run the per-node dumps through srun and collect every node's processes."""
+    from ..shared import slurm as _slurm
+
+    timeout = per_process_timeout_s * 4 + 60
+    try:
+        proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=timeout)
+    except FileNotFoundError:
+        raise ToolFailure("srun is not on PATH: run this on a node of the cluster (login or compute).") from None
+    except subprocess.TimeoutExpired:
+        raise ToolFailure(f"srun gave no answer in {timeout:.0f} s: a node may be unreachable "
+                          f"(`scontrol show job {job_id}`, `sinfo -R`)") from None
+    procs, problems = [], []
+    tasks = _slurm.split_labelled_output(proc.stdout)
+    for task, text in tasks.items():
+        try:
+            doc = json.loads(text[text.index("{"):])
+            procs += [ProcessStack(**p) for p in doc.get("processes", [])]
+        except (ValueError, TypeError) as e:
+            problems.append(f"node task {task}: no report ({e}): {text[-200:]}")
+    if not tasks:
+        problems.append(f"srun exit {proc.returncode}: {(proc.stderr or proc.stdout).strip()[-400:]}")
+    return procs, problems
+

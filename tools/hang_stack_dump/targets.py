@@ -1,0 +1,156 @@
+"""Which processes hang_stack_dump reads (private: no SPEC).
+
+Targets on this node by pid list, launcher, command-line regex, GPU memory (NVML) or SLURM job id,
+and each one's rank from its environment. Never this tool's own processes or its ancestors: the CLI
+or the MCP server would otherwise show up as a rank stuck in py-spy.
+"""
+
+import os
+import re
+
+from ..engine.spec import ToolFailure
+
+RANK_VARS = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
+LOCAL_RANK_VARS = ("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK")
+
+
+def env_int(env: dict, names) -> int | None:
+    for n in names:
+        v = env.get(n, "")
+        if v.strip().isdigit():
+            return int(v)
+    return None
+
+
+def _is_python(proc) -> bool:
+    import psutil
+
+    try:
+        exe = " ".join(proc.cmdline()[:1]) + " " + proc.name()
+    except (psutil.Error, OSError):
+        return False
+    return "python" in exe.lower() or "torchrun" in exe.lower()
+
+
+def _ourselves() -> set[int]:
+    """This tool's own processes (and its ancestors: the CLI, the server), never targets."""
+    import psutil
+
+    me = psutil.Process()
+    return {me.pid, *(p.pid for p in me.parents())}
+
+
+def _is_ours(cmdline: list[str]) -> bool:
+    cmd = " ".join(cmdline)
+    return "hang_stack_dump" in cmd or "py-spy" in cmd
+
+
+def processes_with_env(key: str, value: str) -> list[int]:
+    import psutil
+
+    out, ours = [], _ourselves()
+    # Inside a SLURM step, keep to this node's share: several slurmd may run on one host.
+    node = os.environ.get("SLURMD_NODENAME")
+    for p in psutil.process_iter():
+        try:
+            env = p.environ()
+            if (p.pid not in ours and env.get(key) == value and _is_python(p) and not _is_ours(p.cmdline())
+                    and (node is None or env.get("SLURMD_NODENAME", node) == node)):
+                out.append(p.pid)
+        except (psutil.Error, OSError):
+            continue
+    return out
+
+
+def launcher_targets(pid: int) -> list[int]:
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        kids = [p for p in root.children(recursive=True) if _is_python(p)]
+        name = root.name()
+    except psutil.NoSuchProcess:
+        raise ToolFailure(f"launcher pid {pid} does not exist (the job ended, or it runs on another node)") from None
+    if not kids and name == "srun":
+        try:
+            job = root.environ().get("SLURM_JOB_ID", "")
+        except (psutil.Error, OSError):
+            raise ToolFailure(f"cannot read srun's environment (pid {pid}): run as the job's user or root, or "
+                              "pass slurm_job_id") from None
+        return [p for p in processes_with_env("SLURM_JOB_ID", job) if p != pid] if job else []
+    ranked = []
+    for p in kids:
+        try:
+            if env_int(p.environ(), RANK_VARS + LOCAL_RANK_VARS) is not None:
+                ranked.append(p.pid)
+        except (psutil.Error, OSError):
+            pass
+    # Dataloader workers inherit RANK too; kept (a stuck worker matters) but not compared with ranks.
+    return ranked or [p.pid for p in kids]
+
+
+def pattern_targets(pattern: str) -> list[int]:
+    import psutil
+
+    try:
+        rx = re.compile(pattern)
+    except re.error as e:
+        raise ToolFailure(f"pattern {pattern!r} is not a valid regex: {e}") from None
+    ours, out = _ourselves(), []
+    for p in psutil.process_iter(["cmdline"]):
+        cmdline = p.info.get("cmdline") or []
+        if p.pid not in ours and cmdline and rx.search(" ".join(cmdline)) and not _is_ours(cmdline):
+            out.append(p.pid)
+    return out
+
+
+def gpu_targets() -> list[int]:
+    try:
+        import pynvml
+    except ImportError:
+        raise ToolFailure("gpu_processes needs nvidia-ml-py (`pip install nvidia-ml-py`), or pick the processes "
+                          "with pids, launcher_pid or pattern.") from None
+    try:
+        pynvml.nvmlInit()
+    except (OSError, pynvml.NVMLError) as e:
+        raise ToolFailure(f"gpu_processes needs NVML and it is not available here ({e}): no NVIDIA driver on "
+                          "this machine. Pick the processes with pids, launcher_pid or pattern instead.") from None
+    pids = set()
+    try:
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            for fn in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
+                try:
+                    pids.update(p.pid for p in getattr(pynvml, fn)(h))
+                except pynvml.NVMLError:
+                    pass
+    finally:
+        pynvml.nvmlShutdown()
+    import psutil
+
+    visible = sorted(p for p in pids if psutil.pid_exists(p))
+    if not pids:
+        raise ToolFailure("NVML lists no process holding GPU memory on this node: the job is not running here, "
+                          "or it has not touched the GPU yet. Use pattern or launcher_pid.")
+    if not visible:
+        raise ToolFailure(f"NVML reports pids {sorted(pids)[:8]} holding GPU memory, but none exists in this PID "
+                          "namespace (a container that does not share the host's pids?): use pattern or "
+                          "launcher_pid from inside the job's container.")
+    return visible
+
+
+
+def describe(pid: int) -> tuple[str, int, int | None, int | None]:
+    """(command line, parent pid, rank, local rank) of a live process."""
+    import psutil
+
+    try:
+        p = psutil.Process(pid)
+        command, ppid = " ".join(p.cmdline())[:300], p.ppid()
+    except psutil.Error:
+        return "", 0, None, None
+    try:
+        env = p.environ()
+    except (psutil.Error, OSError):
+        env = {}
+    return command, ppid, env_int(env, RANK_VARS), env_int(env, LOCAL_RANK_VARS)

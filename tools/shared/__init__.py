@@ -1,0 +1,1 @@
+"""Helpers used by several tools. They import the engine, never a tool."""

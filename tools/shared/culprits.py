@@ -1,0 +1,120 @@
+"""Culprit naming for the distributed tools: from the last state of every rank to plain findings.
+
+Order of evidence: a culprit the ranks named themselves (e.g. a tensor of the wrong size); ranks that
+crashed (gone without a report, or a Python error that was not a wait on a peer); then, when ranks
+timed out or the run stalled, the ranks that were behind them. Ranks stopped afterwards (torchrun
+SIGTERMs the rest when one rank exits) are listed as bystanders, never as the cause.
+"""
+
+from .launch import LaunchOutcome, RankState
+
+# A rank whose last stage lasted at least this share of the process-group timeout was waiting on a
+# peer (timed out), not failing on its own.
+WAITED_SHARE = 0.8
+
+
+def diagnose(outcome: LaunchOutcome, timeout_s: float) -> tuple[list[int], list[str]]:
+    """(culprit ranks, findings) from the last state of every rank; empty when every rank finished.
+
+    Order of evidence: a culprit the ranks named themselves (e.g. a tensor of the wrong size); ranks
+    that crashed (gone without a report, or a Python error that was not a wait on a peer); then, when
+    ranks timed out or the run stalled, the ranks that were behind them.
+    """
+    states = sorted(outcome.ranks.values(), key=lambda s: s.rank)
+    if all(s.status == "done" for s in states):
+        return [], []
+    findings: list[str] = []
+    culprits: list[int] = []
+    if all(s.status == "not_started" for s in states):
+        said = [line.strip() for line in outcome.stderr_tail.splitlines() if line.strip()][-3:]
+        return [], [f"No rank reported anything: the launcher failed before any rank ran (exit code "
+                    f"{outcome.returncode}). Its last words: {' | '.join(said) or '(nothing)'}"]
+
+    for item in outcome.data:
+        if item.get("kind") == "culprits":
+            culprits = sorted(set(item.get("ranks", [])))
+            who = ", ".join(outcome.ranks[r].where() if r in outcome.ranks else f"rank {r}" for r in culprits)
+            findings.append(f"{who}: {item.get('reason', 'named by the other ranks')} "
+                            f"(stage {item.get('stage')}; {_extra(item)}).")
+            return culprits, findings
+
+    def waited_on_peer(s: RankState) -> bool:
+        return s.waited_s() >= WAITED_SHARE * timeout_s or "timed out" in (s.error or "").lower() \
+            or "timeout" in (s.error or "").lower()
+
+    crashed = [s for s in states if s.status == "vanished" and not waited_on_peer(s)]
+    crashed += [s for s in states if s.status == "error" and not waited_on_peer(s)
+                and not _peer_went_away(s.error)]
+    if crashed:
+        first_t = min(s.end_t or 0 for s in crashed)
+        for s in sorted(crashed, key=lambda s: (s.end_t or 0, s.rank)):
+            how = (f"raised {s.error!r}" if s.status == "error"
+                   else f"exited without a report (exit code {s.exitcode})" if s.exitcode is not None
+                   else "exited without a report (crash, abort or kill)")
+            findings.append(f"{s.where()} {how} in stage {s.stage}"
+                            + (f", {s.end_t - first_t:.1f} s after the first failure" if s.end_t and s.end_t > first_t + 0.5 else "")
+                            + ".")
+            culprits.append(s.rank)
+        return culprits, findings + _bystanders(states, culprits)
+
+    most = max((s.stages_seen for s in states), default=0)
+    behind = [s for s in states if s.status == "not_started" or (s.status != "done" and s.stages_seen < most)]
+    if behind:
+        ahead = [s for s in states if s.stages_seen == most]
+        ahead_stage = ahead[0].stage if ahead else "?"
+        for s in behind:
+            findings.append(
+                f"{s.where()} never reported anything: it did not start, or hung before Python ran."
+                if s.status == "not_started" else
+                f"{s.where()} stopped at stage {s.stage} and never reached {ahead_stage}, where "
+                f"{_rank_list(ahead)} waited for it"
+                + (f" until the {timeout_s:g} s timeout." if any(waited_on_peer(a) for a in ahead) else "."))
+            culprits.append(s.rank)
+        return culprits, findings + _bystanders(states, culprits)
+
+    stuck_stage = sorted({s.stage for s in states})
+    first_error = next((s.error for s in states if s.error), None)
+    findings.append(f"All {len(states)} ranks stopped in the same stage ({', '.join(stuck_stage)})"
+                    + (f"; first error: {first_error!r}" if first_error else "")
+                    + ". No single rank is behind: suspect the communication path itself "
+                      "(network, NCCL transport, firewall) rather than one rank.")
+    return [], findings
+
+
+def _peer_went_away(error: str | None) -> bool:
+    text = (error or "").lower()
+    return any(k in text for k in ("connection closed by peer", "connection reset", "broken pipe",
+                                   "remote worker crash", "socket closed"))
+
+
+def _rank_list(states: list[RankState]) -> str:
+    ranks = [s.rank for s in states]
+    if len(ranks) > 6:
+        return f"{len(ranks)} ranks ({ranks[0]}..{ranks[-1]})"
+    return "rank " + ", ".join(map(str, ranks)) if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
+
+
+def _bystanders(states: list[RankState], culprits: list[int]) -> list[str]:
+    others = [s for s in states if s.rank not in culprits and s.status != "done"]
+    if not others:
+        return []
+    stages = sorted({s.stage for s in others})
+    return [f"Stopped as a consequence, not the cause: {_rank_list(others)} (in stage {', '.join(stages)})."]
+
+
+def _extra(item: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in item.items()
+                     if k not in ("ev", "rank", "local_rank", "world_size", "host", "pid", "stage", "t",
+                                  "kind", "ranks", "reason"))
+
+
+def rank_list(ranks) -> str:
+    """[0,1,2,3,5] -> '0-3, 5'."""
+    ranks, out, i = sorted(set(ranks)), [], 0
+    while i < len(ranks):
+        j = i
+        while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
+            j += 1
+        out.append(str(ranks[i]) if i == j else f"{ranks[i]}{'-' if j > i + 1 else ', '}{ranks[j]}")
+        i = j + 1
+    return ", ".join(out)
