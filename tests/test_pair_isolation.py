@@ -10,8 +10,8 @@ import tracemalloc
 
 import pytest
 
-from tools._pair_matrix import PairFigure, analyse_pairs, node_summaries
-from tools._pair_schedule import Bisection, full_round_count, pair_rounds, partner, round_pairs
+from tools.collective_bench.pair_matrix import PairFigure, analyse_pairs, node_summaries
+from tools.collective_bench.pair_schedule import Bisection, full_round_count, pair_rounds, partner, round_pairs
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -1,13 +1,13 @@
 """collective_bench patterns "pairwise" and "bisect": rounds of node groups, then suspects with evidence.
 
-pairwise: the rounds of a round-robin schedule (tools/_pair_schedule.py), floor(N/2) two-node jobs at
+pairwise: the rounds of a round-robin schedule (pair_schedule.py), floor(N/2) two-node jobs at
 once per round; every pair's all_reduce busbw (largest size) and latency (smallest size) fill a node x
-node matrix, and tools/_pair_matrix.py tells a slow node (slow with every partner) from a slow link
+node matrix, and pair_matrix.py tells a slow node (slow with every partner) from a slow link
 (slow with one). bisect: the whole set, then halves of what fails, each group under a deadline, until
 the bad node (or link, or a set that fails only whole) remains.
 
 How a round runs is given by the caller: `run_round(groups) -> [GroupRun]` (srun steps in an
-allocation, tools/_node_groups.py, or per-node agents outside SLURM).
+allocation, node_groups.py, or per-node agents outside SLURM).
 """
 
 from __future__ import annotations
@@ -16,17 +16,16 @@ import math
 import time
 from typing import Callable, Literal
 
-from pydantic import BaseModel, Field
-
-from tools._node_groups import GroupRun
-from tools._pair_matrix import PairFigure, analyse_pairs
-from tools._pair_schedule import Bisection, full_round_count, pair_rounds
+from ..engine.spec import Field, Record
+from .node_groups import GroupRun
+from .pair_matrix import PairFigure, analyse_pairs
+from .pair_schedule import Bisection, full_round_count, pair_rounds
 
 RunRound = Callable[[list[list[int]]], list[GroupRun]]
 MATRIX_MAX_NODES = 64  # above this the result lists suspects and slow pairs, not the whole matrix
 
 
-class GroupRecord(BaseModel):
+class GroupRecord(Record):
     round: int = Field(description="Round, from 1.")
     nodes: list[str] = Field(description="Nodes of the group (a pair in pairwise).")
     status: Literal["ok", "fail", "hang"] = Field(description="ok, fail (error) or hang (passed its deadline).")
@@ -36,7 +35,7 @@ class GroupRecord(BaseModel):
     detail: str = Field("", description="Why it failed or hung.")
 
 
-class Suspect(BaseModel):
+class Suspect(Record):
     kind: Literal["node", "link", "pair", "set"] = Field(description=(
         "node: bad with every partner; link: bad with one partner only; pair: one pair, node or link "
         "undetermined; set: fails only as a whole."))
@@ -44,7 +43,7 @@ class Suspect(BaseModel):
     evidence: str = Field(description="The figures behind it.")
 
 
-class IsolationReport(BaseModel):
+class IsolationReport(Record):
     pattern: Literal["pairwise", "bisect"] = Field(description="Which pattern ran.")
     nodes: list[str] = Field(description="Nodes, in matrix order.")
     rounds: int = Field(0, description="Rounds run.")

@@ -16,9 +16,11 @@ import json
 import threading
 import time
 
-from tools._culprits import diagnose
-from tools._launch import launch_ranks
-from tools.harness import torchrun_command
+from ..engine.data import PACKAGE
+from ..engine.processes import torchrun_command
+from ..shared.culprits import diagnose
+from ..shared.launch import launch_ranks
+from .node_groups import GroupRun, figures_of
 
 _WORST = {"ok": 0, "fail": 1, "hang": 2}
 
@@ -47,7 +49,7 @@ def _wait(store, key: str, timeout_s: float) -> bool:
 def group_command(job: dict, hosts: list[str], group: list[int], me: int, nproc: int, port: int, r: int):
     """torchrun for this node's share of one group; the group's first node hosts the rendezvous store,
     and every node names its own address (the store and MASTER_ADDR otherwise come from its hostname)."""
-    cmd = torchrun_command("tools._ranks", nproc, ["bench", json.dumps(job)], nnodes=len(group),
+    cmd = torchrun_command(f"{PACKAGE}.collective_bench.rank", nproc, [json.dumps(job)], nnodes=len(group),
                            rdzv_endpoint=f"{hosts[group[0]]}:{port}", rdzv_id=f"mleng-r{r}-{group[0]}")
     at = cmd.index("-m", 3)  # the addresses are given: no guessing from a hostname that may not resolve
     return cmd[:at] + [f"--rdzv-conf=is_host={int(me == group[0])}", f"--local-addr={hosts[me]}"] + cmd[at:]
@@ -88,14 +90,12 @@ def agent(store, hosts: list[str], me: int, job: dict, *, nproc: int, deadline_s
 
 
 class Coordinator:
-    """run_round(groups) for tools/_isolation.py, through the agents of every node."""
+    """run_round(groups) for isolation.py, through the agents of every node."""
 
     def __init__(self, store, hosts: list[str], deadline_s: float):
         self.store, self.hosts, self.deadline_s, self.round = store, hosts, deadline_s, 0
 
     def __call__(self, groups: list[list[int]]):
-        from tools._node_groups import GroupRun, figures_of
-
         self.round += 1
         r = self.round
         self.store.set(f"plan/{r}", json.dumps({"groups": groups}))

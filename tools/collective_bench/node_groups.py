@@ -5,7 +5,7 @@ torchrun per node meeting at a c10d rendezvous on the group's first node. The gr
 in parallel threads, each through launch_ranks, so a group that hangs is stopped at its deadline
 without holding the others, and nothing of it is left running.
 
-Outside SLURM the same rounds run through per-node agents (tools/_node_agents.py).
+Outside SLURM the same rounds run through per-node agents (node_agents.py).
 """
 
 from __future__ import annotations
@@ -15,9 +15,10 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from tools import _slurm
-from tools._culprits import diagnose
-from tools._launch import LaunchOutcome, launch_ranks
+from ..engine.data import PACKAGE
+from ..shared import slurm as _slurm
+from ..shared.culprits import diagnose
+from ..shared.launch import LaunchOutcome, launch_ranks
 
 
 @dataclass
@@ -79,7 +80,7 @@ def srun_group_command(job: dict, names: list[str], addresses: dict[str, str], n
                        job_id: str | None = None) -> list[str]:
     """One srun step on exactly these nodes, torchrun on each, rendezvous on the first. --overlap: a
     step of the last round still being cleaned up (its node unreachable) must not block this one."""
-    return _slurm.srun_torchrun_command(["tools._ranks", "bench", json.dumps(job)], nnodes=len(names),
+    return _slurm.srun_torchrun_command([f"{PACKAGE}.collective_bench.rank", json.dumps(job)], nnodes=len(names),
                                         nproc_per_node=nproc, rdzv_port=port, rdzv_host=addresses[names[0]],
                                         extra_srun=["--overlap", f"--nodelist={','.join(names)}"], job_id=job_id)
 
