@@ -6,14 +6,39 @@ import functools
 import os
 import random
 import time
+from typing import Annotated, Literal
 
-from ..engine.spec import ToolFailure
+from ..engine.spec import Field, Params, ToolFailure
 from ..shared import slurm as _slurm
 from ..shared.launch import use_srun
 from .isolation import IsolationReport, bisect, draw_heatmap, pairwise
 from .node_agents import agent, coordinate, open_store
 from .node_groups import run_round_srun
 from .pair_schedule import full_round_count
+
+
+NodeName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.\-\[\]:]+$", max_length=255)]
+
+
+class PatternFields(Params):
+    """The inputs of the pairwise and bisect patterns (CollectiveBenchParams inherits them)."""
+
+    pattern: Literal["all", "pairwise", "bisect"] = Field("all", description=(
+        "all: one run over every rank. pairwise: rounds of two-node runs, N/2 at once, a node x node "
+        "matrix; names a slow node (slow with every partner) apart from a slow link (one partner). "
+        "bisect: the whole set, then halves of what fails or hangs, until the bad node remains."))
+    pair_rounds: int | None = Field(None, ge=1, le=8191, description=(
+        "pairwise: rounds to run; default all of them (N-1 for even N: every pair once)."))
+    group_deadline_s: float = Field(120.0, ge=10, le=3600, description=(
+        "pairwise/bisect: each group's run (start-up included) is stopped after this and counts as hung."))
+    slow_margin: float = Field(0.5, gt=0, lt=1, description=(
+        "pairwise: a pair is slow below (1 - margin) x the busbw of a healthy pair (its 75th percentile)."))
+    nodes: list[NodeName] | None = Field(None, min_length=2, max_length=8192, description=(
+        "pairwise/bisect in an allocation: only these of its nodes (default: all)."))
+    hosts: list[NodeName] | None = Field(None, min_length=2, max_length=8192, description=(
+        "pairwise/bisect outside SLURM: every node's address, in order; run the same command on each "
+        "node with its node_rank and rdzv_endpoint (first host:free port), the first node reports."))
+    node_rank: int | None = Field(None, ge=0, le=8191, description="This node's index in hosts.")
 
 
 def pattern_nodes(params) -> tuple[list[str], str]:
@@ -104,3 +129,16 @@ def heatmap(report: IsolationReport, path: str | None) -> str | None:
         return draw_heatmap(report, path, f"pair busbw, {len(report.nodes)} nodes, {report.rounds} rounds")
     except ImportError:
         return None
+
+
+def pattern_result(params, job: dict, nproc: int, progress, result_cls):
+    """The tool's answer for pattern pairwise/bisect (result_cls: CollectiveBenchResult)."""
+    report, notes = run_pattern(params, job, nproc, progress)
+    if report is None:
+        return result_cls(verdict="info", nnodes=len(params.hosts or []), findings=notes)
+    verdict, findings, nxt = pattern_findings(report)
+    if params.plot:
+        report.heatmap_png = heatmap(report, params.plot_path)
+    return result_cls(verdict=verdict, findings=findings, next=nxt, nnodes=len(report.nodes),
+                      world_size=len(report.nodes) * nproc, backend=job.get("backend"), isolation=report,
+                      heatmap_png=report.heatmap_png, sweep_wall_s=report.wall_s)
