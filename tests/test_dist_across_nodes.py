@@ -22,7 +22,7 @@ import pytest
 
 from tests.multinode_cluster import REPO, multinode_cluster  # noqa: F401  (fixture)
 
-pytestmark = pytest.mark.slurm
+pytestmark = [pytest.mark.slurm, pytest.mark.timeout(900)]  # the cluster may be busy: setup waits for it
 
 
 def tool(cluster, *argv: str, nodes: int = 4, timeout: float = 300) -> dict:

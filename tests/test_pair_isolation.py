@@ -232,3 +232,37 @@ def test_summaries_and_bad_input():
         analyse_pairs(4, iter([PairFigure(0, 1, 1.0)]))
     with pytest.raises(ValueError, match="margin"):
         analyse_pairs(4, [PairFigure(0, 1, 1.0)], margin=1.5)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The tool's inputs for the patterns: clear errors naming the field, before anything starts
+
+def _run_bench(monkeypatch, env: dict, **fields):
+    from tools.collective_bench import CollectiveBenchParams, run
+    from tools.engine.spec import ToolFailure
+
+    for key in ("SLURM_JOB_ID", "SLURM_JOBID", "SLURM_JOB_NODELIST", "SLURM_NODELIST", "SLURM_STEP_ID"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(ToolFailure) as failure:
+        run(CollectiveBenchParams(backend="gloo", nproc_per_node=1, **fields), lambda *a: None)
+    return str(failure.value)
+
+
+@pytest.mark.parametrize("fields,env,field", [
+    ({"pattern": "pairwise"}, {}, "pattern"),
+    ({"pattern": "bisect", "hosts": ["n1", "n2"]}, {}, "hosts"),
+    ({"pattern": "pairwise", "hosts": ["n1", "n2"], "node_rank": 2, "rdzv_endpoint": "n1:29400"}, {}, "node_rank"),
+    ({"pattern": "pairwise", "hosts": ["n1", "n1"], "node_rank": 0, "rdzv_endpoint": "n1:29400"}, {}, "hosts"),
+    ({"pattern": "pairwise", "hosts": ["n1", "n2", "n3", "n4"], "node_rank": 0, "rdzv_endpoint": "n1:29400",
+      "pair_rounds": 4}, {}, "pair_rounds"),
+    ({"pattern": "pairwise", "nodes": ["gpu9", "gpu1"]}, {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "gpu[1-4]"},
+     "nodes"),
+])
+def test_pattern_bad_input_names_the_field(monkeypatch, fields, env, field):
+    import shutil
+
+    if env and not shutil.which("srun"):
+        pytest.skip("srun is not installed: the allocation path is not taken")
+    assert _run_bench(monkeypatch, env, **fields).startswith(f"{field}:")

@@ -65,7 +65,7 @@ def _record(r: int, run: GroupRun, names: list[str]) -> GroupRecord:
 
 
 def pairwise(names: list[str], run_round: RunRound, *, rounds: int | None = None, margin: float = 0.5,
-             progress=None) -> IsolationReport:
+             latency_factor: float = 5.0, progress=None) -> IsolationReport:
     """Rounds of pairs (all of them by default: every pair once), then slow nodes and links named."""
     n = len(names)
     total = rounds or full_round_count(n)
@@ -81,7 +81,7 @@ def pairwise(names: list[str], run_round: RunRound, *, rounds: int | None = None
         if progress:
             slow = sum(not x.ok for x in runs)
             progress(r / total * 0.95, f"round {r}/{total}: {len(runs)} pairs, {slow} failed or hung")
-    verdict = analyse_pairs(n, figures, margin=margin)
+    verdict = analyse_pairs(n, figures, margin=margin, latency_margin=latency_factor - 1)
     report.reference_busbw_gbps, report.busbw_floor_gbps = verdict.reference_busbw_gbps, verdict.busbw_floor_gbps
     report.latency_ceiling_us = verdict.latency_ceiling_us
     report.suspects = _pair_suspects(verdict, names)

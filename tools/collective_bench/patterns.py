@@ -33,6 +33,8 @@ class PatternFields(Params):
         "pairwise/bisect: each group's run (start-up included) is stopped after this and counts as hung."))
     slow_margin: float = Field(0.5, gt=0, lt=1, description=(
         "pairwise: a pair is slow below (1 - margin) x the busbw of a healthy pair (its 75th percentile)."))
+    slow_latency_factor: float = Field(5.0, ge=1.5, le=1000, description=(
+        "pairwise: a pair is also slow when its latency (smallest size) is above this x a healthy pair's."))
     nodes: list[NodeName] | None = Field(None, min_length=2, max_length=8192, description=(
         "pairwise/bisect in an allocation: only these of its nodes (default: all)."))
     hosts: list[NodeName] | None = Field(None, min_length=2, max_length=8192, description=(
@@ -83,7 +85,7 @@ def run_pattern(params, job: dict, nproc: int, progress) -> tuple[IsolationRepor
     def drive(run_round):
         if params.pattern == "pairwise":
             return pairwise(names, run_round, rounds=params.pair_rounds, margin=params.slow_margin,
-                            progress=progress)
+                            latency_factor=params.slow_latency_factor, progress=progress)
         return bisect(names, run_round, progress=progress)
 
     if how == "srun":
