@@ -109,7 +109,9 @@ STUCK_JOB = textwrap.dedent("""
 """)
 
 
-def test_hang_stack_dump_through_srun_names_the_odd_node(multinode_cluster, tmp_path):  # noqa: F811
+def test_hang_stack_dump_through_srun_names_the_odd_node(multinode_cluster, tmp_path_factory):  # noqa: F811
+    # Not under tmp_path: its name holds "hang_stack_dump", and the tool never dumps processes named so.
+    tmp_path = tmp_path_factory.mktemp("stuckjob")
     script = tmp_path / "stuck.py"
     script.write_text(STUCK_JOB)
     job = multinode_cluster.cmd("sbatch", "--parsable", "-N4", "--ntasks-per-node=1", "--time=5",
@@ -125,6 +127,7 @@ def test_hang_stack_dump_through_srun_names_the_odd_node(multinode_cluster, tmp_
         env = {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"}
         proc = subprocess.run([sys.executable, "-m", "tools.hang_stack_dump", "--slurm-job-id", job, "--all-nodes",
                                "--json"], capture_output=True, text=True, timeout=200, cwd=REPO, env=env)
+        assert "{" in proc.stdout, (proc.stderr[:3000], open(f"{tmp_path}/job.out").read()[-1500:])
         result = json.loads(proc.stdout[proc.stdout.index("{"):])
     finally:
         multinode_cluster.cmd("scancel", job, check=False)
