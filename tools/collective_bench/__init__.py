@@ -12,6 +12,11 @@ By hand:
         --min-bytes 32K --max-bytes 16G --factor 2
     salloc -N 2 --gpus-per-node 8 python -m tools.collective_bench --max-bytes 8G   # srun + torchrun per node
     python -m tools.collective_bench --nnodes 2 --nproc-per-node 8 --rdzv-endpoint node1:29500   # on each node
+Which node or link is bad (knowledge://network/finding-the-bad-node.md):
+    salloc -N 16 python -m tools.collective_bench --pattern pairwise      # rounds of N/2 two-node runs
+    salloc -N 16 python -m tools.collective_bench --pattern bisect        # halves of a failing set
+    python -m tools.collective_bench --pattern pairwise --hosts n1 n2 n3 n4 --node-rank K \
+        --rdzv-endpoint n1:29400                                          # outside SLURM, on every node K
 """
 
 import os
@@ -24,7 +29,9 @@ from pydantic import BeforeValidator, WithJsonSchema
 from .rank import OPS, size_sweep
 from ..shared.culprits import diagnose
 from ..shared.launch import RankLayout, launch_ranks, layout, manual_start, plan_command, visible_gpus
+from .isolation import IsolationReport
 from .models import BenchRow, OpSummary
+from .patterns import PatternFields, pattern_result
 from .report import draw_plot, format_table, human_size, judge, point_at
 from ..shared.expected_busbw import expected_busbw
 from ..engine.spec import Field, Result, ToolSpec, worst
@@ -51,7 +58,7 @@ Size = Annotated[int, BeforeValidator(parse_size), Field(ge=MIN_SIZE, le=MAX_SIZ
                  WithJsonSchema({"type": "integer", "minimum": MIN_SIZE, "maximum": MAX_SIZE})]
 
 
-class CollectiveBenchParams(RankLayout):
+class CollectiveBenchParams(RankLayout, PatternFields):
     ops: list[Literal[OPS]] = Field(["all_reduce"], min_length=1, max_length=5, description=(
         "Collectives to measure: all_reduce, all_gather, reduce_scatter, all_to_all, broadcast."))
     dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="Element type.")
@@ -91,8 +98,11 @@ class CollectiveBenchResult(Result):
     plot_png: str | None = Field(None, description="PNG of busbw against size.")
     sweep_wall_s: float = Field(0.0, description="Wall time of the whole run including start-up, seconds.")
     culprit_ranks: list[int] = Field(default_factory=list, description="Ranks named when the run failed or hung.")
+    isolation: IsolationReport | None = Field(None, description=(
+        "pattern pairwise/bisect: rounds, every group's figures, the node x node matrix, suspects and evidence."))
+    heatmap_png: str | None = Field(None, description="pattern pairwise: the pair busbw matrix as a heat map.")
 
-    image_fields: ClassVar[tuple[str, ...]] = ("plot_png",)
+    image_fields: ClassVar[tuple[str, ...]] = ("plot_png", "heatmap_png")
 
 
 def summarize_rows(rows: list[BenchRow], op: str, record: dict | None) -> OpSummary:
@@ -116,7 +126,7 @@ def run(params: CollectiveBenchParams, progress) -> CollectiveBenchResult:
     nproc, nnodes = layout(params.nproc_per_node, params.nnodes)
     world = nproc * nnodes
     cmd = manual_start("collective_bench", nnodes, nproc, params.rdzv_endpoint)
-    if cmd:
+    if cmd and params.pattern == "all":
         return CollectiveBenchResult(verdict="info", world_size=world, nnodes=nnodes, findings=[
             f"{nnodes} nodes asked for outside a SLURM allocation: run this on each node: {cmd}"],
             next=["launch_script"])
@@ -129,6 +139,8 @@ def run(params: CollectiveBenchParams, progress) -> CollectiveBenchResult:
            "ops": params.ops, "min_bytes": params.min_bytes, "max_bytes": max_bytes, "factor": params.factor,
            "iters": params.iters, "warmup": params.warmup, "blocking": params.blocking,
            "plant_error_rank": params.plant_error_rank}
+    if params.pattern != "all":
+        return pattern_result(params, job, nproc, progress, CollectiveBenchResult)
     steps = len(params.ops) * len(size_sweep(params.min_bytes, max_bytes, params.factor))
     done = [0]
 
@@ -259,7 +271,11 @@ SPEC = ToolSpec(
         "default all_reduce 32K..1G on GPUs; a 32K..16G sweep of all five ops takes a few minutes. Needs "
         "torch, NCCL on GPUs (gloo on CPU, slow), matplotlib for the plot."
         " Also answers 'inter-node / InfiniBand bandwidth per GPU is lower than NDR or HDR should give', "
-        "all_to_all (alltoall) speed for MoE, and whether an NCCL upgrade changed throughput."),
+        "all_to_all (alltoall) speed for MoE, and whether an NCCL upgrade changed throughput."
+        " Which node or link is bad among N: pattern='pairwise' (rounds of N/2 two-node runs at once, a node x "
+        "node busbw/latency matrix and heat map; a slow node is slow with every partner, a slow link with one) "
+        "or pattern='bisect' (halves of a failing or hanging set, each under group_deadline_s, ceil(log2 N)+1 "
+        "rounds for one bad node); in a SLURM allocation or with hosts/node_rank on every node."),
     Params=CollectiveBenchParams, Result=CollectiveBenchResult, run=run, runs="subprocess",
     read_only=False, destructive=False, idempotent=True, open_world=False, timeout_s=900,
     gpu_devices=_gpus, metric="busbw_gbps", higher_is_better=True,

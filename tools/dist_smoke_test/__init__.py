@@ -18,6 +18,7 @@ import re
 from typing import Literal
 
 
+from ..shared import slurm as _slurm
 from ..shared.culprits import diagnose
 from ..shared.launch import RankLayout, launch_ranks, layout, manual_start, plan_command
 from .rank import FAULTS
@@ -118,11 +119,28 @@ def run(params: DistSmokeTestParams, progress) -> DistSmokeTestResult:
     return summarize(outcome, params, nnodes)
 
 
+def silent_nodes(outcome, nnodes: int) -> list[str]:
+    """Nodes of the srun allocation none of whose ranks said a word. When there is exactly one, the ranks
+    that never reported ran there (one torchrun per node): they get that host."""
+    if not outcome.command or outcome.command[0] != "srun" or nnodes < 2:
+        return []
+    heard = {s.host.split(".")[0] for s in outcome.ranks.values() if s.host}
+    silent = [n for n in _slurm.allocation_nodes()[:nnodes] if n.split(".")[0] not in heard]
+    if len(silent) == 1:
+        for state in outcome.ranks.values():
+            state.host = state.host or silent[0]
+    return silent
+
+
 def summarize(outcome, params: DistSmokeTestParams, nnodes: int) -> DistSmokeTestResult:
     versions = {e["rank"]: e["versions"] for e in outcome.data if e.get("kind") == "versions"}
     backend = next((e.get("backend") for e in outcome.data if e.get("kind") == "versions"), None)
+    silent = silent_nodes(outcome, nnodes)
     hosts = {r: s.host for r, s in outcome.ranks.items() if s.host}
     culprits, findings = diagnose(outcome, params.pg_timeout_s)
+    if silent:
+        findings.append(f"No rank on {', '.join(silent)} reported anything (the other nodes' ranks did): "
+                        f"{'that node is' if len(silent) == 1 else 'those nodes are'} where to look.")
     mismatches = version_mismatches(versions, hosts)
     states = sorted(outcome.ranks.values(), key=lambda s: s.rank)
     ok = [s for s in states if s.status == "done"]

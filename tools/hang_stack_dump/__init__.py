@@ -71,6 +71,9 @@ class HangStackDumpParams(Params):
 class HangStackDumpResult(Result):
     groups: list[StackGroup] = Field(default_factory=list, description="Identical main-thread stacks, largest first.")
     odd_ranks: list[int] = Field(default_factory=list, description="Ranks outside the majority stack: look here first.")
+    odd_nodes: list[str] = Field(default_factory=list, description=(
+        "Hosts of the odd ranks, when the dump spans several hosts (all_nodes)."))
+    hosts: list[str] = Field(default_factory=list, description="Hosts whose processes were dumped.")
     processes: list[ProcessStack] = Field(default_factory=list, description="Every process examined.")
     dumped: int = Field(0, description="Processes whose stack was read.")
     failed: int = Field(0, description="Processes that could not be dumped (see processes[].error).")
@@ -246,9 +249,16 @@ def run(params: HangStackDumpParams, progress) -> HangStackDumpResult:
     odd = odd_groups(groups)
     result.groups = (odd + [g for g in groups if g not in odd])[:params.max_groups]
     result.odd_ranks = sorted(r for g in odd for r in g.ranks)
+    result.hosts = sorted({p.host for p in procs if p.host})
+    if len(result.hosts) > 1:
+        result.odd_nodes = sorted({h for g in odd for h in g.hosts})
     shown = procs if (params.detail or len(procs) <= 64) else [p for p in procs if p.error][:64]
     result.processes = shown if params.detail else [p.model_copy(update={"stack": []}) for p in shown]
     result.findings = findings_for(groups, odd) + _uncompared_findings(procs, problems)
+    if result.odd_nodes:
+        rest = [h for h in result.hosts if h not in result.odd_nodes]
+        result.findings.insert(1, f"The odd ranks run on {', '.join(result.odd_nodes)}"
+                                  + (f"; the others on {', '.join(rest)}." if rest else "."))
     if not result.dumped:
         errors = [p.error for p in procs if p.error] + problems
         raise ToolFailure("no stack could be read. " + "; ".join(dict.fromkeys(errors))[:1500])

@@ -1,0 +1,136 @@
+"""dist_smoke_test and hang_stack_dump across the nodes of the namespace cluster, faults from outside.
+
+- a rank frozen by SIGSTOP on one node (from the host, as a hung process looks): dist_smoke_test names it
+  and its node;
+- one node whose torch reports another version (its own copy of torch/version.py bound over the shared
+  one, in that node's mount namespace only): dist_smoke_test names the node in version_mismatches;
+- a 4-node job where three nodes wait in all_reduce and one is elsewhere: hang_stack_dump through srun
+  (all_nodes) dumps every node and names the odd node.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from tests.multinode_cluster import REPO, multinode_cluster  # noqa: F401  (fixture)
+
+pytestmark = [pytest.mark.slurm, pytest.mark.timeout(900)]  # the cluster may be busy: setup waits for it
+
+
+def tool(cluster, *argv: str, nodes: int = 4, timeout: float = 300) -> dict:
+    proc = cluster.cmd("salloc", f"-N{nodes}", "--no-kill", "--time=5", sys.executable, "-m", *argv, "--json",
+                       check=False, timeout=timeout)
+    assert "{" in proc.stdout, proc.stderr[-2000:]
+    return json.loads(proc.stdout[proc.stdout.index("{"):])
+
+
+def pids_running(cluster, node: str, module: bytes) -> list[int]:
+    """Rank processes (`python -m MODULE`) on the node: not torchrun or the shell that name it as an argument."""
+    found = []
+    for pid in cluster.node_pids(node):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        at = argv.index(b"-m") if b"-m" in argv else -1
+        if at >= 0 and argv[at + 1:at + 2] == [module]:  # torchrun's own argv starts -m torch.distributed.run
+            found.append(pid)
+    return found
+
+
+def test_dist_smoke_names_the_node_whose_rank_hangs(multinode_cluster):  # noqa: F811
+    """Freeze mln3's rank as soon as it starts; the others time out waiting for it."""
+    stopped: list[int] = []
+
+    def freeze():
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not stopped:
+            for pid in pids_running(multinode_cluster, "mln3", b"tools.dist_smoke_test.rank"):
+                os.kill(pid, signal.SIGSTOP)
+                stopped.append(pid)
+            time.sleep(0.05)
+
+    import threading
+    watcher = threading.Thread(target=freeze, daemon=True)
+    watcher.start()
+    result = tool(multinode_cluster, "tools.dist_smoke_test", "--backend", "gloo", "--nproc-per-node", "1",
+                  "--pg-timeout-s", "15")
+    watcher.join()
+    assert stopped, "mln3's rank never appeared"
+    assert result["verdict"] == "fail"
+    named = [r for r in result["ranks"] if r["rank"] in result["culprit_ranks"]]
+    assert [r["host"] for r in named] == ["mln3"], result["findings"]
+    assert "mln3" in " ".join(result["findings"])
+    time.sleep(1)
+    assert not pids_running(multinode_cluster, "mln3", b"tools.dist_smoke_test.rank")
+
+
+def test_dist_smoke_names_the_node_whose_torch_differs(multinode_cluster, tmp_path):  # noqa: F811
+    import torch
+
+    original = os.path.join(os.path.dirname(torch.__file__), "version.py")
+    fake = tmp_path / "version.py"
+    fake.write_text(open(original).read().replace(torch.__version__, torch.__version__ + ".node3build"))
+    pid = str(multinode_cluster.slurmd_pid("mln3"))
+    bind = ["nsenter", "--target", pid, "--mount"]
+    subprocess.run([*bind, "mount", "--bind", str(fake), original], check=True)
+    try:
+        result = tool(multinode_cluster, "tools.dist_smoke_test", "--backend", "gloo", "--nproc-per-node", "1")
+    finally:
+        subprocess.run([*bind, "umount", original], check=True)
+    mismatches = " ".join(result["version_mismatches"])
+    assert "node3build on rank 2 (mln3)" in mismatches or ("node3build" in mismatches and "mln3" in mismatches), \
+        result["version_mismatches"]
+    assert "mln1" in mismatches  # the other value, with the nodes that have it
+
+
+STUCK_JOB = textwrap.dedent("""
+    import os, socket, time, torch, torch.distributed as dist
+    rank, world = int(os.environ["SLURM_PROCID"]), int(os.environ["SLURM_NTASKS"])
+    os.environ["RANK"] = str(rank)
+    dist.init_process_group("gloo", init_method="tcp://10.213.0.1:29611", rank=rank, world_size=world)
+
+    def load_next_batch():  # the odd node never reaches the collective
+        time.sleep(600)
+
+    if socket.gethostname() == "mln3":
+        load_next_batch()
+    print("ready", rank, flush=True)
+    dist.all_reduce(torch.ones(4))
+""")
+
+
+def test_hang_stack_dump_through_srun_names_the_odd_node(multinode_cluster, tmp_path_factory):  # noqa: F811
+    # Not under tmp_path: its name holds "hang_stack_dump", and the tool never dumps processes named so.
+    tmp_path = tmp_path_factory.mktemp("stuckjob")
+    script = tmp_path / "stuck.py"
+    script.write_text(STUCK_JOB)
+    job = multinode_cluster.cmd("sbatch", "--parsable", "-N4", "--ntasks-per-node=1", "--time=5",
+                                f"--output={tmp_path}/job.out", "--wrap",
+                                f"srun {sys.executable} {script}").stdout.strip().split(";")[0]
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:  # three ranks in all_reduce, one in load_next_batch
+            if os.path.exists(f"{tmp_path}/job.out") and open(f"{tmp_path}/job.out").read().count("ready") == 3:
+                break
+            time.sleep(0.5)
+        time.sleep(2)
+        env = {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"}
+        proc = subprocess.run([sys.executable, "-m", "tools.hang_stack_dump", "--slurm-job-id", job, "--all-nodes",
+                               "--json"], capture_output=True, text=True, timeout=200, cwd=REPO, env=env)
+        assert "{" in proc.stdout, (proc.stderr[:3000], open(f"{tmp_path}/job.out").read()[-1500:])
+        result = json.loads(proc.stdout[proc.stdout.index("{"):])
+    finally:
+        multinode_cluster.cmd("scancel", job, check=False)
+    assert result["odd_nodes"] == ["mln3"], result["findings"]
+    assert "load_next_batch" in " ".join(result["findings"]) and "mln3" in " ".join(result["findings"])
+    assert sorted(result["hosts"]) == ["mln1", "mln2", "mln3", "mln4"]

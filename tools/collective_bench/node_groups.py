@@ -1,0 +1,109 @@
+"""Run one round of disjoint node groups at once, each its own collective job under a deadline.
+
+Inside a SLURM allocation every group is one srun step on exactly its nodes (`--nodelist`), one
+torchrun per node meeting at a c10d rendezvous on the group's first node. The groups of a round run
+in parallel threads, each through launch_ranks, so a group that hangs is stopped at its deadline
+without holding the others, and nothing of it is left running.
+
+Outside SLURM the same rounds run through per-node agents (node_agents.py).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+
+from ..engine.data import PACKAGE
+from ..shared import slurm as _slurm
+from ..shared.culprits import diagnose
+from ..shared.launch import LaunchOutcome, launch_ranks
+
+
+@dataclass
+class GroupRun:
+    nodes: list[int]              # indices into the node list
+    status: str                   # ok | fail | hang
+    busbw_gbps: float | None = None   # all_reduce busbw at the largest size
+    latency_us: float | None = None   # time of one all_reduce at the smallest size
+    wall_s: float = 0.0
+    detail: str = ""              # why it is not ok, in a sentence
+    rows: list[dict] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+def figures_of(rows: list[dict]) -> tuple[float | None, float | None]:
+    """(busbw at the largest size, time at the smallest size) of all_reduce rows."""
+    mine = [r for r in rows if r.get("op") == "all_reduce"]
+    if not mine:
+        return None, None
+    return (max(mine, key=lambda r: r["bytes"])["busbw_gbps"], min(mine, key=lambda r: r["bytes"])["time_us"])
+
+
+def group_run(nodes: list[int], outcome: LaunchOutcome | None, pg_timeout_s: float, names: list[str],
+              wall_s: float) -> GroupRun:
+    """What one group's launch says: ok with its figures, or fail/hang with the first reason."""
+    if outcome is None:
+        return GroupRun(nodes, "fail", wall_s=wall_s, detail="the launcher could not start")
+    rows = [e for e in outcome.data if e.get("kind") == "row"]
+    busbw, latency = figures_of(rows)
+    where = "+".join(names[i] for i in nodes)
+    if outcome.stalled or outcome.overran:
+        return GroupRun(nodes, "hang", busbw, latency, wall_s, f"{where} did not finish within "
+                        f"{outcome.elapsed_s:.0f} s ({len(rows)} sizes measured)", rows)
+    _, findings = diagnose(outcome, pg_timeout_s)
+    if findings or outcome.returncode or not rows:
+        said = findings[0] if findings else f"exit code {outcome.returncode}, no figures"
+        return GroupRun(nodes, "fail", busbw, latency, wall_s, f"{where}: {said}", rows)
+    return GroupRun(nodes, "ok", busbw, latency, wall_s, "", rows)
+
+
+def node_addresses(names: list[str]) -> dict[str, str]:
+    """NodeAddr of every node SLURM knows (one scontrol call); a node's name where it says none."""
+    try:
+        text = _slurm.run_cmd(["scontrol", "show", "node", "-o"], timeout_s=15)
+    except _slurm.SlurmError:
+        return {n: n for n in names}
+    found = {}
+    for line in text.splitlines():
+        kv = _slurm.parse_kv_line(line)
+        if kv.get("NodeName"):
+            found[kv["NodeName"]] = kv.get("NodeAddr") or kv["NodeName"]
+    return {n: found.get(n, n) for n in names}
+
+
+def srun_group_command(job: dict, names: list[str], addresses: dict[str, str], nproc: int, port: int,
+                       job_id: str | None = None) -> list[str]:
+    """One srun step on exactly these nodes, torchrun on each, rendezvous on the first. --overlap: a
+    step of the last round still being cleaned up (its node unreachable) must not block this one."""
+    return _slurm.srun_torchrun_command([f"{PACKAGE}.collective_bench.rank", json.dumps(job)], nnodes=len(names),
+                                        nproc_per_node=nproc, rdzv_port=port, rdzv_host=addresses[names[0]],
+                                        extra_srun=["--overlap", f"--nodelist={','.join(names)}"], job_id=job_id)
+
+
+def run_round_srun(groups: list[list[int]], names: list[str], job: dict, *, nproc: int, deadline_s: float,
+                   pg_timeout_s: float, port: int, job_id: str | None = None) -> list[GroupRun]:
+    """Every group of the round at once, one srun step each; results in the order of `groups`."""
+    addresses = node_addresses(names)
+    results: list[GroupRun | None] = [None] * len(groups)
+
+    def one(k: int, group: list[int]) -> None:
+        t0 = time.monotonic()
+        outcome = None
+        try:
+            cmd = srun_group_command(job, [names[i] for i in group], addresses, nproc, port, job_id)
+            outcome = launch_ranks(cmd, len(group) * nproc, timeout_s=pg_timeout_s, stall_s=deadline_s,
+                                   deadline_s=deadline_s)
+        finally:
+            results[k] = group_run(group, outcome, pg_timeout_s, names, round(time.monotonic() - t0, 2))
+
+    threads = [threading.Thread(target=one, args=(k, g), daemon=True) for k, g in enumerate(groups)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return [r for r in results if r is not None]

@@ -1,0 +1,146 @@
+"""collective_bench with pattern "pairwise" or "bisect": which nodes, how rounds run, the tool's answer."""
+
+from __future__ import annotations
+
+import functools
+import os
+import random
+import time
+from typing import Annotated, Literal
+
+from ..engine.spec import Field, Params, ToolFailure
+from ..shared import slurm as _slurm
+from ..shared.launch import use_srun
+from .isolation import IsolationReport, bisect, draw_heatmap, pairwise
+from .node_agents import agent, coordinate, open_store
+from .node_groups import run_round_srun
+from .pair_schedule import full_round_count
+
+
+NodeName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.\-\[\]:]+$", max_length=255)]
+
+
+class PatternFields(Params):
+    """The inputs of the pairwise and bisect patterns (CollectiveBenchParams inherits them)."""
+
+    pattern: Literal["all", "pairwise", "bisect"] = Field("all", description=(
+        "all: one run over every rank. pairwise: rounds of two-node runs, N/2 at once, a node x node "
+        "matrix; names a slow node (slow with every partner) apart from a slow link (one partner). "
+        "bisect: the whole set, then halves of what fails or hangs, until the bad node remains."))
+    pair_rounds: int | None = Field(None, ge=1, le=8191, description=(
+        "pairwise: rounds to run; default all of them (N-1 for even N: every pair once)."))
+    group_deadline_s: float = Field(120.0, ge=10, le=3600, description=(
+        "pairwise/bisect: each group's run (start-up included) is stopped after this and counts as hung."))
+    slow_margin: float = Field(0.5, gt=0, lt=1, description=(
+        "pairwise: a pair is slow below (1 - margin) x the busbw of a healthy pair (its 75th percentile)."))
+    slow_latency_factor: float = Field(5.0, ge=1.5, le=1000, description=(
+        "pairwise: a pair is also slow when its latency (smallest size) is above this x a healthy pair's."))
+    nodes: list[NodeName] | None = Field(None, min_length=2, max_length=8192, description=(
+        "pairwise/bisect in an allocation: only these of its nodes (default: all)."))
+    hosts: list[NodeName] | None = Field(None, min_length=2, max_length=8192, description=(
+        "pairwise/bisect outside SLURM: every node's address, in order; run the same command on each "
+        "node with its node_rank and rdzv_endpoint (first host:free port), the first node reports."))
+    node_rank: int | None = Field(None, ge=0, le=8191, description="This node's index in hosts.")
+
+
+def pattern_nodes(params) -> tuple[list[str], str]:
+    """(node names in matrix order, "srun" or "agents"); a clear error naming the field otherwise."""
+    if params.hosts:
+        if params.node_rank is None or not params.rdzv_endpoint:
+            raise ToolFailure("hosts: outside SLURM every node runs the same command with hosts (all node "
+                              "addresses, in order), its own node_rank and rdzv_endpoint (first host:free port)")
+        if len(params.hosts) < 2 or len(set(params.hosts)) != len(params.hosts):
+            raise ToolFailure(f"hosts: need 2 or more different node addresses, got {params.hosts}")
+        if not 0 <= params.node_rank < len(params.hosts):
+            raise ToolFailure(f"node_rank: {params.node_rank} is outside 0..{len(params.hosts) - 1} (hosts has "
+                              f"{len(params.hosts)} nodes)")
+        return list(params.hosts), "agents"
+    if not use_srun(2):
+        raise ToolFailure(f"pattern: {params.pattern} needs several nodes: run it inside a SLURM allocation "
+                          "(salloc -N 4 ...), or give hosts, node_rank and rdzv_endpoint on every node")
+    names = _slurm.allocation_nodes()
+    if params.nodes:
+        unknown = [n for n in params.nodes if n not in names]
+        if unknown:
+            raise ToolFailure(f"nodes: {', '.join(unknown)} not in this allocation ({', '.join(names)})")
+        names = [n for n in names if n in params.nodes]
+    if len(names) < 2:
+        raise ToolFailure(f"nodes: pattern {params.pattern} needs at least 2 nodes, the allocation has {names}")
+    return names, "srun"
+
+
+def check_rounds(params, n: int) -> None:
+    if params.pair_rounds is not None and params.pair_rounds > full_round_count(n):
+        raise ToolFailure(f"pair_rounds: {params.pair_rounds} is more than the {full_round_count(n)} rounds "
+                          f"that cover every pair of {n} nodes")
+
+
+def run_pattern(params, job: dict, nproc: int, progress) -> tuple[IsolationReport | None, list[str]]:
+    """Run the pattern; (report, findings). report is None on a node that is not the coordinator."""
+    names, how = pattern_nodes(params)
+    check_rounds(params, len(names))
+    job = {**job, "ops": ["all_reduce"]}
+    deadline = params.group_deadline_s
+
+    def drive(run_round):
+        if params.pattern == "pairwise":
+            return pairwise(names, run_round, rounds=params.pair_rounds, margin=params.slow_margin,
+                            latency_factor=params.slow_latency_factor, progress=progress)
+        return bisect(names, run_round, progress=progress)
+
+    if how == "srun":
+        port = 29500 + random.randrange(1000)
+        return drive(functools.partial(run_round_srun, names=names, job=job, nproc=nproc, deadline_s=deadline,
+                                       pg_timeout_s=params.pg_timeout_s, port=port)), []
+    if params.node_rank == 0:
+        return coordinate(names, job, endpoint=params.rdzv_endpoint, nproc=nproc, deadline_s=deadline,
+                          pg_timeout_s=params.pg_timeout_s, drive=drive), []
+    wait_s = deadline * 4 + 120
+    ran = agent(open_store(params.rdzv_endpoint, False, wait_s), names, params.node_rank, job, nproc=nproc,
+                deadline_s=deadline, pg_timeout_s=params.pg_timeout_s,
+                port=int(params.rdzv_endpoint.rpartition(":")[2]), wait_s=wait_s)
+    return None, [f"This node ({names[params.node_rank]}) ran its share of {ran} rounds; the first node "
+                  f"({names[0]}) coordinates them and reports the matrix and the suspects."]
+
+
+def pattern_findings(report: IsolationReport) -> tuple[str, list[str], list[str]]:
+    """(verdict, findings, next) of a finished pattern."""
+    failed = sum(g.status != "ok" for g in report.groups)
+    head = (f"{report.pattern}: {len(report.nodes)} nodes, {report.rounds} rounds, {len(report.groups)} groups "
+            f"({failed} failed or hung), {report.wall_s:.0f} s")
+    if report.reference_busbw_gbps:
+        head += f"; a healthy pair: {report.reference_busbw_gbps:.3g} GB/s busbw"
+    findings = [f"Suspect {s.kind} {' - '.join(s.nodes)}: {s.evidence}." for s in report.suspects] + [head]
+    nodes = [n for s in report.suspects if s.kind == "node" for n in s.nodes]
+    if nodes and os.environ.get("SLURM_JOB_ID"):
+        findings.append(f"To take it out of service (not run by this tool): scontrol update nodename="
+                        f"{','.join(nodes)} state=drain reason=\"mleng {report.pattern}: slow or failing\"")
+    if not report.suspects:
+        return ("ok" if not failed else "warn"), findings, ["knowledge://network/finding-the-bad-node.md"]
+    nxt = ["env_report", "dist_smoke_test", "hang_stack_dump", "knowledge://network/finding-the-bad-node.md"]
+    return "fail", findings, nxt
+
+
+def heatmap(report: IsolationReport, path: str | None) -> str | None:
+    from ..engine.store import mleng_home
+
+    if not report.busbw_matrix:
+        return None
+    path = path or str(mleng_home() / "plots" / f"collective_bench-pairs-{time.strftime('%Y%m%d-%H%M%S')}.png")
+    try:
+        return draw_heatmap(report, path, f"pair busbw, {len(report.nodes)} nodes, {report.rounds} rounds")
+    except ImportError:
+        return None
+
+
+def pattern_result(params, job: dict, nproc: int, progress, result_cls):
+    """The tool's answer for pattern pairwise/bisect (result_cls: CollectiveBenchResult)."""
+    report, notes = run_pattern(params, job, nproc, progress)
+    if report is None:
+        return result_cls(verdict="info", nnodes=len(params.hosts or []), findings=notes)
+    verdict, findings, nxt = pattern_findings(report)
+    if params.plot:
+        report.heatmap_png = heatmap(report, params.plot_path)
+    return result_cls(verdict=verdict, findings=findings, next=nxt, nnodes=len(report.nodes),
+                      world_size=len(report.nodes) * nproc, backend=job.get("backend"), isolation=report,
+                      heatmap_png=report.heatmap_png, sweep_wall_s=report.wall_s)
