@@ -72,6 +72,11 @@ class MultiNodeCluster:
     def cpu_limit(self, node: str, percent: int) -> None:
         self.script("cpu", node, str(percent))
 
+    def cpu_throttled(self, node: str) -> tuple[int, int]:
+        """(CFS periods, periods throttled) of the node's cgroup so far: whether a CPU limit bound."""
+        stat = dict(line.split() for line in Path(f"/sys/fs/cgroup/cpu/mln/{node}/cpu.stat").read_text().splitlines())
+        return int(stat["nr_periods"]), int(stat["nr_throttled"])
+
     def heal(self, *nodes: str) -> None:
         self.script("heal", *nodes)
 
