@@ -109,10 +109,10 @@ def test_cpu_limit_and_killed_slurmd_are_faults_heal_undoes(multinode_cluster): 
         multinode_cluster.heal("mln2")
     counts = dict(line.split(": ") for line in out.strip().splitlines())
     bound = (throttled - throttled0) / max(1, periods - periods0)
-    if int(counts["1"]) >= 0.5 * int(counts["0"]) and bound < 0.5:
-        pytest.skip(f"the 20% limit bound in only {bound:.0%} of mln2's CPU periods: other work leaves every "
-                    f"process less than that here (load {os.getloadavg()[0]:.1f} on 2 cores); spins {counts}")
-    assert bound > 0 and int(counts["1"]) < 0.5 * int(counts["0"]), (counts, bound)  # task 1 ran on mln2
+    # The quota is what this test owns: the kernel throttled mln2's task in most periods. How much
+    # slower that makes it than mln1 depends on the other work on these 2 cores (load below).
+    assert bound > 0.5, (bound, counts, os.getloadavg())
+    assert int(counts["1"]) < int(counts["0"]) or os.getloadavg()[0] > 2, (counts, bound)  # task 1 ran on mln2
     multinode_cluster.kill_slurmd("mln4")
     time.sleep(0.5)
     assert not any("slurmd" in _comm(p) for p in multinode_cluster.node_pids("mln4"))
