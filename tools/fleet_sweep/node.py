@@ -74,15 +74,30 @@ def node_name() -> str:
     return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
 
 
-def main(argv: list[str]) -> int:
+def gpu_count() -> int:
+    """GPUs here: NVML (no torch import); torch only where NVML's Python binding is not installed."""
+    import importlib.util
+
     from ..engine.processes import local_gpu_count
+
+    if importlib.util.find_spec("pynvml"):
+        return local_gpu_count()
+    try:
+        import torch
+
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except Exception:
+        return 0
+
+
+def main(argv: list[str]) -> int:
     from ..engine.store import host_provenance, torch_provenance
     from .checks import CHECKS, plan, run_check
 
     job = json.loads(argv[0]) if argv else {}
     names = [c for c in job.get("checks", []) if c in CHECKS]
     node, host = node_name(), socket.gethostname()
-    gpus = local_gpu_count()
+    gpus = gpu_count()
     planned = plan(names, gpus, job.get("storage_path"))
     emit({"kind": "hello", "node": node, "host": host, "pid": os.getpid(), "gpu_count": gpus,
           "checks": [name for name, _ in planned]})
