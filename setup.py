@@ -1,17 +1,24 @@
 """Package layout for setuptools (metadata is in pyproject.toml).
 
 The checkout's `tools/` is installed as the package `mleng`: the generic names `tools` and `server`
-never reach a user's site-packages. `knowledge/`, `evals/` (the eval cases) and the skill ship inside it
-as `mleng/knowledge`, `mleng/eval_cases` and `mleng/skill`; tools/engine/data.py finds them there or, in a checkout,
-beside the package.
+never reach a user's site-packages. `knowledge/` (pages and data tables), `evals/` (the eval cases)
+and the skill ship inside it as `mleng/knowledge`, `mleng/eval_cases` and `mleng/skill`;
+tools/engine/data.py finds them there or, in a checkout, beside the package. Every folder is listed
+as a package (the data folders as namespace packages), so that setuptools copies their files.
 """
 
-from setuptools import find_packages, setup
+from setuptools import find_namespace_packages, find_packages, setup
 
-PACKAGES = ["mleng"] + [f"mleng.{name}" for name in find_packages("tools")]
+FOLDERS = {"mleng": "tools", "mleng.knowledge": "knowledge", "mleng.eval_cases": "evals", "mleng.skill": "skills/mleng"}
+
+
+def packages_under(name: str, folder: str, code: bool) -> list[str]:
+    found = find_packages(folder) if code else find_namespace_packages(folder, exclude=["__pycache__*"])
+    return [name] + [f"{name}.{sub}" for sub in found]
+
 
 setup(
-    packages=PACKAGES + ["mleng.knowledge", "mleng.eval_cases", "mleng.skill"],
-    package_dir={"mleng": "tools", "mleng.knowledge": "knowledge", "mleng.eval_cases": "evals",
-                 "mleng.skill": "skills/mleng"},
+    packages=[p for name, folder in FOLDERS.items() for p in packages_under(name, folder, code=name == "mleng")],
+    package_dir=FOLDERS,
+    package_data={"": ["*.md", "*.toml", "*.jsonl"]},
 )

@@ -1,7 +1,8 @@
 """Render data tables into knowledge pages from knowledge/data/*.toml (one source of truth).
 
 A page marks a block like this (data blocks: accelerators, accelerators.mamf,
-interconnects.links, interconnects.gpu_links, interconnects.network, interconnects.expected_busbw;
+interconnects.links, interconnects.gpu_links, interconnects.network, interconnects.expected_busbw,
+xid_catalog;
 page blocks: index = the pages beside an area README, tree = every area, for knowledge/README.md):
 
     <!-- data:accelerators -->
@@ -47,6 +48,17 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _read_on(records: list[dict], stem: str) -> str:
+    """One line under a table: when its figures were read from their sources (`read_on` per record)."""
+    dates: dict[str, list[str]] = {}
+    for rec in records:
+        dates.setdefault(rec.get("read_on", "date not recorded"), []).append(rec.get("id", "?"))
+    if len(dates) == 1:
+        return f"\n_Figures as read on {next(iter(dates))} from the sources in `knowledge/data/{stem}.toml`._\n"
+    parts = [f"{d} ({', '.join(ids)})" for d, ids in sorted(dates.items())]
+    return f"\n_Figures as read on {'; '.join(parts)}, from the sources in `knowledge/data/{stem}.toml`._\n"
+
+
 def _missing(stem: str) -> str:
     return f"_`knowledge/data/{stem}.toml` is not present yet; run `python knowledge/render.py` once it is._\n"
 
@@ -66,13 +78,13 @@ def render_accelerators(data: dict) -> str:
         ])
     header = ["id", "name", "memory GB", "mem BW TB/s", "bf16 TFLOPS", "fp8 TFLOPS", "fp4 TFLOPS",
               "MAMF bf16 TFLOPS", "MAMF/peak", "interconnect", "link GB/s/dir", "TDP W"]
-    return _table(header, rows)
+    return _table(header, rows) + _read_on(data.get("accelerator", []), "accelerators")
 
 
 def render_links(data: dict) -> str:
     rows = [[f"`{link['id']}`", link.get("name", ""), _num(link.get("per_gpu_unidir_gbps"))]
             for link in data.get("link", [])]
-    return _table(["id", "name", "GB/s per GPU, one direction"], rows)
+    return _table(["id", "name", "GB/s per GPU, one direction"], rows) + _read_on(data.get("link", []), "interconnects")
 
 
 def render_expected_busbw(data: dict) -> str:
@@ -84,7 +96,8 @@ def render_expected_busbw(data: dict) -> str:
             "per NIC" if gpus == 0 else _num(gpus), e.get("link", ""), e.get("algo", ""),
             e.get("op", ""), _num(e.get("busbw_gbps")), e.get("notes", "").strip().replace("\n", " "),
         ])
-    return _table(["id", "accelerators", "GPUs", "link", "algo", "op", "busbw GB/s", "notes"], rows)
+    return (_table(["id", "accelerators", "GPUs", "link", "algo", "op", "busbw GB/s", "notes"], rows)
+            + _read_on(data.get("expected_busbw", []), "interconnects"))
 
 
 def render_mamf(data: dict) -> str:
@@ -93,7 +106,9 @@ def render_mamf(data: dict) -> str:
         mamf, bf16 = acc.get("mamf_bf16_tflops"), acc.get("dense_tflops", {}).get("bf16")
         if mamf and bf16:
             rows.append([acc.get("name", acc["id"]), _num(bf16), _num(mamf), f"{100 * mamf / bf16:.0f}%"])
-    return _table(["accelerator", "datasheet bf16 TFLOPS (dense)", "published MAMF bf16 TFLOPS", "share"], rows)
+    dated = [a for a in data.get("accelerator", []) if a.get("mamf_bf16_tflops")]
+    return (_table(["accelerator", "datasheet bf16 TFLOPS (dense)", "published MAMF bf16 TFLOPS", "share"], rows)
+            + _read_on(dated, "accelerators"))
 
 
 def _links(data: dict, kinds: set[str]) -> list[dict]:
@@ -103,7 +118,8 @@ def _links(data: dict, kinds: set[str]) -> list[dict]:
 def render_gpu_links(data: dict) -> str:
     rows = [[link.get("name", link["id"]), _num(link.get("links_per_gpu")), _num(link.get("per_gpu_unidir_gbps"))]
             for link in _links(data, {"nvlink", "pcie"})]
-    return _table(["link", "links per GPU", "GB/s per GPU, one direction"], rows)
+    return (_table(["link", "links per GPU", "GB/s per GPU, one direction"], rows)
+            + _read_on(_links(data, {"nvlink", "pcie"}), "interconnects"))
 
 
 def render_network(data: dict) -> str:
@@ -113,7 +129,19 @@ def render_network(data: dict) -> str:
         gbits = link.get("per_nic_gbits")
         rows.append([link.get("name", link["id"]), f"{_num(gbits)} Gb/s" if gbits else "–",
                      _num(link.get("per_gpu_unidir_gbps")), _num(per_nic.get(link["id"]))])
-    return _table(["fabric", "line rate per NIC", "GB/s per NIC", "all_reduce busbw per NIC, Ring (GB/s)"], rows)
+    return (_table(["fabric", "line rate per NIC", "GB/s per NIC", "all_reduce busbw per NIC, Ring (GB/s)"], rows)
+            + _read_on(_links(data, {"infiniband", "roce", "efa"}), "interconnects"))
+
+
+def render_xid(data: dict) -> str:
+    cat = data.get("catalog", {})
+    rows = [[code, r["description"] + (f": {r['note']}" if r.get("note") else ""), r["immediate"],
+             r["action"], r["on_repeat"]]
+            for code, r in sorted(data.get("xid", {}).items(), key=lambda kv: int(kv[0]))]
+    head = (f"_From NVIDIA's Xid catalog ({cat.get('source', '')}, read {cat.get('read', '?')}; {cat.get('version', '')})."
+            " `NVIDIA` is the catalog's immediate resolution bucket; `now` / `if it repeats` are what mleng's tools"
+            " answer (knowledge/data/xid_catalog.toml says why 64 and 79 differ)._\n\n")
+    return head + _table(["Xid", "meaning", "NVIDIA", "now", "if it repeats"], rows)
 
 
 def _frontmatter(page: Path) -> dict[str, str]:
@@ -162,6 +190,7 @@ RENDERERS = {
     "interconnects.network": ("interconnects", render_network),
     "interconnects.links": ("interconnects", render_links),
     "interconnects.expected_busbw": ("interconnects", render_expected_busbw),
+    "xid_catalog": ("xid_catalog", render_xid),
 }
 
 

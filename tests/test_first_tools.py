@@ -4,7 +4,8 @@ import pytest
 
 from tools.shared.accelerators import match_accelerator
 from tools.env_report import env_warnings
-from tools.gpu_health import GpuReading, assess, parse_xids, summarise
+from tools.gpu_health import GpuReading, assess, summarise
+from tools.shared.xid import parse_events
 
 
 def reading(**kw) -> GpuReading:
@@ -22,24 +23,24 @@ def test_healthy_gpu_is_ok():
     assert g.verdict == "ok" and g.problems == []
 
 
-@pytest.mark.parametrize("change,verdict,words", [
-    ({"ecc_uncorrected_volatile": 2}, "fail", "uncorrectable ECC"),
-    ({"remap_failure": True}, "fail", "row remapping failed"),
-    ({"remap_pending": True}, "warn", "remap is pending"),
-    ({"throttle_reasons": ["hw_power_brake_slowdown"]}, "warn", "hw_power_brake_slowdown"),
-    ({"throttle_reasons": ["gpu_idle"]}, "ok", ""),
-    ({"temperature_c": 84}, "warn", "slowdown point"),
-    ({"pcie_width": 8}, "warn", "x8 of x16"),
-    ({"nvlink_active": 12}, "fail", "12 of 18 NVLink"),
-    ({"power_limit_w": 400.0}, "warn", "power limit"),
-    ({"xids": ["xid 79: GPU has fallen off the bus."]}, "fail", "fallen off the bus"),
-    ({"xids": ["xid 13: Graphics Exception"]}, "warn", "xid 13"),
+@pytest.mark.parametrize("change,verdict,action,words", [
+    ({"ecc_uncorrected_volatile": 2}, "fail", "reset_gpu", "uncorrectable ECC"),
+    ({"remap_failure": True}, "fail", "replace", "row remapping failed"),
+    ({"remap_pending": True}, "fail", "reset_gpu", "remap is pending"),
+    ({"throttle_reasons": ["hw_power_brake_slowdown"]}, "warn", "monitor", "hw_power_brake_slowdown"),
+    ({"throttle_reasons": ["gpu_idle"]}, "ok", "none", ""),
+    ({"temperature_c": 84}, "warn", "monitor", "slowdown point"),
+    ({"pcie_width": 8}, "warn", "monitor", "x8 of x16"),
+    ({"nvlink_active": 12}, "fail", "reset_gpu", "12 of 18 NVLink"),
+    ({"power_limit_w": 400.0}, "ok", "none", "power limit"),
+    ({"xids": [{"code": 79, "text": "GPU has fallen off the bus."}]}, "fail", "drain_node", "fallen off the bus"),
+    ({"xids": [{"code": 13, "text": "Graphics Exception"}]}, "warn", "none", "Xid 13"),
 ])
-def test_each_fault_gives_its_verdict(change, verdict, words):
+def test_each_fault_gives_its_verdict_and_action(change, verdict, action, words):
     g = reading(**change)
     assess(g)
-    assert g.verdict == verdict
-    assert words in " ".join(g.problems)
+    assert (g.verdict, g.action) == (verdict, action)
+    assert words in " ".join(p.text for p in g.problems)
 
 
 def test_node_verdict_names_the_bad_gpu_by_index_and_serial():
@@ -55,8 +56,8 @@ def test_node_verdict_names_the_bad_gpu_by_index_and_serial():
 def test_xid_lines_are_mapped_to_bus_ids():
     log = ("[Mon Jan  1 00:00:00 2026] NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, GPU has fallen off the bus.\n"
            "[Mon Jan  1 00:00:01 2026] NVRM: Xid (PCI:0000:86:00): 48, pid=99, DBE (double bit error)\n")
-    xids = parse_xids(log)
-    assert xids["3b:00"][0].startswith("xid 79:") and xids["86:00"][0].startswith("xid 48:")
+    events = parse_events(log)
+    assert [(e.bus, e.code) for e in events] == [("3b:00", 79), ("86:00", 48)]
 
 
 def test_env_warnings():
@@ -92,6 +93,6 @@ def test_real_h200_reading_from_the_gpu_machine_judges_healthy():
     result = GpuHealthResult.model_validate(data)
     for g in result.gpus:
         assess(g)
-        assert g.verdict == "ok", g.problems
+        assert g.verdict == "ok" and g.action == "none", g.problems
         assert g.nvlink_active == g.nvlink_total == 18 and g.pcie_width == 16
     assert match_accelerator(result.gpus[0].name)["id"] == "h200"

@@ -360,3 +360,18 @@ async def test_through_the_mcp_server(ptrace_ok):
         proc.wait()
     assert not r.is_error and r.structured_content["groups"][0]["where"] == "stuck_here (<string>:3)"
     assert gone.is_error and "no process matched" in gone.content[0].text
+
+
+def test_one_busy_process_without_a_collective_says_what_it_does():
+    """A single non-distributed process busy on the GPU is not a stuck collective (issue 17)."""
+    from tools.hang_stack_dump import StackGroup, findings_for
+
+    gpu = StackGroup(pids=[4242], where="synchronize (torch/cuda/__init__.py:985)", called_from="step (train.py:40)",
+                     in_collective=True, stack=["synchronize (torch/cuda/__init__.py:985)", "step (train.py:40)"])
+    text = findings_for([gpu], [])[0]
+    assert "stuck" not in text.split(";")[1].split("(")[0] and "busy on the GPU" in text and "train.py:40" in text
+    cpu = StackGroup(pids=[4242], where="load (data.py:12)", stack=["load (data.py:12)"])
+    assert "this is what it is doing" in findings_for([cpu], [])[0]
+    rank = StackGroup(ranks=[0, 1], pids=[1, 2], where="wait (torch/distributed/distributed_c10d.py:4100)",
+                      in_collective=True, stack=["wait (torch/distributed/distributed_c10d.py:4100)"])
+    assert "the collective itself is stuck" in findings_for([rank], [])[0]

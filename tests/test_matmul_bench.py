@@ -418,15 +418,18 @@ def test_verdict_against_published_mamf(mamf, verdict):
     assert (nxt[0] == "gpu_health") == (verdict != "ok")
 
 
-@pytest.mark.parametrize("sustained,verdict", [(760.0, "ok"), (690.0, "warn")])
-def test_sustained_figure_is_judged_too(sustained, verdict):
-    """Healthy H200s held 93-98% of the published MAMF once settled (docs/benchmarks.md); much less means the
-    clock does not hold: a lowered power limit or cooling, though the full-clock MAMF looks fine."""
+@pytest.mark.parametrize("sustained,verdict", [(760.0, "ok"), (690.0, "warn"), (560.0, "fail")])
+def test_published_mamf_is_compared_with_the_sustained_figure(sustained, verdict):
+    """The published MAMF was measured on a warm card, shape after shape: the sustained figure is measured that
+    way, so it decides (healthy H200s held 93-98%, docs/benchmarks.md). The burst (after a 0.2 s cool-down, here
+    815 = 102.6% of 794.5) is reported as extra information and never makes a verdict by itself."""
     v, findings, nxt = _judge(mamf_tflops=815.0, sustained_tflops=sustained, sustained_shape="2816x1536x11264")
     assert v == verdict
-    assert any(f.startswith(f"Sustained: {sustained:.4g} TFLOPS at 2816x1536x11264 ({sustained / 794.5:.1%} of the published")
-               for f in findings)
-    assert (nxt[0] == "gpu_health") == (verdict == "warn")
+    assert any(f.startswith(f"Sustained {sustained:.4g} TFLOPS at 2816x1536x11264, measured like the published MAMF")
+               and f"is {sustained / 794.5:.1%} of it" in f for f in findings)
+    burst = next(f for f in findings if f.startswith("Burst: 815 TFLOPS"))
+    assert "102.6% of the published figure" in burst and "not the figure to compare" in burst
+    assert (nxt[0] == "gpu_health") == (verdict != "ok")
 
 
 def test_throttling_warns_and_points_to_gpu_health():

@@ -222,3 +222,27 @@ def test_server_start_imports_no_torch():
             "asyncio.run(s.list_tools()); print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert out.stdout.strip() == "False", out.stderr
+
+
+def test_a_cached_tool_list_serves_without_importing_tool_modules(tmp_path):
+    """Start-up: after the first start, tools/list comes from $MLENG_HOME/cache and a tool's module is
+    imported on its first call; a changed package (another key) or a damaged file rebuilds the list."""
+    code = ("import asyncio, json, sys; from tools.engine.mcp_server import build_server; s = build_server(); "
+            "names = [t.name for t in asyncio.run(s.list_tools())]; "
+            "r = asyncio.run(s.call_tool('accelerator_specs', {'names': ['h100']})); "
+            "print(json.dumps({'n': len(names), 'matmul_imported': 'tools.matmul_bench' in sys.modules, "
+            "'accel_ok': not r.is_error}))")
+
+    def start():
+        out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120,
+                             env={**os.environ, "MLENG_HOME": str(tmp_path)})
+        assert out.returncode == 0, out.stderr[-2000:]
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    first = start()
+    assert first == {"n": len(registry()), "matmul_imported": True, "accel_ok": True}
+    cached = list((tmp_path / "cache").glob("tools-*.json"))
+    assert len(cached) == 1
+    assert start() == {"n": len(registry()), "matmul_imported": False, "accel_ok": True}
+    cached[0].write_text("{not json")
+    assert start()["n"] == len(registry())

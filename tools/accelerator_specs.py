@@ -113,7 +113,9 @@ SPEC = ToolSpec(
         "and the published measured max achievable matmul TFLOPS; compare two or more side by side with ratios "
         "(e.g. 'H100 vs H200 vs MI300X', 'how many TFLOPS does a B200 have'). Forgiving names ('h100', "
         "'H100-SXM5-80GB'). Without names: this machine's GPUs. Instant, read-only, no GPU needed. Not a "
-        "measurement: use matmul_bench for what a card actually achieves, upgrade_roi for cost questions."),
+        "measurement: use matmul_bench for what a card actually achieves, upgrade_roi for cost questions."
+        " Which peak to divide by: the dense bf16 figure (H100 989 TFLOPS), not the 'with sparsity' one"
+        " (1979)."),
     Params=AcceleratorSpecsParams, Result=AcceleratorSpecsResult, run=run, store=False,
     doctor=lambda ctx: {} if ctx["gpu_count"] else None, doctor_order=20,
 )

@@ -233,7 +233,10 @@ SPEC = ToolSpec(
         "(torch built for a newer CUDA than the driver, two NCCL copies) and settings that hurt (CUDA_LAUNCH_BLOCKING=1, "
         "NCCL_P2P_DISABLE=1, NCCL_DEBUG=INFO left on, deprecated variable names). Use first for 'CUDA not available', "
         "'driver too old', version questions, or to compare nodes. ~3-5 s, read-only, no GPU needed. Not for GPU "
-        "hardware faults (gpu_health) or performance (benchmarks)."),
+        "hardware faults (gpu_health) or performance (benchmarks)."
+        " Also the size of /dev/shm (bus error, 'insufficient shared memory (shm)' in docker). Typical errors:"
+        " 'undefined symbol' from flash_attn or another extension, 'The detected CUDA version mismatches the"
+        " version that was used to compile PyTorch', 'FlashAttention is only supported on CUDA 11 and above'."),
     Params=EnvReportParams, Result=EnvReportResult, run=run,
     doctor=lambda ctx: {}, doctor_order=10,
 )

@@ -58,7 +58,10 @@ SPEC = ToolSpec(
         "cascade on the other ranks, with per-rank counts and evidence lines. Streams files of any size in "
         "bounded memory (~30 MB/s per core; plain files over 96 MiB are split over up to 8 processes). Not for "
         "NCCL_DEBUG=INFO setup logs (use nccl_log_analyze), for flight-recorder dumps (flight_recorder_analyze) "
-        "or for a job that hangs with nothing in its log (hang_stack_dump). Read-only; needs no GPU."),
+        "or for a job that hangs with nothing in its log (hang_stack_dump). Read-only; needs no GPU."
+        " Also reads pasted watchdog lines ('Watchdog caught collective operation timeout ... SeqNum', 'last"
+        " enqueued NCCL work', 'last completed NCCL work'), 'Bus error' and 'Killed' / oom-kill lines; after a"
+        " watchdog timeout its next step is flight_recorder_analyze on the dump directory."),
     Params=LogTriageParams, Result=LogTriageResult, run=run,
     runs="subprocess", read_only=True, destructive=False, idempotent=True, open_world=False,
     timeout_s=600, store=True,

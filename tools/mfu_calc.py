@@ -187,7 +187,9 @@ SPEC = ToolSpec(
         "achieved TFLOPS per GPU, MFU vs the dense datasheet peak, HFU with recomputation, and utilisation vs "
         "the measured max achievable matmul TFLOPS (from matmul_bench results on this GPU model, else published), "
         "and flags common traps (total vs per-GPU tokens, sparse datasheet peaks, fp8 vs bf16 peaks). Pure "
-        "arithmetic, instant, no GPU. Not a benchmark: run matmul_bench to measure the GPU itself."),
+        "arithmetic, instant, no GPU. Not a benchmark: run matmul_bench to measure the GPU itself."
+        " Also when an MFU figure looks wrong: above 100%, computed against the sparse peak, or from a"
+        " framework's TFLOPS-per-GPU log line."),
     Params=MfuParams, Result=MfuResult, run=run, runs="in_process", store=False,
 )
 

@@ -194,7 +194,8 @@ def run(params: P2pBandwidthParams, progress) -> P2pBandwidthResult:
         median_unidir_gbps=round(median, 2), min_unidir_gbps=min(p.unidir_gbps for p in pairs),
         local_copy_gbps=round(local, 1), flagged_pairs=[f"{p.src}->{p.dst}" for p in pairs if p.flagged],
         findings=findings,
-        next=(["gpu_topology", "gpu_health", "knowledge://network/intra-node.md"] if flagged or no_peer
+        next=(["gpu_topology", "gpu_health", "knowledge://network/intra-node.md"]
+              + (["knowledge://network/acs-iommu.md"] if no_peer else []) if flagged or no_peer
               else ["collective_bench"]))
 
 
@@ -224,7 +225,9 @@ SPEC = ToolSpec(
         "ordered GPU pair's copy bandwidth, bidirectional bandwidth and small-copy latency, plus the peer-access "
         "matrix, and flags pairs below 70% of the median pair or of their link's line rate. One node only "
         "(no network). Cost: seconds for 8 GPUs at the default 256 MiB. Needs >= 2 NVIDIA GPUs and torch with "
-        "CUDA; with one GPU it reports the local copy rate only."),
+        "CUDA; with one GPU it reports the local copy rate only."
+        " The check for consumer and PCIe cards (RTX 3090/4090/5090, RTX 6000 Ada): does peer access work"
+        " between each pair (simpleP2P 'Peer access: No'), NCCL hangs unless NCCL_P2P_DISABLE=1."),
     Params=P2pBandwidthParams, Result=P2pBandwidthResult, run=run, runs="subprocess",
     read_only=True, destructive=False, idempotent=True, open_world=False, timeout_s=600,
     gpu_devices=lambda params: list(range(local_gpu_count())), metric="median_unidir_gbps", higher_is_better=True,

@@ -11,15 +11,19 @@ How to run by hand (anywhere, it runs no GPU code):
 
 from typing import Literal
 
-from pydantic import model_validator
+from pydantic import ConfigDict, model_validator
 
 from .shared.planning import find_accelerator
-from .engine.spec import Field, Params, Progress, Result, ToolFailure, ToolSpec
+from .engine.spec import Field, Params, Progress, Result, ToolFailure, ToolSpec, needs, not_both
 
 Dtype = Literal["bf16", "fp16", "fp8", "fp4", "tf32", "fp32"]
 
 
 class RoiParams(Params):
+    model_config = ConfigDict(json_schema_extra={"allOf": [
+        needs("candidate_tokens_per_s_per_gpu", "current_tokens_per_s_per_gpu"),
+        not_both("speedup", "candidate_tokens_per_s_per_gpu")]})
+
     current: str = Field("h100", max_length=100, description="Accelerator in use now (id, name or alias).")
     candidate: str = Field("b200", max_length=100, description="Accelerator considered (id, name or alias).")
     current_price_per_gpu_hour: float | None = Field(None, gt=0, le=1e6, description="Price of one current "
@@ -29,9 +33,11 @@ class RoiParams(Params):
     current_tokens_per_s_per_gpu: float | None = Field(None, gt=0, le=1e12, description="Measured throughput "
                                                        "per GPU on the current accelerator (tokens/s).")
     candidate_tokens_per_s_per_gpu: float | None = Field(None, gt=0, le=1e12, description="Measured throughput "
-                                                         "per GPU on the candidate, same workload (tokens/s).")
+                                                         "per GPU on the candidate, same workload (tokens/s); needs "
+                                                         "current_tokens_per_s_per_gpu, and not with speedup.")
     speedup: float | None = Field(None, gt=0, le=1000, description="Measured candidate/current throughput "
-                                  "per GPU, when tokens/s are not given for both.")
+                                  "per GPU, when tokens/s are not given for both (not with "
+                                  "candidate_tokens_per_s_per_gpu).")
     workload: Literal["compute_bound", "memory_bound"] = Field(
         "compute_bound", description="For a datasheet estimate: compute_bound (training, prefill: TFLOPS "
         "ratio) or memory_bound (decode, small batches: memory bandwidth ratio).")

@@ -14,19 +14,22 @@ By hand:
     python -m tools.collective_bench --nnodes 2 --nproc-per-node 8 --rdzv-endpoint node1:29500   # on each node
 """
 
+import os
 import re
 import time
 from typing import ClassVar, Annotated, Literal
 
-from pydantic import BeforeValidator
+from pydantic import BeforeValidator, WithJsonSchema
 
 from .rank import OPS, size_sweep
 from ..shared.culprits import diagnose
 from ..shared.launch import RankLayout, launch_ranks, layout, manual_start, plan_command, visible_gpus
 from .models import BenchRow, OpSummary
-from .report import draw_plot, expected_busbw, format_table, human_size, judge, point_at
+from .report import draw_plot, format_table, human_size, judge, point_at
+from ..shared.expected_busbw import expected_busbw
 from ..engine.spec import Field, Result, ToolSpec, worst
 from ..engine.processes import local_gpu_count
+from ..shared.safe_write import check_output, output_path
 
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
@@ -41,16 +44,20 @@ def parse_size(value):
     return int(m.group(1)) * _UNITS[m.group(2)]
 
 
-Size = Annotated[int, BeforeValidator(parse_size)]
+MIN_SIZE, MAX_SIZE = 8, 1 << 36
+# A BeforeValidator hides ge/le from pydantic's schema generator (it would publish non-standard `ge`/`le`),
+# so the schema is stated: JSON Schema's own minimum/maximum.
+Size = Annotated[int, BeforeValidator(parse_size), Field(ge=MIN_SIZE, le=MAX_SIZE),
+                 WithJsonSchema({"type": "integer", "minimum": MIN_SIZE, "maximum": MAX_SIZE})]
 
 
 class CollectiveBenchParams(RankLayout):
     ops: list[Literal[OPS]] = Field(["all_reduce"], min_length=1, max_length=5, description=(
         "Collectives to measure: all_reduce, all_gather, reduce_scatter, all_to_all, broadcast."))
     dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="Element type.")
-    min_bytes: Size = Field(32 << 10, ge=8, le=1 << 36, description="Smallest size (bytes, or 32K/1M/1G).")
-    max_bytes: Size | None = Field(None, ge=8, le=1 << 36, description=(
-        "Largest size. Default 1G on GPUs, 16M on CPU. Capped to fit free memory on every rank."))
+    min_bytes: Size = Field(32 << 10, description="Smallest size (bytes, or 32K/1M/1G).")
+    max_bytes: Size | None = Field(None, description=(
+        "Largest size, at least min_bytes. Default 1G on GPUs, 16M on CPU. Capped to fit free memory on every rank."))
     factor: int = Field(2, ge=2, le=1024, description="Size multiplier between steps (nccl-tests -f).")
     iters: int = Field(20, ge=1, le=10000, description="Timed iterations per size, launched back to back.")
     warmup: int = Field(5, ge=0, le=1000, description="Untimed iterations per size first.")
@@ -59,7 +66,10 @@ class CollectiveBenchParams(RankLayout):
         "look several times slower)."))
     pg_timeout_s: float = Field(120.0, ge=5, le=600, description="Process-group timeout per collective, seconds.")
     plot: bool = Field(True, description="Draw busbw against size to a PNG (needs matplotlib).")
-    plot_path: str | None = Field(None, description="Where to write the PNG. Default: $MLENG_HOME/plots/.")
+    plot_path: str | None = Field(None, max_length=4096, description=(
+        "Where to write the PNG. Default: $MLENG_HOME/plots/. Relative to the caller's working directory; "
+        "refused if it is a symlink, FIFO or device, or exists (unless overwrite), or its directory is missing."))
+    overwrite: bool = Field(False, description="Replace plot_path if it already exists (default: refuse).")
     plant_error_rank: int | None = Field(None, ge=0, description=(
         "Self-test: this rank corrupts one output element after each checked call; #wrong must count it."))
 
@@ -100,6 +110,8 @@ def summarize_rows(rows: list[BenchRow], op: str, record: dict | None) -> OpSumm
 # ---------------------------------------------------------------------------------------------------
 
 def run(params: CollectiveBenchParams, progress) -> CollectiveBenchResult:
+    if params.plot:
+        _plot_target(params)   # a bad plot_path fails now, before any rank starts
     gpus = visible_gpus()
     nproc, nnodes = layout(params.nproc_per_node, params.nnodes)
     world = nproc * nnodes
@@ -186,10 +198,13 @@ def build_result(outcome, params: CollectiveBenchParams, nnodes: int, wall_s: fl
         return result
     result.verdict = worst(verdicts, default="info")
     result.findings = findings
+    low = result.verdict in ("warn", "fail")
     result.next = (["knowledge://network/busbw.md", "knowledge://network/expected-bandwidth.md"]
-                   + (["gpu_topology", "p2p_bandwidth", "nccl_log_analyze"] if result.verdict in ("warn", "fail") else []))
+                   + (["gpu_topology", "p2p_bandwidth", "nccl_log_analyze"] if low else [])
+                   # short between nodes: port counters, perftest, link flaps, NCCL's IB settings
+                   + (["knowledge://network/fabric-diagnosis.md"] if low and nnodes > 1 else []))
     if params.plot and rows:
-        result.plot_png = _plot(rows, expected_by_op, world, gpu or "cpu", params.plot_path)
+        result.plot_png = _plot(rows, expected_by_op, world, gpu or "cpu", params)
     return result
 
 
@@ -214,12 +229,14 @@ def judge_ops(rows: list[BenchRow], accel_id: str | None, gpus_per_node: int, nn
     return summaries, verdicts, findings, records
 
 
-def _plot(rows, expected, world, gpu, path) -> str | None:
-    from ..engine.store import mleng_home
+def _plot_target(params: CollectiveBenchParams):
+    name = f"collective_bench-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.png"
+    return check_output(output_path(params.plot_path, "plots", name), overwrite=params.overwrite, field="plot_path")
 
-    path = path or str(mleng_home() / "plots" / f"collective_bench-{time.strftime('%Y%m%d-%H%M%S')}.png")
+
+def _plot(rows, expected, world, gpu, params: CollectiveBenchParams) -> str | None:
     try:
-        return draw_plot(rows, expected, path, f"busbw, {world} ranks, {gpu}")
+        return draw_plot(rows, expected, _plot_target(params), f"busbw, {world} ranks, {gpu}", params.overwrite)
     except ImportError:
         return None
 
@@ -244,6 +261,6 @@ SPEC = ToolSpec(
         " Also answers 'inter-node / InfiniBand bandwidth per GPU is lower than NDR or HDR should give', "
         "all_to_all (alltoall) speed for MoE, and whether an NCCL upgrade changed throughput."),
     Params=CollectiveBenchParams, Result=CollectiveBenchResult, run=run, runs="subprocess",
-    read_only=True, destructive=False, idempotent=True, open_world=False, timeout_s=900,
+    read_only=False, destructive=False, idempotent=True, open_world=False, timeout_s=900,
     gpu_devices=_gpus, metric="busbw_gbps", higher_is_better=True,
 )

@@ -14,6 +14,7 @@ By hand:
     python -m tools.dist_smoke_test --nnodes 2 --nproc-per-node 8 --rdzv-endpoint node1:29500
 """
 
+import re
 from typing import Literal
 
 
@@ -36,6 +37,10 @@ class DistSmokeTestParams(RankLayout):
         "Self-test: make fault_rank misbehave to see the tool name it (exit_in_init, "
         "sleep_before_all_reduce, wrong_size)."))
     fault_rank: int = Field(1, ge=0, le=1 << 20, description="Rank that injects the fault.")
+    nccl_diagnostics: bool = Field(False, description=(
+        "Set NCCL_RUN_DIAGNOSTICS=1 on every rank: NCCL >= 2.31 then exercises the paths it will use (P2P between "
+        "GPU pairs, network bandwidth across nodes) during init and prints 'NCCL DIAG' reports (a few seconds "
+        "more). On older NCCL it has no effect, and the answer says so."))
 
 
 class RankReport(Record):
@@ -108,7 +113,8 @@ def run(params: DistSmokeTestParams, progress) -> DistSmokeTestResult:
     progress(0.0, f"starting {world} ranks")
     outcome = launch_ranks(command, 0 if params.rdzv_endpoint else world, timeout_s=params.pg_timeout_s,
                            stall_s=params.pg_timeout_s + 10,
-                           deadline_s=3 * params.pg_timeout_s + 60, on_event=on_event)
+                           deadline_s=3 * params.pg_timeout_s + 60, on_event=on_event,
+                           env={"NCCL_RUN_DIAGNOSTICS": "1"} if params.nccl_diagnostics else None)
     return summarize(outcome, params, nnodes)
 
 
@@ -150,6 +156,9 @@ def summarize(outcome, params: DistSmokeTestParams, nnodes: int) -> DistSmokeTes
         nxt = ["hang_stack_dump", "nccl_log_analyze", "knowledge://debugging/hangs.md",
                "knowledge://network/nccl-debugging.md"]
     findings += mismatches
+    if getattr(params, "nccl_diagnostics", False):
+        findings += diagnostics_findings([str(v.get("nccl")) for v in versions.values() if v.get("nccl")],
+                                         outcome.output_tail + "\n" + outcome.stderr_tail, backend)
     if mismatches:
         nxt.append("env_report")
     rows = [RankReport(rank=s.rank, host=s.host, local_rank=s.local_rank,
@@ -161,6 +170,29 @@ def summarize(outcome, params: DistSmokeTestParams, nnodes: int) -> DistSmokeTes
         ranks_ok=len(ok), culprit_ranks=culprits, hosts=sorted(set(hosts.values())),
         version_mismatches=mismatches, ranks=rows, elapsed_s=outcome.elapsed_s,
         launch_command=" ".join(outcome.command)[:2000])
+
+
+DIAGNOSTICS_SINCE = (2, 31)   # NCCL user guide, Troubleshooting > Diagnostics: "As of v2.31, NCCL provides ..."
+
+
+def diagnostics_findings(nccl_versions: list[str], output: str, backend: str | None = "nccl") -> list[str]:
+    """What NCCL_RUN_DIAGNOSTICS gave: its 'NCCL DIAG' report lines, or why there are none."""
+    if backend and backend != "nccl":
+        return [f"NCCL_RUN_DIAGNOSTICS=1 does not apply: the ranks used {backend}, not NCCL."]
+    def as_tuple(v: str) -> tuple[int, ...]:
+        return tuple(int(x) for x in re.findall(r"\d+", v)[:2]) or (0,)
+
+    old = sorted({v for v in nccl_versions if as_tuple(v) < DIAGNOSTICS_SINCE})
+    if nccl_versions and len(old) == len(set(nccl_versions)):
+        return [f"NCCL_RUN_DIAGNOSTICS=1 has no effect with NCCL {', '.join(old)}: NCCL's start-up diagnostics came "
+                "in 2.31 (update torch or the NCCL it loads to use them)."]
+    lines = [ln.strip() for ln in output.splitlines() if "NCCL DIAG" in ln][:10]
+    if not lines:
+        return ["NCCL_RUN_DIAGNOSTICS=1 was set, but no 'NCCL DIAG' line is in the output kept (its last 2,000 "
+                "characters): rerun the job by hand with NCCL_RUN_DIAGNOSTICS=1 to see the full report."]
+    failed = [ln for ln in lines if re.search(r"fail|error|mismatch", ln, re.IGNORECASE)]
+    return [("NCCL's start-up diagnostics report problems: " if failed else "NCCL's start-up diagnostics: ")
+            + " | ".join((failed or lines)[:5])]
 
 
 def _versions_text(info: dict | None) -> str | None:
@@ -190,7 +222,11 @@ SPEC = ToolSpec(
         "and seconds per stage. A rank that never joins, crashes or stalls is named with its host and stage "
         "within pg_timeout_s plus a few seconds; every rank process is killed afterwards. Flags torch/CUDA/"
         "NCCL/driver mismatches across ranks. Not a bandwidth test (use collective_bench). Cost: ~5-15 s when "
-        "healthy; up to pg_timeout_s + 10 s when a rank hangs. Needs torch; NCCL on GPUs, gloo on CPU."),
+        "healthy; up to pg_timeout_s + 10 s when a rank hangs. Needs torch; NCCL on GPUs, gloo on CPU."
+        " Symptoms: stuck in init_process_group or at the first barrier, RendezvousConnectionError, 'The"
+        " client socket has timed out while trying to connect', TCPStore connect hangs, gloo works but the"
+        " nccl backend never starts, multi-node training hangs at accelerator.prepare or before step 1, on"
+        " SLURM, Kubernetes, mpirun or ray."),
     Params=DistSmokeTestParams, Result=DistSmokeTestResult, run=run, runs="subprocess",
     read_only=True, destructive=False, idempotent=True, open_world=False, timeout_s=900,
     gpu_devices=_gpus, metric=None,

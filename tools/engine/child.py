@@ -29,6 +29,7 @@ def main() -> int:
         wire.write(json.dumps(event, default=str) + "\n")
         wire.flush()
 
+    from .bounds import bound_result
     from .registry import load_spec
     from .spec import ToolFailure
     from .store import torch_provenance
@@ -44,6 +45,7 @@ def main() -> int:
     except ToolFailure as e:
         emit({"event": "error", "message": str(e)})
         return 0
+    result = bound_result(spec, result)   # a huge result is cut here, before it crosses the pipe
     emit({"event": "result", "result": result.model_dump(mode="json"), "provenance": torch_provenance()})
     return 0
 

@@ -31,6 +31,7 @@ from mcp.types import CallToolResult, ImageContent, TextContent, ToolAnnotations
 from mcp.types import Tool as MCPTool
 from pydantic import Field, ValidationError
 
+from .data import PACKAGE_DIR
 from .jobs import MANAGER, Busy, Cancelled, Job
 from .registry import registry
 from .rendering import format_result, validation_message
@@ -69,8 +70,9 @@ class CallOptions(Params):
         "Hard limit in seconds: past it every process of the run is killed and the call fails."))
 
 
+@functools.cache
 def input_schema(spec: ToolSpec) -> dict:
-    """The tool's Params schema, plus wait_s / timeout_s on subprocess tools."""
+    """The tool's Params schema, plus wait_s / timeout_s on subprocess tools (built once per tool)."""
     schema = spec.Params.model_json_schema()
     schema.setdefault("additionalProperties", False)
     if spec.runs == "subprocess":
@@ -81,6 +83,7 @@ def input_schema(spec: ToolSpec) -> dict:
     return schema
 
 
+@functools.cache
 def output_schema(spec: ToolSpec) -> dict:
     return spec.Result.model_json_schema(mode="serialization")
 
@@ -160,29 +163,96 @@ async def call_tool(spec: ToolSpec, arguments: dict, ctx: Context | None = None)
     return await anyio.to_thread.run_sync(to_call_result, spec, result)
 
 
-class ToolServer(MCPServer):
-    """MCPServer whose tools are ToolSpecs: listed with their own schemas, called through the jobs."""
+def tool_entry(spec: ToolSpec) -> dict:
+    """What tools/list says about one tool, as plain JSON."""
+    return MCPTool(name=spec.name, title=spec.summary, description=spec.description,
+                   input_schema=input_schema(spec), output_schema=output_schema(spec),
+                   annotations=_annotations(spec)).model_dump(mode="json", by_alias=True, exclude_none=True)
 
-    def __init__(self, specs: list[ToolSpec], **kwargs):
+
+def _source_key() -> str:
+    """Changes whenever any module of the package or the installed version changes."""
+    import hashlib
+
+    digest = hashlib.sha256(version().encode())
+    for path in sorted(PACKAGE_DIR.rglob("*.py")):
+        st = path.stat()
+        digest.update(f"{path.relative_to(PACKAGE_DIR)}:{st.st_size}:{st.st_mtime_ns}".encode())
+    return digest.hexdigest()[:16]
+
+
+def cached_tool_list() -> list[dict]:
+    """tools/list for the registry, from $MLENG_HOME/cache when the package is unchanged since it was
+    written; otherwise every tool module is imported, and the list is built and saved.
+
+    Importing 24 tool modules and building their JSON schemas is most of what the server adds to a
+    bare SDK server's start-up. With the list cached, a tool's module is imported on its first call.
+    The key covers every .py file of the package (size and mtime) and the version, so an edit or an
+    upgrade rebuilds it; a broken tool module is never cached.
+    """
+    from .registry import BROKEN
+    from .store import mleng_home
+
+    path = mleng_home() / "cache" / f"tools-{_source_key()}.json"
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        pass
+    tools = [tool_entry(spec) for spec in registry().values()]
+    if not BROKEN:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(tools))
+            tmp.replace(path)
+        except OSError as e:  # a read-only home costs start-up time, nothing else
+            log.info("tool list not cached (%s)", e)
+    return tools
+
+
+class ToolServer(MCPServer):
+    """MCPServer whose tools are ToolSpecs: listed with their own schemas, called through the jobs.
+
+    With `specs` the server offers exactly those (tests add fault-injection tools). Without, it offers
+    the registry from the cached tool list and imports a tool's module when it is first called.
+    """
+
+    def __init__(self, specs: list[ToolSpec] | None = None, **kwargs):
         super().__init__(**kwargs)
-        self.specs = {spec.name: spec for spec in specs}
+        self._given = {spec.name: spec for spec in specs} if specs is not None else None
+
+    @functools.cached_property
+    def _entries(self) -> list[dict]:
+        if self._given is not None:
+            return [tool_entry(spec) for spec in self._given.values()]
+        return cached_tool_list()
 
     @functools.cached_property
     def _tools(self) -> list[MCPTool]:
-        return [MCPTool(name=s.name, title=s.summary, description=s.description, input_schema=input_schema(s),
-                        output_schema=output_schema(s), annotations=_annotations(s)) for s in self.specs.values()]
+        return [MCPTool.model_validate(entry) for entry in self._entries]
+
+    def tool_names(self) -> list[str]:
+        return [entry["name"] for entry in self._entries]
+
+    def spec(self, name: str) -> ToolSpec | None:
+        if self._given is not None:
+            return self._given.get(name)
+        if name not in self.tool_names():
+            return None
+        from .registry import load_spec
+
+        return load_spec(name)
 
     async def list_tools(self) -> list[MCPTool]:
         return self._tools
 
     def _tool_input_schema(self, name: str) -> dict | None:
-        spec = self.specs.get(name)
-        return input_schema(spec) if spec else None
+        return next((e["inputSchema"] for e in self._entries if e["name"] == name), None)
 
     async def call_tool(self, name: str, arguments: dict, context: Context | None = None):
-        spec = self.specs.get(name)
+        spec = self.spec(name)
         if spec is None:
-            raise ToolError(f"unknown tool {name[:100]!r}; known tools: {', '.join(self.specs)}")
+            raise ToolError(f"unknown tool {name[:100]!r}; known tools: {', '.join(self.tool_names())}")
         return await call_tool(spec, arguments, context)
 
 
@@ -208,7 +278,6 @@ def knowledge_index() -> str:
 
 def build_server(specs: list[ToolSpec] | None = None) -> ToolServer:
     """The MCP server over `specs` (default: every tool in the registry; tests add fault-injection tools)."""
-    specs = list(registry().values()) if specs is None else specs
     server = ToolServer(specs, name="mleng", title="mleng — GPU cluster diagnostics", version=version(),
                         instructions=INSTRUCTIONS)
 
@@ -225,7 +294,7 @@ def build_server(specs: list[ToolSpec] | None = None) -> ToolServer:
     @server.prompt(name="diagnose", title="Diagnose a GPU-cluster problem")
     def diagnose(symptom: str) -> str:
         """Turn a symptom into an ordered plan of mleng tool calls."""
-        tools = "\n".join(f"- {s.name}: {s.summary}" for s in specs)
+        tools = "\n".join(f"- {t.name}: {t.title}" for t in server._tools)
         return (f"A user reports: {symptom}\n\nWork out the cause with measurements, not guesses. Plan first: "
                 "list the 2-4 tools below that bear on this symptom, cheapest and read-only first (version and "
                 "health checks, log triage) before GPU-heavy benchmarks or multi-rank runs, and say what each "

@@ -6,10 +6,14 @@ no orphan ranks holding GPUs. `python_module_command` is how any part of mleng s
 `python -m <one of our modules>`, checkout or wheel alike.
 """
 
+import collections
 import os
+import queue
 import signal
 import subprocess
 import sys
+import threading
+import time
 
 from .data import IMPORT_ROOT, PACKAGE
 
@@ -141,10 +145,6 @@ class Supervised:
 
     def __init__(self, cmd: list[str], *, parse_line, env: dict | None = None, cwd=None,
                  stdin_bytes: bytes | None = None, tail_lines: int = 400):
-        import collections
-        import queue
-        import threading
-
         self.cmd = cmd
         self.events: queue.Queue = queue.Queue()
         self.output_tail: collections.deque = collections.deque(maxlen=200)
@@ -181,8 +181,6 @@ class Supervised:
 
     def next_event(self, timeout_s: float):
         """The next event, EOF, or None when nothing came within timeout_s."""
-        import queue
-
         self._remember_descendants()
         try:
             return self.events.get(timeout=timeout_s)
@@ -190,8 +188,6 @@ class Supervised:
             return None
 
     def _remember_descendants(self) -> None:
-        import time
-
         if time.monotonic() - self._last_scan > 0.5:
             self._known.update({p.pid: p for p in descendants(self.proc.pid)})
             self._last_scan = time.monotonic()

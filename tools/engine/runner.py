@@ -3,7 +3,8 @@
 `execute()` is synchronous and thread-safe; jobs.py runs it on a job thread for the server and the
 CLI alike. Subprocess tools run as `python -m PACKAGE.engine.child` under processes.Supervised: on a
 deadline, a cancel, a crash or an exception in the caller the child's whole process tree is killed
-before execute returns. In-process tools are short pure computations; they run on the calling
+before execute returns. Every result is cut to bounds.MAX_RESULT_CHARS, and stored with its secrets
+redacted. In-process tools are short pure computations; they run on the calling
 thread, and their progress callback raises at once when the call is cancelled or past its deadline
 (jobs.py stops waiting for one that never calls it). Every result that comes back is stored.
 """
@@ -16,6 +17,8 @@ import threading
 import time
 
 from . import store
+from .bounds import bound_result
+from .redact import redact_data
 from .processes import Supervised, python_module_command
 from .registry import module_of
 from .spec import Params, Progress, Result, ToolFailure, ToolSpec
@@ -55,9 +58,10 @@ def execute(spec: ToolSpec, params: Params, progress: Progress | None = None, *,
             result = spec.Result.model_validate(data)
         except ValueError as e:
             raise ToolFailure(f"{spec.name} returned a result that does not match its schema: {e}") from None
+    result = bound_result(spec, result)   # what is answered and what is stored have one size limit
     if spec.store:
         result.result_id = store.save(
-            spec.name, params.model_dump(mode="json"), result.model_dump(mode="json"),
+            spec.name, redact_data(params.model_dump(mode="json")), redact_data(result.model_dump(mode="json")),
             started=started, ended=time.time(), provenance=provenance, metric_name=spec.metric,
             job_id=job_id)
     return result

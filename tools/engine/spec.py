@@ -17,11 +17,12 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["Field", "Params", "Record", "Result", "JobRef", "ToolSpec", "Progress", "ToolFailure", "Verdict",
+__all__ = ["Field", "Params", "present", "needs", "not_both", "Record", "Result", "JobRef", "ToolSpec", "Progress", "ToolFailure", "Verdict",
            "worst", "VERDICT_ORDER"]
 
 Verdict = Literal["ok", "warn", "fail", "info"]
 IN_PROCESS_MAX_S = 60.0
+STR_MAX_CHARS = 4096   # longest free string argument unless a field says otherwise
 RunsIn = Literal["in_process", "subprocess"]
 
 # Verdicts from least to most severe: `worst` of several is the one furthest along.
@@ -48,7 +49,26 @@ class Params(BaseModel):
     """Base for every tool's parameters (its input): unknown fields are refused, values validated on
     construction. Output sub-records derive from Record, not from this class."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # str_max_length: every free string has a bound, stated in the schema as maxLength (a field's own
+    # max_length wins): no argument can carry megabytes into a tool that never asked for them.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, str_max_length=STR_MAX_CHARS)
+
+
+# Cross-field rules as JSON Schema, for a Params model's `json_schema_extra`: the schema an agent reads
+# then states what the validator will refuse (draft-07 and 2020-12 alike: only anyOf / oneOf / not).
+
+def present(field: str, **constraints) -> dict:
+    """`field` is given and not null (and its value meets `constraints`, e.g. minItems=1)."""
+    return {"required": [field], "properties": {field: {"not": {"type": "null"}, **constraints}}}
+
+
+def needs(field: str, other: str) -> dict:
+    """Giving `field` requires giving `other` as well."""
+    return {"anyOf": [{"not": present(field)}, present(other)]}
+
+
+def not_both(a: str, b: str) -> dict:
+    return {"not": {"allOf": [present(a), present(b)]}}
 
 
 class Record(BaseModel):

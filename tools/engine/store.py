@@ -139,7 +139,7 @@ def save(tool: str, params: dict, result: dict, *, started: float, ended: float,
              json.dumps(provenance.get("gpu_serials", [])), provenance.get("driver"),
              provenance.get("torch"), provenance.get("cuda"), provenance.get("nccl"),
              provenance.get("python"), json.dumps(params, default=str), params_key(params),
-             json.dumps(result, default=str), metric_name, metric_value, started, ended, job_id))
+             json.dumps(result, default=str, separators=(",", ":")), metric_name, metric_value, started, ended, job_id))
         return cur.lastrowid
 
 

@@ -9,6 +9,10 @@ description edit makes BM25 or MiniLM pick the wrong tool more often, an agent i
   sentence in a long description counts (and nothing is cut at the model's 256 tokens).
 - `HybridRouter`: a weighted sum of both, each scaled by constants fixed at calibration (not per
   query, so the absolute level still tells how confident the match is).
+- `PagesRouter`: bm25 + embedding + a vote of the knowledge pages: the query is matched against each
+  page's title, summary and `symptoms` (the words users type, written for the pages, not for the
+  tools), and the best pages vote for the tools in their `tools` frontmatter. Weights and threshold
+  are fitted together on the tune cases.
 - `calibrate()`: on the tune split only, picks the hybrid weight and the abstention threshold: below
   it the router answers "(none)" (call no tool).
 """
@@ -16,12 +20,14 @@ description edit makes BM25 or MiniLM pick the wrong tool more often, an agent i
 import logging
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
+from ..engine.data import KNOWLEDGE_DIR
 from .metrics import NONE
 
-ROUTERS = ("bm25", "embed", "hybrid")
+ROUTERS = ("bm25", "embed", "hybrid", "pages")
 
 
 @dataclass(frozen=True)
@@ -126,10 +132,103 @@ class HybridRouter:
         return self.combine(*self.parts(queries))
 
 
+def knowledge_pages(root: Path = KNOWLEDGE_DIR) -> list[dict]:
+    """Frontmatter (title, summary, symptoms, tools) of every topic page of the knowledge tree."""
+    import yaml
+
+    pages = []
+    for path in sorted(root.rglob("*.md")):
+        match = re.match(r"^---\n(.*?)\n---\n", path.read_text(encoding="utf-8"), re.S)
+        if path.name == "README.md" or not match:
+            continue
+        meta = yaml.safe_load(match.group(1)) or {}
+        pages.append({"path": str(path.relative_to(root)), "title": str(meta.get("title", "")),
+                      "summary": str(meta.get("summary", "")), "tools": list(meta.get("tools") or []),
+                      "symptoms": [str(s) for s in meta.get("symptoms") or []]})
+    return pages
+
+
+class PageVote:
+    """Scores tools by the knowledge pages a query matches: the `top_k` best pages (BM25 over title,
+    summary and symptoms, symptoms counted twice) each add their score, divided by how many tools
+    the page names, to every tool the page names."""
+
+    def __init__(self, tools: list[str], pages: list[dict], top_k: int = 3):
+        import bm25s
+
+        logging.getLogger("bm25s").setLevel(logging.WARNING)
+        self.tools, self.top_k = tools, top_k
+        self.page_tools = [[tools.index(n) for n in p["tools"] if n in tools] for p in pages]
+        self._index = bm25s.BM25()
+        self._index.index([tokenize(" ".join([p["title"], p["summary"], *p["symptoms"], *p["symptoms"]]))
+                           for p in pages], show_progress=False)
+
+    def scores(self, queries: list[str]) -> np.ndarray:
+        out = np.zeros((len(queries), len(self.tools)))
+        for row, query in zip(out, queries):
+            tokens = [t for t in tokenize(query) if t in self._index.vocab_dict]
+            if not tokens:
+                continue
+            page_scores = self._index.get_scores(tokens)
+            for page in np.argsort(-page_scores)[: self.top_k]:
+                for tool in self.page_tools[page]:
+                    row[tool] += page_scores[page] / len(self.page_tools[page])
+        return out
+
+
+class PagesRouter:
+    """A weighted sum of bm25, the MiniLM embedding (unless use_embed=False) and the page vote, each
+    part divided by a scale fixed at calibration; `weights` sum to 1, bm25 first."""
+
+    name = "pages"
+
+    def __init__(self, tools: list[ToolText], pages: list[dict] | None = None, use_embed: bool = True):
+        self.tools = [t.name for t in tools]
+        self.routers = [BM25Router(tools)] + ([EmbedRouter(tools)] if use_embed else [])
+        self.vote = PageVote(self.tools, knowledge_pages() if pages is None else pages)
+        self.weights = (1.0,) + (0.0,) * len(self.routers)
+        self.scales = (1.0,) * (len(self.routers) + 1)
+
+    def parts(self, queries: list[str]) -> list[np.ndarray]:
+        return [r.scores(queries) for r in self.routers] + [self.vote.scores(queries)]
+
+    def combine(self, parts: list[np.ndarray]) -> np.ndarray:
+        return sum(w * p / s for w, p, s in zip(self.weights, parts, self.scales))
+
+    def scores(self, queries: list[str]) -> np.ndarray:
+        return self.combine(self.parts(queries))
+
+
+def _calibrate_pages(router: PagesRouter, cases: list[dict]) -> float:
+    """Scales = 95th percentile of each part's best score; weights on a 0.1 grid (bm25 keeps the
+    rest), chosen for the most right first calls (expected or acceptable, half credit for expected
+    alone) with each grid point's own best threshold; returns that threshold."""
+    from itertools import product
+
+    from .metrics import evaluate
+
+    parts = router.parts([c["symptom"] for c in cases])
+    router.scales = tuple(float(np.percentile(p.max(axis=1), 95)) or 1.0 for p in parts)
+    grid = np.round(np.arange(0, 0.61, 0.1), 2)
+    best = (-1.0, router.weights, 0.0)
+    for others in product(grid, repeat=len(parts) - 1):
+        if sum(others) > 0.9:
+            continue
+        router.weights = (round(1 - sum(others), 2), *others)
+        scores = router.combine(parts)
+        threshold = best_threshold(scores, router.tools, cases)
+        report = evaluate(cases, rankings(scores, router.tools, threshold))
+        merit = report["top1_acceptable"] + 0.5 * report["top1"]
+        if merit > best[0]:
+            best = (merit, router.weights, threshold)
+    router.weights = best[1]
+    return best[2]
+
+
 def make_router(kind: str, tools: list[ToolText]):
     if kind not in ROUTERS:
         raise ValueError(f"unknown router {kind!r}; choose one of {', '.join(ROUTERS)}")
-    return {"bm25": BM25Router, "embed": EmbedRouter, "hybrid": HybridRouter}[kind](tools)
+    return {"bm25": BM25Router, "embed": EmbedRouter, "hybrid": HybridRouter, "pages": PagesRouter}[kind](tools)
 
 
 def rankings(scores: np.ndarray, tools: list[str], threshold: float = -np.inf) -> list[list[str]]:
@@ -167,6 +266,8 @@ def calibrate(router, cases: list[dict]) -> float:
     For the hybrid this also sets the score scales (the 95th percentile of each part's best score)
     and the weight (grid 0..1 by 0.1, best top-1 over the cases that expect a tool).
     """
+    if isinstance(router, PagesRouter):
+        return _calibrate_pages(router, cases)
     queries = [c["symptom"] for c in cases]
     if isinstance(router, HybridRouter):
         bm25, embed = router.parts(queries)

@@ -7,8 +7,8 @@
 
 Tool names and descriptions come from the live MCP server through the in-memory client
 (`list_tools`), so what is scored is exactly what an agent sees. The abstention threshold (and the
-hybrid's weight) are calibrated on the tune split of evals/cases.jsonl, never on the cases scored,
-unless those are the tune split themselves.
+hybrid's weight) are calibrated on the tune splits of evals/cases.jsonl and evals/public_cases.jsonl,
+never on the cases scored, unless those are a tune split themselves.
 """
 
 import argparse
@@ -21,7 +21,7 @@ from ..engine.data import EVAL_CASES_DIR
 from .metrics import NONE, evaluate, load_cases
 from .routers import ROUTERS, ToolText, calibrate, make_router, rankings
 
-TUNE_CASES = EVAL_CASES_DIR / "cases.jsonl"
+TUNE_CASES = (EVAL_CASES_DIR / "cases.jsonl", EVAL_CASES_DIR / "public_cases.jsonl")
 
 
 def live_tools() -> list[ToolText]:
@@ -46,6 +46,8 @@ def route(router_kind: str, tools: list[ToolText], cases: list[dict], tune: list
     calibration = {"threshold": round(threshold, 4)}
     if router_kind == "hybrid":
         calibration.update(weight=router.weight, scales=[round(s, 4) for s in router.scales])
+    if router_kind == "pages":
+        calibration.update(weights=list(router.weights), scales=[round(s, 4) for s in router.scales])
     return rankings(scores, router.tools, threshold), calibration
 
 
@@ -106,7 +108,7 @@ def main(argv: list[str] | None = None, tools: list[ToolText] | None = None) -> 
     started = time.monotonic()
     try:
         cases = load_cases(args.cases, args.split)
-        tune = load_cases(TUNE_CASES, "tune")
+        tune = [c for path in TUNE_CASES for c in load_cases(path, "tune")]
     except (OSError, ValueError) as e:
         print(f"mleng eval: {e}", file=sys.stderr)
         return 2

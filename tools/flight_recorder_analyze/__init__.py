@@ -42,9 +42,9 @@ NEXT_ON_STUCK = ["nccl_log_analyze", "collective_bench", "gpu_health", "knowledg
 
 class FlightRecorderParams(Params):
     path: str = Field("", max_length=4096, description=(
-        "A directory of per-rank dumps (walked recursively) or one dump file. Empty: the directory of "
-        "$TORCH_FR_DUMP_TEMP_FILE / $TORCH_NCCL_DEBUG_INFO_TEMP_FILE, else /tmp (torch's default "
-        "prefix /tmp/nccl_trace_rank_)."))
+        "A directory of per-rank dumps (walked recursively) or one dump file. Empty: only the files named "
+        "by $TORCH_FR_DUMP_TEMP_FILE / $TORCH_NCCL_DEBUG_INFO_TEMP_FILE, else torch's default "
+        "/tmp/nccl_trace_rank_<rank>, in that one directory (it is not walked)."))
     prefix: str = Field("", max_length=256, description=(
         "Only read files whose name starts with this (e.g. 'nccl_trace_rank_'); the rank is the number "
         "at the end of the name. Empty: every file that ends in a number (optionally .json/.pkl)."))

@@ -6,6 +6,8 @@ that refuses every class, so a hostile file cannot run code; only plain data loa
 """
 
 import ast
+import glob
+import itertools
 import json
 import os
 import pickle
@@ -23,9 +25,53 @@ MAX_FILE_BYTES = 512 * 1024 * 1024
 RANK_IN_NAME = re.compile(r"(\d+)(?:\.(?:json|pkl|pickle))?$")
 
 
+MAX_DEPTH = 32                 # real dumps nest 5-6 levels (entries -> entry -> frames -> frame -> value)
+BUDGET_PER_BYTE = 4            # data units per byte of file that plain, unshared data cannot exceed
+BUDGET_SLACK = 100_000
+
+
+class UnsafeDump(ValueError):
+    """The file asks for something a flight-recorder dump never holds: refused, not corrupt."""
+
+
 class _PlainData(pickle.Unpickler):
     def find_class(self, module, name):
-        raise pickle.UnpicklingError(f"refusing to load {module}.{name}: a flight-recorder dump is plain data")
+        raise UnsafeDump(f"refused (unsafe content): it asks to load {module[:80]}.{name[:80]}, a Python class "
+                         "or function; a flight-recorder dump is plain data, so nothing of it was run")
+
+
+_CONTAINERS = (list, tuple, dict, set, frozenset)
+
+
+def expanded_units(data, budget: int) -> int:
+    """How big `data` is once every shared reference is followed, counted once per distinct object
+    (identity-aware), so `x = [x, x]` nested 22 deep costs 22 steps, not 4 million. A string counts
+    one unit per 64 characters. Raises UnsafeDump past MAX_DEPTH levels, on a cycle, or past `budget`."""
+    memo: dict[int, int] = {}
+    active: set[int] = set()
+
+    def size(obj, depth: int) -> int:
+        if not isinstance(obj, _CONTAINERS):
+            return 1 + len(obj) // 64 if isinstance(obj, (str, bytes)) else 1
+        key = id(obj)
+        if key in memo:
+            return memo[key]
+        if depth > MAX_DEPTH:
+            raise UnsafeDump(f"refused (unsafe content): nested more than {MAX_DEPTH} levels deep")
+        if key in active:
+            raise UnsafeDump("refused (unsafe content): a container that contains itself")
+        active.add(key)
+        total = 1
+        for item in (obj.items() if isinstance(obj, dict) else obj):
+            total += size(item[0], depth + 1) + size(item[1], depth + 1) if isinstance(obj, dict) else size(item, depth + 1)
+            if total > budget:
+                raise UnsafeDump(f"refused (unsafe content): its shared references expand to more than {budget} "
+                                 "values (a few bytes that unfold into gigabytes); a real dump is plain, unshared data")
+        active.discard(key)
+        memo[key] = total
+        return total
+
+    return size(data, 0)
 
 
 @dataclass(slots=True)
@@ -78,17 +124,21 @@ def load_dump(path: Path) -> dict:
         if head == b"\x80":
             try:
                 data = _PlainData(f).load()
-            except (pickle.UnpicklingError, EOFError, ValueError, TypeError, MemoryError, IndexError) as e:
+            except UnsafeDump:
+                raise
+            except (pickle.UnpicklingError, EOFError, ValueError, TypeError, MemoryError, IndexError,
+                    RecursionError) as e:
                 raise ValueError(f"not a complete pickle ({type(e).__name__}: {e}): truncated or corrupt") from None
         elif head in (b"{", b" ", b"\n"):
             try:
                 data = json.load(f)
-            except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
                 raise ValueError(f"not valid JSON ({e}): truncated or corrupt") from None
         else:
             raise ValueError("neither a pickle nor a JSON flight-recorder dump")
     if not isinstance(data, dict) or "version" not in data or not ({"entries", "pg_config", "pg_status"} & set(data)):
         raise ValueError("readable, but not a flight-recorder dump (no version/entries/pg_config keys)")
+    expanded_units(data, BUDGET_PER_BYTE * size + BUDGET_SLACK)
     return data
 
 
@@ -141,12 +191,22 @@ def find_dump_files(path: str, prefix: str) -> tuple[Path, str]:
     return root, prefix
 
 
+def _candidates(root: Path, prefix: str, recursive: bool) -> list[Path]:
+    """Files that may be dumps, at most MAX_FILES of them, listed lazily and named by prefix first."""
+    if root.is_file():
+        return [root]
+    pattern = f"{glob.escape(prefix)}*"
+    walk = root.rglob(pattern) if recursive else root.glob(pattern)
+    return sorted(itertools.islice((p for p in walk if p.is_file()), MAX_FILES))
+
+
 def read_dumps(path: str, prefix: str = "") -> tuple[dict[int, RankDump], list[str]]:
-    """Every readable per-rank dump under `path` (pickle preferred over JSON for the same rank)."""
+    """Every readable per-rank dump under `path` (pickle preferred over JSON for the same rank). With no
+    path, only the files of torch's dump prefix in its own directory: /tmp is not walked."""
     root, prefix = find_dump_files(path, prefix)
-    files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file())
+    files = _candidates(root, prefix, recursive=bool(path))
     dumps, unreadable, shared = {}, [], {}
-    for p in files[:MAX_FILES]:
+    for p in files:
         rank = rank_of(p.name, prefix) if root.is_dir() else (rank_of(p.name, "") or 0)
         if rank is None:
             continue

@@ -19,7 +19,6 @@ Under SLURM (from a login node or inside the allocation; needs this checkout on 
 import os
 import socket
 import sys
-from pathlib import Path
 from typing import Annotated
 
 from .stacks import (
@@ -38,6 +37,7 @@ from .stacks import (
 from .targets import gpu_targets, launcher_targets, pattern_targets, processes_with_env
 from ..engine.data import IMPORT_ROOT as REPO_ROOT
 from ..engine.spec import Field, Params, Result, ToolFailure, ToolSpec
+from ..shared.safe_write import check_output, output_path, write_output
 
 MAX_PROCESSES = 1024
 
@@ -58,7 +58,10 @@ class HangStackDumpParams(Params):
     native: bool = Field(False, description="Add C/C++ frames (py-spy --native; ~1 s per torch process).")
     save_path: str = Field("", max_length=4096, description=(
         "Write every full dump (all threads) to this file; '{host}' in it becomes the host name. With "
-        "all_nodes each node writes its own file (a '.{host}' suffix is added when '{host}' is missing)."))
+        "all_nodes each node writes its own file (a '.{host}' suffix is added when '{host}' is missing). "
+        "Relative to the caller's working directory; refused if it is a symlink, FIFO or device, or "
+        "exists (unless overwrite), or its directory is missing."))
+    overwrite: bool = Field(False, description="Replace save_path if it already exists (default: refuse).")
     max_frames: int = Field(12, ge=1, le=200, description="Frames kept per stack in the report.")
     max_groups: int = Field(8, ge=1, le=200, description="Stack groups reported (largest and odd ones first).")
     per_process_timeout_s: float = Field(30.0, gt=0, le=600, description="Give up on one py-spy after this.")
@@ -119,15 +122,30 @@ def _place(g: StackGroup) -> str:
     return f"{g.where}{via}"
 
 
+def _one_group(g: StackGroup) -> str:
+    """Every process in one place: a stuck collective only when a collective (or a rank) is there."""
+    distributed = bool(g.ranks) or any("torch/distributed/" in frame for frame in g.stack)
+    if g.in_collective and distributed:
+        what = ("the collective itself is stuck (network, NCCL, a GPU) or a rank not dumped here (another node?) "
+                "never arrived: run flight_recorder_analyze on the dumps, nccl_log_analyze on the log")
+    elif g.in_collective:
+        what = ("no collective on the stack and no rank: it waits in torch.cuda.synchronize for its own GPU work, "
+                "so it is busy on the GPU; a wait that never ends is a slow or stuck kernel (gpu_health, the GPU's "
+                "utilisation; py-spy dump --native shows the CUDA call)")
+    elif distributed:
+        what = "no rank is behind the others at the Python level"
+    else:
+        what = "no collective on the stack: this is what it is doing (not distributed, so nothing to wait for)"
+    who = _who(g.ranks, g.pids)
+    head = f"All {len(g.pids)} processes ({who}) sit in the same place" if len(g.pids) > 1 else f"The process ({who}) is in"
+    return f"{head}: {_place(g)}; {what}."
+
+
 def findings_for(groups: list[StackGroup], odd: list[StackGroup]) -> list[str]:
     if not groups:
         return []
     if len(groups) == 1:
-        g = groups[0]
-        what = ("the collective itself is stuck (network, NCCL, a GPU) or a rank not dumped here (another node?) "
-                "never arrived: run flight_recorder_analyze on the dumps, nccl_log_analyze on the log"
-                if g.in_collective else "no rank is behind the others at the Python level")
-        return [f"All {len(g.pids)} processes ({_who(g.ranks, g.pids)}) sit in the same place: {_place(g)}; {what}."]
+        return [_one_group(groups[0])]
     out = []
     for g in groups:
         verb = "wait in" if g.in_collective else "are in"
@@ -152,7 +170,8 @@ def slurm_all_nodes_command(params: HangStackDumpParams, nnodes: int | None) -> 
             "--max-frames", str(params.max_frames), "--json"]
     if params.save_path:
         path = params.save_path if "{host}" in params.save_path else params.save_path + ".{host}"
-        cmd += ["--save-path", path]
+        cmd += ["--save-path", str(output_path(path, "dumps", "unused"))]   # absolute: srun runs elsewhere
+        cmd += ["--overwrite"] if params.overwrite else []
     return cmd + (["--native"] if params.native else [])
 
 
@@ -169,15 +188,14 @@ def _require_targets(params: HangStackDumpParams) -> None:
                       "'train.py'), gpu_processes=true, or slurm_job_id." + hint)
 
 
-def _save_full_dumps(save_path: str, full: list[str]) -> str:
+def _save_full_dumps(save_path: str, full: list[str], overwrite: bool) -> str:
     """Where the full dumps went; under all_nodes each node wrote its own file, named per host."""
     if not save_path:
         return ""
     if not full:
         return save_path if "{host}" in save_path else save_path + ".{host}"
-    path = Path(save_path.replace("{host}", socket.gethostname())).expanduser()
-    path.write_text("\n".join(full))
-    return str(path)
+    target = output_path(save_path.replace("{host}", socket.gethostname()), "dumps", "unused")
+    return str(write_output(target, "\n".join(full), overwrite=overwrite, field="save_path"))
 
 
 def _uncompared_findings(procs: list[ProcessStack], problems: list[str]) -> list[str]:
@@ -200,6 +218,9 @@ def _uncompared_findings(procs: list[ProcessStack], problems: list[str]) -> list
 
 def run(params: HangStackDumpParams, progress) -> HangStackDumpResult:
     _require_targets(params)
+    if params.save_path and not params.all_nodes:   # a bad path fails now, not after every dump
+        check_output(output_path(params.save_path.replace("{host}", socket.gethostname()), "dumps", "unused"),
+                     overwrite=params.overwrite, field="save_path")
     result = HangStackDumpResult()
     if params.slurm_job_id:
         cmd = slurm_all_nodes_command(params, job_nodes(params.slurm_job_id) if params.all_nodes else None)
@@ -218,7 +239,7 @@ def run(params: HangStackDumpParams, progress) -> HangStackDumpResult:
     procs.sort(key=lambda p: (p.rank if p.rank is not None else 1 << 30, p.host, p.pid))
     result.failed = sum(1 for p in procs if p.error)
     result.dumped = len(procs) - result.failed
-    result.saved_to = _save_full_dumps(params.save_path, full)
+    result.saved_to = _save_full_dumps(params.save_path, full, params.overwrite)
     assign_roles(procs)
     ranked = [p for p in procs if p.role == "rank"]
     groups = group_stacks(ranked or procs)    # launchers and ranks' own children are not compared with ranks
@@ -252,5 +273,5 @@ SPEC = ToolSpec(
         " The process is still alive but frozen: deadlock, stuck dataloader, eval loop or torch.save that "
         "never returns, one rank lagging while the others wait."),
     Params=HangStackDumpParams, Result=HangStackDumpResult, run=run, runs="subprocess",
-    read_only=True, destructive=False, idempotent=True, open_world=False, timeout_s=300, store=False,
+    read_only=False, destructive=False, idempotent=True, open_world=False, timeout_s=300, store=False,
 )

@@ -22,35 +22,64 @@ By hand:
 
 import os
 import time
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import field_validator, model_validator
+from pydantic import ConfigDict, field_validator, model_validator
 
 from . import search
-from ..engine.spec import Field, Params, Record, Result, ToolFailure, ToolSpec
+from ..engine.spec import Field, Params, Record, Result, ToolFailure, ToolSpec, present
 from ..engine.processes import local_gpu_count
+from ..engine.rendering import short_repr
 
 PUBLISHED_GRID = list(range(2048, 14337, 2048))  # 343 shapes: the reference grid of bench/mamf_vs_grid.py
 CPU_MAX_DIM = 1024
+MAX_DIM = 65536      # largest M, N or K accepted
+MAX_SHAPES = 100_000  # shapes in one shapes/grid run
+Dim = Annotated[int, Field(ge=1, le=MAX_DIM)]
+RangeValue = Annotated[int, Field(ge=0, le=MAX_DIM)]
+RANGE_SHAPE = {"anyOf": [{"maxItems": 0}, {"minItems": 3}]}   # empty, or START STOP STEP
 # quick: warm-up included. On an H200 a quick run takes ~22 s: warm-up ~3.5, screen ~8.7, refinement ~5,
 # finals ~4.7 (most of it cool-downs and settling); a quarter of the 343-shape grid's ~90 s is ~22 s. The
 # budget only guards slower cards, where it drops the largest shapes' last rungs first.
 DEFAULT_BUDGET_S = {"quick": 30.0, "thorough": 300.0}
 
 
+def _shape_rules() -> dict:
+    """The mode rules as JSON Schema: quick/thorough (also the default) take no shapes; shapes needs each of
+    M, N, K; device='cpu' takes dimensions up to CPU_MAX_DIM and not all_gpus."""
+    no_shapes = {"properties": {f: {"maxItems": 0} for f in ("m", "n", "k", "m_range", "n_range", "k_range")}}
+    searching = {"anyOf": [{"not": {"required": ["mode"]}}, {"properties": {"mode": {"enum": ["quick", "thorough"]}}}]}
+    each_dim = [{"anyOf": [present(d, minItems=1), present(f"{d}_range", minItems=1)]} for d in "mnk"]
+    small = {"items": {"maximum": CPU_MAX_DIM}}
+    return {"allOf": [
+        {"anyOf": [{"not": searching}, no_shapes]},
+        {"anyOf": [{"not": present("mode", const="shapes")}, {"allOf": each_dim}]},
+        {"anyOf": [{"not": present("device", const="cpu")},
+                   {"properties": {"all_gpus": {"const": False}, **{f: small for f in ("m", "n", "k")},
+                                   **{f"{d}_range": small for d in "mnk"}}}]}]}
+
+
 class MatmulBenchParams(Params):
+    model_config = ConfigDict(json_schema_extra=_shape_rules())
+
     dtype: Literal["bf16", "fp16", "tf32", "fp32", "fp8"] = Field(
         "bf16", description="Input dtype. fp8 = float8_e4m3fn (NVIDIA, MI350) or e4m3fnuz (MI300) via torch._scaled_mm; "
                             "tf32 = fp32 tensors with TF32 tensor cores; fp32 = TF32 off.")
     mode: Literal["quick", "thorough", "shapes", "grid"] = Field(
         "quick", description="quick: the search (about half a minute); thorough: wider search (about 5 min); shapes: "
-                             "exactly the M/N/K given; grid: every M x N x K combination (default 2048..14336 step 2048).")
-    m: list[int] = Field(default_factory=list, max_length=512, description="Explicit M values (rows of A and C), for mode shapes/grid.")
-    n: list[int] = Field(default_factory=list, max_length=512, description="Explicit N values (columns of B and C), for mode shapes/grid.")
-    k: list[int] = Field(default_factory=list, max_length=512, description="Explicit K values (the reduction dimension), for mode shapes/grid.")
-    m_range: list[int] = Field(default_factory=list, max_length=3, description="M as START STOP STEP (STOP included, 0 skipped), like the classic finder's --m_range.")
-    n_range: list[int] = Field(default_factory=list, max_length=3, description="N as START STOP STEP (STOP included, 0 skipped).")
-    k_range: list[int] = Field(default_factory=list, max_length=3, description="K as START STOP STEP (STOP included, 0 skipped).")
+                             "exactly the M/N/K given (each of M, N, K needs values or a range); grid: every M x N x K combination "
+                             "(default 2048..14336 step 2048), at most 100000 shapes. quick/thorough take no m/n/k.")
+    m: list[Dim] = Field(default_factory=list, max_length=512, description="Explicit M values (rows of A and C), for mode shapes/grid.")
+    n: list[Dim] = Field(default_factory=list, max_length=512, description="Explicit N values (columns of B and C), for mode shapes/grid.")
+    k: list[Dim] = Field(default_factory=list, max_length=512, description="Explicit K values (the reduction dimension), for mode shapes/grid.")
+    m_range: list[RangeValue] = Field(default_factory=list, max_length=3, json_schema_extra=RANGE_SHAPE, description=(
+        "M as START STOP STEP (STOP included, 0 skipped), like the classic finder's --m_range: empty or exactly "
+        f"three integers, 0 <= START <= STOP <= {MAX_DIM}, STEP >= 1; only with mode shapes/grid, and at most "
+        f"{MAX_SHAPES} M x N x K shapes in all."))
+    n_range: list[RangeValue] = Field(default_factory=list, max_length=3, json_schema_extra=RANGE_SHAPE, description=(
+        "N as START STOP STEP (STOP included, 0 skipped); same shape and limits as m_range."))
+    k_range: list[RangeValue] = Field(default_factory=list, max_length=3, json_schema_extra=RANGE_SHAPE, description=(
+        "K as START STOP STEP (STOP included, 0 skipped); same shape and limits as m_range."))
     device: int | Literal["cpu"] = Field(
         0, description="GPU index as torch numbers them (after CUDA_VISIBLE_DEVICES), or 'cpu' to exercise the search on tiny shapes.")
     all_gpus: bool = Field(False, description="Measure every local GPU in turn (the search on the first, its finalists on the rest) and flag any more than 5% below the node median.")
@@ -63,14 +92,16 @@ class MatmulBenchParams(Params):
     @classmethod
     def _range_shape(cls, v: list[int]) -> list[int]:
         if v and (len(v) != 3 or v[2] <= 0 or v[0] < 0 or v[1] < v[0]):
-            raise ValueError(f"give START STOP STEP with 0 <= START <= STOP and STEP > 0 (got {v})")
+            raise ValueError(f"give START STOP STEP with 0 <= START <= STOP and STEP > 0 (got {short_repr(v)})")
+        if v and v[1] > MAX_DIM:
+            raise ValueError(f"STOP is at most {MAX_DIM} (the largest dimension measured); got {v[1]}")
         return v
 
     @field_validator("m", "n", "k")
     @classmethod
     def _positive(cls, v: list[int]) -> list[int]:
-        if any(x < 1 or x > 65536 for x in v):
-            raise ValueError(f"dimensions must be between 1 and 65536 (got {v})")
+        if any(x < 1 or x > MAX_DIM for x in v):
+            raise ValueError(f"dimensions must be between 1 and {MAX_DIM} (got {short_repr(v)})")
         return v
 
     @model_validator(mode="after")
@@ -86,13 +117,31 @@ class MatmulBenchParams(Params):
             raise ValueError("all_gpus=true measures GPUs; it cannot be combined with device='cpu'")
         if self.device == "cpu":
             for d in "mnk":
-                big = [x for x in self.dims(d) if x > CPU_MAX_DIM]
-                if big:
-                    raise ValueError(f"{d}: device='cpu' runs tiny shapes only (each dimension <= {CPU_MAX_DIM}); got {big[:3]}")
-        n_shapes = len(self.dims("m") or PUBLISHED_GRID) * len(self.dims("n") or PUBLISHED_GRID) * len(self.dims("k") or PUBLISHED_GRID)
-        if self.mode in ("shapes", "grid") and n_shapes > 100_000:
-            raise ValueError(f"m/n/k: {n_shapes} shapes is too many for one run (at most 100000); use mode='quick' or coarser ranges")
+                largest = self.largest_dim(d)
+                if largest > CPU_MAX_DIM:
+                    raise ValueError(f"{d}: device='cpu' runs tiny shapes only (each dimension <= {CPU_MAX_DIM}); got {largest}")
+        # Counted, never expanded: a range of 30 million values costs nothing to refuse.
+        counts = {d: self.dim_count(d) or len(PUBLISHED_GRID) for d in "mnk"}
+        n_shapes = counts["m"] * counts["n"] * counts["k"]
+        if self.mode in ("shapes", "grid") and n_shapes > MAX_SHAPES:
+            sizes = " x ".join(f"{counts[d]} {d}" for d in "mnk")
+            raise ValueError(f"m/n/k (m_range, n_range, k_range): {sizes} is {n_shapes} shapes, too many for one "
+                             f"run (at most {MAX_SHAPES}); use mode='quick' or coarser ranges (a larger STEP)")
         return self
+
+    def dim_count(self, d: str) -> int:
+        """How many distinct values dims(d) would hold, counted without building them."""
+        values, rng = set(getattr(self, d)), getattr(self, f"{d}_range")
+        if not rng:
+            return len(values)
+        start, stop, step = rng
+        in_range = (stop - start) // step + 1 - (1 if start == 0 else 0)
+        return in_range + sum(1 for v in values if not (start <= v <= stop and (v - start) % step == 0))
+
+    def largest_dim(self, d: str) -> int:
+        values, rng = getattr(self, d), getattr(self, f"{d}_range")
+        top = rng[0] + (rng[1] - rng[0]) // rng[2] * rng[2] if rng else 0
+        return max([top, *values])
 
     def dims(self, d: str) -> list[int]:
         return search.expand_dims(getattr(self, d), getattr(self, f"{d}_range"), d)
@@ -132,7 +181,11 @@ class MatmulBenchResult(Result):
     spec_tflops: float | None = Field(None, description="Datasheet dense peak for this dtype, TFLOPS.")
     efficiency_pct: float | None = Field(None, description="MAMF / datasheet peak, percent.")
     published_mamf_tflops: float | None = Field(None, description="Published measured bf16 MAMF of this accelerator, TFLOPS.")
-    vs_published_pct: float | None = Field(None, description="MAMF / published MAMF, percent (bf16/fp16 only).")
+    vs_published_pct: float | None = Field(None, description="Burst MAMF / published MAMF, percent (bf16/fp16 only): extra "
+                                           "information, the burst starts from full clock.")
+    sustained_vs_published_pct: float | None = Field(None, description=(
+        "Sustained / published MAMF, percent: the comparison the verdict uses (the published figure was measured on "
+        "a warm card, shape after shape)."))
     geomean_tflops: float | None = Field(None, description="Geometric mean of the mean TFLOPS of every shape tried.")
     shapes_tried: int = Field(0, description="Distinct shapes measured.")
     iterations_total: int = Field(0, description="Matmuls run, warm-up included.")
@@ -289,6 +342,8 @@ def run(params: MatmulBenchParams, progress) -> MatmulBenchResult:
         device_name=name, dtype=params.dtype, mamf_tflops=r(best.mean_tflops), best_shape=_shape_str(best.shape),
         best_median_tflops=r(best.median_tflops), best_max_tflops=r(best.max_tflops), **comparison,
         sustained_tflops=sustained and r(sustained.mean_tflops), sustained_shape=sustained and _shape_str(sustained.shape),
+        sustained_vs_published_pct=(round(100 * sustained.mean_tflops / comparison["published_mamf_tflops"], 1)
+                                    if sustained and comparison.get("published_mamf_tflops") else None),
         geomean_tflops=r(geomean) if geomean else None, shapes_tried=len(outcome.tried),
         iterations_total=outcome.iterations_total, wall_time_s=round(wall, 1), warmup_s=round(warm.seconds, 1),
         warmup_stable=warm.stable, stopped_early=outcome.stopped_early,

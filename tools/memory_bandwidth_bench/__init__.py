@@ -16,9 +16,9 @@ By hand:
 import re
 from typing import Literal
 
-from pydantic import model_validator
+from pydantic import ConfigDict, model_validator
 
-from ..engine.spec import Field, Params, Record, Result, ToolFailure, ToolSpec
+from ..engine.spec import Field, Params, Record, Result, ToolFailure, ToolSpec, present
 
 # PCIe payload rate per lane, per direction, GB/s (after line encoding): Gen1-2 8b/10b, Gen3-5
 # 128b/130b, Gen6 PAM4 with FLIT framing. x16 Gen4 = 31.5 GB/s, x16 Gen5 = 63.0 GB/s.
@@ -41,7 +41,13 @@ def parse_pcie(text: str | None) -> tuple[int | None, int | None]:
 
 
 class MemoryBandwidthParams(Params):
-    device: int | Literal["cpu"] = Field(0, description="GPU index as torch numbers them, or 'cpu' (host-memory copy only; for tests).")
+    # device='cpu' (a test mode): host-memory tests only, at most 1024 MiB.
+    model_config = ConfigDict(json_schema_extra={"anyOf": [
+        {"not": present("device", const="cpu")},
+        {"required": ["tests"],
+         "properties": {"tests": {"items": {"enum": ["copy", "read", "write"]}}, "size_mib": {"maximum": 1024}}}]})
+
+    device: int | Literal["cpu"] = Field(0, description="GPU index as torch numbers them, or 'cpu' (host-memory copy only, for tests: then give tests from copy/read/write and size_mib <= 1024).")
     size_mib: int = Field(1024, ge=1, le=65536, description="Device buffer size, MiB (2**20 bytes); keep it far above the L2 cache (tens of MiB).")
     host_size_mib: int = Field(256, ge=1, le=16384, description="Host<->device transfer size, MiB.")
     tests: list[Literal["copy", "read", "write", "h2d", "d2h"]] = Field(

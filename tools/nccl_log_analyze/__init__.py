@@ -7,7 +7,10 @@ GPUDirect RDMA, P2P / SHM / NVLS, channel counts, ring and tree graphs, the TUNI
 choices, NCCL_* settings and warnings. Flags: socket fallback where InfiniBand exists, GDR off, hosts that
 see different NICs or bootstrap over different interfaces, ranks that leave NICs idle, slow NICs, P2P
 disabled, traffic forced over PCIe or through the CPU, mismatched NCCL versions, ranks whose init never
-completed.
+completed, RoCE ports pooled with InfiniBand ports, a second socket interface left idle, settings that differ
+from NCCL's documented defaults (knowledge/data/nccl_env_defaults.toml). Also reads what users paste from
+nccl-tests (the text table, or a `-J` JSON with `-I` per-iteration data: busbw against the expected figure,
+#wrong, per-process stragglers) and from `ncclras` (missing and lagging ranks, for the hang ladder).
 
 Get a log (any workload; a one-step all_reduce is enough):
     one GPU / one node:  NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,GRAPH,ENV,TUNING,NET \
@@ -26,12 +29,15 @@ regex and handler per message kind); the checks that flag problems in tools/_ncc
 from collections import Counter
 
 
-from ..shared.logscan import LogInputParams
+from ..shared.logscan import LogInputParams, resolve_paths
 from .checks import NEXT, check_all, largest_comm, name_list
 from .messages import transport_of
+from .outputs import read_all
 from .parse import Parsed, Proc, parse_line, parse_paths, parse_text
-from ..engine.spec import Field, Progress, Record, Result, ToolFailure, ToolSpec
+from ..engine.spec import Field, Progress, Record, Result, ToolFailure, ToolSpec, worst
 from ..engine.data import load_data
+
+OUTPUT_READ_BYTES = 16 << 20   # nccl-tests output and RAS reports are small; a huge training log is cut here
 
 # What the tests and other modules import from here, although the parsing now lives in the helper modules.
 __all__ = ["SPEC", "NcclLogParams", "NcclLogResult", "analyse", "expected_per_nic", "parse_line", "parse_paths",
@@ -69,7 +75,10 @@ class NcclLogResult(Result):
     problems: list[str] = Field(default_factory=list, description=(
         "Ids of what was flagged: socket_fallback, socket_inter_node, gdr_off, nic_mismatch, bootstrap_mismatch, "
         "virtual_interface, nic_idle, slow_nic, p2p_disabled, intra_node_via_cpu, intra_node_pcie, "
-        "nic_via_cpu, version_mismatch, init_incomplete, nccl_warnings, forced_settings."))
+        "nic_via_cpu, version_mismatch, init_incomplete, nccl_warnings, forced_settings, roce_ib_mixed, "
+        "socket_iface_idle; from pasted outputs: nccl_tests_wrong, nccl_tests_low_busbw, nccl_tests_straggler, "
+        "ras_incomplete, ras_mismatch, ..."))
+    nccl_tests_runs: int = Field(0, description="nccl-tests outputs (text tables or -J JSON) found in the input.")
     nccl_versions: dict[str, int] = Field(default_factory=dict, description="NCCL version -> number of processes.")
     hosts: list[str] = Field(default_factory=list, description="Hosts seen.")
     processes: int = Field(0, description="Processes that printed NCCL lines.")
@@ -223,11 +232,41 @@ def run(params: NcclLogParams, progress: Progress) -> NcclLogResult:
     if params.text:
         if params.text.count("\x00") > len(params.text) // 100:
             raise ToolFailure("the text holds binary data (NUL bytes); paste the text output of the NCCL_DEBUG=INFO run")
-        return analyse(parse_text(params.text), params.max_ranks)
+        return with_outputs(analyse(parse_text(params.text), params.max_ranks), [params.text])
     parsed, _read, skipped = parse_paths(params.paths, params.max_files, progress)
-    result = analyse(parsed, params.max_ranks)
+    result = with_outputs(analyse(parsed, params.max_ranks), _texts(params.paths, params.max_files))
     if skipped:
         result.findings.append(f"Skipped {len(skipped)} file(s): " + "; ".join(skipped[:3]))
+    return result
+
+
+def _texts(paths: list[str], max_files: int) -> list[str]:
+    """Each file's text (its first OUTPUT_READ_BYTES), for the nccl-tests and RAS readers."""
+    files, _ = resolve_paths(paths, max_files)
+    out = []
+    for f in files:
+        try:
+            with open(f, errors="replace") as fh:
+                out.append(fh.read(OUTPUT_READ_BYTES))
+        except OSError:
+            continue
+    return out
+
+
+def with_outputs(result: NcclLogResult, texts: list[str]) -> NcclLogResult:
+    """Add what nccl-tests tables / JSON and NCCL RAS reports in the input say."""
+    verdict, findings, problems, runs = read_all(texts)
+    if not findings:
+        return result
+    if not result.processes:       # only nccl-tests / RAS output: the NCCL-log summary does not apply
+        result.findings, result.next = [], ["collective_bench", "knowledge://network/busbw.md"]
+        result.verdict = "info"
+    result.verdict = worst([result.verdict, verdict])
+    result.findings = findings + result.findings
+    result.problems = list(dict.fromkeys(result.problems + problems))
+    result.nccl_tests_runs = runs
+    if any(p.startswith("ras_") for p in problems):
+        result.next = list(dict.fromkeys(["hang_stack_dump", "knowledge://debugging/hangs.md", *result.next]))[:6]
     return result
 
 
@@ -242,9 +281,15 @@ SPEC = ToolSpec(
         "P2P / SHM / NVLS, channels, ring and tree graphs, TUNING algorithm choices, NCCL_* settings, WARN lines. "
         "Flags socket fallback where InfiniBand exists, GDR off, hosts with different NICs or bootstrap interfaces, "
         "idle or slow NICs, P2P disabled, traffic through the CPU, mismatched NCCL versions, ranks whose init never "
-        "completed. Best with NCCL_DEBUG_SUBSYS=INIT,GRAPH,ENV,TUNING,NET. Not for finding which rank crashed in a "
+        "completed, RoCE mixed with IB ports, an idle socket interface; settings reported as overrides only when "
+        "they differ from NCCL's default. Also reads pasted nccl-tests output (text table or -J JSON with -I: "
+        "busbw vs the expected figure for the hardware, #wrong, per-process stragglers) and ncclras reports "
+        "(ranks missing or behind in a hang). Best with NCCL_DEBUG_SUBSYS=INIT,GRAPH,ENV,TUNING,NET. Not for finding which rank crashed in a "
         "training log (log_triage) or for measuring bandwidth (collective_bench). Read-only, reads files only, "
-        "needs no GPU."),
+        "needs no GPU."
+        " Also reads pasted nccl-tests output (all_reduce_perf tables: busbw per size against what the fabric"
+        " should give) and NET/Socket lines such as 'Failed to open libibverbs.so', 'NET/IB : No device"
+        " found'."),
     Params=NcclLogParams, Result=NcclLogResult, run=run,
     runs="subprocess", read_only=True, destructive=False, idempotent=True, open_world=False, timeout_s=300,
 )

@@ -5,6 +5,8 @@ a finding into a Report; NEXT says where to go for each problem."""
 from collections import Counter
 from dataclasses import dataclass, field
 
+from ..engine.data import load_data
+
 from ..shared.logscan import ranks_phrase
 from .parse import Parsed, Proc
 
@@ -71,6 +73,7 @@ def check_all(parsed: Parsed, procs: list[Proc], comm: dict | None, nodes: int) 
     gdr = _check_network(parsed, procs, nodes, rep)
     _check_nics(parsed, procs, nodes, rank_hosts, rep)
     _check_intra(parsed, procs, rank_hosts, rep)
+    _check_fabrics(procs, rep)
     env = _check_settings(parsed, procs, rep)
     return rep, versions, gdr, env
 
@@ -213,8 +216,41 @@ def _check_settings(parsed: Parsed, procs: list[Proc], rep: Report) -> dict:
         top = "; ".join(f"{msg} (x{n})" for msg, n in parsed.warnings.most_common(3))
         rep.flag("nccl_warnings", "warn", f"{sum(parsed.warnings.values())} NCCL WARN line(s): {top}.")
     env = {k: v for p in procs for k, v in p.env.items()}
-    forced = {k: v for k, v in env.items() if k in FORCING_VARS}
+    forced = {k: v for k, v in env.items() if k in FORCING_VARS and is_override(k, v)}
+    same = sorted(f"{k}={v}" for k, v in env.items() if k in FORCING_VARS and not is_override(k, v))
     if forced:
         rep.flag("forced_settings", "info", "Settings that override NCCL's own choices: "
-                 + ", ".join(f"{k}={v}" for k, v in sorted(forced.items())) + "; keep them only if measured to help.")
+                 + ", ".join(f"{k}={v}" for k, v in sorted(forced.items())) + "; keep them only if measured to help"
+                 + (f" ({', '.join(same)}: NCCL's default, no effect)." if same else "."))
     return env
+
+
+def is_override(name: str, value: str) -> bool:
+    """Whether NAME=value changes what NCCL does: not when it equals NCCL's documented default
+    (knowledge/data/nccl_env_defaults.toml); always when the default is NCCL's own choice ('auto', 'unset')."""
+    rec = load_data("nccl_env_defaults")["var"].get(name)
+    if rec is None or rec["default"] in ("auto", "unset"):
+        return True
+    return value.strip() not in [rec["default"], *rec.get("same_as_default", [])]
+
+
+def _check_fabrics(procs: list[Proc], rep: Report) -> None:
+    """RoCE and InfiniBand ports in one NIC pool, and a second socket interface left idle."""
+    mixed = {p.host: sorted({nic[2] for nic in p.ib_nics.values()}) for p in procs
+             if len({nic[2] for nic in p.ib_nics.values()}) > 1}
+    if mixed:
+        host, layers = next(iter(sorted(mixed.items())))
+        names = ", ".join(f"{n[0]}/{n[2]}" for p in procs if p.host == host for n in p.ib_nics.values())
+        rep.flag("roce_ib_mixed", "warn", f"On {name_list(mixed)} NCCL pools RDMA ports of different link layers "
+                 f"({'/'.join(layers)}: {names}): an InfiniBand port and a RoCE (Ethernet) port cannot reach each "
+                 "other, and a front-end RoCE port is usually far slower. Set NCCL_IB_HCA to the ports of the "
+                 "training fabric.")
+    for p in procs:
+        socket_used = "Socket" in p.networks
+        if socket_used and len(p.socket_ifaces) > 1 and p.net_devs_used and len(p.net_devs_used) < len(p.socket_ifaces):
+            idle = [n for i, n in enumerate(p.socket_ifaces) if i not in p.net_devs_used]
+            rep.flag("socket_iface_idle", "warn", f"On {p.host} NCCL lists {len(p.socket_ifaces)} socket interfaces "
+                     f"({', '.join(p.socket_ifaces)}) but sends only over {len(p.net_devs_used)}; {', '.join(idle)} "
+                     "stays idle. Check NCCL_SOCKET_IFNAME and NCCL_SOCKET_NTHREADS / NCCL_NSOCKS_PERTHREAD, or use "
+                     "the RDMA transport if the interfaces have one.")
+            break

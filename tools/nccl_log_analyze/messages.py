@@ -4,6 +4,8 @@ record of the process that printed it."""
 
 import re
 
+from ..engine.redact import redact
+
 MSG = {name: re.compile(rx) for name, rx in {
     "bootstrap": r"^Bootstrap ?: Using (?P<iface>[^:\s]+):(?P<ip>[^<\s]+)<\d+>",
     "plugin_loaded": r"^NET/Plugin ?: Loaded (?:net )?plugin (?P<name>.+?)(?: \(v\d+\))?$",
@@ -96,7 +98,7 @@ def _on_nodes(parsed, proc, m):
 
 
 def _on_env(parsed, proc, m):
-    proc.env[m["var"]] = m["value"]
+    proc.env[m["var"]] = redact(f"{m['var']}={m['value']}").split("=", 1)[1]
 
 
 def _on_gdr(parsed, proc, m):

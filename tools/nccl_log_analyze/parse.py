@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from ..shared.logscan import iter_text_blocks, iter_text_chunks_of_string, read_each, resolve_paths
 from .messages import HANDLERS, HINTS, MSG
+from ..engine.redact import redact
 from ..engine.spec import Progress
 
 # `host:pid:tid [cudaDev] (file.cc:123 )?NCCL INFO|WARN message`, anywhere in the line (labels before it).
@@ -87,7 +88,7 @@ def parse_line(parsed: Parsed, line: str) -> None:
         level, msg = m["level"], m["msg"].strip()
     parsed.nccl_lines += 1
     if level == "WARN":
-        parsed.warnings[re.sub(r"\b\d+\b|0x[0-9a-f]+", "N", msg)[:200]] += 1
+        parsed.warnings[redact(re.sub(r"\b\d+\b|0x[0-9a-f]+", "N", msg)[:200])] += 1
         return
     _parse_info(parsed, proc, msg)
 

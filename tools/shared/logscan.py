@@ -9,9 +9,9 @@ import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from pydantic import model_validator
+from pydantic import ConfigDict, model_validator
 
-from ..engine.spec import Field, Params, Progress, ToolFailure
+from ..engine.spec import Field, Params, Progress, ToolFailure, present
 
 CHUNK_BYTES = 4 << 20          # read size; memory stays a small multiple of this whatever the log size
 BINARY_EXTENSIONS = {".pt", ".pth", ".bin", ".safetensors", ".pkl", ".pickle", ".npy", ".npz",
@@ -37,10 +37,13 @@ _TS_SYSLOG = re.compile(r"\b(Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) +(
 class LogInputParams(Params):
     """Where logs come from: paths or pasted text (shared by log_triage and nccl_log_analyze)."""
 
+    model_config = ConfigDict(json_schema_extra={"oneOf": [present("paths", minItems=1), present("text", minLength=1)]})
+
     paths: list[str] = Field(default_factory=list, max_length=64, description=(
         "Log files, directories (read recursively) or globs ('logs/*.err'); .gz is read through. "
-        "Give paths or text, not both."))
-    text: str | None = Field(None, max_length=50_000_000, description="Pasted log text instead of paths.")
+        "Give paths or text: exactly one of the two."))
+    text: str | None = Field(None, max_length=50_000_000, description="Pasted log text instead of paths "
+                             "(exactly one of paths and text).")
     max_files: int = Field(2000, ge=1, le=100_000, description="Read at most this many files.")
 
     @model_validator(mode="after")

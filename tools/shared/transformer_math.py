@@ -11,9 +11,9 @@
 import dataclasses
 from typing import Literal
 
-from pydantic import model_validator
+from pydantic import ConfigDict, model_validator
 
-from ..engine.spec import Field, Params, ToolFailure
+from ..engine.spec import Field, Params, ToolFailure, present
 from ..engine.data import load_data
 
 
@@ -78,12 +78,30 @@ def presets() -> dict[str, dict]:
 ARCH_FIELDS = ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "tied_embeddings", "gated_mlp")
 
 
+def _preset_enum(schema: dict) -> None:
+    """The model field's schema lists the preset ids (read from knowledge data when the schema is built)."""
+    for option in schema.get("anyOf", []):
+        if option.get("type") == "string":
+            option["enum"] = sorted(presets())
+
+
+# A model is described by a preset, by layers + hidden + heads, or by params_b alone (then with no
+# architecture field, which would need the other two).
+_DESCRIBED = {"anyOf": [present("model"), {"allOf": [present("layers"), present("hidden"), present("heads")]},
+                        {"allOf": [present("params_b"), *({"not": present(f)} for f in ARCH_FIELDS)]}]}
+
+
 class ModelParams(Params):
     """The model description shared by memory_estimate and mfu_calc."""
 
+    model_config = ConfigDict(json_schema_extra=_DESCRIBED)
+
     model: str | None = Field(
-        None, description="Preset id of a well-known open model (e.g. llama-3-8b, llama-3-70b, llama-2-7b, "
-        "mistral-7b, qwen2.5-7b, llama-3.1-405b, gpt3-175b, tinyllama-1.1b). Fields given below override it.")
+        None, json_schema_extra=_preset_enum, description=(
+            "Preset id of a well-known open model (e.g. llama-3-8b, llama-3-70b, llama-2-7b, mistral-7b, "
+            "qwen2.5-7b, llama-3.1-405b, gpt3-175b, tinyllama-1.1b). Fields given below override it. Describe "
+            "the model by model, by layers + hidden + heads, or by params_b alone; hidden must be a multiple "
+            "of heads and heads of kv_heads."))
     params_b: float | None = Field(
         None, gt=0, le=100000, description="Total parameter count in billions, when the architecture is "
         "unknown. Without an architecture, activations, KV cache and the attention FLOPs cannot be estimated.")

@@ -32,6 +32,7 @@ from .jobs import (
     triage,
 )
 from ..engine.spec import Field, Params, Result, ToolFailure, ToolSpec
+from ..shared.actions import ACTION_FIELD, Action, HealthFinding, worst_action
 
 
 class SlurmJobDiagnoseParams(Params):
@@ -66,6 +67,9 @@ class SlurmJobDiagnoseResult(Result):
     sources: list[str] = Field(default_factory=list, description="Where the facts came from.")
     not_seen: list[str] = Field(default_factory=list, description="What could not be checked, and why.")
     log_findings: list[str] = Field(default_factory=list, description="What log_triage found in the logs.")
+    health: list[HealthFinding] = Field(default_factory=list, description=(
+        "Hardware and node findings (a failed node, Xids, ECC, a lost GPU, IB errors), each with an action."))
+    action: Action = Field("none", description="What to do with the failing node. " + ACTION_FIELD)
 
 
 # Reading it
@@ -202,8 +206,8 @@ def run(params: SlurmJobDiagnoseParams, progress) -> SlurmJobDiagnoseResult:
                           "job's output, or search_dirs where slurm-<id>.out was written.")
     log_state, log_node, evidence = scan_slurm_lines(all_logs)
     progress(0.7, "triaging logs")
-    log_verdict, log_findings, log_next = (triage(all_logs) if params.triage_logs and all_logs
-                                           else ("info", [], []))
+    log_verdict, log_findings, log_next, hits = (triage(all_logs) if params.triage_logs and all_logs
+                                                 else ("info", [], [], []))
 
     verdict, findings, nxt, failing_step, failing_node = diagnose(info, steps, log_state, log_node, evidence)
     if not known:
@@ -218,6 +222,7 @@ def run(params: SlurmJobDiagnoseParams, progress) -> SlurmJobDiagnoseResult:
                if n not in ("log_triage", "slurm_job_diagnose")]
     if not_seen:
         findings.append("Could not see: " + "; ".join(not_seen) + ".")
+    health = health_findings(info.get("state") or log_state, failing_node, hits)
     progress(1.0, "done")
     stdout = str(all_logs[0]) if all_logs else None
     stderr = info.get("stderr") if info.get("stderr") and Path(info["stderr"]).is_file() else stdout
@@ -227,7 +232,23 @@ def run(params: SlurmJobDiagnoseParams, progress) -> SlurmJobDiagnoseResult:
         reason=info.get("reason"), exit_code=info.get("exit_code"), signal=info.get("signal"),
         elapsed_s=info.get("elapsed_s"), time_limit_s=info.get("time_limit_s"), partition=info.get("partition"),
         nodes=info.get("nodes"), failing_step=failing_step, failing_node=failing_node, steps=steps,
-        stdout_path=stdout, stderr_path=stderr, sources=sources, not_seen=not_seen, log_findings=log_findings)
+        stdout_path=stdout, stderr_path=stderr, sources=sources, not_seen=not_seen, log_findings=log_findings,
+        health=health, action=worst_action(f.action for f in health))
+
+
+def health_findings(state: str | None, node: str | None, hits: list) -> list[HealthFinding]:
+    """The node-level part of the diagnosis, each with its action: SLURM's own NODE_FAIL, then the log's
+    hardware signatures (log_triage gives each its action; Xids per code from NVIDIA's catalog)."""
+    subject = node or "the job's node"
+    out = []
+    if state == "NODE_FAIL":
+        out.append(HealthFinding(text="SLURM reports the node failed under the job", action="drain_node",
+                                 subject=subject, code="NODE_FAIL", source="slurm"))
+    for h in hits:
+        if h.action != "none":
+            out.append(HealthFinding(text=f"{h.name}: {h.count} line(s), first at {h.first}", action=h.action,
+                                     subject=subject, code=h.id, source=h.first))
+    return out
 
 
 SPEC = ToolSpec(
@@ -240,7 +261,9 @@ SPEC = ToolSpec(
         "to do next. Works without accounting (scontrol while slurmctld remembers the job, then the log files) "
         "and says what it could not see. Use for 'my job died', 'job killed', 'TIMEOUT', 'exit code 137', "
         "'NODE_FAIL'. Read-only, a few seconds; needs the SLURM client commands. Not for jobs still pending "
-        "(slurm_status) or hung jobs (hang_stack_dump)."),
+        "(slurm_status) or hung jobs (hang_stack_dump)."
+        " Reads 'slurmstepd: error: Detected 1 oom-kill event(s) in StepId=...' (host RAM, not GPU memory) and"
+        " DataLoader workers killed under SLURM."),
     Params=SlurmJobDiagnoseParams, Result=SlurmJobDiagnoseResult, run=run,
     runs="subprocess", read_only=True, destructive=False, idempotent=True, open_world=True,
     timeout_s=120, store=False,

@@ -12,6 +12,7 @@ from pathlib import Path
 from pydantic import Field
 
 from ..shared import slurm as _slurm
+from ..engine.redact import redact
 from ..engine.spec import Record
 
 SACCT_FIELDS = ["JobID", "JobIDRaw", "JobName", "State", "ExitCode", "DerivedExitCode", "Elapsed", "Timelimit",
@@ -166,27 +167,27 @@ def scan_slurm_lines(paths: list[Path]) -> tuple[str | None, str | None, str | N
         for line in text.splitlines():
             m = SRUN_TASK_EXIT.search(line)
             if m and node is None:
-                node, evidence = m.group(1), line.strip()
+                node, evidence = m.group(1), redact(line.strip())
             for rx, what in SLURM_LINES:
                 hit = rx.search(line)
                 if hit:
                     if state is None or state == "CANCELLED":  # a specific cause beats plain CANCELLED
-                        state, evidence = what, line.strip()
+                        state, evidence = what, redact(line.strip())
                         if what == "NODE_FAIL" and node is None:
                             node = hit.group(1)
                     break
     return state, node, evidence
 
 
-def triage(paths: list[Path]) -> tuple[str, list[str], list[str]]:
-    """(log_triage's verdict, findings, next) for these files; ('info', [a note], []) when log_triage is
-    missing or breaks: a fault there must not hide what SLURM itself says about the job."""
+def triage(paths: list[Path]) -> tuple[str, list[str], list[str], list]:
+    """(log_triage's verdict, findings, next, hits with their actions) for these files; ('info', [a note], [], [])
+    when log_triage is missing or breaks: a fault there must not hide what SLURM itself says about the job."""
     try:
         from ..shared.triage.core import triage_paths
     except Exception as e:  # noqa: BLE001
-        return "info", [f"log_triage is not usable here ({type(e).__name__}: {e}): read the log files by hand"], []
+        return "info", [f"log_triage is not usable here ({type(e).__name__}: {e}): read the log files by hand"], [], []
     try:
         result = triage_paths([str(p) for p in paths])
     except Exception as e:  # noqa: BLE001
-        return "info", [f"log_triage could not read the logs ({type(e).__name__}: {e})"], []
-    return result.verdict, list(result.findings), list(result.next)
+        return "info", [f"log_triage could not read the logs ({type(e).__name__}: {e})"], [], []
+    return result.verdict, list(result.findings), list(result.next), list(result.signatures)

@@ -38,7 +38,7 @@ class StorageParams(Params):
     path: str = Field("/tmp", min_length=1, max_length=4096, description="Existing, writable directory on the "
                       "filesystem to test; a temporary directory is made inside it and removed afterwards.")
     size_mib: int = Field(256, ge=1, le=65536, description="Size of the sequential test file (MiB).")
-    block_kib: int = Field(1024, ge=4, le=65536, description="Sequential block size (KiB, multiple of 4).")
+    block_kib: int = Field(1024, ge=4, le=65536, multiple_of=4, description="Sequential block size (KiB, multiple of 4).")
     random_read_s: float = Field(2.0, ge=0, le=600, description="Seconds of random 4 KiB reads (0 skips).")
     small_files: int = Field(1000, ge=0, le=1_000_000, description="Small files (4 KiB) to create, stat and "
                              "delete (0 skips).")
@@ -289,7 +289,9 @@ SPEC = ToolSpec(
         "removes it. Needs a writable directory, no GPU, no root. One stream: not a parallel-filesystem "
         "aggregate benchmark."
         " Compares mounts (local NVMe, Lustre, GPFS, Weka, NFS, /scratch): which is faster for checkpoints or"
-        " shards."),
+        " shards."
+        " Typical: torch.save or save_checkpoint takes minutes, 'Disk quota exceeded', 'No space left on"
+        " device'."),
     Params=StorageParams, Result=StorageResult, run=run, runs="subprocess",
     read_only=False, destructive=False, idempotent=True, open_world=False, timeout_s=300,
     metric="seq_write_mbps", higher_is_better=True,

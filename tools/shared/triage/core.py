@@ -29,6 +29,7 @@ from ..logscan import (
     srun_labelled,
 )
 from ...engine.spec import Field, Progress, Record, Result, ToolFailure
+from ..actions import ACTION_FIELD, Action, worst_action
 
 # ---------------------------------------------------------------------------------------------------
 # Result
@@ -47,6 +48,8 @@ class SignatureHit(Record):
     evidence: list[str] = Field(default_factory=list, description="A few matching lines as 'file:line: text'.")
     meaning: str = Field("", description="What it means and what to check.")
     next: list[str] = Field(default_factory=list, description="Tools and knowledge pages to go to next.")
+    action: Action = Field("none", description="What to do with the node (Xids: per code, from NVIDIA's catalog). "
+                           + ACTION_FIELD)
 
 
 class FirstFailure(Record):
@@ -57,6 +60,7 @@ class FirstFailure(Record):
     rank: int | None = Field(None, description="Rank of that line, when known.")
     text: str = Field("", description="The line (cut at 400 characters).")
     details: dict[str, str] = Field(default_factory=dict, description="Values parsed from it.")
+    action: Action = Field("none", description=ACTION_FIELD)
 
 
 class LogTriageResult(Result):
@@ -77,6 +81,7 @@ class LogTriageResult(Result):
     bytes_scanned: int = Field(0, description="Bytes read (uncompressed size for .gz).")
     ranks_seen: str = Field("", description="Ranks that appear in rank labels, as ranges.")
     seconds: float = Field(0.0, description="Wall time of the scan (s).")
+    action: Action = Field("none", description="The strongest action any signature calls for. " + ACTION_FIELD)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -128,12 +133,15 @@ def _summarise(state: ScanState, scanned: list[str], skipped: list[str], max_sig
     severities = {t.sig.severity for t in tallies}
     verdict = "fail" if "error" in severities else "warn" if severities or quiet else (
         "info" if state.lines == 0 else "ok")
+    hits = [_hit_model(t) for t in shown]
     return LogTriageResult(
         verdict=verdict, findings=findings, next=_next_steps(first_tally, shown)[:6],
         first_failure=FirstFailure(signature=first_tally.sig.id, name=first_tally.sig.name, role=first.role,
                                    location=_where(first), rank=first.rank, text=first.text,
-                                   details={k: str(v) for k, v in first.details.items()}) if first else None,
-        signatures=[_hit_model(t) for t in shown], signatures_omitted=len(ordered) - len(shown),
+                                   details={k: str(v) for k, v in first.details.items()},
+                                   action=first.details.get("action", first_tally.sig.action)) if first else None,
+        signatures=hits, signatures_omitted=len(ordered) - len(shown),
+        action=worst_action([_tally_action(t) for t in tallies]),
         files_scanned=scanned[:50], files_skipped=skipped[:50], lines_scanned=state.lines,
         bytes_scanned=state.bytes, ranks_seen=format_ranks(state.ranks_seen), seconds=round(seconds, 3),
         by_rank=by_rank, suspect_ranks=suspects[:64])
@@ -193,8 +201,12 @@ def _parse_ranges(text: str) -> list[int]:
     return out
 
 
+def _tally_action(t: Tally) -> str:
+    return t.extra.get("worst_action", t.sig.action) if isinstance(t.extra, dict) else t.sig.action
+
+
 def _hit_model(t: Tally) -> SignatureHit:
-    return SignatureHit(
+    return SignatureHit(action=_tally_action(t),
         id=t.sig.id, name=t.sig.name, category=t.sig.category, severity=t.sig.severity, role=t.sig.role,
         count=t.count, ranks=format_ranks(t.ranks), first=_where(t.first),
         details={k: str(v) for k, v in t.first.details.items()},

@@ -122,7 +122,18 @@ def special_findings(tally: Tally) -> list[str]:
         return [(f"Ranks {d['rank_a']} and {d['rank_b']} both use the GPU at bus id {d['device']}: set the device from "
                 "LOCAL_RANK (torch.cuda.set_device) or give each task its own CUDA_VISIBLE_DEVICES.")]
     if sig_id == "xid":
-        return [f"XID {d['xid']} on GPU at PCI {d['pci']}: {d.get('xid_meaning', 'see the XID table')}."]
+        cause = f" (caused by {d['caused_by']}: act on that one)" if "caused_by" in d else ""
+        return [f"XID {d['xid']} on GPU at PCI {d['pci']}{cause}: {d.get('xid_meaning', 'see the XID table')} "
+                f"[action: {d.get('action', 'monitor')}]."]
+    if sig_id == "nvswitch_sxid":
+        return [f"NVSwitch {d['switch']} SXid {d['sxid']} ({d.get('fatal') or 'severity not printed'}): "
+                f"{d.get('sxid_meaning', '')} [action: {d.get('action', 'monitor')}]."]
+    if sig_id == "gpu_lost_multiline":
+        return [f"GPU {d['pci']}: {d.get('state', '')} (the driver's multi-line message; Xid 79 class) "
+                f"[action: {d.get('action', 'drain_node')}]."]
+    if sig_id == "nccl_ib_completion_error" and "likely" in d:
+        vendor = f", vendor err {d['vendor']} ({d['vendor_hex']})" if "vendor" in d else ""
+        return [f"IB completion status {d['status']}{vendor}: {d['likely']} [action: {d.get('action', 'monitor')}]."]
     if sig_id == "fp16_overflow_skip" and "min_scale" in tally.extra:
         return [f"{tally.count} overflow-skipped steps; the loss scale fell to {tally.extra['min_scale']:g}"
                 + (" (very low: the run is diverging)" if tally.extra["min_scale"] < 1 else "") + "."]

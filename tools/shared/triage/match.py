@@ -9,6 +9,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..actions import worst_action
+from ...engine.redact import redact
 from .signatures import MAX_RANKS_TRACKED, POST, Signature, gates_for, load_signatures
 from ..logscan import iter_text_blocks, line_ranges, line_rank, timestamp_near
 
@@ -152,7 +154,9 @@ def _record(state: ScanState, sig: Signature, m: re.Match, line: str, line_no: i
     state.hits += 1
     if rank is not None and sig.severity == "error" and len(state.rank_first) < MAX_RANKS_TRACKED:
         state.rank_first.setdefault(rank, sig.id)
-    hit = Hit(label, line_no, rank, line[:MAX_LINE_CHARS], details, role, state.hits)
+    # Secrets leave no reader: the line and what was captured from it are redacted here, once.
+    details = {k: redact(v) if isinstance(v, str) else v for k, v in details.items()}
+    hit = Hit(label, line_no, rank, redact(line[:MAX_LINE_CHARS]), details, role, state.hits)
     tally.count += 1
     if rank is not None and len(tally.ranks) < MAX_RANKS_TRACKED:
         tally.ranks.add(rank)
@@ -243,6 +247,10 @@ def _merge_extra(into: dict, later: dict) -> None:
             into[key] = min(into.get(key, value), value)
         elif key == "last_scale":
             into[key] = value
+        elif key == "worst_action":
+            into[key] = worst_action([into.get(key, "none"), value])
+        elif isinstance(key, tuple) and isinstance(value, int):    # Xid occurrences per (bus, code)
+            into[key] = into.get(key, 0) + value
         elif isinstance(value, dict):
             for k, v in value.items():
                 into.setdefault(key, {}).setdefault(k, v)

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 from ...engine.spec import ToolFailure
 from ...engine.data import load_data
+from .. import xid
+from ..actions import worst_action
 
 MAX_RANKS_TRACKED = 100_000    # per signature
 
@@ -32,6 +34,7 @@ class Signature:
     next: tuple[str, ...]
     example: str
     order: int
+    action: str = "none"
 
 
 def load_signatures() -> list[Signature]:
@@ -46,7 +49,7 @@ def load_signatures() -> list[Signature]:
                 role=raw["role"], keywords=tuple(raw["keywords"]), regex=re.compile(raw["pattern"], flags),
                 fallback=bool(raw.get("fallback", False)), weak=bool(raw.get("weak", raw.get("fallback", False))),
                 meaning=raw["meaning"], next=tuple(raw["next"]),
-                example=raw.get("example", ""), order=order))
+                example=raw.get("example", ""), order=order, action=raw.get("action", "none")))
         except (KeyError, re.error) as exc:
             raise ToolFailure(f"log_signatures.toml entry {raw.get('id', order)!r} is malformed ({exc}); "
                               "fix the data file") from None
@@ -186,10 +189,52 @@ def _post_terminate(details, extra, rank, line, after):
         details["what"] = what[:300]
 
 
+def _note_action(details, extra, action: str) -> None:
+    """The action of this occurrence, and the worst one seen for the signature (read by the result)."""
+    details["action"] = action
+    extra["worst_action"] = worst_action([extra.get("worst_action", "none"), action])
+
+
 def _post_xid(details, extra, rank, line, after):
-    meaning = xid_meaning(int(details["xid"]))
-    if meaning:
-        details["xid_meaning"] = meaning
+    """Meaning and action from the Xid catalog; Xid 45 naming an earlier Xid is that Xid's consequence."""
+    code = int(details["xid"])
+    event = xid.XidEvent(bus=xid.short_bus(details.get("pci", "")), code=code, text=line[-160:],
+                         previous=int(details["previous"]) if details.get("previous") else None)
+    key = (event.bus, code)
+    extra[key] = extra.get(key, 0) + 1
+    action, meaning = xid.judge(event, repeated=extra[key] > 1)
+    details["xid_meaning"] = xid_meaning(code) or meaning
+    _note_action(details, extra, action)
+    if event.previous is not None:
+        details["caused_by"] = f"Xid {event.previous}"
+        return "cascade"
+    return None
+
+
+def _post_sxid(details, extra, rank, line, after):
+    event = xid.XidEvent(bus=xid.short_bus(details.get("pci", "")), code=int(details["sxid"]), text=line[-160:],
+                         switch=int(details["switch"]), fatal=details.get("fatal") == "Fatal")
+    action, details["sxid_meaning"] = xid.judge(event)
+    _note_action(details, extra, action)
+
+
+def _post_gpu_lost_multiline(details, extra, rank, line, after):
+    """The first of the three lines; the third says what happened to the GPU."""
+    rest = " ".join(ln.split("NVRM:", 1)[-1].strip() for ln in after(3) if "NVRM:" in ln)
+    details["state"] = "fallen off the bus" if "fallen off the bus" in rest else rest[:160]
+    _note_action(details, extra, "drain_node" if "fallen off the bus" in rest else "monitor")
+
+
+def _post_ib_completion(details, extra, rank, line, after):
+    """Status 4 is a local protection error, on GPU memory the GPU Direct RDMA registration (nccl#214, #928)."""
+    if details.get("vendor"):
+        details["vendor_hex"] = hex(int(details["vendor"]))
+    if details.get("status") == "4":
+        details["likely"] = "GPU Direct RDMA memory registration (nvidia-peermem / dma-buf), not the fabric"
+        _note_action(details, extra, "none")
+    elif details.get("status") == "12":
+        details["likely"] = "retry exceeded: the peer or a link went away (cable, switch port, flapping link)"
+        _note_action(details, extra, "monitor")
 
 
 def _post_loss_scale(details, extra, rank, line, after):
@@ -220,6 +265,9 @@ POST = {
     "torchrun_worker_failed": _post_exitcode,
     "torchrun_child_failed": _post_root_cause,
     "xid": _post_xid,
+    "nvswitch_sxid": _post_sxid,
+    "gpu_lost_multiline": _post_gpu_lost_multiline,
+    "nccl_ib_completion_error": _post_ib_completion,
     "cpp_terminate": _post_terminate,
     "fp16_overflow_skip": _post_loss_scale,
 }

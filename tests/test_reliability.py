@@ -1,0 +1,451 @@
+"""The reliability suite: each finding of the adversarial run (issue 16) replayed as an attack through
+the real server, asserting that it now fails safely. HTTP, signals and files are real; nothing is
+mocked but where the knowledge tree lives (a temp copy with links planted in it)."""
+
+import gzip
+import json
+import os
+import pickle
+import shutil
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+import tracemalloc
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import anyio
+import jsonschema
+import psutil
+import pytest
+from mcp import Client
+
+from tools.engine import knowledge
+from tools.engine.bounds import MAX_RESULT_CHARS
+from tools.engine.jobs import MANAGER
+from tools.engine.mcp_server import _split_arguments, build_server
+from tools.engine.registry import registry
+from tools.engine.spec import Field, Params, Result, ToolSpec
+
+ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.anyio
+TOKEN = "reliability-token-0123456789abcdefghij"
+
+
+def _text(r) -> str:
+    return r.content[0].text
+
+
+# --- 1. one argument must not block the server --------------------------------------------------------
+
+async def test_a_thirty_million_value_range_is_refused_in_milliseconds():
+    spec = registry()["matmul_bench"]
+    huge = {"mode": "grid", "m_range": [1, 30_000_000, 1], "n_range": [1, 30_000_000, 1], "k_range": [1, 30_000_000, 1]}
+    tracemalloc.start()
+    t0 = time.perf_counter()
+    with pytest.raises(Exception) as refused:
+        _split_arguments(spec, huge)
+    elapsed, (_, peak) = time.perf_counter() - t0, tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert elapsed < 0.05 and peak < 1 << 20, (elapsed, peak)     # was 5.8 s and 2.77 GB
+    assert "m_range" in str(refused.value) and "65536" in str(refused.value)
+    within = {"mode": "grid", "m_range": [1, 65536, 1], "n_range": [1, 65536, 1], "k_range": [1, 65536, 1]}
+    t0 = time.perf_counter()
+    async with Client(build_server()) as c:
+        r = await c.call_tool("matmul_bench", within)
+        alive = await c.call_tool("accelerator_specs", {"names": ["h100"]})
+    assert r.is_error and "m_range" in _text(r) and "at most 100000" in _text(r)
+    assert time.perf_counter() - t0 < 5 and not alive.is_error
+
+
+# --- 2. heavy calls can be stopped, and never starve the light ones -----------------------------------
+
+@pytest.fixture(scope="module")
+def huge_gzip(tmp_path_factory) -> Path:
+    """4 GiB of log text in a few MB on disk: one 64 MiB gzip member written 64 times."""
+    line = b"[rank0]:2026-01-01 10:00:00 step 100 loss 2.01 lr 3e-4 grad_norm 0.9 tokens/s 41000\n"
+    member = gzip.compress(line * ((64 << 20) // len(line)), compresslevel=6, mtime=0)
+    path = tmp_path_factory.mktemp("gz") / "train.log.gz"
+    with open(path, "wb") as f:
+        for _ in range(64):
+            f.write(member)
+    assert path.stat().st_size < 64 << 20
+    return path
+
+
+def _children() -> list[psutil.Process]:
+    return psutil.Process().children(recursive=True)
+
+
+def _gone(procs, timeout_s: float) -> bool:
+    _, alive = psutil.wait_procs(procs, timeout=timeout_s)
+    return not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
+
+
+async def test_cancel_of_log_triage_on_a_huge_gzip_stops_within_a_second(huge_gzip):
+    async with Client(build_server()) as c:
+        r = await c.call_tool("log_triage", {"paths": [str(huge_gzip)], "wait_s": 1.0})
+        job_id = r.structured_content["job"]["job_id"]
+        children = _children()
+        assert children, "the scan runs in a child process"
+        t0 = time.monotonic()
+        cancel = await c.call_tool("job_cancel", {"job_id": job_id})
+        assert cancel.structured_content["state"] == "cancelled"
+        assert time.monotonic() - t0 < 1.0
+        assert _gone(children, 1.0), "the scan's processes outlived the cancel"
+
+
+async def test_forty_huge_scans_never_stop_job_status_or_accelerator_specs(huge_gzip):
+    answers = []
+    try:
+        async with Client(build_server()) as c:
+            async def scan():
+                answers.append(await c.call_tool("log_triage", {"paths": [str(huge_gzip)], "wait_s": 0}))
+
+            async with anyio.create_task_group() as tg:
+                for _ in range(40):
+                    tg.start_soon(scan)
+            busy = [r for r in answers if r.is_error and "busy" in _text(r)]
+            running = [r for r in answers if not r.is_error and r.structured_content.get("job")]
+            assert len(running) == MANAGER.max_runs and len(busy) == 40 - MANAGER.max_runs
+            for name, args in [("job_status", {}), ("accelerator_specs", {"names": ["h200"]})] * 3:
+                t0 = time.monotonic()
+                r = await c.call_tool(name, args)
+                assert not r.is_error and time.monotonic() - t0 < 1.0, (name, time.monotonic() - t0)
+    finally:
+        children = _children()
+        await anyio.to_thread.run_sync(MANAGER.cancel_all)
+        assert _gone(children, 3.0)
+
+
+# --- 3. amplification: small inputs must not become big work or big answers ---------------------------
+
+def _nested_pickle(depth: int) -> bytes:
+    x: list = []
+    for _ in range(depth):
+        x = [x, x]
+    return pickle.dumps({"version": "2.10", "pg_config": {}, "entries": [
+        {"collective_seq_id": 0, "profiling_name": "nccl:all_reduce", "input_sizes": x,
+         "process_group": ["0", "default_pg"], "state": "scheduled"}]})
+
+
+async def test_a_shared_reference_pickle_is_refused_quickly_with_a_small_answer(tmp_path):
+    blob = _nested_pickle(22)
+    assert len(blob) < 700
+    (tmp_path / "nccl_trace_rank_0").write_bytes(blob)
+    t0 = time.monotonic()
+    async with Client(build_server()) as c:
+        r = await c.call_tool("flight_recorder_analyze", {"path": str(tmp_path)})
+    elapsed = time.monotonic() - t0       # a child process starts: most of it is Python's start-up
+    assert elapsed < 5 and r.is_error, elapsed   # was 79 s, 758 MB and a 75.5 MB answer
+    assert "refused (unsafe content)" in _text(r) and len(_text(r)) < 2000
+
+
+class BigParams(Params):
+    rows: int = Field(300_000, ge=1, le=10_000_000, description="How many rows to return.")
+
+
+class BigResult(Result):
+    rows: list[str] = Field(default_factory=list, description="One line per row.")
+
+
+def _big(params: BigParams, progress) -> BigResult:
+    return BigResult(verdict="ok", findings=["made the rows"], rows=[f"row {i:07d} " + "x" * 60 for i in range(params.rows)])
+
+
+BIG = ToolSpec(name="test_big_output", summary="returns a huge result", description="test only", Params=BigParams,
+               Result=BigResult, run=_big, runs="in_process")
+
+
+async def test_a_huge_result_is_cut_with_a_note_and_still_matches_its_schema(mleng_home):
+    async with Client(build_server([BIG])) as c:
+        schema = next(t.output_schema for t in (await c.list_tools()).tools if t.name == BIG.name)
+        r = await c.call_tool(BIG.name, {})
+    assert not r.is_error
+    data = r.structured_content
+    assert len(json.dumps(data, separators=(",", ":"))) <= MAX_RESULT_CHARS
+    jsonschema.validate(data, schema)
+    assert 1000 < len(data["rows"]) < 300_000 and "rows: kept" in data["findings"][-1]
+    with sqlite3.connect(mleng_home / "results.sqlite3") as db:
+        stored = db.execute("SELECT length(result) FROM results WHERE tool = ?", (BIG.name,)).fetchone()[0]
+    assert stored <= MAX_RESULT_CHARS + 1000
+
+
+async def test_a_ten_megabyte_argument_is_not_echoed_back():
+    async with Client(build_server()) as c:
+        r = await c.call_tool("accelerator_specs", {"names": ["h" * 10_000_000]})
+    assert r.is_error and "names" in _text(r) and len(_text(r)) < 1000
+
+
+# --- 4. HTTP: DNS rebinding and tokens -----------------------------------------------------------------
+
+def _free_port(family=socket.AF_INET, host="127.0.0.1") -> int:
+    with socket.socket(family) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _start_http(tmp_path, bind: str, token: str | None = None) -> subprocess.Popen:
+    env = {**os.environ, "MLENG_HOME": str(tmp_path)}
+    env.pop("MLENG_HTTP_TOKEN", None)
+    if token is not None:
+        env["MLENG_HTTP_TOKEN"] = token
+    return subprocess.Popen([sys.executable, "server.py", "--http", bind], cwd=ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def _post(url: str, headers: dict) -> int:
+    body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}).encode()
+    req = urllib.request.Request(url, data=body, headers={
+        "Content-Type": "application/json", "Accept": "application/json, text/event-stream", **headers})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return resp.status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+def _wait_up(url: str, headers: dict) -> int:
+    for _ in range(200):
+        try:
+            return _post(url, headers)
+        except (urllib.error.URLError, ConnectionError):
+            time.sleep(0.1)
+    raise AssertionError(f"{url} never answered")
+
+
+@pytest.mark.parametrize("bind_host,url_host", [("[0:0:0:0:0:0:0:1]", "[::1]"), ("127.0.0.2", "127.0.0.2")])
+def test_loopback_spellings_check_host_and_origin(tmp_path, bind_host, url_host):
+    family = socket.AF_INET6 if ":" in bind_host else socket.AF_INET
+    port = _free_port(family, bind_host.strip("[]"))
+    proc = _start_http(tmp_path, f"{bind_host}:{port}")
+    url = f"http://{url_host}:{port}/mcp"
+    try:
+        assert _wait_up(url, {"Host": "evil.example"}) == 403
+        assert _post(url, {"Host": f"evil.example:{port}"}) == 403
+        assert _post(url, {"Origin": "http://evil.example"}) == 403
+        assert _post(url, {"Host": f"{bind_host}:{port}"}) == 200
+        assert _post(url, {"Host": f"localhost:{port}", "Origin": f"http://localhost:{port}"}) == 200
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def test_a_short_token_is_refused_at_start(tmp_path):
+    proc = _start_http(tmp_path, f"127.0.0.1:{_free_port()}", token="x" * 31)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode != 0 and "at least 32" in err.decode()
+
+
+def test_token_401s_are_unchanged(tmp_path):
+    port = _free_port()
+    proc = _start_http(tmp_path, f"127.0.0.1:{port}", token=TOKEN)
+    url = f"http://127.0.0.1:{port}/mcp"
+    try:
+        assert _wait_up(url, {}) == 401
+        assert _post(url, {"Authorization": "Bearer " + "y" * len(TOKEN)}) == 401
+        assert _post(url, {"Authorization": f"Bearer {TOKEN}"}) == 200
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+# --- 6. honest annotations, safe writes ----------------------------------------------------------------
+
+def test_tools_that_write_files_say_so():
+    for name in ("hang_stack_dump", "collective_bench"):
+        assert registry()[name].read_only is False, name
+
+
+@pytest.mark.parametrize("plant,needle", [
+    ("symlink", "is a symbolic link"), ("fifo", "is a FIFO"), ("device", "is a device"),
+    ("missing_dir", "does not exist"), ("existing", "already exists"),
+])
+async def test_save_path_attacks_are_refused_before_any_work(tmp_path, monkeypatch, plant, needle):
+    """hang_stack_dump runs in a child: a relative save_path resolves against the caller's directory."""
+    monkeypatch.chdir(tmp_path)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    name = {"device": "/dev/full", "missing_dir": "no/such/dir/stacks.txt"}.get(plant, "stacks.txt")
+    if plant == "symlink":
+        (tmp_path / name).symlink_to(victim)
+    elif plant == "fifo":
+        os.mkfifo(tmp_path / name)
+    elif plant == "existing":
+        (tmp_path / name).write_text("earlier dump")
+    t0 = time.monotonic()
+    async with Client(build_server()) as c:
+        r = await c.call_tool("hang_stack_dump", {"pids": [os.getpid()], "save_path": name, "wait_s": 30})
+    assert r.is_error and needle in _text(r) and "Traceback" not in _text(r), _text(r)
+    assert "save_path" in _text(r) and time.monotonic() - t0 < 10
+    if plant != "device":
+        assert str(tmp_path) in _text(r), "a relative path is the caller's working directory's"
+    assert victim.read_text() == "precious"
+
+
+def test_collective_bench_refuses_a_bad_plot_path_before_any_rank_starts(tmp_path):
+    from tools.collective_bench import CollectiveBenchParams
+    from tools.collective_bench import run as collective_bench
+    from tools.engine.spec import ToolFailure
+
+    (tmp_path / "plot.png").symlink_to(tmp_path / "elsewhere.png")
+    t0 = time.monotonic()
+    with pytest.raises(ToolFailure, match="plot_path: .* is a symbolic link"):
+        collective_bench(CollectiveBenchParams(nproc_per_node=2, plot_path=str(tmp_path / "plot.png")),
+                         lambda f, m: None)
+    assert time.monotonic() - t0 < 1 and not (tmp_path / "elsewhere.png").exists()
+
+
+# --- 7. SIGTERM ends an HTTP server too ----------------------------------------------------------------
+
+async def test_sigterm_ends_an_http_server_and_answers_the_call_in_flight(tmp_path):
+    port = _free_port()
+    proc = _start_http(tmp_path, f"127.0.0.1:{port}")
+    try:
+        await anyio.to_thread.run_sync(_wait_up, f"http://127.0.0.1:{port}/mcp", {})
+        answer = {}
+        async with Client(f"http://127.0.0.1:{port}/mcp") as c:
+            async def slow_call():
+                answer["r"] = await c.call_tool("storage_bench", {
+                    "path": str(tmp_path), "wait_s": 600, "size_mib": 4, "random_read_s": 600, "small_files": 0,
+                    "time_budget_s": 3600})
+                answer["t"] = time.monotonic()
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(slow_call)
+                await anyio.sleep(2.0)
+                children = psutil.Process(proc.pid).children(recursive=True)
+                assert children, "the storage run is in flight"
+                t0 = time.monotonic()
+                proc.terminate()
+        assert answer["r"].is_error and answer["t"] - t0 < 2.0, answer
+        await anyio.to_thread.run_sync(proc.wait, 5)
+        assert _gone(children, 1.0)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+# --- 8. the knowledge tree serves only its own regular files --------------------------------------------
+
+async def test_links_planted_in_the_knowledge_tree_are_not_served(tmp_path, monkeypatch):
+    tree = tmp_path / "knowledge"
+    shutil.copytree(knowledge.KNOWLEDGE_DIR, tree)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.md").write_text("---\ntitle: Planted zebra secret\nsummary: zebra\n---\nzebra-secret-marker\n")
+    (tree / "network" / "zebra.md").symlink_to(outside / "secret.md")
+    (tree / "linked").symlink_to(outside, target_is_directory=True)
+    (tree / "passwd.md").symlink_to("/etc/passwd")
+    monkeypatch.setattr(knowledge, "KNOWLEDGE_DIR", tree)
+    async with Client(build_server()) as c:
+        index = (await c.read_resource("knowledge://index")).contents[0].text
+        hits = await c.call_tool("knowledge_search", {"query": "zebra secret marker", "k": 10})
+        for uri in ("knowledge://network/zebra.md", "knowledge://linked/secret.md", "knowledge://passwd.md"):
+            with pytest.raises(Exception):
+                await c.read_resource(uri)
+        real = await c.read_resource("knowledge://network/busbw.md")
+    assert "knowledge://network/busbw.md" in index and "zebra" not in index.lower() and "passwd" not in index
+    assert "zebra-secret-marker" not in json.dumps(hits.structured_content) and "root:" not in _text(hits)
+    assert "busbw" in real.contents[0].text
+
+
+# --- 9. schemas say what is accepted -------------------------------------------------------------------
+
+def _strings_without_max_length(schema: dict, defs: dict, path: str) -> list[str]:
+    if "$ref" in schema:
+        schema = defs[schema["$ref"].rsplit("/", 1)[-1]]
+    found = [p for key in ("anyOf", "oneOf", "allOf") for sub in schema.get(key, [])
+             for p in _strings_without_max_length(sub, defs, path)]
+    types = schema.get("type")
+    if "string" in (types if isinstance(types, list) else [types]) and not {"maxLength", "enum", "const"} & set(schema):
+        found.append(path)
+    if isinstance(schema.get("items"), dict):
+        found += _strings_without_max_length(schema["items"], defs, path + "[]")
+    for name, sub in schema.get("properties", {}).items():
+        found += _strings_without_max_length(sub, defs, f"{path}.{name}")
+    return found
+
+
+async def test_every_string_argument_of_every_tool_has_a_max_length():
+    async with Client(build_server()) as c:
+        tools = (await c.list_tools()).tools
+    unbounded = [p for t in tools for p in _strings_without_max_length(t.input_schema, t.input_schema.get("$defs", {}), t.name)]
+    assert not unbounded, unbounded
+    for t in tools:
+        assert t.input_schema.get("additionalProperties") is False, t.name
+        text = json.dumps(t.input_schema)
+        assert '"ge":' not in text and '"le":' not in text, f"{t.name} publishes non-standard ge/le"
+
+
+@pytest.mark.parametrize("name,args", [
+    ("log_triage", {"paths": ["a.log"], "text": "x"}), ("log_triage", {}),
+    ("memory_estimate", {}), ("memory_estimate", {"params_b": 7, "layers": 32}),
+    ("upgrade_roi", {"candidate_tokens_per_s_per_gpu": 10.0}),
+    ("matmul_bench", {"m": [1024]}), ("matmul_bench", {"mode": "shapes", "m": [64], "n": [64]}),
+    ("matmul_bench", {"device": "cpu", "all_gpus": True}),
+    ("memory_bandwidth_bench", {"device": "cpu"}), ("storage_bench", {"path": "/tmp", "block_kib": 6}),
+])
+async def test_cross_field_rules_are_in_the_schema(name, args):
+    """What the validator refuses here, the published schema refuses too (an agent can know it)."""
+    async with Client(build_server()) as c:
+        schema = next(t.input_schema for t in (await c.list_tools()).tools if t.name == name)
+        r = await c.call_tool(name, args)
+    assert r.is_error
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(args, schema)
+
+
+# --- 10. secrets, default paths, refused pickles -------------------------------------------------------
+
+SECRET_LOG = """[rank0]: export HF_TOKEN=hf_abcdefghijklmnopqrstuvwxyz0123456789
+[rank0]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. password: hunter2-secret
+[rank1]: node1:12345:12400 [1] enqueue.cc:1104 NCCL WARN Cuda failure 'out of memory' Authorization: Bearer sekret-bearer-value
+[rank1]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 4.00 GiB. AKIAIOSFODNN7EXAMPLE
+"""
+
+
+async def test_secrets_in_logs_are_redacted_in_answers_and_in_the_store(mleng_home):
+    async with Client(build_server()) as c:
+        r = await c.call_tool("log_triage", {"text": SECRET_LOG, "evidence_lines": 5})
+    assert not r.is_error, _text(r)
+    answer = json.dumps(r.structured_content) + _text(r)
+    assert "out of memory" in answer.lower() and "[REDACTED]" in answer
+    with sqlite3.connect(mleng_home / "results.sqlite3") as db:
+        stored = " ".join(a + b for a, b in db.execute("SELECT params, result FROM results"))
+    for secret in ("hunter2-secret", "sekret-bearer-value", "AKIAIOSFODNN7EXAMPLE", "hf_abcdefghij"):
+        assert secret not in answer and secret not in stored, secret
+
+
+def test_an_empty_path_reads_only_the_dump_prefix_directory(tmp_path, monkeypatch):
+    from tools.flight_recorder_analyze.dumps import read_dumps
+
+    fixture = ROOT / "tests" / "fixtures" / "flight_recorder" / "healthy" / "pickle" / "fr_0"
+    (tmp_path / "nested").mkdir()
+    shutil.copy(fixture, tmp_path / "nested" / "rank_1")      # not at the prefix: never read
+    monkeypatch.setenv("TORCH_FR_DUMP_TEMP_FILE", str(tmp_path / "rank_"))
+    with pytest.raises(Exception, match="no flight-recorder dump found"):
+        read_dumps("")
+    shutil.copy(fixture, tmp_path / "rank_0")
+    assert sorted(read_dumps("")[0]) == [0]
+    monkeypatch.delenv("TORCH_FR_DUMP_TEMP_FILE")
+    t0 = time.monotonic()
+    with pytest.raises(Exception):
+        read_dumps("")            # torch's default /tmp/nccl_trace_rank_*: /tmp itself is not walked
+    assert time.monotonic() - t0 < 2
+
+
+async def test_a_refused_pickle_is_reported_as_unsafe_not_corrupt(tmp_path):
+    class Evil:
+        def __reduce__(self):
+            return (os.system, ("touch " + str(tmp_path / "pwned"),))
+
+    (tmp_path / "nccl_trace_rank_0").write_bytes(pickle.dumps({"version": "2.10", "entries": [Evil()]}))
+    async with Client(build_server()) as c:
+        r = await c.call_tool("flight_recorder_analyze", {"path": str(tmp_path)})
+    assert r.is_error and "refused (unsafe content)" in _text(r) and "posix.system" in _text(r)
+    assert "corrupt" not in _text(r) and not (tmp_path / "pwned").exists()

@@ -1,0 +1,271 @@
+"""gpu_health — is each GPU of this node healthy, and what to do about it.
+
+ECC and row remapping, Xids from the kernel log, NVLink per link and PCIe per hop of the PCI tree over a short
+sampling window under a small load, clock events with their durations, persistence / ECC / MIG modes, fabric
+state on NVSwitch systems, who holds the memory, and DCGM diagnostics where DCGM is installed. Read through
+NVML (nvidia-ml-py) and sysfs, not by parsing nvidia-smi text. Every problem carries an action (none / monitor
+/ reset_gpu / reboot_node / drain_node / replace); the worst one is the GPU's and the node's. Runs in a child
+process: a wedged driver can hang an NVML call, and the runner's timeout then kills it.
+
+By hand:
+    python -m tools.gpu_health                     # this node
+    python -m tools.gpu_health --dcgm-level 2      # plus `dcgmi diag -r 2` (about 2 minutes)
+    srun --ntasks-per-node=1 python -m tools.gpu_health --json > health-$SLURM_JOB_ID.json   # every node
+"""
+
+import time
+
+from ..engine.spec import Field, Params, Record, Result, ToolSpec, worst
+from ..engine.data import load_data
+from ..shared.actions import ACTION_FIELD, Action, HealthFinding, by_action, verdict_of, worst_action
+from . import dcgm, holders, read
+from .assess import assess
+from .holders import MemoryHolder
+from .models import XidSeen
+from .pcie import PcieHop
+from .sampling import NvLinkCounters
+from .window import kernel_log, read_kernel_log, sample_window
+
+# Deadline of a `dcgmi diag` run inside the tool's own deadline (SPEC.timeout_s): levels 1-3 fit; a level 4
+# with memtest can take longer, run it by hand (`dcgmi diag -r 4 -j > diag.json`) and pass dcgm_file.
+DCGM_TIMEOUT_S = 1700
+
+__all__ = ["SPEC", "GpuHealthParams", "GpuReading", "GpuHealthResult", "XidSeen", "assess", "run", "summarise"]
+
+
+class GpuHealthParams(Params):
+    read_kernel_log: bool = Field(True, description="Look for NVIDIA Xid / NVSwitch SXid events in the kernel log.")
+    sample_s: float = Field(2.0, ge=0, le=60, description=(
+        "Sampling window, seconds: NVLink error counters and clock-event times are compared between its start "
+        "and end, PCIe links read several times in it. 0: one reading, totals only."))
+    load: bool = Field(True, description=(
+        "Keep a small matmul load on each GPU during the window (needs torch), so that idle power saving is not "
+        "taken for a downtrained PCIe link. Off: PCIe generation is not judged."))
+    dcgm_level: int = Field(0, ge=0, le=4, description=(
+        "Also run `dcgmi diag -r N -j` where DCGM is installed: 1 seconds, 2 about 2 minutes, 3 about 15 minutes, "
+        "4 longer (up to hours). 3 and 4 occupy every GPU fully: only on a node with no jobs. 0: not run."))
+    dcgm_file: str | None = Field(None, max_length=4096, description=(
+        "Read a saved `dcgmi diag -j` output from this file instead of running DCGM."))
+
+
+class GpuReading(Record):
+    index: int = Field(description="NVML index.")
+    name: str = Field(description="GPU model as NVML reports it.")
+    uuid: str = Field("", description="GPU UUID.")
+    serial: str | None = Field(None, description="Board serial (None on consumer cards).")
+    pci_bus_id: str = Field("", description="PCI bus id, e.g. 00000000:3B:00.0.")
+    verdict: str = Field("ok", description="ok | warn | fail for this GPU.")
+    action: Action = Field("none", description="The strongest action its problems call for. " + ACTION_FIELD)
+    problems: list[HealthFinding] = Field(default_factory=list, description="What is wrong, with an action each.")
+    temperature_c: int | None = Field(None, description="GPU temperature, °C.")
+    slowdown_temperature_c: int | None = Field(None, description="Temperature at which the GPU slows itself down, °C.")
+    power_w: float | None = Field(None, description="Power draw, W.")
+    power_limit_w: float | None = Field(None, description="Enforced power limit, W.")
+    default_power_limit_w: float | None = Field(None, description="Default power limit, W.")
+    sm_clock_mhz: int | None = Field(None, description="Current SM clock, MHz.")
+    sm_clock_max_mhz: int | None = Field(None, description="Maximum SM clock, MHz.")
+    utilization_pct: int | None = Field(None, description="GPU utilisation over the last sample period, %.")
+    throttle_reasons: list[str] = Field(default_factory=list, description="Clock-event reasons active at the reading.")
+    clock_event_s: dict[str, float] = Field(default_factory=dict, description="Seconds each clock-event reason was active during the window.")
+    memory_used_mib: float | None = Field(None, description="Device memory in use, MiB.")
+    memory_total_mib: float | None = Field(None, description="Device memory, MiB.")
+    ecc_enabled: bool | None = Field(None, description="ECC mode currently on.")
+    ecc_pending: bool | None = Field(None, description="ECC mode after the next reboot.")
+    ecc_uncorrected_volatile: int | None = Field(None, description="Uncorrectable ECC errors since the last reset.")
+    ecc_uncorrected_aggregate: int | None = Field(None, description="Uncorrectable ECC errors over the GPU's life.")
+    ecc_corrected_volatile: int | None = Field(None, description="Corrected ECC errors since the last reset.")
+    remapped_rows_correctable: int | None = Field(None, description="Rows remapped for correctable errors (Ampere+).")
+    remapped_rows_uncorrectable: int | None = Field(None, description="Rows remapped for uncorrectable errors (Ampere+).")
+    remap_pending: bool | None = Field(None, description="A row remap waits for a GPU reset.")
+    remap_failure: bool | None = Field(None, description="A row remap failed.")
+    retired_pages: int | None = Field(None, description="Retired pages (pre-Ampere).")
+    retired_pages_pending: bool | None = Field(None, description="Page retirement waits for a reset (pre-Ampere).")
+    persistence_mode: bool | None = Field(None, description="Persistence mode on.")
+    mig_enabled: bool | None = Field(None, description="MIG mode now.")
+    mig_pending: bool | None = Field(None, description="MIG mode after the next GPU reset.")
+    fabric_state: str | None = Field(None, description="NVSwitch fabric registration: completed | in_progress | not_started (None: no NVSwitch fabric).")
+    fabric_status: str | None = Field(None, description="'success' or the error Fabric Manager reported.")
+    pcie_gen: int | None = Field(None, description="PCIe generation now (drops at idle to save power).")
+    pcie_gen_max: int | None = Field(None, description="Highest PCIe generation of the GPU.")
+    pcie_width: int | None = Field(None, description="PCIe link width now (lanes).")
+    pcie_width_max: int | None = Field(None, description="Widest PCIe link of the GPU (lanes).")
+    pcie_chain: list[PcieHop] = Field(default_factory=list, description="The GPU and each bridge above it (sysfs), last reading.")
+    pcie_note: str = Field("", description="Why the link runs below the GPU's own maximum when that is expected.")
+    pcie_replays: int | None = Field(None, description="PCIe replay counter (total since the driver loaded).")
+    pcie_replays_window: int | None = Field(None, description="PCIe replays during the window.")
+    nvlink_active: int | None = Field(None, description="NVLink links up.")
+    nvlink_total: int | None = Field(None, description="NVLink links the GPU has (links that answer; a product may have fewer than the maximum).")
+    nvlink_links: list[NvLinkCounters] = Field(default_factory=list, description="Per-link state and error totals at the end of the window.")
+    holders: list[MemoryHolder] = Field(default_factory=list, description="Processes holding device memory.")
+    xids: list[XidSeen] = Field(default_factory=list, description="Xid events of this GPU from the kernel log.")
+
+    @property
+    def subject(self) -> str:
+        return f"GPU {self.index} ({self.pci_bus_id or '?'})"
+
+
+class GpuHealthResult(Result):
+    gpus: list[GpuReading] = Field(default_factory=list, description="One reading per GPU.")
+    gpu_count: int = Field(0, description="GPUs found.")
+    driver: str | None = Field(None, description="Driver version.")
+    action: Action = Field("none", description="The node's action: the worst of its GPUs' and DCGM's. " + ACTION_FIELD)
+    actions: dict[str, list[str]] = Field(default_factory=dict, description="{action: [GPUs]} worst first (for fleet summaries).")
+    window_s: float = Field(0.0, description="Length of the sampling window, s.")
+    load: str = Field("", description="Whether a load ran during the window, or why not.")
+    kernel_log: str = Field("", description="Whether Xid events could be read, and from where.")
+    switch_events: list[HealthFinding] = Field(default_factory=list, description="NVSwitch SXid events (not tied to one GPU).")
+    dcgm: list[HealthFinding] = Field(default_factory=list, description="DCGM diagnostic results that are not a clean pass.")
+    dcgm_note: str = Field("", description="What DCGM ran (level and its cost), or why it did not.")
+
+
+def read_gpu(nv, index: int):
+    """(handle, reading) for GPU `index`: identity, clocks, memory health, modes, memory holders."""
+    h = nv.nvmlDeviceGetHandleByIndex(index)
+    g = GpuReading(index=index, name=read.text(nv.nvmlDeviceGetName(h)), uuid=read.text(read.attempt(nv.nvmlDeviceGetUUID, h, default="")),
+                   serial=read.text(read.attempt(nv.nvmlDeviceGetSerial, h)))
+    pci = read.attempt(nv.nvmlDeviceGetPciInfo, h)
+    g.pci_bus_id = read.text(pci.busId) if pci is not None else ""
+    read.read_basics(nv, h, g)
+    read.read_memory_health(nv, h, g)
+    read.read_modes(nv, h, g)
+    now = time.time()
+    procs = read.attempt(nv.nvmlDeviceGetComputeRunningProcesses, h, default=[]) or []
+    g.holders = [holders.describe(p.pid, getattr(p, "usedGpuMemory", None), now) for p in procs]
+    return h, g
+
+
+def _dcgm(params: GpuHealthParams) -> tuple[list[HealthFinding], str]:
+    if params.dcgm_file:
+        try:
+            with open(params.dcgm_file, errors="replace") as f:
+                text, note = f.read(), f"read {params.dcgm_file}"
+        except OSError as e:
+            return [], f"dcgm_file {params.dcgm_file!r} could not be read: {e.strerror}"
+    elif params.dcgm_level:
+        level = load_data("dcgm_errors")["level"][str(params.dcgm_level)]
+        text, note = dcgm.run_diag(params.dcgm_level, timeout_s=DCGM_TIMEOUT_S)
+        note = f"{note}; level {params.dcgm_level} = {level['name']}, {level['cost']}"
+        if text is None:
+            return [], note
+    else:
+        return [], "DCGM diagnostics not run (dcgm_level=0)"
+    try:
+        results, version = dcgm.parse(text)
+    except ValueError as e:
+        return [], f"{note}; could not read it: {e}"
+    found = [f for f in (dcgm.judge(r) for r in results) if f]
+    return found, f"{note}; DCGM {version or '?'}: {len(results)} results, {len(found)} not a clean pass"
+
+
+def run(params: GpuHealthParams, progress) -> GpuHealthResult:
+    try:
+        import pynvml as nv
+
+        nv.nvmlInit()
+    except Exception as e:
+        return _no_nvml(e, *(_dcgm(params) if params.dcgm_file else ([], "")))
+    try:
+        driver = read_text_driver(nv)
+        pairs = [read_gpu(nv, i) for i in range(nv.nvmlDeviceGetCount())]
+        handles, gpus = [h for h, _ in pairs], [g for _, g in pairs]
+        progress(0.2, f"sampling {len(gpus)} GPU(s) for {params.sample_s:g} s")
+        window, load_note, window_s = sample_window(nv, handles, gpus, params.sample_s, params.load)
+    finally:
+        nv.nvmlShutdown()
+    log_note, switch = "not read (read_kernel_log=false)", []
+    if params.read_kernel_log:
+        text, log_note = read_kernel_log()
+        switch = kernel_log(gpus, text)
+    for g in gpus:
+        assess(g, window.get(g.index, []))
+    progress(0.8, "DCGM" if params.dcgm_level or params.dcgm_file else "summary")
+    found, dcgm_note = _dcgm(params)
+    return summarise(gpus, driver, log_note, window_s=window_s, load_note=load_note, switch=switch,
+                     dcgm=found, dcgm_note=dcgm_note)
+
+
+def _no_nvml(error: Exception, found: list[HealthFinding], note: str) -> GpuHealthResult:
+    """No NVIDIA GPU readable here: say so; a saved DCGM output is still read and judged."""
+    result = GpuHealthResult(verdict="info", findings=[f"No NVIDIA GPU here: NVML is not available ({error}). "
+                                                       "Nothing to check on this machine."], next=["env_report"],
+                             dcgm=found, dcgm_note=note)
+    if found:
+        result.action, result.actions = worst_action(f.action for f in found), by_action(found)
+        result.verdict = worst(verdict_of(f.action) for f in found)
+        result.findings = [f"{f.subject}: {f.text} [{f.action}]." for f in found] + [f"DCGM: {note}."]
+        result.next = ["knowledge://compute/gpu-faults.md"]
+    return result
+
+
+def read_text_driver(nv) -> str:
+    return read.text(nv.nvmlSystemGetDriverVersion())
+
+
+def summarise(gpus: list[GpuReading], driver: str | None, log_note: str, *, window_s: float = 0.0, load_note: str = "",
+              switch: list[HealthFinding] = (), dcgm: list[HealthFinding] = (), dcgm_note: str = "") -> GpuHealthResult:
+    result = GpuHealthResult(gpus=gpus, gpu_count=len(gpus), driver=driver, kernel_log=log_note, window_s=window_s,
+                             load=load_note, switch_events=list(switch), dcgm=list(dcgm), dcgm_note=dcgm_note)
+    if not gpus:
+        result.verdict, result.findings = "info", ["NVML works but reports no GPUs."]
+        return result
+    every = [f for g in gpus for f in g.problems] + result.switch_events + result.dcgm
+    result.action = worst_action(f.action for f in every)
+    result.actions = by_action(every)
+    result.verdict = worst([g.verdict for g in gpus] + [verdict_of(f.action) for f in result.switch_events + result.dcgm])
+    bad = [g for g in gpus if g.verdict != "ok"]
+    names = sorted({g.name for g in gpus})
+    result.findings = [f"{len(gpus)} GPU(s) ({', '.join(names)}), driver {driver}: "
+                       + ("all healthy" if not bad else f"{len(bad)} need attention")
+                       + f"; action for the node: {result.action}."]
+    for g in gpus:
+        result.findings += [f"GPU {g.index} ({g.pci_bus_id}, serial {g.serial}): {p.text} [{p.action}]."
+                            for p in g.problems]
+    result.findings += [f"{f.subject}: {f.text} [{f.action}]." for f in result.switch_events + result.dcgm]
+    result.findings += _holder_sentences(gpus) + _context(gpus, window_s, load_note, log_note, dcgm_note)
+    result.next = (["knowledge://compute/gpu-faults.md", "matmul_bench"] if result.verdict == "fail" else
+                   ["knowledge://compute/throttling-and-clocks.md", "matmul_bench"] if bad else
+                   ["matmul_bench", "p2p_bandwidth"])
+    return result
+
+
+def _holder_sentences(gpus: list[GpuReading]) -> list[str]:
+    return [f"GPU {g.index}: {holders.judge(g.subject, h).text}." for g in gpus for h in g.holders]
+
+
+def _context(gpus, window_s, load_note, log_note, dcgm_note) -> list[str]:
+    out = []
+    temps = [g.temperature_c for g in gpus if g.temperature_c is not None]
+    if temps:
+        out.append(f"Temperatures {min(temps)}–{max(temps)} °C; SM clocks "
+                   + ", ".join(f"{g.sm_clock_mhz}/{g.sm_clock_max_mhz}" for g in gpus) + " MHz (now/max).")
+    notes = sorted({g.pcie_note for g in gpus if g.pcie_note})
+    out += [f"PCIe: {n}." for n in notes]
+    if window_s:
+        out.append(f"Sampled {window_s:g} s ({load_note}).")
+    if not log_note.startswith("read"):
+        out.append(f"Xid check: {log_note}.")
+    if dcgm_note:
+        out.append(f"DCGM: {dcgm_note}.")
+    return out
+
+
+SPEC = ToolSpec(
+    name="gpu_health",
+    summary="Per-GPU health and what to do about it: ECC, row remapping, Xids, NVLink/PCIe links, clocks, modes, DCGM.",
+    description=(
+        "Check whether each GPU of this node is healthy and say what to do (an action per problem: none, monitor, "
+        "reset_gpu, reboot_node, drain_node, replace). Reads NVML and sysfs: uncorrectable ECC, remapped rows "
+        "(pending / failed), Xid and NVSwitch SXid events from the kernel log (actions from NVIDIA's Xid catalog), "
+        "NVLink CRC/replay/recovery counters per link and their change over a short window, PCIe width and "
+        "generation per hop of the PCI tree under a small load (a Gen5 GPU behind a Gen4 port is not downtrained; "
+        "flapping is caught), PCIe replays, clock-event reasons with durations (hardware power brake, hardware "
+        "slowdown, thermal), persistence / ECC / MIG modes, NVSwitch fabric state, who holds GPU memory (yours, "
+        "another user's, a zombie), and optionally DCGM diagnostics (dcgm_level 1-4; 3 and 4 take the GPUs for "
+        "15 minutes to hours) or a saved `dcgmi diag -j` output. Use for 'is this GPU healthy', Xid messages, a "
+        "node slower than its peers, ECC errors, before blaming software or returning a node. ~3-5 s without "
+        "DCGM, read-only apart from the small load; NVIDIA GPUs. Not a performance test (matmul_bench, p2p_bandwidth)."
+        " Typical messages: 'uncorrectable ECC error encountered', 'GPU has fallen off the bus', 'Unable to"
+        " determine the device handle', nvidia-smi no longer lists a GPU, a GPU lost during training."),
+    Params=GpuHealthParams, Result=GpuHealthResult, run=run, runs="subprocess", timeout_s=1800,
+    doctor=lambda ctx: {}, doctor_order=15,
+)
