@@ -151,3 +151,11 @@ def test_long_events_go_out_in_parts_and_come_back_whole_even_interleaved(capsys
     whole = Reassembler()
     got = [e for e in (whole.feed(parse_event(line)) for line in mixed) if e]
     assert sorted(got, key=lambda e: e["node"]) == [big, other]
+
+
+def test_gpu_health_findings_become_sentences_with_their_action():
+    from tools.fleet_sweep.checks import _finding_text
+
+    assert _finding_text({"text": "2 uncorrectable ECC errors since the last reset.", "action": "reset_gpu"}) == \
+        "2 uncorrectable ECC errors since the last reset. (action: reset_gpu)"
+    assert _finding_text("plain sentence") == "plain sentence"
