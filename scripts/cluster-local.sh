@@ -77,13 +77,13 @@ start_slurmd() {  # start_slurmd NODE: in its netns, its own UTS (hostname) and 
     sh "$CGROUP/$1" "$1" 9>&-
 }
 
-wait_idle() {  # wait_idle N: every node plain "idle" ("idle*" is not responding yet)
-  for _ in $(seq 300); do
+wait_idle() {  # wait_idle N [TENTHS]: every node plain "idle" ("idle*" is not responding yet)
+  for _ in $(seq "${2:-300}"); do
     [ "$(sinfo -h -N -o '%T' 2>/dev/null | sort -u)" = idle ] \
       && [ "$(sinfo -h -N -o '%N' 2>/dev/null | wc -l)" = "$1" ] && return 0
     sleep 0.1
   done
-  say "nodes did not become idle"; sinfo -N -l >&2 || true; tail -5 "$D"/log/*.log >&2 || true
+  say "nodes did not become idle"; sinfo -N -l >&2 || true; tail -n 5 "$D"/log/*.log >&2 || true
   return 1
 }
 
@@ -152,7 +152,8 @@ heal() {  # heal [NODE...]: lift injected faults (qdisc, CPU limit, dead slurmd)
   done
   n=$(wc -l < "$D/nodes")
   scontrol update nodename="$(paste -sd, "$D/nodes")" state=resume >/dev/null 2>&1 || true
-  wait_idle "$n"
+  # A job that ran on a node whose slurmd was killed stays "completing" until the new slurmd reports.
+  wait_idle "$n" 1200
 }
 
 print_env() { echo "export SLURM_CONF=$SLURM_CONF"; echo "export MLN_CLUSTER_NODES=$(paste -sd, "$D/nodes")"; }

@@ -10,8 +10,9 @@ its own hostname and address 10.213.0.K on the bridge mlnbr0, one slurmd per nod
 host. The fixture points SLURM_CONF at it for the module, heals injected faults between tests when
 asked (`cluster.heal()`), and stops it after the module's last test. The names are fixed, so one
 such cluster runs per machine: a session holds /tmp/mln-cluster.session.lock for the module and a
-second session waits for it (up to MLENG_CLUSTER_WAIT_S, default 900 s) or skips. Where the cluster
-cannot start (not root, no `ip netns`, SLURM not installable) every test using it skips with why.
+second session waits for it (up to MLENG_CLUSTER_WAIT_S, default 240 s, under pytest-timeout's 300)
+or skips. Where the cluster cannot start (not root, no `ip netns`, SLURM not installable) every test
+using it skips with why.
 """
 
 from __future__ import annotations
@@ -72,6 +73,11 @@ class MultiNodeCluster:
     def cpu_limit(self, node: str, percent: int) -> None:
         self.script("cpu", node, str(percent))
 
+    def cpu_throttled(self, node: str) -> tuple[int, int]:
+        """(CFS periods, periods throttled) of the node's cgroup so far: whether a CPU limit bound."""
+        stat = dict(line.split() for line in Path(f"/sys/fs/cgroup/cpu/mln/{node}/cpu.stat").read_text().splitlines())
+        return int(stat["nr_periods"]), int(stat["nr_throttled"])
+
     def heal(self, *nodes: str) -> None:
         self.script("heal", *nodes)
 
@@ -105,7 +111,7 @@ def _why_not() -> str | None:
 
 def _session_lock():
     handle = open(SESSION_LOCK, "w")
-    deadline = time.monotonic() + float(os.environ.get("MLENG_CLUSTER_WAIT_S", "900"))
+    deadline = time.monotonic() + float(os.environ.get("MLENG_CLUSTER_WAIT_S", "240"))
     while True:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)

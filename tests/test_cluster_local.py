@@ -101,12 +101,18 @@ def test_rate_limit_on_one_node_shows_in_its_throughput(multinode_cluster):  # n
 def test_cpu_limit_and_killed_slurmd_are_faults_heal_undoes(multinode_cluster):  # noqa: F811
     spin = "import time; t=time.time(); n=0\nwhile time.time()-t<1: n+=1\nprint(n)"
     multinode_cluster.cpu_limit("mln2", 20)
+    periods0, throttled0 = multinode_cluster.cpu_throttled("mln2")
     try:
         out = multinode_cluster.cmd("srun", "-N2", "-w", "mln1,mln2", "-l", sys.executable, "-c", spin).stdout
+        periods, throttled = multinode_cluster.cpu_throttled("mln2")
     finally:
         multinode_cluster.heal("mln2")
     counts = dict(line.split(": ") for line in out.strip().splitlines())
-    assert int(counts["1"]) < 0.5 * int(counts["0"]), counts  # task 1 ran on mln2
+    bound = (throttled - throttled0) / max(1, periods - periods0)
+    # The quota is what this test owns: the kernel throttled mln2's task in most periods. How much
+    # slower that makes it than mln1 depends on the other work on these 2 cores (load below).
+    assert bound > 0.5, (bound, counts, os.getloadavg())
+    assert int(counts["1"]) < int(counts["0"]) or os.getloadavg()[0] > 2, (counts, bound)  # task 1 ran on mln2
     multinode_cluster.kill_slurmd("mln4")
     time.sleep(0.5)
     assert not any("slurmd" in _comm(p) for p in multinode_cluster.node_pids("mln4"))

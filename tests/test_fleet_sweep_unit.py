@@ -135,3 +135,27 @@ def test_aggregation_memory_per_node_stays_constant():
         per_node[n] = tracemalloc.get_traced_memory()[1] / n
         tracemalloc.stop()
     assert per_node[4096] < 1.5 * per_node[1024], per_node
+
+
+def test_long_events_go_out_in_parts_and_come_back_whole_even_interleaved(capsys):
+    from tools.fleet_sweep.node import PART_CHARS, Reassembler, emit
+
+    big = {"kind": "row", "node": "n1", "check": "env_report", "result": {"env": {f"K{i}": "v" * 50 for i in range(200)}}}
+    other = {"kind": "row", "node": "n2", "check": "env_report", "result": {"x": "y" * 3000}}
+    emit(big)
+    emit(other)
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) > 10 and all(len(line) < 1000 for line in lines)
+    half = len(lines) // 3
+    mixed = lines[half:] + lines[:half]  # parts of the two events interleaved, out of order
+    whole = Reassembler()
+    got = [e for e in (whole.feed(parse_event(line)) for line in mixed) if e]
+    assert sorted(got, key=lambda e: e["node"]) == [big, other]
+
+
+def test_gpu_health_findings_become_sentences_with_their_action():
+    from tools.fleet_sweep.checks import _finding_text
+
+    assert _finding_text({"text": "2 uncorrectable ECC errors since the last reset.", "action": "reset_gpu"}) == \
+        "2 uncorrectable ECC errors since the last reset. (action: reset_gpu)"
+    assert _finding_text("plain sentence") == "plain sentence"

@@ -49,10 +49,18 @@ def check_env_report() -> dict:
 
 def check_gpu_health() -> dict:
     params, res = run_tool("gpu_health")
-    per_gpu = [{"gpu": g["index"], "verdict": g["verdict"], "problems": g["problems"], "serial": g.get("serial"),
-                "name": g["name"]} for g in res.get("gpus", [])]
+    per_gpu = [{"gpu": g["index"], "verdict": g["verdict"], "problems": [_finding_text(p) for p in g["problems"]],
+                "serial": g.get("serial"), "name": g["name"]} for g in res.get("gpus", [])]
     problems = [f"GPU {g['gpu']}: {p}" for g in per_gpu for p in g["problems"]]
     return {"tool": "gpu_health", "params": params, "result": res, "gpus": per_gpu, "problems": problems}
+
+
+def _finding_text(problem) -> str:
+    """gpu_health's problems are findings with an action ({"text", "action", ...}); older ones plain text."""
+    if isinstance(problem, dict):
+        action = problem.get("action")
+        return problem.get("text", "") + (f" (action: {action})" if action and action != "none" else "")
+    return str(problem)
 
 
 def check_cpu_probe() -> dict:

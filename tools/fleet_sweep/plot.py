@@ -1,5 +1,6 @@
 """fleet_sweep's PNG: per check figure, every node's (or GPU's) value against the fleet median, with
-the outlier threshold drawn and the outliers in red. matplotlib is imported only here."""
+the outlier threshold (and the expected figure, where one exists) drawn and the outliers in red.
+matplotlib is imported only here."""
 
 from __future__ import annotations
 
@@ -30,6 +31,9 @@ def draw(figures: list[dict], medians: dict[str, dict], outliers: list[dict], ma
         ax.axhline(stats["median"], color="black", lw=1, label=f"fleet median {stats['median']:.4g}")
         ax.axhline(stats["median"] * (1 + sign * margin_pct / 100), color="black", lw=1, ls="--",
                    label=f"outlier threshold ({margin_pct:g}% from the median)")
+        expected = next((f["expected"] for f in mine if f.get("expected")), None)
+        if expected:
+            ax.axhline(expected, color="tab:green", lw=1, ls=":", label=f"expected {expected:.4g}")
         ax.set_ylabel(stats["unit"])
         ax.set_title(key, fontsize=9)
         ax.set_xticks(range(len(mine)), labels, rotation=90 if len(mine) > 16 else 0, fontsize=7)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from ..engine.processes import Supervised, python_module_command
 from ..shared import slurm
-from .node import parse_event
+from .node import Reassembler, parse_event
 
 LAUNCH_FAILED = re.compile(r"[Tt]ask launch for \S+ failed on node (\S+?):\s*(.*)")
 STEP_NAME = "mleng-fleet-sweep"
@@ -62,6 +62,7 @@ def cancel_leftovers(name: str) -> list[str]:
 
 def follow(child: Supervised, got: Collected, deadline: float, on_row) -> bool:
     """Apply events until the step's output ends (True) or the deadline passes (False)."""
+    whole = Reassembler()
     while True:
         left = deadline - time.monotonic()
         if left <= 0:
@@ -69,6 +70,8 @@ def follow(child: Supervised, got: Collected, deadline: float, on_row) -> bool:
         event = child.next_event(min(left, 1.0))
         if event is Supervised.EOF:
             return True
+        if event:
+            event = whole.feed(event)
         if not event:
             continue
         node = str(event.get("node"))
