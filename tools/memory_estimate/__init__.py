@@ -79,8 +79,10 @@ class MemoryParams(ModelParams):
         "none", description="none; selective (Megatron: recompute attention scores; nothing more under flash "
         "attention); op_selective (torchtitan per-op SAC: keep every other matmul output and attention's); "
         "full (keep layer inputs only).")
-    flash_attention: bool = Field(True, description="Fused attention that never stores the seq x seq "
-                                  "score matrix.")
+    flash_attention: bool | None = Field(None, description="Fused attention that never stores the seq x seq "
+                                         "score matrix. Default: on, except with precision=fp32 (on NVIDIA GPUs "
+                                         "the flash kernels take fp16/bf16 only, and fp32 attention stores the "
+                                         "scores: measured on an H200). CPU runs have an fp32 flash kernel: set true.")
     kernels: Literal["fused", "eager"] = Field(
         "eager", description="eager: plain PyTorch / Hugging Face modules and DTensor tensor parallelism (eager "
         "RMSNorm keeps fp32 copies, SwiGLU keeps silu output, TP keeps gathered linear inputs); fused: Megatron / "

@@ -68,10 +68,11 @@ def layer_activation_bytes(s, micro_batch: int, moe: bool = False) -> tuple[floa
     kv = 2 * seq * b * a.kv_dim
     split = 2 * seq * b * a.q_dim + 2 * kv + 2 * seq * b * a.heads * (a.v_head_dim or a.head_dim)  # q, k, v, attn out
     split += _mlp_split_bytes(s, seq, b, moe)
-    keep_scores = not s.flash_attention and s.activation_checkpointing == "none"
+    flash = s.flash_attention   # setup_from turns it off for fp32 unless asked (no fp32 flash kernel on GPUs)
+    keep_scores = not flash and s.activation_checkpointing == "none"
     if keep_scores:  # softmax output (2 bytes), + mask (1) and dropout output (2) with dropout
         split += (5 if s.dropout else 2) * a.heads * seq * seq * b
-    elif s.flash_attention:
+    elif flash:
         split += 4 * seq * b * a.heads  # fp32 log-sum-exp per row
     norms = 2 * norm_bytes(s) * sbh
     linear_inputs = 2 * sbh + 2 * sbh  # the qkv and mlp inputs (fp8 linears: their 8-bit casts)

@@ -20,9 +20,10 @@ def candidate_changes(p) -> list[tuple[str, dict]]:
     arch = p.architecture()
     if p.activation_checkpointing in ("none", "selective") and arch is not None and not arch.moe and not arch.mla:
         changes += [("activation_checkpointing=op_selective", {"activation_checkpointing": "op_selective"})]
-    if p.activation_checkpointing == "none" and not p.flash_attention:  # with flash it saves nothing more
+    flash = setup_from(p).flash_attention
+    if p.activation_checkpointing == "none" and not flash:  # with flash it saves nothing more
         changes += [("activation_checkpointing=selective", {"activation_checkpointing": "selective"})]
-    if not p.flash_attention:
+    if not flash and p.precision != "fp32":  # in fp32 there is no flash kernel to turn on: autocast is the change
         changes += [("flash_attention=true", {"flash_attention": True})]
     if p.kernels == "eager":
         changes += [("kernels=fused", {"kernels": "fused"})]

@@ -75,7 +75,10 @@ SETUP_FIELDS = ("mode", "precision", "optimizer", "fp32_grads", "sharding", "sha
 
 def setup_from(p) -> Setup:
     """The arithmetic's view of validated MemoryParams."""
-    return Setup(arch=p.architecture(), total_params=p.total_params(), **{k: getattr(p, k) for k in SETUP_FIELDS})
+    fields = {k: getattr(p, k) for k in SETUP_FIELDS}
+    if fields["flash_attention"] is None:  # no flash kernel for fp32 attention on NVIDIA GPUs (see the Params field)
+        fields["flash_attention"] = p.precision != "fp32"
+    return Setup(arch=p.architecture(), total_params=p.total_params(), **fields)
 
 
 def unmodelled(s: Setup) -> list[str]:
