@@ -16,6 +16,7 @@ import shlex
 import shutil
 import socket
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import Literal
@@ -198,6 +199,11 @@ def launch_ranks(command: list[str], world_size: int, *, timeout_s: float, stall
     """
     run_env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
                "PYTHONUNBUFFERED": "1", **(env or {})}
+    # A killed torchrun leaves its torchelastic_* log directory behind: give a local launch a scratch
+    # TMPDIR of its own and remove it afterwards. Not for srun: other nodes would not have that path.
+    scratch = None if command[0] == "srun" else tempfile.mkdtemp(prefix="mleng-ranks-")
+    if scratch:
+        run_env["TMPDIR"] = scratch
     t0 = time.monotonic()
     child = Supervised(command, parse_line=parse_event, env=run_env)
     ranks = {r: RankState(rank=r) for r in range(world_size)}
@@ -233,6 +239,8 @@ def launch_ranks(command: list[str], world_size: int, *, timeout_s: float, stall
                 break
     finally:
         child.stop(grace_s=3.0)
+        if scratch:
+            shutil.rmtree(scratch, ignore_errors=True)
     drain()
     end = time.time()
     stderr_tail = child.stderr_text()
