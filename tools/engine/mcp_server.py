@@ -185,7 +185,7 @@ def cached_tool_list() -> list[dict]:
     """tools/list for the registry, from $MLENG_HOME/cache when the package is unchanged since it was
     written; otherwise every tool module is imported, and the list is built and saved.
 
-    Importing 24 tool modules and building their JSON schemas is most of what the server adds to a
+    Importing every tool module and building their JSON schemas is most of what the server adds to a
     bare SDK server's start-up. With the list cached, a tool's module is imported on its first call.
     The key covers every .py file of the package (size and mtime) and the version, so an edit or an
     upgrade rebuilds it; a broken tool module is never cached.
