@@ -30,7 +30,8 @@ Check = Literal[CHECKS]
 
 class FleetSweepParams(Params):
     checks: list[Check] | None = Field(None, min_length=1, max_length=len(CHECKS), description=(
-        "Per-node checks: env_report, gpu_health, cpu_probe (single-core CPU matmul and copy throughput), "
+        "Per-node checks: env_report, gpu_health, nic_health (link flaps, RDMA port state and errors), "
+        "cpu_probe (single-core CPU matmul and copy throughput), "
         "matmul_bench (quick, every GPU), memory_bandwidth_bench (every GPU), p2p_bandwidth, storage_bench. "
         "Default: all but storage_bench (GPU checks only on nodes with GPUs); storage_bench is added when "
         "storage_path is given."))

@@ -13,10 +13,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-CHECKS = ("env_report", "gpu_health", "cpu_probe", "matmul_bench", "memory_bandwidth_bench", "p2p_bandwidth",
-          "storage_bench")
+CHECKS = ("env_report", "gpu_health", "nic_health", "cpu_probe", "matmul_bench", "memory_bandwidth_bench",
+          "p2p_bandwidth", "storage_bench")
 GPU_CHECKS = ("matmul_bench", "memory_bandwidth_bench", "p2p_bandwidth")
-DEFAULT_CHECKS = ("env_report", "gpu_health", "cpu_probe", *GPU_CHECKS)
+DEFAULT_CHECKS = ("env_report", "gpu_health", "nic_health", "cpu_probe", *GPU_CHECKS)
+# nic_health's window in a sweep: long enough to see a flapping link change carrier, short beside the GPU checks.
+NIC_WINDOW_S = 3.0
 
 
 def _quiet(fraction: float, message: str) -> None:
@@ -53,6 +55,18 @@ def check_gpu_health() -> dict:
                 "serial": g.get("serial"), "name": g["name"]} for g in res.get("gpus", [])]
     problems = [f"GPU {g['gpu']}: {p}" for g in per_gpu for p in g["problems"]]
     return {"tool": "gpu_health", "params": params, "result": res, "gpus": per_gpu, "problems": problems}
+
+
+def check_nic_health() -> dict:
+    params, res = run_tool("nic_health", sample_s=NIC_WINDOW_S)
+    judged = res.get("rdma_ports", []) + res.get("netdevs", [])
+    problems = [f"{p['subject']}: {_finding_text(p)}" for r in judged for p in r["problems"] if p["action"] != "none"]
+    rates = [p["rate_gbits"] for p in res.get("rdma_ports", []) if p.get("state") == "ACTIVE" and p.get("rate_gbits")]
+    figures = [figure("min_rdma_rate_gbits", min(rates), "Gb/s")] if rates else []
+    # An MTU that differs between nodes breaks RoCE and slows TCP: compared across nodes as drift.
+    versions = {f"mtu {n['name']}": n.get("mtu") for n in res.get("netdevs", []) if n.get("kind") == "physical"}
+    return {"tool": "nic_health", "params": params, "result": res, "figures": figures, "versions": versions,
+            "problems": problems}
 
 
 def _finding_text(problem) -> str:
@@ -111,7 +125,8 @@ def check_storage_bench(path: str) -> dict:
 
 def plan(checks: list[str], gpu_count: int, storage_path: str | None) -> list[tuple[str, Callable[[], dict]]]:
     """The checks that apply on this node, in order: GPU checks need GPUs (p2p two of them)."""
-    table = {"env_report": check_env_report, "gpu_health": check_gpu_health, "cpu_probe": check_cpu_probe,
+    table = {"env_report": check_env_report, "gpu_health": check_gpu_health, "nic_health": check_nic_health,
+             "cpu_probe": check_cpu_probe,
              "matmul_bench": check_matmul_bench, "p2p_bandwidth": check_p2p_bandwidth,
              "memory_bandwidth_bench": lambda: check_memory_bandwidth_bench(gpu_count),
              "storage_bench": lambda: check_storage_bench(storage_path or "/tmp")}

@@ -79,11 +79,15 @@ def nvml_busid_to_sysfs(bus_id: str) -> str:
     return f"{int(domain, 16):04x}:{rest}"
 
 
-def _read(path: Path) -> str | None:
+def read_attr(path: Path) -> str | None:
+    """One sysfs attribute, stripped; None when it is absent or unreadable (EINVAL on a link that is down)."""
     try:
-        return path.read_text().strip()
+        return path.read_text(errors="replace").strip()
     except OSError:
         return None
+
+
+_read = read_attr
 
 
 def _numa(pci: str) -> int | None:
