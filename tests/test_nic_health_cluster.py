@@ -5,8 +5,10 @@ cable pull would show. Inside a node /sys is the host's, so this is also the net
 
 from __future__ import annotations
 
+import os
 import subprocess
 import threading
+import uuid
 
 import pytest
 
@@ -73,3 +75,31 @@ def test_a_flapping_link_names_its_node_with_its_carrier_changes(multinode_clust
     assert [d.node for d in result.drain] == ["mln3"], result.drain
     assert "carrier changes" in " ".join(result.drain[0].reasons)
     assert all(rows[n].verdict == "ok" for n in multinode_cluster.nodes if n != "mln3")
+
+
+def test_a_net_plugin_on_one_node_only_is_named_as_drift(multinode_cluster, monkeypatch):  # noqa: F811
+    """NCCL #1634: a libnccl-net.so found on some nodes only. The plugin folder is on every node's
+    LD_LIBRARY_PATH; a tmpfs mounted over it inside mln2's own mount namespace holds the file there only."""
+    folder = f"/tmp/mleng-netplugin-{uuid.uuid4().hex[:8]}"
+    os.mkdir(folder)
+    enter = ["nsenter", "-t", str(multinode_cluster.slurmd_pid("mln2")), "-m"]
+    mounted = False
+    try:
+        subprocess.run([*enter, "mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", folder], check=True, timeout=10)
+        mounted = True
+        subprocess.run([*enter, "sh", "-c", f"printf 'not a real plugin' > {folder}/libnccl-net.so"], check=True,
+                       timeout=10)
+        monkeypatch.setenv("LD_LIBRARY_PATH", folder + ":" + os.environ.get("LD_LIBRARY_PATH", ""))
+        result = fs.SPEC.run(fs.SPEC.Params(partition="debug", checks=["env_report"], deadline_s=180),
+                             lambda f, m: None)
+    finally:
+        if mounted:
+            subprocess.run([*enter, "umount", folder], timeout=10)
+        os.rmdir(folder)
+    assert result.nodes_complete == len(multinode_cluster.nodes), result.findings
+    drift = {d.field: d for d in result.drift}
+    assert "nccl_net_plugin" in drift, result.drift
+    assert drift["nccl_net_plugin"].odd_nodes == ["mln2"]
+    plugin_value = next(v for v, nodes in drift["nccl_net_plugin"].values.items() if nodes == ["mln2"])
+    assert plugin_value.startswith(f"{folder}/libnccl-net.so (sha256 ")
+    assert any("nccl_net_plugin" in f and "mln2" in f for f in result.findings), result.findings

@@ -45,6 +45,9 @@ def check_env_report() -> dict:
     versions = {"driver": res.get("driver"), "cuda": res.get("torch_cuda") or res.get("torch_hip"),
                 "nccl": res.get("nccl"), "torch": res.get("torch"), "python": res.get("python")}
     versions.update({k: v for k, v in (res.get("env") or {}).items() if k.startswith("NCCL_")})
+    # The network stack: a plugin, OFED or firmware on some nodes only makes mixed pairs hang (NCCL #1634).
+    versions.update({k: res.get(k) for k in ("nccl_net_plugin", "rdma_core", "kernel", "gpu_vbios", "container")})
+    versions.update({f"nic_firmware {dev}": fw for dev, fw in (res.get("nic_firmware") or {}).items()})
     return {"tool": "env_report", "params": params, "result": res, "versions": versions,
             "problems": res.get("warnings", [])}
 

@@ -47,7 +47,9 @@ class Outlier(Record):
 
 
 class Drift(Record):
-    field: str = Field(description="driver, cuda, nccl, torch, python or an NCCL_* variable.")
+    field: str = Field(description="driver, cuda, nccl, torch, python, an NCCL_* variable, or a part of the network "
+                                   "stack: nccl_net_plugin, rdma_core, nic_firmware <dev>, kernel, gpu_vbios, "
+                                   "container, mtu <interface>.")
     values: dict[str, list[str]] = Field(description="value -> nodes with it ('(unset)' where absent).")
     odd_nodes: list[str] = Field(description="Nodes outside the most common value.")
 

@@ -1,8 +1,8 @@
 """Network interfaces: state, carrier changes, speed, MTU and error counters, per interface.
 
 From /sys/class/net when that view is this process's own network namespace (always for a fixture
-tree under MLENG_SYSFS), else from rtnetlink (netlink.py says why). `ethtool -S` / `-i` add the
-driver's own error counters and the firmware version where ethtool is installed.
+tree under MLENG_SYSFS), else from rtnetlink (tools/nic_health/netlink.py says why). `ethtool -S` /
+`-i` add the driver's own error counters and the firmware version where ethtool is installed.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import subprocess
 from pathlib import Path
 
 from ..shared import topology
-from . import netlink
+from .netlink import IFF_LOOPBACK, IFF_UP, links
 
 ARPHRD_LOOPBACK = 772
 # The kernel statistics that count faults (struct rtnl_link_stats64 / sysfs statistics/*), not traffic.
@@ -70,7 +70,7 @@ def _from_sysfs(path: Path) -> dict:
 def _from_netlink(link: dict) -> dict:
     return {
         "name": link.get("name", f"if{link['index']}"), "index": link["index"], "flags": link["flags"],
-        "loopback": bool(link["flags"] & netlink.IFF_LOOPBACK),
+        "loopback": bool(link["flags"] & IFF_LOOPBACK),
         "kind": link.get("kind") or "physical", "pci": "", "driver": None,
         "operstate": link.get("operstate"), "carrier": None if "carrier" not in link else bool(link["carrier"]),
         "carrier_changes": link.get("carrier_changes"), "speed_mbps": None, "mtu": link.get("mtu"),
@@ -89,15 +89,15 @@ def sysfs_is_ours(links: list[dict] | None) -> bool:
 def read_netdevs() -> list[dict]:
     """Every interface of this namespace but loopback, as plain dicts (one snapshot)."""
     try:
-        links = netlink.links()
+        found_links = links()
     except OSError:
-        links = None
-    if sysfs_is_ours(links):
+        found_links = None
+    if sysfs_is_ours(found_links):
         base = topology.SYSFS / "class" / "net"
         names = sorted(os.listdir(base)) if base.is_dir() else []
         found = [_from_sysfs(base / name) for name in names]
     else:
-        found = [_from_netlink(link) for link in links or []]
+        found = [_from_netlink(link) for link in found_links or []]
     return [d for d in found if not d["loopback"]]
 
 
@@ -106,7 +106,7 @@ def chosen(netdevs: list[dict]) -> list[dict]:
     network namespace whose only link is a veth), the virtual ones that are administratively up.
     Container veths and bridges on a real host come and go with containers: never judged there."""
     physical = [d for d in netdevs if d["kind"] == "physical"]
-    return physical or [d for d in netdevs if d["flags"] & netlink.IFF_UP]
+    return physical or [d for d in netdevs if d["flags"] & IFF_UP]
 
 
 def ethtool_stats(name: str) -> dict[str, int]:

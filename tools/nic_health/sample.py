@@ -6,7 +6,8 @@ import shutil
 
 from ..shared import topology
 from ..shared.actions import HealthFinding
-from . import read_netdev, read_rdma
+from .read_netdev import chosen, ethtool_firmware, ethtool_stats, read_netdevs
+from .read_rdma import rdma_present, read_ports
 from .assess import judge_netdev, judge_peers, judge_port
 from .models import NetdevReading, NicAffinity, PortReading, Presence
 
@@ -16,14 +17,14 @@ PERFTEST = ("ib_write_bw", "ib_write_lat")
 def snapshot(names: list[str] | None = None) -> dict:
     """{"ports": {(device, port): raw}, "netdevs": {name: raw}}; ethtool counters where ethtool exists.
     names: the interfaces chosen at the first reading (one that is down by the second is still read)."""
-    every = read_netdev.read_netdevs()
-    picked = read_netdev.chosen(every) if names is None else [d for d in every if d["name"] in names]
+    every = read_netdevs()
+    picked = chosen(every) if names is None else [d for d in every if d["name"] in names]
     netdevs = {d["name"]: d for d in picked}
     for d in netdevs.values():
         if d["kind"] == "physical" and d["source"] == "sysfs":
-            d["ethtool"] = read_netdev.ethtool_stats(d["name"])
-            d["firmware"] = read_netdev.ethtool_firmware(d["name"])
-    return {"ports": {(p["device"], p["port"]): p for p in read_rdma.read_ports()}, "netdevs": netdevs}
+            d["ethtool"] = ethtool_stats(d["name"])
+            d["firmware"] = ethtool_firmware(d["name"])
+    return {"ports": {(p["device"], p["port"]): p for p in read_ports()}, "netdevs": netdevs}
 
 
 def judge(first: dict, second: dict, window_s: float) -> tuple[list[PortReading], list[NetdevReading]]:
@@ -46,7 +47,7 @@ def judge(first: dict, second: dict, window_s: float) -> tuple[list[PortReading]
 
 
 def presence() -> list[Presence]:
-    found, detail = read_rdma.rdma_present()
+    found, detail = rdma_present()
     rows = [Presence(component="rdma_devices", present=found, detail=detail)]
     ethtool = shutil.which("ethtool")
     rows.append(Presence(component="ethtool", present=bool(ethtool),
