@@ -209,3 +209,37 @@ def test_a_real_link_flap_is_seen_and_a_quiet_link_is_not(veth_pair, how):
     veth0 = result["netdevs"][0]
     assert veth0["verdict"] == "fail" and veth0["window"]["carrier_changes"] >= 2, veth0
     assert result["action"] == "drain_node" and "carrier changes in the 3" in " ".join(result["findings"])
+
+
+# Pasted output (tests/fixtures/nic_text, sources in SOURCE.md).
+
+TEXTS = Path(__file__).parent / "fixtures" / "nic_text"
+
+
+def pasted(text: str):
+    return nic_health.run(nic_health.NicHealthParams(text=text), lambda f, m: None)
+
+
+def test_pasted_ibstat_from_a_real_report_reads_both_ports():
+    result = pasted((TEXTS / "ibstat_rdmacore847.txt").read_text())
+    ports = by_subject(result)
+    assert (ports["mlx4_0 port 2"].state, ports["mlx4_0 port 2"].rate_gbits, ports["mlx4_0 port 2"].fw_ver) == \
+        ("ACTIVE", 56.0, "2.42.5000")
+    assert ports["mlx4_0 port 1"].state == "DOWN" and ports["mlx4_0 port 1"].action == "none"
+    assert result.verdict == "ok" and "Read pasted ibstat output: 2 port(s)" in result.findings[1]
+
+
+def test_pasted_perfquery_reads_counters_and_names_a_nonzero_error_counter():
+    text = (TEXTS / "perfquery_x_infinibanddiags16.txt").read_text()
+    clean = pasted(text)
+    assert clean.verdict == "ok" and clean.rdma_ports[0].counters["link_downed"] == 0
+    flapped = pasted(text.replace("LinkDownedCounter:...............0", "LinkDownedCounter:...............14"))
+    port = flapped.rdma_ports[0]
+    assert port.subject == "lid 10 port 1" and port.counters["link_downed"] == 14
+    assert port.action == "monitor" and "link_downed = 14" in port.problems[0].text
+
+
+@pytest.mark.parametrize("text", ["", "hello world", "+-----+\n| GPU | Name |\n"])
+def test_text_in_another_format_names_the_formats_expected(text):
+    with pytest.raises(Exception, match=r"text: not a format nic_health reads; expected `ibstat` output .* `perfquery`"):
+        pasted(text)

@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import time
 
-from ..engine.spec import Field, Params, Result, ToolSpec, worst
+from ..engine.spec import Field, Params, Result, ToolFailure, ToolSpec, worst
 from ..shared.actions import ACTION_FIELD, Action, by_action, worst_action
-from . import sample
+from . import pasted, sample
+from .assess import judge_peers, judge_port, judge_totals
 from .models import NetdevReading, NicAffinity, PortReading, Presence
 
 __all__ = ["SPEC", "NicHealthParams", "NicHealthResult", "run"]
@@ -29,7 +30,10 @@ __all__ = ["SPEC", "NicHealthParams", "NicHealthResult", "run"]
 class NicHealthParams(Params):
     sample_s: float = Field(2.0, ge=0, le=300, description=(
         "Sampling window, seconds: counters and carrier changes are read at its start and end and the change "
-        "is judged. 0: one reading, totals only (nothing is judged on change)."))
+        "is judged. 0: one reading, totals only (nothing is judged on change). Not used with text."))
+    text: str | None = Field(None, max_length=1_000_000, description=(
+        "Pasted `ibstat` or `perfquery` output to judge instead of reading this node (one reading: error "
+        "counters above zero are named, state and rate judged as on a node)."))
 
 
 class NicHealthResult(Result):
@@ -43,6 +47,8 @@ class NicHealthResult(Result):
 
 
 def run(params: NicHealthParams, progress) -> NicHealthResult:
+    if params.text is not None:
+        return read_pasted(params.text)
     progress(0.05, "first reading")
     first = sample.snapshot()
     t0 = time.monotonic()
@@ -53,6 +59,18 @@ def run(params: NicHealthParams, progress) -> NicHealthResult:
     window_s = round(time.monotonic() - t0, 2) if params.sample_s > 0 else 0.0
     ports, netdevs = sample.judge(first, second, window_s)
     return summarise(ports, netdevs, sample.affinity(), sample.presence(), window_s)
+
+
+def read_pasted(text: str) -> NicHealthResult:
+    try:
+        kind, raw = pasted.parse(text)
+    except ValueError as e:
+        raise ToolFailure(str(e)) from None
+    ports = [judge_totals(judge_port(p, p, 0.0)) for p in raw]
+    judge_peers(ports)
+    result = summarise(ports, [], [], [], 0.0)
+    result.findings.insert(1, f"Read pasted {kind} output: {len(ports)} port(s); one reading, so totals only.")
+    return result
 
 
 def summarise(ports: list[PortReading], netdevs: list[NetdevReading], affinity: list[NicAffinity],
@@ -89,7 +107,7 @@ SPEC = ToolSpec(
         "window, saturated counters; network interfaces: carrier changes (link flaps) during the window and since "
         "boot, speed, MTU, kernel and `ethtool -S` error counters; each GPU's closest NIC and PCIe path. Use for a "
         "flapping or degraded link, 'NET/IB : Got completion with error', one node slower in every collective, "
-        "before blaming NCCL. ~1 s plus sample_s (default 2 s), read-only, no GPU needed. Not for bandwidth between "
+        "before blaming NCCL; pasted `ibstat` / `perfquery` output (text=). ~1 s plus sample_s (default 2 s), read-only, no GPU needed. Not for bandwidth between "
         "nodes (collective_bench) or GPU faults (gpu_health)."),
     Params=NicHealthParams, Result=NicHealthResult, run=run, runs="subprocess", timeout_s=360,
     doctor=lambda ctx: {"sample_s": 1}, doctor_order=16,

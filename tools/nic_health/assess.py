@@ -126,3 +126,16 @@ def judge_netdev(before: dict, after: dict, window_s: float) -> NetdevReading:
             subject=reading.name, action=table["no_carrier_action"], code="no_carrier", source=after["source"],
             text="administratively up but no carrier (cable, transceiver or the switch port)"))
     return _finish(reading)
+
+
+def judge_totals(reading: PortReading) -> PortReading:
+    """One pasted reading has no window: error counters above ibqueryerrors' threshold of zero are named, to be
+    read again after a job (a total that grew months ago and one growing now look the same here)."""
+    for name, rule in rules()["rdma_counter"].items():
+        value = reading.counters.get(name)
+        if value and name not in reading.saturated:
+            reading.problems.append(HealthFinding(
+                subject=reading.subject, action="monitor", code=f"ib_{name}_total", source="pasted text",
+                text=f"{name} = {value} since the counters were last cleared ({rule['meaning']}); paste a second "
+                     f"reading after a job, or run nic_health on the node, to see whether it grows"))
+    return _finish(reading)
