@@ -83,3 +83,16 @@ def test_fleet_sweep_reads_no_other_tools_result_field_by_string():
               or isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get"
               and isinstance(node.func.value, ast.Name) and node.func.value.id == "res"]
     assert by_key == []
+
+
+def test_the_gpu_spread_script_runs_its_plumbing_on_a_cpu(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    proc = subprocess.run([sys.executable, str(root / "bench" / "verdict_spreads_gpu.py"), "--cpu-smoke", "--repeats", "3",
+                           "--json", str(tmp_path / "s.json")], capture_output=True, text=True, timeout=300, cwd=root)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "SPREAD copy_tbps" in proc.stdout
+    assert len(json.loads((tmp_path / "s.json").read_text())["copy_tbps"]["values"]) == 3

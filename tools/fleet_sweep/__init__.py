@@ -5,7 +5,8 @@ through the existing tools' own run(): env_report, gpu_health, a CPU probe, and 
 matmul_bench quick, memory_bandwidth_bench and p2p_bandwidth; storage_bench on a path when asked.
 Rows stream back as they finish; the step is cancelled on every node at the deadline. The answer:
 one row per node and check (and per GPU), the fleet median of every figure, outliers by the rule in
-aggregate.py, version drift, nodes that did not answer, and a drain list with the scontrol command
+aggregate.py (the one rule of tools/shared/judging.py), busy resources, version and inventory drift,
+nodes that did not answer, and a drain list with the scontrol command
 for each node (never run). Every node's result is stored with its host and GPU serials.
 
 By hand:
@@ -129,10 +130,11 @@ SPEC = ToolSpec(
         "Use to find which node (or GPU) of a SLURM allocation, running job, partition or host list is bad before "
         "or during a large run: runs env_report, gpu_health, a CPU throughput probe and, on GPU nodes, matmul_bench "
         "quick, memory_bandwidth_bench and p2p_bandwidth (storage_bench on a path) on every node at once, then "
-        "returns one row per node and GPU, the fleet median, outliers (worse than the median by margin_pct, or "
-        "below the expected figure), version drift (driver, CUDA, NCCL, torch, NCCL_* variables), nodes that did "
-        "not answer by the deadline, and the scontrol commands to drain the bad ones (never run). Cost: about the "
-        "slowest node's checks (1-2 min on 8-GPU nodes), not their sum; it occupies the nodes while it runs. "
+        "returns one row per node and GPU, medians per GPU model / node type, outliers by one stated rule (worse than "
+        "the median or expected figure by more than max(margin, k x run-to-run spread), re-run before draining), "
+        "busy GPUs/CPUs with their holders (never drained), version and inventory drift, nodes that did not answer "
+        "by the deadline, and the scontrol commands to drain the bad ones (never run). Cost: about the slowest "
+        "node's checks (1-2 min on 8-GPU nodes), not their sum; it occupies the nodes while it runs. "
         "Not for one node (use the single tools) or for network links between nodes (collective_bench)."),
     Params=FleetSweepParams, Result=FleetSweepResult, run=run, runs="subprocess",
     read_only=False, destructive=True, idempotent=False, open_world=True, timeout_s=3700,

@@ -114,7 +114,10 @@ def gpu_occupancy(devices: list[int] | None = None, ours: Callable[[object], boo
             others = [_describe(p.pid, index, getattr(p, "usedGpuMemory", None)) for p in procs if p.pid not in mine]
             holders += others
             util = nv.nvmlDeviceGetUtilizationRates(handle).gpu
-            if others or util > GPU_UTIL_BUSY_PCT:
+            # Utilisation with no process visible is another container's; with one of ours on the GPU it
+            # may be our own previous benchmark (NVML averages over up to a second), so it needs others.
+            ours_on_it = any(p.pid in mine for p in procs)
+            if others or (util > GPU_UTIL_BUSY_PCT and not ours_on_it):
                 reasons.append(f"GPU {index} {util}% utilised" + (f" by {len(others)} other process(es)" if others else ""))
         return Occupancy(busy=bool(reasons), why="; ".join(reasons), holders=holders)
     finally:
