@@ -10,7 +10,7 @@ from pathlib import Path
 def draw(figures: list[dict], stats: dict[tuple[str, str], dict], outliers: list[dict], path: str,
          title: str) -> str | None:
     """One panel per figure and group; returns the path, or None when there is nothing to draw."""
-    panels = [(key, s) for key, s in stats.items() if s["median"] is not None]
+    panels = list(stats.items())   # busy-only groups too: their bars (gray) are the evidence
     if not panels:
         return None
     import matplotlib
@@ -27,16 +27,18 @@ def draw(figures: list[dict], stats: dict[tuple[str, str], dict], outliers: list
                   for f in mine]
         ax.bar(range(len(mine)), [f["value"] for f in mine], color=colors)
         sign = -1 if s["better"] == "higher" else 1
-        ax.axhline(s["median"], color="black", lw=1, label=f"fleet median {s['median']:.4g}")
-        ax.axhline(s["median"] * (1 + sign * s["threshold"]), color="black", lw=1, ls="--",
-                   label=f"threshold ({s['threshold']:.1%} from the median)")
+        if s["median"] is not None:
+            ax.axhline(s["median"], color="black", lw=1, label=f"fleet median {s['median']:.4g}")
+            ax.axhline(s["median"] * (1 + sign * s["threshold"]), color="black", lw=1, ls="--",
+                       label=f"threshold ({s['threshold']:.1%} from the median)")
         if s["expected"]:
             ax.axhline(s["expected"], color="tab:green", lw=1, ls=":", label=f"expected {s['expected']:.4g}")
         ax.set_ylabel(s["unit"])
         ax.set_title(key + (f" [{group}]" if group else "") + ("  (gray: busy, not judged)" if s["busy_excluded"] else ""),
                      fontsize=9)
         ax.set_xticks(range(len(mine)), labels, rotation=90 if len(mine) > 16 else 0, fontsize=7)
-        ax.legend(fontsize=7, loc="lower right")
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7, loc="lower right")
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
