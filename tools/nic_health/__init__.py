@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import time
 
+from ..engine.figures import Figure, Measured, SweepContract
 from ..engine.spec import Field, Params, Result, ToolFailure, ToolSpec, worst
 from ..shared.actions import ACTION_FIELD, Action, by_action, worst_action
 from . import pasted, sample
@@ -96,6 +97,20 @@ def summarise(ports: list[PortReading], netdevs: list[NetdevReading], affinity: 
     return result
 
 
+def _sweep_figures(res: NicHealthResult) -> list[Measured]:
+    """The slowest active RDMA port: one degraded rail among 64 nodes stands out against the fleet."""
+    rates = [p.rate_gbits for p in res.rdma_ports if p.state == "ACTIVE" and p.rate_gbits]
+    return [Measured(MIN_RATE, min(rates))] if rates else []
+
+
+def _sweep_evidence(res: NicHealthResult) -> list[str]:
+    return [f"{f.subject}: {f.text} (action: {f.action})" for r in [*res.rdma_ports, *res.netdevs]
+            for f in r.problems if f.action != "none"]
+
+
+SWEEP = SweepContract(figures=(MIN_RATE := Figure("min_rdma_rate_gbits", "Gb/s", "higher"),), read=_sweep_figures,
+                      evidence=_sweep_evidence)
+
 SPEC = ToolSpec(
     name="nic_health",
     summary="Per-NIC health and what to do: RDMA port state/rate/GIDs/error counters, link flaps, Ethernet errors.",
@@ -110,5 +125,5 @@ SPEC = ToolSpec(
         "before blaming NCCL; pasted `ibstat` / `perfquery` output (text=). ~1 s plus sample_s (default 2 s), read-only, no GPU needed. Not for bandwidth between "
         "nodes (collective_bench) or GPU faults (gpu_health)."),
     Params=NicHealthParams, Result=NicHealthResult, run=run, runs="subprocess", timeout_s=360,
-    doctor=lambda ctx: {"sample_s": 1}, doctor_order=16,
+    doctor=lambda ctx: {"sample_s": 1}, doctor_order=16, sweep=SWEEP,
 )
