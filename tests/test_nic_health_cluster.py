@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import threading
 import uuid
 
@@ -103,3 +104,14 @@ def test_a_net_plugin_on_one_node_only_is_named_as_drift(multinode_cluster, monk
     plugin_value = next(v for v, nodes in drift["nccl_net_plugin"].values.items() if nodes == ["mln2"])
     assert plugin_value.startswith(f"{folder}/libnccl-net.so (sha256 ")
     assert any("nccl_net_plugin" in f and "mln2" in f for f in result.findings), result.findings
+
+
+def test_pairwise_rdma_without_perftest_or_rdma_names_every_node(multinode_cluster):  # noqa: F811
+    """collective_bench transport=rdma on nodes with no RDMA device and no perftest: each node named, nothing run."""
+    proc = multinode_cluster.cmd("salloc", "-N4", "--nodelist=mln[1-4]", "--time=5", sys.executable, "-m",
+                                 "tools.collective_bench", "--pattern", "pairwise", "--transport", "rdma",
+                                 "--backend", "gloo", "--json", check=False, timeout=300)
+    said = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "transport: rdma needs perftest and an ACTIVE RDMA port on every node" in said
+    for node in multinode_cluster.nodes:
+        assert f"{node}: no RDMA device with an ACTIVE port, perftest not present" in said, said[-1500:]
