@@ -31,7 +31,7 @@ class GpuInfo(Record):
 
 class NicInfo(Record):
     name: str = Field(description="Device (mlx5_0) or interface (eth0) name.")
-    kind: str = Field(description="infiniband | roce | ethernet | efa.")
+    kind: str = Field(description="infiniband | roce | ethernet | efa; rdma when read from pasted text (IB or RoCE unknown).")
     pci: str = Field(description="PCI address.")
     numa_node: int | None = Field(None, description="NUMA node.")
     rate_gbits: float | None = Field(None, description="Link rate, Gb/s.")
