@@ -73,6 +73,7 @@ def parse(text: str) -> tuple[list[DcgmResult], str | None]:
             skipped += 1
             continue
         for test in _dicts(cat.get("tests")):
+            skipped += _not_dicts(test.get("results"))
             for r in _dicts(test.get("results")):
                 try:
                     out += _results_of(cat, test, r, names)
@@ -87,6 +88,10 @@ def parse(text: str) -> tuple[list[DcgmResult], str | None]:
 def _dicts(value) -> list[dict]:
     """The dict items of a list (anything else in a field that should hold a list of objects: none)."""
     return [v for v in value if isinstance(v, dict)] if isinstance(value, list) else []
+
+
+def _not_dicts(value) -> int:
+    return sum(not isinstance(v, dict) for v in value) if isinstance(value, list) else 0
 
 
 def _results_of(cat: dict, test: dict, r: dict, names: dict) -> list[DcgmResult]:

@@ -33,7 +33,7 @@ MSG = {name: re.compile(rx) for name, rx in {
     "pattern": r"^Pattern (?P<pattern>\d+), crossNic (?P<cross>\d+), nChannels (?P<nch>\d+), (?:bw|speed) "
                r"(?P<bw_intra>[\d.]+)/(?P<bw_inter>[\d.]+), type (?P<t_intra>\w+)/(?P<t_inter>\w+)",
     "topo_net": r"\+ NET\[(?P<bw>[\d.]+)\] - NET/(?P<idx>\d+) \((?P<guid>\w+)/(?P<port>\d+)/(?P<speed>[\d.]+)\)",
-    "algo_choice": r"(?P<bytes>\d+) Bytes -> Algo (?P<algo>\w+) proto (?P<proto>\w+) time (?P<time>[\d.]+)",
+    "algo_choice": r"(?<!\d)(?P<bytes>\d+) Bytes -> Algo (?P<algo>\w+) proto (?P<proto>\w+) time (?P<time>[\d.]+)",
     "tuning_header": r"^\s*(?P<kind>Algorithm|Protocol|Latency/AlgBw)\s*\|(?P<cells>.*)$",
     "tuning_row": r"^\s*(?P<op>Broadcast|Reduce|AllGather|ReduceScatter|AllReduce)\s*\|(?P<cells>.*)$",
 }.items()}

@@ -29,7 +29,7 @@ _LINE_RANK_NO_SRUN = re.compile(r"^[ \t]*(?:\[(?:rank|default)(\d+)\]:|(?!)(\d)|
                                 re.MULTILINE)
 _SRUN_LABEL = re.compile(r"^[ \t]*\d{1,6}: ", re.MULTILINE)
 # Rank named inside a message when the line has no label: `[Rank 3]`, `[PG ID 0 PG GUID 0(default_pg) Rank 3]`.
-_MSG_RANK = re.compile(r"\[(?:PG [^\]\n]*?)?Rank (\d+)\]")
+_MSG_RANK = re.compile(r"\[(?:PG [^\[\]\n]*?)?Rank (\d+)\]")   # no '[' inside: one scan per bracket
 # Rank in a file path: rank3.log, rank_3, log-rank-3.txt, torchelastic .../attempt_0/3/stderr.log
 _PATH_RANK = (re.compile(r"rank[_-]?(\d+)", re.IGNORECASE), re.compile(r"attempt_\d+/(\d+)/std(?:out|err)\.log$"))
 

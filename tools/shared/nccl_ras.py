@@ -14,7 +14,7 @@ from .logscan import MAX_MATCH_CHARS
 VERSION = re.compile(r"NCCL version (\d+\.\d+\.\d+)")
 GROUP_ROW = re.compile(r"^\s*(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+([A-Z]+)\s+([A-Z,]+)\s*$")
 BLOCK = re.compile(r"^#(\d+)-(\d+) \(([0-9a-f]+)\) ([A-Z,]+)\s*$")
-LAUNCHED = re.compile(r"(\d+) ranks? ha(?:s|ve) (launched|completed) up to operation (\d+)")
+LAUNCHED = re.compile(r"(?<!\d)(\d+) ranks? ha(?:s|ve) (launched|completed) up to operation (\d+)")
 OP_COUNTS = re.compile(r"different (\w+) operation counts")
 RANK_LINE = re.compile(r"Rank (\d+) -- GPU (\d+) managed by process (\d+) on node (\S+)")
 PROC_LINE = re.compile(r"Process (\d+) on node (\S+) managing GPU (\d+)")

@@ -105,7 +105,7 @@ def parse_text(text: str) -> NcclTestsRun | None:
         run.skipped_rows += rows.count(None)
     run.ranks = len(run.gpus) or None
     run.hosts = list(dict.fromkeys(run.hosts))
-    return run if run.rows else None
+    return run if run.rows or run.skipped_rows else None
 
 
 def _row(tokens: list[str], layout: tuple[int, int, bool] | None) -> list[NcclTestsRow | None]:

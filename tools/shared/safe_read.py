@@ -18,7 +18,6 @@ import errno
 import fcntl
 import os
 import stat
-from pathlib import Path
 from typing import BinaryIO
 
 MiB = 1 << 20
@@ -80,16 +79,3 @@ def read_limited(path: str | os.PathLike, limit_bytes: int, field: str = "path")
     if len(data) > limit_bytes:
         raise FileTooLarge(errno.EFBIG, f"larger than the {limit_bytes / MiB:g} MiB {field} reads", str(path))
     return data
-
-
-def describe(exc: OSError) -> str:
-    """'<path>: <why>' for a finding or a skipped-file note."""
-    return f"{exc.filename or ''}: {exc.strerror or exc}" if exc.filename else str(exc.strerror or exc)
-
-
-def is_regular(path: Path) -> bool:
-    """Whether the path is a regular file now (for listing candidates; the open checks again)."""
-    try:
-        return stat.S_ISREG(os.stat(path).st_mode)
-    except OSError:
-        return False
