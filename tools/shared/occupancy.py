@@ -25,7 +25,6 @@ GPU_UTIL_BUSY_PCT = 10       # a GPU nobody should be using that shows more than
 FREE_CORES_NEEDED = 0.75     # a single-thread probe needs most of one core to itself
 MEMORY_PRESSURE_PCT = 10.0   # PSI "some avg10": share of the last 10 s some task stalled on memory
 TOP_HOLDERS = 3              # the busiest other processes named when the CPU was busy
-OWN_LIMIT_BOUND = 0.5        # our cgroup's CPU limit bound in at least this share of periods: the node's own limit
 HOLDER_MIN_CORES = 0.2       # ... each using at least this much of a core over the window
 
 
@@ -211,10 +210,9 @@ class CpuWatch:
         if self.throttle0 and throttle1 and throttle1[0] > self.throttle0[0]:
             self.own_limit_bound = (throttle1[1] - self.throttle0[1]) / (throttle1[0] - self.throttle0[0])
         reasons = []
-        # When our own cgroup's CPU limit bound most of the time, the limit explains the figure, not the
-        # others: that is the node's own fault, judged like any figure.
-        own_limit = self.own_limit_bound is not None and self.own_limit_bound >= OWN_LIMIT_BOUND
-        if cpus - others < FREE_CORES_NEEDED and not own_limit:
+        # Our own cgroup's CPU limit binding is evidence the caller reports (own_limit_bound); it does not
+        # clear a busy host: with others on the cores, the limit and the sharing cannot be told apart.
+        if cpus - others < FREE_CORES_NEEDED:
             reasons.append(f"other processes used {others:.2f} of {cpus} CPU cores while it measured")
         if pressure is not None and pressure > MEMORY_PRESSURE_PCT:
             reasons.append(f"memory pressure: tasks stalled on memory {pressure:.0f}% of the last 10 s")
