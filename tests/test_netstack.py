@@ -54,3 +54,8 @@ def test_env_report_records_the_network_stack(monkeypatch, tmp_path):
     assert result.nccl_net_plugin.startswith(f"{tmp_path}/libnccl-net.so (sha256 ")
     assert result.kernel == os.uname().release
     assert any(f.startswith("Network stack: NCCL net plugin ") for f in result.findings)
+
+
+def test_a_fifo_named_like_the_plugin_is_never_opened(tmp_path):
+    os.mkfifo(tmp_path / "libnccl-net.so")  # opening a FIFO with no writer would block the run forever
+    assert netstack.net_plugin({"LD_LIBRARY_PATH": str(tmp_path)}, cache={}).startswith("none found")

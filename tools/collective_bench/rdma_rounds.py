@@ -10,8 +10,8 @@ nothing runs.
 from __future__ import annotations
 
 import subprocess
-import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 from ..engine.spec import ToolFailure
 from ..shared import perftest
@@ -57,9 +57,8 @@ def run_round_rdma(groups: list[list[int]], *, names: list[str], devices: dict[s
     """Every pair of the round at once; busbw_gbps holds the RDMA write bandwidth (GB/s, from Gb/s / 8) and
     latency_us the typical write latency, so the pairwise judging and matrix work unchanged."""
     addresses = node_addresses(names)
-    results: list[GroupRun | None] = [None] * len(groups)
 
-    def one(k: int, group: list[int]) -> None:
+    def one(k: int, group: list[int]) -> GroupRun:
         server, client = (names[i] for i in group)
         t0 = time.monotonic()
         measured = [perftest.run_pair(server, client, _launch, test=test, device=devices[server],
@@ -70,12 +69,8 @@ def run_round_rdma(groups: list[list[int]], *, names: list[str], devices: dict[s
             "hang" if any("hung" in m.detail for m in measured) else "fail"
         detail = "" if status == "ok" else f"{server}+{client}: " + "; ".join(
             f"{m.test}: {m.detail}" for m in measured if m.value is None)
-        results[k] = GroupRun(list(group), status, bw.value / 8 if bw.value is not None else None, lat.value,
-                              round(time.monotonic() - t0, 2), detail)
+        return GroupRun(list(group), status, bw.value / 8 if bw.value is not None else None, lat.value,
+                        round(time.monotonic() - t0, 2), detail)
 
-    threads = [threading.Thread(target=one, args=(k, g), daemon=True) for k, g in enumerate(groups)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return [r for r in results if r is not None]
+    with ThreadPoolExecutor(max_workers=max(1, len(groups))) as pool:  # every pair of the round at once
+        return list(pool.map(one, range(len(groups)), groups))

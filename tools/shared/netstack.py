@@ -21,10 +21,13 @@ import subprocess
 from pathlib import Path
 
 from . import topology
+from .safe_read import MiB, open_regular, read_head
 
 DEFAULT_LIB_DIRS = ("/lib64", "/usr/lib64", "/lib", "/usr/lib", "/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu",
                     "/lib/aarch64-linux-gnu", "/usr/lib/aarch64-linux-gnu")
 LDCONFIG_TIMEOUT_S = 10
+# A plugin is a few MiB; the hash covers at most this much of a file found on a path others may write to.
+PLUGIN_HASH_LIMIT = 256 * MiB
 
 
 def plugin_candidates(env: dict[str, str]) -> list[str]:
@@ -64,10 +67,12 @@ def find_library(name: str, env: dict[str, str], cache: dict[str, str]) -> str |
 
 
 def _digest(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
+    """sha256 prefix of the file (its first PLUGIN_HASH_LIMIT bytes); a FIFO or device is refused, not read."""
+    h, left = hashlib.sha256(), PLUGIN_HASH_LIMIT
+    with open_regular(path, "nccl_net_plugin") as f:
+        while left > 0 and (block := f.read(min(MiB, left))):
             h.update(block)
+            left -= len(block)
     return h.hexdigest()[:12]
 
 
@@ -119,7 +124,10 @@ def nic_firmware() -> dict[str, str]:
 def container() -> str | None:
     """The container this runs in and its image where the runtime says it: podman writes /run/.containerenv
     (image=, imageid=), docker leaves /.dockerenv (no image id inside). Other runtimes: None (not detected)."""
-    text = topology.read_attr(Path("/run/.containerenv"))
+    try:
+        text = read_head(Path("/run/.containerenv"), 64 * 1024, "container").decode(errors="replace")
+    except OSError:
+        text = None
     if text is not None:
         fields = dict(re.findall(r'^(\w+)="?([^"\n]*)"?$', text, re.M))
         return f"podman image {fields.get('image', '?')} id {fields.get('imageid', '?')[:12]}"
