@@ -93,7 +93,7 @@ def test_healthy_job_names_nobody(ptrace_ok, tmp_path):
     proc, _ = _start(tmp_path)
     try:
         ranks = [c.pid for c in psutil.Process(proc.pid).children()]
-        result, _ = _run(pids=ranks, window_s=6)
+        result, _ = _run(pids=ranks, window_s=10)
     finally:
         kill_tree(proc.pid)
     assert result.stragglers == [], result.findings
