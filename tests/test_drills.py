@@ -141,3 +141,40 @@ def test_unknown_scenarios_and_gpu_scenarios_without_a_gpu_are_refused(home):
         gpu = mleng_drill("start", "gpu-cotenant", home=home)
         assert gpu.returncode == 2 and "needs an NVIDIA GPU" in gpu.stderr
         assert DrillState.load() is None
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # inspect's retry helper uses an old tenacity argument
+def test_the_inspect_drill_task_runs_tools_for_real_and_grades_offline(tmp_path, home):
+    """A mock model that calls log_triage on the path in the message, then answers from its result."""
+    pytest.importorskip("inspect_ai")
+    import re
+
+    from inspect_ai import eval as inspect_eval
+    from inspect_ai.model import ModelOutput, ModelUsage, get_model
+
+    from tools.evals.drill_task import fault_drills
+
+    seen = {}
+
+    def choose(messages, tools, tool_choice, config):
+        last = messages[-1]
+        if last.role == "user":
+            seen["message"] = last.text
+            path = re.search(r"(/\S+\.log)", last.text).group(1)
+            out = ModelOutput.for_tool_call("mockllm/model", "log_triage", {"paths": [path]})
+        else:
+            seen["tool_result"] = last.text
+            rank = re.search(r"First failure: .*? on rank (\d+)", last.text).group(1)
+            out = ModelOutput.from_content("mockllm/model", "The first failure is on rank %s.\n"
+                                           '{"culprit_kind": "rank", "culprit": ["%s"], "drain": []}' % (rank, rank))
+        out.usage = ModelUsage(input_tokens=100, output_tokens=10, total_tokens=110)
+        return out
+
+    log = inspect_eval(fault_drills(scenarios="pm-crash-first-rank"), model=get_model("mockllm/model", custom_outputs=choose),
+                       log_dir=str(tmp_path / "logs"), display="none", max_samples=1)[0]
+    assert log.status == "success", log.error
+    assert str(home / "drill" / "work" / "gloo_crash.log") in seen["message"]
+    assert "ValueError" in seen["tool_result"]                      # the tool really ran on the drill's file
+    metrics = {name: m.value for name, m in log.results.scores[0].metrics.items()}
+    assert metrics == pytest.approx({"culprit_accuracy": 1.0, "exact": 1.0, "false_drain_rate": 0.0, "tool_calls": 1.0})
+    assert DrillState.load() is None and not (home / "drill" / "work").exists()   # cleanup ran

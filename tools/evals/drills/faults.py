@@ -262,7 +262,7 @@ def start_training_job(fault: TrainingJob, state: DrillState, scenario: Scenario
     if fault.slow_rank is not None:
         env_lines += [f"export DRILL_SLOW_RANK={fault.slow_rank}", f"export DRILL_LOADER_SLEEP_S={fault.loader_sleep_s}"]
     script = work / "job.sh"
-    script.write_text("#!/bin/bash\n" + "\n".join(env_lines) + "\n"
+    script.write_text("#!/bin/bash\numask 077\n" + "\n".join(env_lines) + "\n"
                       f"exec srun --label {sys.executable} {TRAIN_LOOP}\n")
     script.chmod(0o700)
     out = run(["sbatch", "--parsable", f"-N{len(nodes)}", f"--nodelist={','.join(nodes)}", "--ntasks-per-node=1",
