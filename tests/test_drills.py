@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tools.evals.drills import cli as drill_cli
+from tools.evals.drills import session as drill_cli
 from tools.evals.drills.faults import DrillState, state_file
 from tools.evals.drills.grade import Diagnosis, grade, parse_diagnosis
 from tools.evals.drills.scenarios import Scenario, TOPICS, all_scenarios, load_scenario
@@ -178,3 +178,16 @@ def test_the_inspect_drill_task_runs_tools_for_real_and_grades_offline(tmp_path,
     metrics = {name: m.value for name, m in log.results.scores[0].metrics.items()}
     assert metrics == pytest.approx({"culprit_accuracy": 1.0, "exact": 1.0, "false_drain_rate": 0.0, "tool_calls": 1.0})
     assert DrillState.load() is None and not (home / "drill" / "work").exists()   # cleanup ran
+
+
+def test_the_baseline_agent_solves_every_local_ci_drill(home):
+    """End to end through the real server: routing, the tools, reading their answers, grading, stop."""
+    from tools.evals.drills.baseline import run_scenario
+
+    local = [s for s in all_scenarios() if s.ci and s.place == "local"]
+    assert len(local) >= 8
+    attempts = [run_scenario(s.id) for s in local]
+    failed = {a.scenario: (a.reason, [c.tool for c in a.calls]) for a in attempts if a.score != 1.0}
+    assert not failed, failed
+    assert all(len(a.calls) <= 3 for a in attempts), {a.scenario: len(a.calls) for a in attempts}
+    assert DrillState.load() is None

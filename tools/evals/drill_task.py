@@ -39,7 +39,7 @@ _pkg = _PACKAGE_DIR.name
 _selection = importlib.import_module(f"{_pkg}.evals.inspect_task")
 _scenarios = importlib.import_module(f"{_pkg}.evals.drills.scenarios")
 _grade = importlib.import_module(f"{_pkg}.evals.drills.grade")
-_cli = importlib.import_module(f"{_pkg}.evals.drills.cli")
+_session = importlib.import_module(f"{_pkg}.evals.drills.session")
 _faults = importlib.import_module(f"{_pkg}.evals.drills.faults")
 
 INSTRUCTIONS = (
@@ -63,7 +63,7 @@ def drill_setup():
 
     async def solve(state: TaskState, generate: Generate) -> TaskState:
         await _one_at_a_time.acquire()
-        context = await asyncio.to_thread(_cli.start, str(state.sample_id), 600)
+        context = await asyncio.to_thread(_session.start, str(state.sample_id), 600)
         where = {k: context[k] for k in ("nodes", "partition", "env", "job_id") if k in context}
         state.messages[-1].content = context["message"] + (
             f"\n\n(Where things are: {json.dumps(where)})" if where else "")
@@ -74,7 +74,7 @@ def drill_setup():
 
 async def drill_cleanup(state: TaskState) -> None:
     try:
-        await asyncio.to_thread(_cli.stop)
+        await asyncio.to_thread(_session.stop)
     finally:
         if _one_at_a_time.locked():
             _one_at_a_time.release()

@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 
 from .grade import Diagnosis, grade
 from .scenarios import all_scenarios, load_scenario
+from .session import start, stop
 
 MAX_CALLS = 5
 HOSTNAME_IN_PATH = re.compile(r"(?:^|[/_-])((?:[a-z][a-z0-9]*-)?node\d+|mln\d)(?=[._/-]|$)")
@@ -201,8 +202,6 @@ def solve(message: str, context: dict) -> Attempt:
 
 
 def run_scenario(scenario_id: str) -> Attempt:
-    from .cli import start, stop
-
     scenario = load_scenario(scenario_id)
     context = start(scenario.id, wait_s=600)
     try:
