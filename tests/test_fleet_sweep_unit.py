@@ -10,7 +10,8 @@ import tracemalloc
 import pytest
 
 from tools.fleet_sweep.aggregate import MIN_PEERS, aggregate, drain_command, unanswered, version_drift
-from tools.fleet_sweep.node import EVENT_PREFIX, parse_event
+from tools.fleet_sweep.node import check_event
+from tools.shared.sidechannel import PREFIX, Reader
 from tools.fleet_sweep.sweep import launch_failures
 from tools.fleet_sweep.targets import unreachable_reason
 
@@ -81,11 +82,15 @@ def test_drain_command_is_one_quoted_scontrol_line_never_run():
                                 "reason=fleet_sweep: did not answer: no answer within the deadline"]
 
 
-def test_events_parse_from_srun_output_and_garbage_is_ignored():
-    assert parse_event(EVENT_PREFIX + '{"kind": "done", "node": "n1"}') == {"kind": "done", "node": "n1"}
-    assert parse_event("plain output") is None
-    assert parse_event(EVENT_PREFIX + "{not json") is None
-    assert parse_event(EVENT_PREFIX + '["kind"]') is None
+def test_events_parse_from_labelled_srun_output_and_garbage_is_skipped():
+    reader = Reader(check_event, labelled=True)
+    event = reader.parse("3: " + PREFIX + '{"kind": "done", "node": "n1"}')
+    assert (event.task, event.data) == (3, {"kind": "done", "node": "n1"})
+    assert reader.parse("plain output") is None and reader.parse("0: plain output") is None
+    assert reader.parse("0: " + PREFIX + "{not json") is None
+    assert reader.parse("0: " + PREFIX + '["kind"]') is None
+    assert reader.parse(PREFIX + '{"kind": "done", "node": "n1"}') is None   # no label: no task, no node
+    assert sum(reader.skipped.values()) == 3
 
 
 def test_launch_failures_come_from_srun_stderr():
@@ -137,20 +142,21 @@ def test_aggregation_memory_per_node_stays_constant():
     assert per_node[4096] < 1.5 * per_node[1024], per_node
 
 
-def test_long_events_go_out_in_parts_and_come_back_whole_even_interleaved(capsys):
-    from tools.fleet_sweep.node import PART_CHARS, Reassembler, emit
+def test_long_events_go_out_in_parts_and_come_back_whole_even_interleaved():
+    from tools.shared.sidechannel import encode
 
-    big = {"kind": "row", "node": "n1", "check": "env_report", "result": {"env": {f"K{i}": "v" * 50 for i in range(200)}}}
-    other = {"kind": "row", "node": "n2", "check": "env_report", "result": {"x": "y" * 3000}}
-    emit(big)
-    emit(other)
-    lines = capsys.readouterr().out.splitlines()
-    assert len(lines) > 10 and all(len(line) < 1000 for line in lines)
+    big = {"kind": "row", "node": "n1", "check": "env_report", "verdict": "ok",
+           "result": {"env": {f"K{i}": "v" * 50 for i in range(200)}}}
+    other = {"kind": "row", "node": "n2", "check": "env_report", "verdict": "ok", "result": {"x": "y" * 3000}}
+    lines = [f"0: {line.decode().rstrip()}" for line in encode(big)] + [f"1: {line.decode().rstrip()}" for line in encode(other)]
+    assert len(lines) > 10 and all(len(line) < 1000 for line in lines)  # srun cuts lines at 1 kB
     half = len(lines) // 3
     mixed = lines[half:] + lines[:half]  # parts of the two events interleaved, out of order
-    whole = Reassembler()
-    got = [e for e in (whole.feed(parse_event(line)) for line in mixed) if e]
-    assert sorted(got, key=lambda e: e["node"]) == [big, other]
+    reader = Reader(check_event, labelled=True)
+    got = [e for e in map(reader.parse, mixed) if e]
+    assert sorted((e.task, e.data["node"], e.data["result"]) for e in got) == [
+        (0, "n1", big["result"]), (1, "n2", other["result"])]
+    assert not reader.skipped
 
 
 def test_gpu_health_findings_become_sentences_with_their_action():

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import time
 
-from .result import Drain, Drift, FigureMedian, FleetSweepResult, GpuRow, Missing, NodeRow, Outlier
+from .result import Drain, Drift, FigureMedian, FleetSweepResult, GpuRow, Missing, NodeRow, Outlier, RefusedEvents
+from .sweep import ended_reason
 from .aggregate import aggregate, outlier_reason
 
 
@@ -58,10 +59,34 @@ def findings_for(agg: dict, total: int, complete: int, wall_s: float, deadline_s
     return lines
 
 
+def refused_rows(got) -> list[RefusedEvents]:
+    if not got:
+        return []
+    return [RefusedEvents(source=who, reason=why, count=n)
+            for (who, why), n in sorted(got.refused.items(), key=lambda kv: (-kv[1], kv[0]))][:200]
+
+
+def channel_findings(got) -> list[str]:
+    """What the answer did not use, said: refused node output, rows of an aborted attempt."""
+    if not got:
+        return []
+    lines = []
+    if got.refused:
+        total = sum(got.refused.values())
+        worst = ", ".join(f"{n} from {who}: {why}" for (who, why), n in got.refused.most_common(3))
+        lines.append(f"REFUSED: {total} line(s) or event(s) of node output were not believed ({worst}); see `refused`.")
+    if got.attempts > 1:
+        lines.append(f"srun aborted attempt 1 when a node refused its task; every row here is from attempt "
+                     f"{got.attempts} ({got.set_aside} row(s) of the aborted attempt set aside, so no figure "
+                     "is compared with one measured under other load).")
+    return lines
+
+
 def build_result(params, target, got, stored: dict, wall_s: float) -> FleetSweepResult:
     rows = list(got.rows.values()) if got else []
     known = dict(target.skipped)
     if got:
+        known.update({n: ended_reason(how) for n, how in got.ended.items()})
         known.update({n: f"srun could not start its task: {why}" for n, why in got.failed_launch.items()})
     planned = got.planned if got else {}
     agg = aggregate(rows, target.nodes, planned, known, params.margin_pct)
@@ -79,7 +104,8 @@ def build_result(params, target, got, stored: dict, wall_s: float) -> FleetSweep
         drift=[Drift(**d) for d in agg["drift"]],
         not_answering=[Missing(node=n, reason=why) for n, why in sorted(agg["missing"].items())],
         drain=[Drain(**d) for d in agg["drain"]], launch_attempts=got.attempts if got else 0, wall_s=wall_s,
-        findings=findings_for(agg, len(target.nodes), complete, wall_s, params.deadline_s),
+        rows_from_attempt=got.attempts if got else 0, refused=refused_rows(got),
+        findings=findings_for(agg, len(target.nodes), complete, wall_s, params.deadline_s) + channel_findings(got),
         next=["results_history", "gpu_health", "collective_bench", "knowledge://orchestration/fleet-sweeps.md"])
     if params.plot and rows:
         result.plot_png = _plot(rows, agg, params, len(target.nodes))
