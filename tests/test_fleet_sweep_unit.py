@@ -165,3 +165,21 @@ def test_gpu_health_findings_become_sentences_with_their_action():
     assert _finding_text({"text": "2 uncorrectable ECC errors since the last reset.", "action": "reset_gpu"}) == \
         "2 uncorrectable ECC errors since the last reset. (action: reset_gpu)"
     assert _finding_text("plain sentence") == "plain sentence"
+
+
+def test_a_node_check_runs_through_the_runner_and_stops_at_the_sweep_deadline(tmp_path, monkeypatch):
+    # Issue 24 item 7: node runs take the GPU locks and deadlines like any call. storage_bench alone
+    # spends 2 s on random reads; the node's deadline has passed, so it gets the 1 s floor and is killed.
+    import psutil
+
+    from tools.engine.runner import DeadlineExceeded
+    from tools.fleet_sweep import checks
+
+    monkeypatch.setattr(checks, "deadline", time.monotonic() - 100)
+    t0 = time.monotonic()
+    with pytest.raises(DeadlineExceeded, match="storage_bench did not finish within its timeout of 1 s"):
+        checks.run_tool("storage_bench", path=str(tmp_path), size_mib=64, small_files=200, time_budget_s=30)
+    assert time.monotonic() - t0 < 10
+    assert not psutil.Process().children(recursive=True)
+    row = checks.run_check("storage_bench", lambda: checks.check_storage_bench(str(tmp_path)))
+    assert row["verdict"] == "fail" and row["problems"][0].startswith("DeadlineExceeded: storage_bench did not")

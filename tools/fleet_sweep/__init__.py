@@ -61,7 +61,7 @@ def run(params: FleetSweepParams, progress) -> FleetSweepResult:
     checks = list(params.checks or DEFAULT_CHECKS)
     if params.storage_path and "storage_bench" not in checks:
         checks.append("storage_bench")
-    job = {"checks": checks, "storage_path": params.storage_path}
+    job = {"checks": checks, "storage_path": params.storage_path, "deadline_s": params.deadline_s}
     launch = target.launch_nodes
     progress(0.0, f"{target.kind}: {len(target.nodes)} nodes, {len(launch)} launched; checks {', '.join(checks)}")
     stored, t0 = {}, time.monotonic()

@@ -28,13 +28,21 @@ def figure(name: str, value, unit: str, *, gpu: int | None = None, expected=None
             "higher_is_better": higher_is_better}
 
 
+# When this node's part of the sweep must be over (time.monotonic()); node.py sets it from the job.
+deadline: float | None = None
+
+
 def run_tool(name: str, **params) -> tuple[dict, dict]:
-    """(params, result) of one tool's run() here, both as plain dicts."""
+    """(params, result) of one tool's run here, both as plain dicts: through the runner like any call,
+    so it takes the GPU locks and stops at its own timeout or at the sweep's deadline, whichever is
+    first. Not stored here: the sweep stores the row under the node srun ran it on."""
     from ..engine.registry import load_spec
+    from ..engine.runner import execute
 
     spec = load_spec(name)
     validated = spec.Params(**params)
-    result = spec.run(validated, _quiet)
+    left = spec.timeout_s if deadline is None else max(1.0, min(spec.timeout_s, deadline - time.monotonic()))
+    result = execute(spec, validated, _quiet, timeout_s=left, save=False)
     return validated.model_dump(mode="json"), result.model_dump(mode="json")
 
 
