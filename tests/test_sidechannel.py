@@ -138,3 +138,23 @@ def test_a_parser_that_raises_costs_one_line_not_the_reader():
             got.append(event)
     assert got == ["event 1", "event 2"]
     assert child.skipped == {"stdout line the parser could not read (RecursionError)": 1}
+
+
+def test_a_rank_launch_survives_a_nested_line_and_says_it_skipped_it(tmp_path):
+    # F5 through the rank launcher (the same reader served torchrun ranks, with the same except clause).
+    from tools.shared.culprits import diagnose
+    from tools.shared.launch import launch_ranks
+
+    script = tmp_path / "rank.py"
+    script.write_text(
+        "import json, os, time\n"
+        "def say(ev):\n"
+        "    os.write(1, b'@@mleng ' + json.dumps({'ev': ev, 'rank': 0, 'world_size': 1, 't': time.time()}).encode() + b'\\n')\n"
+        "say('start')\n"
+        "os.write(1, b'@@mleng ' + b'[' * 100000 + b']' * 100000 + b'\\n')\n"
+        "say('done')\n")
+    outcome = launch_ranks([sys.executable, str(script)], 1, timeout_s=5, stall_s=20, deadline_s=60)
+    assert outcome.ranks[0].status == "done"
+    assert outcome.skipped_lines == ["1 line(s) from the ranks skipped: nested deeper than 64 levels"]
+    outcome.ranks[0].status = "vanished"   # diagnose speaks only when something went wrong
+    assert diagnose(outcome, 5)[1][-1] == "Side channel: 1 line(s) from the ranks skipped: nested deeper than 64 levels."

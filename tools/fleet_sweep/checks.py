@@ -32,6 +32,11 @@ def figure(name: str, value, unit: str, *, gpu: int | None = None, expected=None
 deadline: float | None = None
 
 
+def set_deadline(at: float) -> None:
+    global deadline
+    deadline = at
+
+
 def run_tool(name: str, **params) -> tuple[dict, dict]:
     """(params, result) of one tool's run here, both as plain dicts: through the runner like any call,
     so it takes the GPU locks and stops at its own timeout or at the sweep's deadline, whichever is

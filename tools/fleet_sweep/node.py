@@ -103,13 +103,12 @@ def main(argv: list[str]) -> int:
     import time
 
     from ..engine.store import host_provenance, torch_provenance
-    from . import checks
-    from .checks import CHECKS, plan, run_check
+    from .checks import CHECKS, plan, run_check, set_deadline
 
     job = json.loads(argv[0]) if argv else {}
     if isinstance(job.get("deadline_s"), (int, float)):
         # A little before the sweep cuts the step, so a late check is reported as such by the node.
-        checks.deadline = time.monotonic() + max(1.0, job["deadline_s"] - 5)
+        set_deadline(time.monotonic() + max(1.0, job["deadline_s"] - 5))
     # Events go to a private copy of stdout; fd 1 becomes stderr, so what a check or a C library
     # prints cannot land on the channel (the same arrangement as engine/child.py).
     wire = os.dup(1)

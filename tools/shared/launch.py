@@ -65,6 +65,7 @@ class LaunchOutcome:
     elapsed_s: float
     stderr_tail: str
     output_tail: str              # rank output that was not an event
+    skipped_lines: list[str] = field(default_factory=list)   # side-channel lines not believed, and why
 
 
 class RankLayout(Params):
@@ -81,10 +82,10 @@ class RankLayout(Params):
         "auto: NCCL when the ranks see GPUs, else gloo."))
 
 
-def rank_reader() -> Callable[[str], dict | None]:
+def rank_reader(reader: sidechannel.Reader | None = None) -> Callable[[str], dict | None]:
     """parse_line for a launch: the side channel's reader with the rank events' check (malformed
-    lines are skipped and counted there, never raised)."""
-    reader = sidechannel.Reader(check_event)
+    lines are skipped and counted in the reader, never raised)."""
+    reader = reader or sidechannel.Reader(check_event)
 
     def parse(line: str) -> dict | None:
         event = reader.parse(line)
@@ -206,7 +207,8 @@ def launch_ranks(command: list[str], world_size: int, *, timeout_s: float, stall
     if scratch:
         run_env["TMPDIR"] = scratch
     t0 = time.monotonic()
-    child = Supervised(command, parse_line=rank_reader(), env=run_env)
+    reader = sidechannel.Reader(check_event)
+    child = Supervised(command, parse_line=rank_reader(reader), env=run_env)
     ranks = {r: RankState(rank=r) for r in range(world_size)}
     data: list[dict] = []
     last_progress, stalled, overran, reported_world = time.monotonic(), False, False, world_size
@@ -254,7 +256,9 @@ def launch_ranks(command: list[str], world_size: int, *, timeout_s: float, stall
     return LaunchOutcome(command=command, world_size=max([reported_world, *(r + 1 for r in ranks)]),
                          ranks=ranks, data=data, returncode=child.proc.returncode, stalled=stalled,
                          overran=overran, elapsed_s=round(time.monotonic() - t0, 2),
-                         stderr_tail=stderr_tail[-4000:], output_tail="\n".join(child.output_tail)[-2000:])
+                         stderr_tail=stderr_tail[-4000:], output_tail="\n".join(child.output_tail)[-2000:],
+                         skipped_lines=reader.notes(lambda task: "the ranks") + [
+                             f"{n} line(s) skipped: {why}" for why, n in child.skipped.items()])
 
 
 def _mark_gone(ranks: dict[int, RankState]) -> None:
