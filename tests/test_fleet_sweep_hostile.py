@@ -161,3 +161,39 @@ def test_an_oom_killed_node_is_reported_as_killed_not_as_late(multinode_cluster)
     assert wall < 180   # answered when the node died, not at the 240 s deadline
     assert {row["node"] for row in r["rows"] if row["check"] == "cpu_probe"} == {"mln1", "mln3", "mln4"}
     assert json.dumps(r["drain"]).count("mln2") >= 1
+
+
+@contextlib.contextmanager
+def frozen(node_pid: int):
+    """Freeze a slurmd (cgroup-v1 freezer): it takes no task launch, as a hung node's slurmd."""
+    group = Path(f"/sys/fs/cgroup/freezer/mleng-test-freeze-{node_pid}")
+    before = next(line.split(":", 2)[2] for line in Path(f"/proc/{node_pid}/cgroup").read_text().splitlines()
+                  if line.split(":")[1] == "freezer")
+    group.mkdir(exist_ok=True)
+    (group / "cgroup.procs").write_text(str(node_pid))
+    (group / "freezer.state").write_text("FROZEN")
+    try:
+        yield
+    finally:
+        (group / "freezer.state").write_text("THAWED")
+        for pid in (group / "cgroup.procs").read_text().split():
+            with contextlib.suppress(OSError):
+                (Path("/sys/fs/cgroup/freezer" + before) / "cgroup.procs").write_text(pid)
+        for _ in range(50):
+            with contextlib.suppress(OSError):
+                group.rmdir()
+                break
+            time.sleep(0.2)
+
+
+def test_after_a_relaunch_around_a_frozen_node_every_row_is_from_one_attempt(multinode_cluster):  # noqa: F811
+    # The fleet-faults review (5c run 1): srun aborted the step on a frozen node, the unfinished nodes
+    # were relaunched, and figures of the two attempts (under different load) drained 3 healthy nodes.
+    with frozen(multinode_cluster.slurmd_pid("mln3")):
+        r = call_sweep(partition="debug", nodes=4, checks=CHECKS, deadline_s=180, margin_pct=80)
+    assert r["launch_attempts"] == 2 and r["rows_from_attempt"] == 2, r["findings"]
+    assert any("every row here is from attempt 2" in f for f in r["findings"]), r["findings"]
+    missing = {m["node"]: m["reason"] for m in r["not_answering"]}
+    assert list(missing) == ["mln3"] and "srun could not start its task" in missing["mln3"], missing
+    assert sorted(row["node"] for row in r["rows"]) == ["mln1", "mln1", "mln2", "mln2", "mln4", "mln4"]
+    assert [d["node"] for d in r["drain"]] == ["mln3"], r["findings"]

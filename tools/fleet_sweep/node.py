@@ -39,13 +39,32 @@ class Hello(_Event):
 
 
 class FigureOut(BaseModel):
+    """A figure as checks.figure_row sends it (the contract of tools/engine/figures.py, in JSON)."""
     model_config = ConfigDict(extra="allow", allow_inf_nan=False)
     name: str = NAME
     value: float | None = None
     unit: str = Field("", max_length=64)
+    better: Literal["higher", "lower"] = "higher"
     gpu: int | None = Field(None, ge=0, le=1024)
     expected: float | None = None
-    higher_is_better: bool = True
+    group: str | None = Field(None, max_length=256)
+
+
+class HolderOut(BaseModel):
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+    pid: int = Field(ge=0)
+    name: str = Field("?", max_length=256)
+    user: str | None = Field(None, max_length=256)
+    gpu: int | None = Field(None, ge=0, le=1024)
+    used_mib: float | None = None
+
+
+class BusyOut(BaseModel):
+    """shared/occupancy.Occupancy as it travels."""
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+    busy: bool = False
+    why: str = Field("", max_length=2000)
+    holders: list[HolderOut] = Field(default_factory=list, max_length=1000)
 
 
 class Row(_Event):
@@ -61,6 +80,9 @@ class Row(_Event):
     result: dict = Field(default_factory=dict)
     params: dict = Field(default_factory=dict)
     provenance: dict = Field(default_factory=dict)
+    busy: BusyOut | None = None
+    inventory: dict[str, int | float | str | None] | None = None
+    gpus: list[dict] = Field(default_factory=list, max_length=1024)
 
 
 class Done(_Event):
