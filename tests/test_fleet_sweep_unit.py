@@ -247,3 +247,24 @@ def test_a_node_check_runs_through_the_runner_and_stops_at_the_sweep_deadline(tm
     row = checks.run_check("storage_bench", checks.tool_check("storage_bench", path=str(tmp_path), size_mib=64,
                                                               small_files=200, time_budget_s=30))
     assert row["verdict"] == "fail" and row["problems"][0].startswith("DeadlineExceeded: storage_bench did not")
+
+
+def test_a_node_check_waits_for_a_gpu_lock_only_until_its_deadline(tmp_path, monkeypatch, mleng_home):
+    # Another mleng run holds GPU 0 here: the node's check waits for it (no two benchmarks on one
+    # GPU), and gives up with a reason when the node's time is over, instead of hanging to the cut.
+    import fcntl
+    import socket
+
+    from tools.engine.runner import Cancelled
+    from tools.fleet_sweep import checks
+
+    lock_dir = mleng_home / "locks" / socket.gethostname()
+    lock_dir.mkdir(parents=True)
+    with open(lock_dir / "gpu0.lock", "a+") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        monkeypatch.setattr(checks, "deadline", time.monotonic() + 2)
+        t0 = time.monotonic()
+        with pytest.raises(Cancelled, match="memory_bandwidth_bench stopped after 2 s, the time this node had left: "
+                                            "cancelled while waiting for a GPU lock"):
+            checks.run_tool("memory_bandwidth_bench", device=0)
+        assert 2 <= time.monotonic() - t0 < 6

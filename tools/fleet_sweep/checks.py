@@ -70,13 +70,27 @@ def run_tool(name: str, **params):
     """(params as a dict, the tool's typed Result, its spec) of one tool's run here: through the runner
     like any call, so it takes the GPU locks and stops at its own timeout or at the sweep's deadline,
     whichever is first. Not stored here: the sweep stores the row under the node srun ran it on."""
+    import threading
+
     from ..engine.registry import load_spec
-    from ..engine.runner import execute
+    from ..engine.runner import Cancelled, execute
 
     spec = load_spec(name)
     validated = spec.Params(**params)
     left = spec.timeout_s if deadline is None else max(1.0, min(spec.timeout_s, deadline - time.monotonic()))
-    return validated.model_dump(mode="json"), execute(spec, validated, _quiet, timeout_s=left, save=False), spec
+    # The timeout counts from the start of the tool's child; a wait for a GPU lock held by another
+    # mleng run comes before it and ends only on cancel: cancel just after the timeout would pass.
+    stop = threading.Event()
+    cancel = threading.Timer(left + 0.5, stop.set)
+    cancel.daemon = True
+    cancel.start()
+    try:
+        result = execute(spec, validated, _quiet, timeout_s=left, cancel=stop, save=False)
+    except Cancelled as exc:
+        raise Cancelled(f"{name} stopped after {left:.0f} s, the time this node had left: {exc}") from None
+    finally:
+        cancel.cancel()
+    return validated.model_dump(mode="json"), result, spec
 
 
 def contract_row(name: str, params: dict, result, spec, busy: Occupancy | None = None) -> dict:

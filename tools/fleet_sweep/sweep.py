@@ -33,6 +33,20 @@ STEP_NAME = "mleng-fleet-sweep"
 MAX_HELD = 10_000    # events from tasks srun has not placed yet (its -v line races the task's output)
 
 
+@dataclass(frozen=True)
+class LaunchFailed:
+    node: str
+    why: str
+
+
+def srun_said(line: str) -> LaunchFailed | slurm.SrunTasks | None:
+    """What srun's own stderr line says about a node: read as it comes, since with -v on a large step
+    the launch failure would scroll out of any kept tail."""
+    if m := LAUNCH_FAILED.search(line):
+        return LaunchFailed(m.group(1), m.group(2).strip() or "task launch failed")
+    return slurm.srun_tasks_line(line)
+
+
 @dataclass
 class Collected:
     rows: dict[tuple[str, str], dict] = field(default_factory=dict)   # (node, check) -> row, this attempt
@@ -89,7 +103,9 @@ class Follower:
         self.held: list[sidechannel.Event] = []
 
     def take(self, item) -> None:
-        if isinstance(item, slurm.SrunTasks):
+        if isinstance(item, LaunchFailed):
+            self.got.failed_launch[item.node] = item.why
+        elif isinstance(item, slurm.SrunTasks):
             if item.kind == "launched":
                 self.tasks.update({task: item.node for task in item.tasks})
                 held, self.held = self.held, []
@@ -163,7 +179,7 @@ def run_step(nodes: list[str], target, job: dict, got: Collected, deadline: floa
     local_node = nodes[0] if target.local else None
     follower = Follower(got, nodes, job["checks"], on_row, local_node)
     env = {k: v for k, v in os.environ.items() if not (target.local and k == "SLURMD_NODENAME")}
-    with Supervised(cmd, parse_line=reader.parse, parse_stderr=None if target.local else slurm.srun_tasks_line,
+    with Supervised(cmd, parse_line=reader.parse, parse_stderr=None if target.local else srun_said,
                     env=env) as child:
         finished = follow(child, follower, deadline)
         if not finished:
@@ -171,6 +187,9 @@ def run_step(nodes: list[str], target, job: dict, got: Collected, deadline: floa
         # srun forwards SIGTERM to the step's tasks on every node; KillWait later slurmd SIGKILLs them.
         code = child.stop(grace_s=15, exit_wait_s=2 if finished else 0)
         got.stderr_tail = child.stderr_text()[-4000:]
+        while (late := child.next_event(0)) not in (None, Supervised.EOF):   # srun's words after the cut
+            if isinstance(late, LaunchFailed):
+                follower.take(late)
     follower.unplaced()
     name_of = follower.tasks.get
     for (task, why), count in reader.skipped.items():
