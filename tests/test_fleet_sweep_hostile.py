@@ -122,38 +122,40 @@ def test_nested_malformed_and_huge_lines_cost_those_lines_only(multinode_cluster
     assert refused[("mln4", "nested deeper than 64 levels")] == 1
 
 
-def memory_limit(node_pid: int, limit_mib: int):
-    """Put a slurmd (and so the steps it starts) under a memory cgroup of its own; returns the undo."""
-    group = Path(f"/sys/fs/cgroup/memory/mleng-test-oom-{node_pid}")
-    before = next(line.split(":", 2)[2] for line in Path(f"/proc/{node_pid}/cgroup").read_text().splitlines()
-                  if line.split(":")[1] == "memory")
+@contextlib.contextmanager
+def cgroup(controller: str, pid: int, settings: list[tuple[str, str]], undo: list[tuple[str, str]] = ()):
+    """`pid` (a slurmd: the steps it starts follow it) in a cgroup-v1 group of its own with `settings`
+    written; on exit `undo` is written and every process goes back where the slurmd was."""
+    root = Path("/sys/fs/cgroup") / controller
+    before = next(line.split(":", 2)[2] for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+                  if line.split(":")[1] == controller)
+    group = root / f"mleng-test-{controller}-{pid}"
     group.mkdir(exist_ok=True)
-    (group / "memory.limit_in_bytes").write_text(str(limit_mib << 20))
-
-    def undo():
-        (Path("/sys/fs/cgroup/memory" + before) / "cgroup.procs").write_text(str(node_pid))
-        for pid in (group / "cgroup.procs").read_text().split():
+    try:
+        (group / "cgroup.procs").write_text(str(pid))
+        for name, value in settings:
+            (group / name).write_text(value)
+        yield
+    finally:
+        for name, value in undo:
+            (group / name).write_text(value)
+        for moved in (group / "cgroup.procs").read_text().split():
             with contextlib.suppress(OSError):
-                (Path("/sys/fs/cgroup/memory" + before) / "cgroup.procs").write_text(pid)
+                (root / before.lstrip("/") / "cgroup.procs").write_text(moved)
         for _ in range(50):
             with contextlib.suppress(OSError):
                 group.rmdir()
-                return
+                break
             time.sleep(0.2)
-    (group / "cgroup.procs").write_text(str(node_pid))
-    return undo
 
 
 def test_an_oom_killed_node_is_reported_as_killed_not_as_late(multinode_cluster):  # noqa: F811
     # The fleet-faults review: mln7 under 160 MiB was "answered 2 of 3 checks within the deadline",
     # 27 s into a 300 s deadline; srun's "-9" was dropped. cpu_probe imports torch in the node process.
-    undo = memory_limit(multinode_cluster.slurmd_pid("mln2"), 160)
-    try:
+    with cgroup("memory", multinode_cluster.slurmd_pid("mln2"), [("memory.limit_in_bytes", str(160 << 20))]):
         t0 = time.monotonic()
         r = call_sweep(partition="debug", nodes=4, checks=CHECKS, deadline_s=240, margin_pct=80)
         wall = time.monotonic() - t0
-    finally:
-        undo()
     missing = {m["node"]: m["reason"] for m in r["not_answering"]}
     assert list(missing) == ["mln2"], r["findings"]
     assert "SIGKILL" in missing["mln2"] or "out-of-memory" in missing["mln2"], missing
@@ -163,33 +165,12 @@ def test_an_oom_killed_node_is_reported_as_killed_not_as_late(multinode_cluster)
     assert json.dumps(r["drain"]).count("mln2") >= 1
 
 
-@contextlib.contextmanager
-def frozen(node_pid: int):
-    """Freeze a slurmd (cgroup-v1 freezer): it takes no task launch, as a hung node's slurmd."""
-    group = Path(f"/sys/fs/cgroup/freezer/mleng-test-freeze-{node_pid}")
-    before = next(line.split(":", 2)[2] for line in Path(f"/proc/{node_pid}/cgroup").read_text().splitlines()
-                  if line.split(":")[1] == "freezer")
-    group.mkdir(exist_ok=True)
-    (group / "cgroup.procs").write_text(str(node_pid))
-    (group / "freezer.state").write_text("FROZEN")
-    try:
-        yield
-    finally:
-        (group / "freezer.state").write_text("THAWED")
-        for pid in (group / "cgroup.procs").read_text().split():
-            with contextlib.suppress(OSError):
-                (Path("/sys/fs/cgroup/freezer" + before) / "cgroup.procs").write_text(pid)
-        for _ in range(50):
-            with contextlib.suppress(OSError):
-                group.rmdir()
-                break
-            time.sleep(0.2)
-
-
 def test_after_a_relaunch_around_a_frozen_node_every_row_is_from_one_attempt(multinode_cluster):  # noqa: F811
     # The fleet-faults review (5c run 1): srun aborted the step on a frozen node, the unfinished nodes
     # were relaunched, and figures of the two attempts (under different load) drained 3 healthy nodes.
-    with frozen(multinode_cluster.slurmd_pid("mln3")):
+    # The cgroup-v1 freezer stops mln3's slurmd: it takes no task launch, as a hung node's slurmd.
+    with cgroup("freezer", multinode_cluster.slurmd_pid("mln3"), [("freezer.state", "FROZEN")],
+                undo=[("freezer.state", "THAWED")]):
         r = call_sweep(partition="debug", nodes=4, checks=CHECKS, deadline_s=180, margin_pct=80)
     assert r["launch_attempts"] == 2 and r["rows_from_attempt"] == 2, r["findings"]
     assert any("every row here is from attempt 2" in f for f in r["findings"]), r["findings"]
