@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import time
 
 from .aggregate import aggregate, failure_reason, outlier_reason
@@ -97,11 +98,11 @@ def findings_for(agg: dict, total: int, complete: int, wall_s: float, deadline_s
     return lines
 
 
-def refused_rows(got) -> list[RefusedEvents]:
-    if not got:
-        return []
+def refused_rows(*steps) -> list[RefusedEvents]:
+    """Refused node output of the sweep and of its confirming re-run, together."""
+    refused = sum((step.refused for step in steps if step), collections.Counter())
     return [RefusedEvents(source=who, reason=why, count=n)
-            for (who, why), n in sorted(got.refused.items(), key=lambda kv: (-kv[1], kv[0]))][:200]
+            for (who, why), n in sorted(refused.items(), key=lambda kv: (-kv[1], kv[0]))][:200]
 
 
 def channel_findings(got) -> list[str]:
@@ -153,7 +154,7 @@ def build_result(params, target, got, stored: dict, wall_s: float, confirm=None,
         drift=[Drift(**d) for d in agg["drift"]], inventory_drift=[Drift(**d) for d in agg["inventory_drift"]],
         not_answering=[Missing(node=n, reason=why) for n, why in sorted(agg["missing"].items())],
         drain=[Drain(**d) for d in agg["drain"]], launch_attempts=got.attempts if got else 0, wall_s=wall_s,
-        rows_from_attempt=got.attempts if got else 0, refused=refused_rows(got),
+        rows_from_attempt=got.attempts if got else 0, refused=refused_rows(got, confirm),
         findings=[*notes, *findings_for(agg, len(target.nodes), complete, wall_s, params.deadline_s),
                   *channel_findings(got)],
         next=["results_history", "gpu_health", "collective_bench", "knowledge://orchestration/fleet-sweeps.md"])
