@@ -18,8 +18,9 @@ import time
 from .data import IMPORT_ROOT, PACKAGE
 
 # The longest line of a child's output kept whole: above the largest result line the runner reads
-# (bounds.MAX_RESULT_CHARS, 1,000,000 ASCII characters) with room for its envelope.
-MAX_LINE_BYTES = 4 << 20
+# (bounds.MAX_RESULT_CHARS, 1,000,000 characters, which json.dumps may escape to 6 bytes each when
+# they are not ASCII) with room for its envelope.
+MAX_LINE_BYTES = 8 << 20
 
 
 def python_module_command(module: str, *args: str) -> list[str]:
