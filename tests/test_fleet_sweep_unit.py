@@ -268,3 +268,44 @@ def test_a_node_check_waits_for_a_gpu_lock_only_until_its_deadline(tmp_path, mon
                                             "cancelled while waiting for a GPU lock"):
             checks.run_tool("memory_bandwidth_bench", device=0)
         assert 2 <= time.monotonic() - t0 < 6
+
+
+def test_events_are_credited_to_the_node_srun_placed_their_task_on():
+    # srun -v --label, as SLURM 22.05.8 printed it on the namespace cluster; the task's output may
+    # come before srun's "launching" line reaches us (two pipes), so early events wait for it.
+    from tools.fleet_sweep.sweep import Collected, Follower, srun_said
+    from tools.shared.sidechannel import encode
+
+    def out(task: int, event: dict) -> list[str]:
+        return [f"{task}: {line.decode().rstrip()}" for line in encode(event)]
+
+    def row(node: str, check: str = "cpu_probe", **extra) -> dict:
+        return {"kind": "row", "node": node, "check": check, "verdict": "info", **extra}
+
+    got, seen = Collected(), []
+    follow = Follower(got, ["mln1", "mln2", "mln4"], ["env_report", "cpu_probe"], seen.append, None)
+    reader = Reader(check_event, labelled=True)
+    stdout = (out(2, {"kind": "hello", "node": "mln4", "checks": ["cpu_probe"]})           # before srun's word
+              + out(0, {"kind": "hello", "node": "mln1", "checks": ["cpu_probe"]})
+              + out(2, row("mln2", "gpu_health", problems=["48 ECC errors"]))              # forged for mln2
+              + out(2, row("ghost-01"))                                                    # outside the target
+              + out(2, row("mln4", provenance={"host": "victim-host"}))
+              + out(2, row("mln4"))                                                        # a second copy
+              + out(2, row("mln4", "env_report"))                                          # not in its hello
+              + out(1, {"kind": "hello", "node": "mln2", "checks": ["cpu_probe", "rm"]})   # not asked for
+              + out(0, row("mln1")) + out(0, {"kind": "done", "node": "mln1"}))
+    stderr = ["srun: launching StepId=7.0 on host mln1, 1 tasks: 0", "srun: launching StepId=7.0 on host mln2, 1 tasks: 1",
+              "srun: launching StepId=7.0 on host mln4, 1 tasks: 2", "srun: error: mln2: task 1: Killed"]
+    for line in stdout[:1] + stderr[:1] + stdout[1:] + stderr[1:]:
+        item = srun_said(line) if line.startswith("srun:") else reader.parse(line)
+        if item is not None:
+            follow.take(item)
+    follow.unplaced()
+    assert sorted(got.rows) == [("mln1", "cpu_probe"), ("mln4", "cpu_probe")]
+    assert got.rows[("mln4", "cpu_probe")]["provenance"]["host"] == "mln4" and len(seen) == 2
+    assert got.planned == {"mln1": ["cpu_probe"], "mln4": ["cpu_probe"]} and got.done == {"mln1"}
+    assert got.ended == {"mln2": "Killed"}
+    assert dict(got.refused) == {
+        ("mln4", "the event names another node ('mln2')"): 1, ("mln4", "the event names another node ('ghost-01')"): 1,
+        ("mln4", "a second row for cpu_probe"): 1, ("mln4", "a row for a check it did not plan ('env_report')"): 1,
+        ("mln2", "checks not asked for: ['rm']"): 1}
