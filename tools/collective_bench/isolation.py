@@ -48,7 +48,10 @@ class IsolationReport(Record):
     nodes: list[str] = Field(description="Nodes, in matrix order.")
     rounds: int = Field(0, description="Rounds run.")
     groups: list[GroupRecord] = Field(default_factory=list, description="Every group of every round.")
-    suspects: list[Suspect] = Field(default_factory=list, description="What the rounds point at.")
+    suspects: list[Suspect] = Field(default_factory=list, description=(
+        "What the rounds point at, each confirmed by a second measurement."))
+    unconfirmed: list[Suspect] = Field(default_factory=list, description=(
+        "Slow or failing once, fine when measured again: not named (a busy host or a transient fault)."))
     reference_busbw_gbps: float | None = Field(None, description="A healthy pair: 75th percentile busbw, GB/s.")
     busbw_floor_gbps: float | None = Field(None, description="Pairs below this are slow, GB/s.")
     latency_ceiling_us: float | None = Field(None, description="Pairs above this are slow, microseconds.")
@@ -138,7 +141,7 @@ def bisect(names: list[str], run_round: RunRound, *, known_failing: bool = False
     n = len(names)
     plan = Bisection(n, known_failing=known_failing)
     report = IsolationReport(pattern="bisect", nodes=names)
-    t0, limit = time.monotonic(), 3 * math.ceil(math.log2(n)) + 2
+    t0, limit = time.monotonic(), 3 * math.ceil(math.log2(n)) + 4  # + the confirmation rounds
     failed_detail: dict[tuple[int, ...], str] = {}
     while not plan.done and plan.rounds < limit:
         groups = plan.next_round()
@@ -157,6 +160,8 @@ def bisect(names: list[str], run_round: RunRound, *, known_failing: bool = False
     for finding in plan.findings:
         report.suspects.append(Suspect(kind=finding.kind, nodes=[names[i] for i in finding.nodes],
                                        evidence=_bisect_evidence(finding, failed_detail)))
+    report.unconfirmed = [Suspect(kind=f.kind, nodes=[names[i] for i in f.nodes], evidence=f.evidence)
+                          for f in plan.unconfirmed]
     report.wall_s = round(time.monotonic() - t0, 2)
     return report
 

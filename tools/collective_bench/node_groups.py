@@ -78,11 +78,13 @@ def node_addresses(names: list[str]) -> dict[str, str]:
 
 def srun_group_command(job: dict, names: list[str], addresses: dict[str, str], nproc: int, port: int,
                        job_id: str | None = None) -> list[str]:
-    """One srun step on exactly these nodes, torchrun on each, rendezvous on the first. --overlap: a
-    step of the last round still being cleaned up (its node unreachable) must not block this one."""
+    """One srun step on exactly these nodes, torchrun on each, rendezvous on the first listed node, whose
+    task hosts the store by name (not SLURM's task 0, which srun puts on the first node in its own order).
+    --overlap: a step of the last round still being cleaned up (its node unreachable) must not block this one."""
     return _slurm.srun_torchrun_command([f"{PACKAGE}.collective_bench.rank", json.dumps(job)], nnodes=len(names),
                                         nproc_per_node=nproc, rdzv_port=port, rdzv_host=addresses[names[0]],
-                                        extra_srun=["--overlap", f"--nodelist={','.join(names)}"], job_id=job_id)
+                                        rdzv_node=names[0], job_id=job_id,
+                                        extra_srun=["--overlap", f"--nodelist={','.join(names)}"])
 
 
 def run_round_srun(groups: list[list[int]], names: list[str], job: dict, *, nproc: int, deadline_s: float,

@@ -200,7 +200,8 @@ def launch_ranks(command: list[str], world_size: int, *, timeout_s: float, stall
     run_env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
                "PYTHONUNBUFFERED": "1", **(env or {})}
     # A killed torchrun leaves its torchelastic_* log directory behind: give a local launch a scratch
-    # TMPDIR of its own and remove it afterwards. Not for srun: other nodes would not have that path.
+    # TMPDIR of its own and remove it afterwards. Through srun each task makes and removes its own
+    # (slurm.srun_torchrun_command): other nodes would not have a path made here.
     scratch = None if command[0] == "srun" else tempfile.mkdtemp(prefix="mleng-ranks-")
     if scratch:
         run_env["TMPDIR"] = scratch
