@@ -15,6 +15,7 @@ By hand:
 Which node or link is bad (knowledge://network/finding-the-bad-node.md):
     salloc -N 16 python -m tools.collective_bench --pattern pairwise      # rounds of N/2 two-node runs
     salloc -N 16 python -m tools.collective_bench --pattern bisect        # halves of a failing set
+    MLENG_COORD_SECRET=<the same per-run secret on every node> \
     python -m tools.collective_bench --pattern pairwise --hosts n1 n2 n3 n4 --node-rank K \
         --rdzv-endpoint n1:29400                                          # outside SLURM, on every node K
 """

@@ -60,6 +60,8 @@ class IsolationReport(Record):
     latency_matrix: list[list[float | None]] | None = Field(None, description="Latency of pair (i, j), us.")
     heatmap_png: str | None = Field(None, description="The busbw matrix as a heat map.")
     wall_s: float = Field(0.0, description="Wall time of all rounds, seconds.")
+    refused_messages: int = Field(0, description=(
+        "Outside SLURM: messages on the coordinator's store not signed with the run's secret, refused."))
 
 
 def _record(r: int, run: GroupRun, names: list[str]) -> GroupRecord:

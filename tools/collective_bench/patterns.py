@@ -12,7 +12,7 @@ from ..engine.spec import Field, Params, ToolFailure
 from ..shared import slurm as _slurm
 from ..shared.launch import use_srun
 from .isolation import IsolationReport, bisect, draw_heatmap, pairwise
-from .node_agents import agent, coordinate, open_store
+from .node_agents import SECRET_ENV, agent, coordinate, open_store, run_secret
 from .node_groups import run_round_srun
 from .pair_schedule import full_round_count
 
@@ -39,7 +39,8 @@ class PatternFields(Params):
         "pairwise/bisect in an allocation: only these of its nodes (default: all)."))
     hosts: list[NodeName] | None = Field(None, min_length=2, max_length=8192, description=(
         "pairwise/bisect outside SLURM: every node's address, in order; run the same command on each "
-        "node with its node_rank and rdzv_endpoint (first host:free port), the first node reports."))
+        "node with its node_rank and rdzv_endpoint (first host:free port), and the same per-run secret in "
+        "MLENG_COORD_SECRET (16+ characters); the first node reports."))
     node_rank: int | None = Field(None, ge=0, le=8191, description="This node's index in hosts.")
 
 
@@ -54,6 +55,7 @@ def pattern_nodes(params) -> tuple[list[str], str]:
         if not 0 <= params.node_rank < len(params.hosts):
             raise ToolFailure(f"node_rank: {params.node_rank} is outside 0..{len(params.hosts) - 1} (hosts has "
                               f"{len(params.hosts)} nodes)")
+        run_secret()  # refused now, before any round, when the nodes were not given the run's secret
         return list(params.hosts), "agents"
     if not use_srun(2):
         raise ToolFailure(f"pattern: {params.pattern} needs several nodes: run it inside a SLURM allocation "
@@ -96,7 +98,7 @@ def run_pattern(params, job: dict, nproc: int, progress) -> tuple[IsolationRepor
         return coordinate(names, job, endpoint=params.rdzv_endpoint, nproc=nproc, deadline_s=deadline,
                           pg_timeout_s=params.pg_timeout_s, drive=drive), []
     wait_s = deadline * 4 + 120
-    ran = agent(open_store(params.rdzv_endpoint, False, wait_s), names, params.node_rank, job, nproc=nproc,
+    ran = agent(open_store(params.rdzv_endpoint, False, wait_s, run_secret()), names, params.node_rank, job, nproc=nproc,
                 deadline_s=deadline, pg_timeout_s=params.pg_timeout_s,
                 port=int(params.rdzv_endpoint.rpartition(":")[2]), wait_s=wait_s)
     return None, [f"This node ({names[params.node_rank]}) ran its share of {ran} rounds; the first node "
@@ -111,6 +113,9 @@ def pattern_findings(report: IsolationReport) -> tuple[str, list[str], list[str]
     if report.reference_busbw_gbps:
         head += f"; a healthy pair: {report.reference_busbw_gbps:.3g} GB/s busbw"
     findings = [f"Suspect {s.kind} {' - '.join(s.nodes)}: {s.evidence}." for s in report.suspects] + [head]
+    if report.refused_messages:
+        findings.append(f"{report.refused_messages} message(s) on the coordinator's store were not signed with "
+                        f"this run's {SECRET_ENV} and were refused: something other than our nodes wrote to it.")
     nodes = [n for s in report.suspects if s.kind == "node" for n in s.nodes]
     if nodes and os.environ.get("SLURM_JOB_ID"):
         findings.append(f"To take it out of service (not run by this tool): scontrol update nodename="
