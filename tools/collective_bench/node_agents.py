@@ -152,7 +152,7 @@ def _valid_report(report: dict | None) -> dict | None:
     rows = report.get("rows", [])
     if not isinstance(rows, list) or not all(isinstance(row, dict) for row in rows):
         return None
-    if not isinstance(report.get("detail", ""), str) or not isinstance(report.get("wall_s", 0.0), (int, float)):
+    if not isinstance(report.get("setup", {}), dict) or not isinstance(report.get("detail", ""), str) or not isinstance(report.get("wall_s", 0.0), (int, float)):
         return None
     return report
 
@@ -169,12 +169,13 @@ def group_command(job: dict, hosts: list[str], group: list[int], me: int, nproc:
 def local_outcome(outcome, pg_timeout_s: float) -> dict:
     """What this node's launcher saw of its group: status, rows (where rank 0 ran here), reason."""
     rows = [e for e in outcome.data if e.get("kind") == "row"]
+    setup = next((e for e in outcome.data if e.get("kind") == "setup"), {})
     if outcome.stalled or outcome.overran:
         return {"status": "hang", "rows": rows, "detail": f"did not finish within {outcome.elapsed_s:.0f} s"}
     _, findings = diagnose(outcome, pg_timeout_s)
     if findings or outcome.returncode:
         return {"status": "fail", "rows": rows, "detail": findings[0] if findings else f"exit code {outcome.returncode}"}
-    return {"status": "ok", "rows": rows, "detail": ""}
+    return {"status": "ok", "rows": rows, "detail": "", "setup": setup}
 
 
 def agent(store, hosts: list[str], me: int, job: dict, *, nproc: int, deadline_s: float, pg_timeout_s: float,
@@ -225,7 +226,8 @@ class Coordinator:
                 detail = "; ".join(f"{self.hosts[m]}: {rep['detail']}" for m, rep in mine.items() if rep["detail"])
             busbw, latency = figures_of(rows) if status == "ok" else (None, None)
             wall = max((rep.get("wall_s", 0.0) for rep in mine.values() if rep), default=self.deadline_s)
-            runs.append(GroupRun(group, status, busbw, latency, wall, detail, rows))
+            setup = next((rep["setup"] for rep in mine.values() if rep and rep.get("setup")), {})
+            runs.append(GroupRun(group, status, busbw, latency, wall, detail, rows, setup))
         return runs
 
     def _collect(self, r: int, members: list[int]) -> dict[int, dict]:

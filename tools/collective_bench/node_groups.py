@@ -30,6 +30,7 @@ class GroupRun:
     wall_s: float = 0.0
     detail: str = ""              # why it is not ok, in a sentence
     rows: list[dict] = field(default_factory=list)
+    setup: dict = field(default_factory=dict)  # rank 0's setup event: backend, GPU name, NCCL env, NICs
 
     @property
     def ok(self) -> bool:
@@ -50,6 +51,7 @@ def group_run(nodes: list[int], outcome: LaunchOutcome | None, pg_timeout_s: flo
     if outcome is None:
         return GroupRun(nodes, "fail", wall_s=wall_s, detail="the launcher could not start")
     rows = [e for e in outcome.data if e.get("kind") == "row"]
+    setup = next((e for e in outcome.data if e.get("kind") == "setup"), {})
     busbw, latency = figures_of(rows)
     where = "+".join(names[i] for i in nodes)
     if outcome.stalled or outcome.overran:
@@ -59,7 +61,7 @@ def group_run(nodes: list[int], outcome: LaunchOutcome | None, pg_timeout_s: flo
     if findings or outcome.returncode or not rows:
         said = findings[0] if findings else f"exit code {outcome.returncode}, no figures"
         return GroupRun(nodes, "fail", busbw, latency, wall_s, f"{where}: {said}", rows)
-    return GroupRun(nodes, "ok", busbw, latency, wall_s, "", rows)
+    return GroupRun(nodes, "ok", busbw, latency, wall_s, "", rows, setup)
 
 
 def node_addresses(names: list[str]) -> dict[str, str]:
