@@ -41,6 +41,7 @@ class RankState:
     error: str | None = None
     exitcode: int | None = None
     stage_seconds: dict = field(default_factory=dict)
+    last_beat: float | None = None   # launcher's monotonic clock when its last heartbeat arrived
 
     def where(self) -> str:
         return f"rank {self.rank} ({self.host or 'unknown host'}, pid {self.pid or '?'})"
@@ -63,6 +64,7 @@ class LaunchOutcome:
     elapsed_s: float
     stderr_tail: str
     output_tail: str              # rank output that was not an event
+    launch_failures: dict = field(default_factory=dict)  # node -> srun's "Task launch ... failed" reason
 
 
 class RankLayout(Params):
@@ -95,6 +97,9 @@ def apply_event(ranks: dict[int, RankState], event: dict) -> None:
     state = ranks.setdefault(int(event["rank"]), RankState(rank=int(event["rank"])))
     state.host, state.local_rank, state.pid = event.get("host"), event.get("local_rank"), event.get("pid")
     kind, t = event["ev"], float(event.get("t", time.time()))
+    if kind == "beat":  # alive, nothing more: its stage and status stay as they were
+        state.last_beat = time.monotonic()
+        return
     if state.status == "not_started":
         state.status, state.stage_entered_t = "running", t
     state.stage = event.get("stage", state.stage)
@@ -221,6 +226,8 @@ def launch_ranks(command: list[str], world_size: int, *, timeout_s: float, stall
                 return
             apply_event(ranks, event)
             reported_world = max(reported_world, int(event.get("world_size") or 0))
+            if event["ev"] == "beat":
+                continue  # alive is not progress: a hung run still beats
             last_progress = time.monotonic()
             if event["ev"] == "data":
                 data.append(event)
@@ -246,6 +253,7 @@ def launch_ranks(command: list[str], world_size: int, *, timeout_s: float, stall
     end = time.time()
     stderr_tail = child.stderr_text()
     codes = torchrun_exitcodes(stderr_tail)
+    failed_nodes = _slurm.launch_failures(stderr_tail) if command[0] == "srun" else {}
     for state in ranks.values():
         state.exitcode = codes.get(state.rank)
         if state.status == "running":  # alive when we stopped it, or gone without a word
@@ -254,7 +262,8 @@ def launch_ranks(command: list[str], world_size: int, *, timeout_s: float, stall
     return LaunchOutcome(command=command, world_size=max([reported_world, *(r + 1 for r in ranks)]),
                          ranks=ranks, data=data, returncode=child.proc.returncode, stalled=stalled,
                          overran=overran, elapsed_s=round(time.monotonic() - t0, 2),
-                         stderr_tail=stderr_tail[-4000:], output_tail="\n".join(child.output_tail)[-2000:])
+                         stderr_tail=stderr_tail[-4000:], output_tail="\n".join(child.output_tail)[-2000:],
+                         launch_failures=failed_nodes)
 
 
 def _mark_gone(ranks: dict[int, RankState]) -> None:

@@ -36,7 +36,7 @@ import subprocess
 
 __all__ = [
     "SlurmError", "failures_as_tool_failure", "in_allocation", "allocation_nodes", "allocation_head_address", "job_allocation_env", "expand_hostlist",
-    "srun_torchrun_command", "split_labelled_output", "client_configured", "run_cmd", "json_or_none", "parse_kv_line",
+    "srun_torchrun_command", "rdzv_is_host", "launch_failures", "split_labelled_output", "client_configured", "run_cmd", "json_or_none", "parse_kv_line",
     "parse_exit_code", "decode_wait_status", "parse_duration_s", "format_duration",
     "explain_pending_reason", "explain_state", "signal_name",
 ]
@@ -186,6 +186,15 @@ def srun_torchrun_command(module_args: list[str], nnodes: int, nproc_per_node: i
     per_node = _SCRATCH + shlex.join(cmd[:split]) + f" {is_host} " + shlex.join(cmd[split:])
     return ["srun", f"--nodes={nnodes}", f"--ntasks={nnodes}", "--ntasks-per-node=1",
             "--kill-on-bad-exit=1", "--label", *(extra_srun or []), "bash", "-c", per_node]
+
+
+_LAUNCH_FAILED = re.compile(r"[Tt]ask launch for \S+ failed on node ([A-Za-z0-9_.\-]+):\s*([^\n]*)")
+
+
+def launch_failures(stderr: str) -> dict[str, str]:
+    """{node: srun's reason} from srun's own "Task launch for StepId=53.0 failed on node mln5: Socket timed
+    out on send/recv operation": the node srun could not start a task on (frozen, slurmd dead, unreachable)."""
+    return {m.group(1): m.group(2).strip() or "task launch failed" for m in _LAUNCH_FAILED.finditer(stderr)}
 
 
 def split_labelled_output(text: str) -> dict[int, str]:
