@@ -70,3 +70,15 @@ def test_compare_names_each_reference_broken():
     assert compare(90, RULE, {"fleet median": 100}, spread=0.05) == []   # noisy: 3 x 5% = 15% > 10%
     lower = dataclasses.replace(RULE, better="lower")
     assert [b.against for b in compare(1.2, lower, {"fleet median": 1.0})] == ["fleet median"]
+
+
+def test_the_fleet_sweeps_page_quotes_the_margins_in_the_table():
+    import re
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parent.parent / "knowledge/orchestration/fleet-sweeps.md").read_text()
+    quoted = re.findall(r"`(\w+)`\s+(\d+)%", page)
+    assert len(quoted) >= 3, quoted
+    for figure, pct in quoted:
+        assert rule_for(figure).margin == pytest.approx(int(pct) / 100), figure
+    assert "max(margin, k x spread)" in page and "1.4826" in page
