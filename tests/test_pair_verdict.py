@@ -101,3 +101,24 @@ def test_healthy_gpu_fleet_at_the_expected_figure_passes():
     expected = pairwise(names(4), Fleet(4, base=100.0, setup=H200)).expected_busbw_gbps
     report = pairwise(names(4), Fleet(4, base=expected, jitter=0.01, setup=H200))
     assert not report.suspects and report.threshold == pytest.approx(rule_for("busbw_gbps").margin)
+
+
+class DeadNode(Fleet):
+    """A fleet whose node `dead` fails (hangs) with every partner."""
+
+    def __init__(self, n, dead, **kw):
+        super().__init__(n, **kw)
+        self.dead = dead
+
+    def __call__(self, groups):
+        runs = super().__call__(groups)
+        for run in runs:
+            if self.dead in run.nodes:
+                run.status, run.busbw_gbps, run.latency_us, run.detail = "hang", None, None, "did not finish"
+        return runs
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_node_that_hangs_is_named_even_when_the_healthy_pairs_are_too_noisy_to_judge(seed):
+    report = pairwise(names(8), DeadNode(8, 7, jitter=0.8, seed=seed))
+    assert report.inconclusive and named(report) == [("node", ["n7"])]

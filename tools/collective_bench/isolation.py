@@ -138,10 +138,6 @@ def _pair_suspects(judged: PairJudgement, names: list[str]) -> tuple[list[Suspec
             "most nodes are slow or failing with most partners: the fault is fleet-wide (launcher, fabric, "
             "configuration), not in a few nodes")))
         return named, unconfirmed
-    if judged.inconclusive:
-        unconfirmed += [Suspect(kind=c.kind, nodes=[names[i] for i in c.nodes], evidence="slow once; not measured "
-                                "again: the healthy pairs spread too widely to judge") for c in suspects_of(verdict)]
-        return named, unconfirmed
     nodes = {s.node: s for s in verdict.slow_nodes}
     for c in judged.confirmations:
         who = [names[i] for i in c.nodes]

@@ -8,7 +8,8 @@ on a quiet GPU fabric it is a few percent, on gloo over shared CPU cores it can 
 
 1. First pass at the rule's stated spread: which nodes look slow (to leave them out of the spread).
 2. The spread of the other pairs. When k x spread passes the widest threshold the check can answer
-   (`FigureRule.widest`), the answer is "inconclusive", with the spread: nothing is named.
+   (`FigureRule.widest`), the answer is "inconclusive", with the spread: nothing is named for being
+   slow. A pair that failed or hung is not noise: those are still confirmed and named.
 3. Second pass at max(margin, k x measured spread): slow nodes, slow links, undetermined pairs.
 4. Confirmation: every suspect is measured again, a node with a partner measured healthy, a link or
    pair alone; only what is slow again is named. The rest is listed as unconfirmed.
@@ -94,7 +95,12 @@ def judge_pairs(n: int, figures: list[PairFigure], rule: FigureRule, run_round: 
     spread = relative_spread(healthy)
     limit = threshold(rule, spread)
     if is_inconclusive(healthy, rule):
-        return PairJudgement(rule, spread, len(healthy), limit, True, first)
+        # slowness cannot be judged, failure can: only pairs that failed or hung (or read 1% of a healthy
+        # pair) stay suspects, and are measured again like any other
+        failing = analyse_pairs(n, figures, margin=MAX_MARGIN, latency_margin=1e9)
+        judged = PairJudgement(rule, spread, len(healthy), limit, True, failing)
+        judged.confirmations = [] if failing.fleet_wide else confirm(n, failing, run_round)
+        return judged
     final = analyse_pairs(n, figures, margin=min(limit, MAX_MARGIN), latency_margin=lat)
     judged = PairJudgement(rule, spread, len(healthy), limit, False, final)
     if expected_gbps and final.reference_busbw_gbps:

@@ -129,8 +129,9 @@ def pattern_findings(report: IsolationReport) -> tuple[str, list[str], list[str]
     if report.inconclusive:
         findings.insert(0, f"Inconclusive: healthy pairs' busbw spread {report.spread:.0%} (1.4826 x MAD / median) "
                            f"in this run, so a pair would have to be {report.threshold:.0%} below a healthy pair to be "
-                           "called slow, past what this check can resolve: no node or link is named. Run again with "
-                           "the nodes idle (no other jobs), or with larger sizes.")
+                           "called slow, past what this check can resolve: no node or link is named for being slow "
+                           "(only pairs that failed or hung twice are). Run again with the nodes idle (no other jobs), "
+                           "or with larger sizes.")
     if report.unconfirmed:
         findings.append(f"Not named ({len(report.unconfirmed)}): " + "; ".join(
             f"{s.kind} {' - '.join(s.nodes)}: {s.evidence}" for s in report.unconfirmed[:6]) + ".")
