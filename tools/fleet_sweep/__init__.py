@@ -66,7 +66,7 @@ def run(params: FleetSweepParams, progress) -> FleetSweepResult:
 
     target = resolve(params, dict(os.environ))
     checks, notes = choose_checks(params)
-    job = {"checks": checks, "storage_path": params.storage_path}
+    job = {"checks": checks, "storage_path": params.storage_path, "deadline_s": params.deadline_s}
     launch = target.launch_nodes
     progress(0.0, f"{target.kind}: {len(target.nodes)} nodes, {len(launch)} launched; checks {', '.join(checks)}")
     stored, t0 = {}, time.monotonic()

@@ -93,8 +93,10 @@ def _describe(pid: int, gpu: int | None, used_bytes: int | None) -> Holder:
     return h
 
 
-def gpu_occupancy(devices: list[int] | None = None, ours: Callable[[object], bool] | None = None) -> Occupancy:
-    """Other processes on the GPUs (NVML) and their utilisation; not busy when NVML is absent."""
+def gpu_occupancy(devices: list[int] | None = None, ours: Callable[[object], bool] | None = None,
+                  count_utilisation: bool = True) -> Occupancy:
+    """Other processes on the GPUs (NVML) and their utilisation; not busy when NVML is absent.
+    count_utilisation=False: only other processes count (right after our own work on the GPU)."""
     try:
         import pynvml as nv
 
@@ -116,7 +118,7 @@ def gpu_occupancy(devices: list[int] | None = None, ours: Callable[[object], boo
             # Utilisation with no process visible is another container's; with one of ours on the GPU it
             # may be our own previous benchmark (NVML averages over up to a second), so it needs others.
             ours_on_it = any(p.pid in mine for p in procs)
-            if others or (util > GPU_UTIL_BUSY_PCT and not ours_on_it):
+            if others or (count_utilisation and util > GPU_UTIL_BUSY_PCT and not ours_on_it):
                 reasons.append(f"GPU {index} {util}% utilised" + (f" by {len(others)} other process(es)" if others else ""))
         return Occupancy(busy=bool(reasons), why="; ".join(reasons), holders=holders)
     finally:
