@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 GPU_UTIL_BUSY_PCT = 10       # a GPU nobody should be using that shows more than this is in use
+UTIL_SETTLE_S = 1.5          # NVML's utilisation covers the last 1/6 to 1 s: past that, it is someone else's
 FREE_CORES_NEEDED = 0.75     # a single-thread probe needs most of one core to itself
 MEMORY_PRESSURE_PCT = 10.0   # PSI "some avg10": share of the last 10 s some task stalled on memory
 TOP_HOLDERS = 3              # the busiest other processes named when the CPU was busy
@@ -118,6 +119,9 @@ def gpu_occupancy(devices: list[int] | None = None, ours: Callable[[object], boo
             # Utilisation with no process visible is another container's; with one of ours on the GPU it
             # may be our own previous benchmark (NVML averages over up to a second), so it needs others.
             ours_on_it = any(p.pid in mine for p in procs)
+            if count_utilisation and not others and not ours_on_it and util > GPU_UTIL_BUSY_PCT:
+                time.sleep(UTIL_SETTLE_S)   # a benchmark of ours that just ended still shows: read again
+                util = nv.nvmlDeviceGetUtilizationRates(handle).gpu
             if others or (count_utilisation and util > GPU_UTIL_BUSY_PCT and not ours_on_it):
                 reasons.append(f"GPU {index} {util}% utilised" + (f" by {len(others)} other process(es)" if others else ""))
         return Occupancy(busy=bool(reasons), why="; ".join(reasons), holders=holders)
