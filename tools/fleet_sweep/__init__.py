@@ -49,14 +49,20 @@ class FleetSweepParams(Params):
     margin_pct: float = Field(20, gt=0, le=90, description=(
         "Outlier margin: a figure this much worse than the fleet median (or than its expected figure), %."))
     plot: bool = Field(True, description="Draw each figure's per-node values against the median to a PNG.")
-    plot_path: str | None = Field(None, max_length=4096, description="Where to write the PNG. Default: $MLENG_HOME/plots/.")
+    plot_path: str | None = Field(None, max_length=4096, description=(
+        "Where to write the PNG (relative: the caller's directory). Default: a new file in $MLENG_HOME/plots/. "
+        "Refused before the sweep if it is a symlink, FIFO or device, exists (unless overwrite), or its "
+        "directory is missing."))
+    overwrite: bool = Field(False, description="Replace plot_path if it already exists (default: refuse).")
 
 
 def run(params: FleetSweepParams, progress) -> FleetSweepResult:
-    from .report import build_result
+    from .report import build_result, plot_target
     from .sweep import sweep
     from .targets import resolve
 
+    if params.plot:
+        plot_target(params)    # a bad plot_path fails now, not after every node ran its checks
     target = resolve(params, dict(os.environ))
     checks = list(params.checks or DEFAULT_CHECKS)
     if params.storage_path and "storage_bench" not in checks:

@@ -7,8 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def draw(figures: list[dict], medians: dict[str, dict], outliers: list[dict], margin_pct: float, path: str,
-         title: str) -> str | None:
+def draw(figures: list[dict], medians: dict[str, dict], outliers: list[dict], margin_pct: float, path: Path,
+         title: str, overwrite: bool = False) -> str | None:
     """One panel per figure key; returns the path, or None when there is nothing to draw."""
     keys = [k for k in medians if any(f"{f['check']}.{f['name']}" == k and f.get("value") is not None
                                       for f in figures)]
@@ -40,7 +40,6 @@ def draw(figures: list[dict], medians: dict[str, dict], outliers: list[dict], ma
         ax.legend(fontsize=7, loc="lower right")
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    from ..shared.safe_write import write_figure
+
+    return write_figure(fig, path, overwrite=overwrite)
