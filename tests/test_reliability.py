@@ -827,3 +827,65 @@ async def test_f21_launch_script_tool_mode_names_this_installation_s_module():
     lines = r.structured_content["commands"]
     assert all(f" -m {PACKAGE}.dist_smoke_test " in line for line in lines)
     assert importlib.util.find_spec(f"{PACKAGE}.dist_smoke_test") is not None
+
+
+def test_f17_half_sent_requests_are_closed_and_token_holders_get_back_in(tmp_path):
+    """F17: under a 1,024-descriptor limit, 1,100 connections that send part of a request line and headers
+    (no token) kept a token holder out for as long as they stayed open. Now each is closed once its
+    headers are HEADER_TIMEOUT_S late, and the token holder answers again right after."""
+    from tools.engine.http_guard import HEADER_TIMEOUT_S
+
+    port = _free_port()
+    env = {**os.environ, "MLENG_HOME": str(tmp_path), "MLENG_HTTP_TOKEN": TOKEN}
+    proc = subprocess.Popen(["prlimit", "--nofile=1024:1024", sys.executable, "server.py", "--http",
+                             f"127.0.0.1:{port}"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url, auth = f"http://127.0.0.1:{port}/mcp", {"Authorization": f"Bearer {TOKEN}"}
+    attackers = []
+    try:
+        assert _wait_up(url, auth) == 200
+        for _ in range(1100):
+            s = socket.create_connection(("127.0.0.1", port), timeout=5)
+            s.sendall(f"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n".encode())
+            attackers.append(s)
+        t0 = time.monotonic()
+        answered_at = None
+        while time.monotonic() - t0 < HEADER_TIMEOUT_S + 20:
+            try:
+                if _post(url, auth) == 200:
+                    answered_at = time.monotonic() - t0
+                    break
+            except (urllib.error.URLError, ConnectionError, socket.timeout):
+                pass
+            time.sleep(0.5)
+        assert answered_at is not None and answered_at < HEADER_TIMEOUT_S + 15, answered_at
+        closed = 0
+        for s in attackers:
+            s.settimeout(0.05)
+            try:
+                closed += s.recv(1) == b""
+            except OSError:
+                closed += 1        # reset or refused: closed by the server as well
+        assert closed >= 1000, f"only {closed} of 1100 half-open connections were closed"
+        print(f"F17: token holder answered {answered_at:.1f} s after 1100 half-open connections; {closed} closed")
+        for _ in range(3):          # and it keeps answering
+            assert _post(url, auth) == 200
+    finally:
+        for s in attackers:
+            s.close()
+        proc.terminate()
+        proc.wait(20)
+
+
+async def test_f9_hang_stack_dump_answers_command_lines_redacted(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "--db-password",
+                             "hunter2-CMDSECRET", "--api_key=CMDSECRET2xyz"])
+    try:
+        time.sleep(0.5)
+        async with Client(build_server()) as c:
+            r = await c.call_tool("hang_stack_dump", {"pids": [proc.pid], "wait_s": 120})
+        answer = json.dumps(r.structured_content) + _text(r)
+        assert not r.is_error and "--db-password [REDACTED]" in answer, _text(r)[:2000]
+        assert "CMDSECRET" not in answer
+    finally:
+        proc.kill()
+        proc.wait(10)

@@ -10,6 +10,10 @@ loopback port is reachable by every user of the host (login nodes are shared). S
   resolving to 127.0.0.1), so every request's Host, and Origin when sent, must name a loopback address
   (compared as parsed addresses: `[0:0:0:0:0:0:0:1]`, `127.0.0.2` and `::1` are all loopback) or
   `localhost`; anything else gets 403 before it reaches MCP.
+- A connection must complete its request headers within HEADER_TIMEOUT_S of opening (or of its last
+  answer): uvicorn alone kept half-sent requests open forever, and ~1,000 of them, sent without any
+  token, used up a 1,024-descriptor limit and shut every token holder out (review 2026-12-01, F17). The
+  descriptor limit is also raised to its hard limit at start.
 """
 
 import argparse
@@ -23,6 +27,7 @@ from urllib.parse import urlsplit
 
 TOKEN_ENV = "MLENG_HTTP_TOKEN"
 MIN_TOKEN_CHARS = 32
+HEADER_TIMEOUT_S = 10.0   # a real client sends its headers in milliseconds
 
 
 def is_loopback(host: str) -> bool:
@@ -141,3 +146,60 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-auth", action="store_true", help=(
         "loopback only: serve HTTP without a token. Every user of this host can then call every tool as you "
         "(read your files, use your GPUs, submit jobs); only for a machine no one else logs into"))
+
+
+def header_deadline_protocol():
+    """uvicorn's h11 protocol, closing a connection whose request headers are late (see the module doc)."""
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class HeaderDeadline(H11Protocol):
+        _deadline = None
+
+        def connection_made(self, transport):
+            super().connection_made(transport)
+            self._arm()
+
+        def _arm(self) -> None:
+            self._disarm()
+            self._deadline = self.loop.call_later(HEADER_TIMEOUT_S, self._headers_late)
+
+        def _disarm(self) -> None:
+            if self._deadline is not None:
+                self._deadline.cancel()
+                self._deadline = None
+
+        def _headers_late(self) -> None:
+            in_flight = self.cycle is not None and not self.cycle.response_complete
+            if not in_flight and not self.transport.is_closing():
+                self.transport.close()
+
+        def handle_events(self) -> None:
+            super().handle_events()
+            if self.cycle is not None and not self.cycle.response_complete:
+                self._disarm()      # headers are in: the app owns the request now
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if not self.transport.is_closing():
+                self._arm()         # the next request on this connection gets the same deadline
+
+        def connection_lost(self, exc) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+    return HeaderDeadline
+
+
+def raise_descriptor_limit() -> int:
+    """The soft limit on open descriptors raised to the hard one (often 1,024 -> 524,288); returns it."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or hard > soft:
+        target = 1_048_576 if hard == resource.RLIM_INFINITY else hard
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            return target
+        except (ValueError, OSError):
+            pass
+    return soft

@@ -381,7 +381,8 @@ async def _serve_stdio(server: ToolServer) -> None:
 async def _serve_http(server: ToolServer, host: str, port: int, no_auth: bool) -> None:
     import uvicorn
 
-    from .http_guard import NO_AUTH_WARNING, TokenFile, check_token, http_app
+    from .http_guard import (NO_AUTH_WARNING, TokenFile, check_token, header_deadline_protocol, http_app,
+                             raise_descriptor_limit)
 
     global _SERVING_HTTP
     _SERVING_HTTP = True
@@ -394,8 +395,9 @@ async def _serve_http(server: ToolServer, host: str, port: int, no_auth: bool) -
     elif made is None:
         print(f"mleng: serving MCP at {url} (Authorization: Bearer ${{MLENG_HTTP_TOKEN}})", file=sys.stderr, flush=True)
     try:
+        raise_descriptor_limit()
         config = uvicorn.Config(http_app(server, host, made.token if made else token), host=host, port=port,
-                                log_level="warning")
+                                log_level="warning", http=header_deadline_protocol())
         web = uvicorn.Server(config)
         web.install_signal_handlers = lambda: None   # our handler answers calls in flight first
         async with anyio.create_task_group() as tg:
