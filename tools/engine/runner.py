@@ -173,7 +173,9 @@ def _describe_exit(code: int | None) -> str:
 
 # ---------------------------------------------------------------------------------------------------
 # Per-GPU locks: two GPU benchmarks never share a device. File locks, so they hold across the server,
-# the CLI and other users' processes on the host; the kernel drops them if a holder dies.
+# the CLI and every process of this user; the kernel drops them if a holder dies. They live in the
+# user's own 0700 $MLENG_HOME, so another user's benchmarks do not see them (a home shared between users
+# would let each of them rewrite the other's results and tool list: review 2026-12-01, F19).
 
 @contextlib.contextmanager
 def gpu_locks(devices: list[int], cancel: threading.Event, progress: Progress):
