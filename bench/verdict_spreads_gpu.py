@@ -5,7 +5,7 @@ through the tool's own run() and its sweep contract (the figures the sweep reads
 figure: the values' median, min-max, and the spread the one rule uses (1.4826 x MAD / median). Run on
 a quiet GPU (nothing else on it: the script says so if NVML sees another process).
 
-    python bench/verdict_spreads_gpu.py                      # GPU 0, 10 repeats (~3-4 min on one H200)
+    python bench/verdict_spreads_gpu.py                      # GPU 0, 10 repeats (~3-4 min on one H200; values printed per repeat)
     python bench/verdict_spreads_gpu.py --repeats 12 --json spreads.json
     python bench/verdict_spreads_gpu.py --cpu-smoke          # the plumbing on a CPU (tiny, no GPU figures)
 """
@@ -54,7 +54,9 @@ def main() -> int:
             for m in measure(name, **params):
                 if m.value is not None:
                     values.setdefault(m.figure.name, []).append(float(m.value))
-        print(f"repeat {i + 1}/{args.repeats} done at {time.monotonic() - t0:.0f} s", flush=True)
+        # every repeat's figures as they come: a run cut short still leaves its values in the log
+        print(f"repeat {i + 1}/{args.repeats} at {time.monotonic() - t0:.0f} s: "
+              + ", ".join(f"{k} {v[-1]:.4g}" for k, v in values.items()), flush=True)
     print(f"\n{'figure':<20} {'n':>3} {'median':>10} {'min':>10} {'max':>10} {'spread %':>9} {'threshold %':>12}")
     out = {}
     for name, vals in values.items():

@@ -25,7 +25,6 @@ GPU_UTIL_BUSY_PCT = 10       # a GPU nobody should be using that shows more than
 FREE_CORES_NEEDED = 0.75     # a single-thread probe needs most of one core to itself
 MEMORY_PRESSURE_PCT = 10.0   # PSI "some avg10": share of the last 10 s some task stalled on memory
 TOP_HOLDERS = 3              # the busiest other processes named when the CPU was busy
-OWN_LIMIT_BOUND = 0.5        # our cgroup's CPU limit bound in at least this share of periods: the node's own limit
 HOLDER_MIN_CORES = 0.2       # ... each using at least this much of a core over the window
 
 
@@ -159,6 +158,16 @@ def _throttle_counts(path: str | None) -> tuple[int, int] | None:
         return None
 
 
+def cpu_busy_reasons(others_cores: float, cpus: int, memory_pressure_pct: float | None) -> list[str]:
+    """Why a single-thread CPU figure measured beside this load is busy (empty: it is not)."""
+    reasons = []
+    if cpus - others_cores < FREE_CORES_NEEDED:
+        reasons.append(f"other processes used {others_cores:.2f} of {cpus} CPU cores while it measured")
+    if memory_pressure_pct is not None and memory_pressure_pct > MEMORY_PRESSURE_PCT:
+        reasons.append(f"memory pressure: tasks stalled on memory {memory_pressure_pct:.0f}% of the last 10 s")
+    return reasons
+
+
 class CpuWatch:
     """Others' CPU use over a with-block: `with CpuWatch(ours) as w: measure()`, then `w.occupancy`."""
 
@@ -210,14 +219,9 @@ class CpuWatch:
         throttle1 = _throttle_counts(self.stat_path)
         if self.throttle0 and throttle1 and throttle1[0] > self.throttle0[0]:
             self.own_limit_bound = (throttle1[1] - self.throttle0[1]) / (throttle1[0] - self.throttle0[0])
-        reasons = []
-        # When our own cgroup's CPU limit bound most of the time, the limit explains the figure, not the
-        # others: that is the node's own fault, judged like any figure.
-        own_limit = self.own_limit_bound is not None and self.own_limit_bound >= OWN_LIMIT_BOUND
-        if cpus - others < FREE_CORES_NEEDED and not own_limit:
-            reasons.append(f"other processes used {others:.2f} of {cpus} CPU cores while it measured")
-        if pressure is not None and pressure > MEMORY_PRESSURE_PCT:
-            reasons.append(f"memory pressure: tasks stalled on memory {pressure:.0f}% of the last 10 s")
+        # Our own cgroup's CPU limit binding is evidence the caller reports (own_limit_bound); it does not
+        # clear a busy host: with others on the cores, the limit and the sharing cannot be told apart.
+        reasons = cpu_busy_reasons(others, cpus, pressure)
         self.occupancy = Occupancy(busy=bool(reasons), why="; ".join(reasons), holders=holders if reasons else [],
                                    others_cpu_cores=round(others, 2),
                                    cpus=cpus, memory_pressure_pct=pressure)
