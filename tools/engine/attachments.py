@@ -5,13 +5,15 @@ Re-opening a path after the child wrote it lets whoever controls the folder swap
 the server can read, and the answer would carry that file (review 2026-12-01, F2). So the writer
 (shared/safe_write.open_output) hands its descriptor here; in the child, `collect()` keeps a duplicate
 of each, and after the run `read()` takes the bytes of the fields' paths from those descriptors. The
-bytes travel to the server in the result event. Outside a child nothing is kept (no descriptor leaks
-in the long-lived server).
+bytes travel to the server as one event per image, before the result. Outside a child nothing is
+kept (no descriptor leaks in the long-lived server).
 """
 
 import os
 
-IMAGE_LIMIT_BYTES = 5_000_000   # a plot is ~50-300 KB; anything bigger is not attached
+# A plot is ~30-300 KB; anything bigger is not attached. 4 MB is 5.4 MB of base64: one event line stays
+# under processes.MAX_LINE_BYTES (8 MiB).
+IMAGE_LIMIT_BYTES = 4_000_000
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 _kept: dict[str, int] | None = None   # path -> our duplicate of the descriptor it was written through

@@ -5,8 +5,9 @@ it for fault-injection tools that must not be in the registry.
 
 Protocol (JSON lines on stdout, nothing else there):
     {"event": "progress", "fraction": 0.25, "message": "..."}     zero or more
-    {"event": "result", "result": {...}, "provenance": {...},      exactly one on success
-     "images": {field: base64 PNG}}                                 read from the descriptors written (attachments.py)
+    {"event": "image", "field": "plot_png", "png": "<base64>"}      per image field, read from the descriptor
+                                                                    it was written through (attachments.py)
+    {"event": "result", "result": {...}, "provenance": {...}}      exactly one on success
     {"event": "error", "message": "..."}                            on a ToolFailure
 Anything the tool (or a library, or C code) prints goes to stderr: file descriptor 1 is pointed at
 stderr before the tool runs, and the protocol writes to a private duplicate of the original stdout.
@@ -50,13 +51,11 @@ def main() -> int:
         emit({"event": "error", "message": str(e)})
         return 0
     result = bound_result(spec, result)   # a huge result is cut here, before it crosses the pipe
-    images = {}
-    for field in type(result).image_fields:
+    for field in type(result).image_fields:   # one line each: a line is at most processes.MAX_LINE_BYTES
         data = attachments.read(getattr(result, field, None) or "")
         if data is not None:
-            images[field] = base64.b64encode(data).decode()
-    emit({"event": "result", "result": result.model_dump(mode="json"), "provenance": torch_provenance(),
-          "images": images})
+            emit({"event": "image", "field": field, "png": base64.b64encode(data).decode()})
+    emit({"event": "result", "result": result.model_dump(mode="json"), "provenance": torch_provenance()})
     return 0
 
 

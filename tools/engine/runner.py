@@ -15,6 +15,7 @@ import contextlib
 import fcntl
 import json
 import signal
+import socket
 import threading
 import time
 
@@ -42,8 +43,10 @@ def deadline_message(spec: ToolSpec, timeout_s: float, killed: bool) -> str:
 
 def execute(spec: ToolSpec, params: Params, progress: Progress | None = None, *,
             timeout_s: float | None = None, cancel: threading.Event | None = None,
-            job_id: str | None = None) -> Result:
-    """Run `spec` with validated `params`; returns its Result (with result_id) or raises ToolFailure."""
+            job_id: str | None = None, save: bool = True) -> Result:
+    """Run `spec` with validated `params`; returns its Result (with result_id) or raises ToolFailure.
+    save=False: the caller stores the result itself (a fleet sweep's node runs: the sweep stores them
+    under the node srun ran them on)."""
     progress = progress or (lambda fraction, message: None)
     cancel = cancel or threading.Event()
     timeout_s = timeout_s or spec.timeout_s
@@ -64,7 +67,7 @@ def execute(spec: ToolSpec, params: Params, progress: Progress | None = None, *,
     result = _printable(spec, result)     # no ESC, CR or bidi override reaches a terminal, answered or stored
     if spec.runs == "subprocess":
         result._images = _decode_images(spec, images)
-    if spec.store:
+    if spec.store and save:
         result.result_id = store.save(
             spec.name, params.model_dump(mode="json"), result.model_dump(mode="json"),
             started=started, ended=time.time(), provenance=provenance, metric_name=spec.metric,
@@ -109,7 +112,7 @@ def _parse_wire(line: str) -> dict | None:
 def _decode_images(spec: ToolSpec, images) -> dict[str, bytes]:
     """The PNGs the child read back from what it wrote, for the fields the Result declares."""
     out = {}
-    for field, text in (images or {}).items() if isinstance(images, dict) else ():
+    for field, text in images.items():
         if field in spec.Result.image_fields and isinstance(text, str):
             with contextlib.suppress(binascii.Error, ValueError):
                 out[field] = base64.b64decode(text, validate=True)
@@ -121,7 +124,7 @@ def _run_child(spec: ToolSpec, params: Params, progress: Progress, timeout_s: fl
     module = module_of(spec)
     cmd = python_module_command("engine.child", spec.name, *([module] if module else []))
     deadline = time.monotonic() + timeout_s
-    outcome = None
+    outcome, images = None, {}
     child = Supervised(cmd, parse_line=_parse_wire, stdin_bytes=params.model_dump_json().encode(), tail_lines=60)
     try:
         while outcome is None:
@@ -136,6 +139,8 @@ def _run_child(spec: ToolSpec, params: Params, progress: Progress, timeout_s: fl
                 outcome = ("crash", None)
             elif event.get("event") == "progress":
                 progress(event.get("fraction", 0.0), event.get("message", ""))
+            elif event.get("event") == "image" and isinstance(event.get("field"), str):
+                images[event["field"]] = event.get("png")
             elif event.get("event") in ("result", "error"):
                 outcome = (event["event"], event)
     finally:
@@ -143,7 +148,7 @@ def _run_child(spec: ToolSpec, params: Params, progress: Progress, timeout_s: fl
         returncode = child.stop(grace_s=2.0, exit_wait_s=3.0 if outcome is not None else 0.0)
     kind, event = outcome
     if kind == "result":
-        return event["result"], event.get("provenance") or {}, event.get("images") or {}
+        return event["result"], event.get("provenance") or {}, images
     if kind == "error":
         raise ToolFailure(event["message"])
     raise ToolFailure(f"{spec.name} crashed: {_describe_exit(returncode)}.{_tail_note(child)}")
@@ -179,7 +184,9 @@ def _describe_exit(code: int | None) -> str:
 
 @contextlib.contextmanager
 def gpu_locks(devices: list[int], cancel: threading.Event, progress: Progress):
-    lock_dir = store.private_dir("locks")
+    # Per host: $MLENG_HOME may be a home directory shared by every node, and flock on NFS locks
+    # cluster-wide; GPU 0 of one node is not GPU 0 of another.
+    lock_dir = store.private_dir("locks", socket.gethostname())
     held = []
     try:
         for device in devices:  # sorted by the caller: a fixed order cannot deadlock

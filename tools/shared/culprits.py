@@ -14,6 +14,12 @@ WAITED_SHARE = 0.8
 
 
 def diagnose(outcome: LaunchOutcome, timeout_s: float) -> tuple[list[int], list[str]]:
+    """(culprit ranks, findings), and a finding for side-channel lines that were not believed."""
+    culprits, findings = _diagnose(outcome, timeout_s)
+    return culprits, findings + [f"Side channel: {note}." for note in outcome.skipped_lines[:5]]
+
+
+def _diagnose(outcome: LaunchOutcome, timeout_s: float) -> tuple[list[int], list[str]]:
     """(culprit ranks, findings) from the last state of every rank; empty when every rank finished.
 
     Order of evidence: a culprit the ranks named themselves (e.g. a tensor of the wrong size); ranks

@@ -18,11 +18,13 @@ import socket
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
 from . import slurm as _slurm
-from .ranks import EVENT_PREFIX
+from . import sidechannel
+from .ranks import check_event
 from ..engine.data import IMPORT_ROOT, PACKAGE
 from ..engine.spec import Field, Params
 from ..engine.processes import Supervised, local_gpu_count, torchrun_command
@@ -63,6 +65,7 @@ class LaunchOutcome:
     elapsed_s: float
     stderr_tail: str
     output_tail: str              # rank output that was not an event
+    skipped_lines: list[str] = field(default_factory=list)   # side-channel lines not believed, and why
 
 
 class RankLayout(Params):
@@ -79,16 +82,15 @@ class RankLayout(Params):
         "auto: NCCL when the ranks see GPUs, else gloo."))
 
 
-def parse_event(line: str) -> dict | None:
-    """The event in one output line, or None for ordinary output."""
-    at = line.find(EVENT_PREFIX)
-    if at < 0:
-        return None
-    try:
-        event = json.loads(line[at + len(EVENT_PREFIX):])
-    except json.JSONDecodeError:
-        return None
-    return event if isinstance(event, dict) and "ev" in event and "rank" in event else None
+def rank_reader(reader: sidechannel.Reader | None = None) -> Callable[[str], dict | None]:
+    """parse_line for a launch: the side channel's reader with the rank events' check (malformed
+    lines are skipped and counted in the reader, never raised)."""
+    reader = reader or sidechannel.Reader(check_event)
+
+    def parse(line: str) -> dict | None:
+        event = reader.parse(line)
+        return event.data if event else None
+    return parse
 
 
 def apply_event(ranks: dict[int, RankState], event: dict) -> None:
@@ -205,7 +207,8 @@ def launch_ranks(command: list[str], world_size: int, *, timeout_s: float, stall
     if scratch:
         run_env["TMPDIR"] = scratch
     t0 = time.monotonic()
-    child = Supervised(command, parse_line=parse_event, env=run_env)
+    reader = sidechannel.Reader(check_event)
+    child = Supervised(command, parse_line=rank_reader(reader), env=run_env)
     ranks = {r: RankState(rank=r) for r in range(world_size)}
     data: list[dict] = []
     last_progress, stalled, overran, reported_world = time.monotonic(), False, False, world_size
@@ -253,7 +256,9 @@ def launch_ranks(command: list[str], world_size: int, *, timeout_s: float, stall
     return LaunchOutcome(command=command, world_size=max([reported_world, *(r + 1 for r in ranks)]),
                          ranks=ranks, data=data, returncode=child.proc.returncode, stalled=stalled,
                          overran=overran, elapsed_s=round(time.monotonic() - t0, 2),
-                         stderr_tail=stderr_tail[-4000:], output_tail="\n".join(child.output_tail)[-2000:])
+                         stderr_tail=stderr_tail[-4000:], output_tail="\n".join(child.output_tail)[-2000:],
+                         skipped_lines=reader.notes(lambda task: "the ranks") + [
+                             f"{n} line(s) skipped: {why}" for why, n in child.skipped.items()])
 
 
 def _mark_gone(ranks: dict[int, RankState]) -> None:

@@ -2,8 +2,8 @@
 
 Every rank is started by torchrun as `python -m tools.<tool>.rank '<params json>'`, a tool's own
 rank module whose `__main__` calls `rank_main(job)`. It reports what it
-is doing on a side channel: one JSON line per event on its stdout, prefixed with EVENT_PREFIX, written
-with a single os.write so lines from several ranks never interleave. torchrun passes worker stdout
+is doing on mleng's one side channel (tools/shared/sidechannel.py: JSON lines on its stdout, each one
+os.write, so lines from several ranks never interleave). torchrun passes worker stdout
 through (and srun forwards it from every node), so the launcher (tools/shared/launch.py) sees each rank's
 last stage even when the rank then hangs, dies or is killed: exit codes alone cannot say which rank
 hung (torchrun reports every rank it killed as -15, the hung one included).
@@ -25,7 +25,9 @@ import sys
 import threading
 import time
 
-EVENT_PREFIX = "@@mleng-rank "
+from .sidechannel import Refused, emit
+
+EVENTS = ("start", "stage", "data", "error", "terminated", "done")
 
 
 class RankReporter:
@@ -44,11 +46,7 @@ class RankReporter:
         record = {"ev": event, "rank": self.rank, "local_rank": self.local_rank,
                   "world_size": self.world_size, "host": self.host, "pid": os.getpid(),
                   "stage": self.stage_name, "t": time.time(), **data}
-        line = (EVENT_PREFIX + json.dumps(record, default=str) + "\n").encode()
-        try:
-            os.write(1, line)
-        except OSError:
-            pass  # the launcher went away; nothing useful left to do with the event
+        emit(record)
 
     def stage(self, name: str) -> None:
         """Close the current stage (recording its seconds) and enter `name`."""
@@ -60,6 +58,23 @@ class RankReporter:
     def finish(self) -> None:
         self.stage("done")
         self.emit("done", stage_seconds=self.stage_seconds)
+
+
+def check_event(event: dict) -> dict:
+    """The launcher's check of one rank event (the side channel's `check`): the fields the launcher
+    reads have their types; anything else raises Refused and the line is skipped."""
+    if event.get("ev") not in EVENTS:
+        raise Refused(f"ev must be one of {', '.join(EVENTS)}")
+    for name in ("rank", "world_size", "local_rank", "pid"):
+        value = event.get(name, 0)
+        if type(value) is not int or not 0 <= value < 1 << 31:
+            raise Refused(f"{name} must be a whole number >= 0")
+    for name in ("host", "stage", "error"):
+        if not isinstance(event.get(name, ""), (str, type(None))):
+            raise Refused(f"{name} must be text")
+    if type(event.get("t", 0.0)) not in (int, float) or not isinstance(event.get("stage_seconds", {}), dict):
+        raise Refused("t must be a number, stage_seconds an object")
+    return event
 
 
 def _watch_sigterm(reporter: RankReporter) -> None:
