@@ -125,6 +125,8 @@ def silent_nodes(outcome, nnodes: int) -> list[str]:
     if not outcome.command or outcome.command[0] != "srun" or nnodes < 2:
         return []
     heard = {s.host.split(".")[0] for s in outcome.ranks.values() if s.host}
+    if not heard or outcome.launch_failures:  # nobody spoke, or srun named the node itself: nothing to contrast
+        return []
     silent = [n for n in _slurm.allocation_nodes()[:nnodes] if n.split(".")[0] not in heard]
     if len(silent) == 1:
         for state in outcome.ranks.values():

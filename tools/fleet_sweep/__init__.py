@@ -126,7 +126,7 @@ def confirm_suspects(params, target, got, job: dict, left_s: float, progress):
     checks = sorted({o["check"] for o in agg["outliers"]}, key=job["checks"].index)
     progress(0.96, f"re-running {', '.join(checks)} on {len(suspects)} suspect node(s): {', '.join(suspects[:8])}")
     narrow = dataclasses.replace(target, nodes=suspects, skipped={})
-    return sweep(narrow, {**job, "checks": checks}, left_s, lambda row: None)
+    return sweep(narrow, {**job, "checks": checks, "deadline_s": left_s}, left_s, lambda row: None)
 
 
 SPEC = ToolSpec(
