@@ -732,6 +732,19 @@ async def test_results_history_survives_bad_rows_and_pages_its_rows(mleng_home):
     assert all(r["started"] < "2100" for r in first["rows"])
 
 
+def test_rows_stored_before_the_caps_are_cut_once(mleng_home):
+    from tools.engine import store
+
+    big = json.dumps({"text": "x" * 2_000_000})
+    _insert_raw(mleng_home, [("log_triage", "n1", time.time(), big, big, big, None, None, "[]", "[]")])
+    with sqlite3.connect(mleng_home / "results.sqlite3") as db:
+        db.execute("PRAGMA user_version = 0")
+    store.connect().close()
+    params, key, result = (_stored(mleng_home, c)[0] for c in ("params", "params_key", "result"))
+    assert max(len(params), len(key)) < store.MAX_STORED_PARAMS_CHARS + 3000 and len(result) <= MAX_RESULT_CHARS
+    assert "Stored params cut" in params
+
+
 # --- fleet_sweep: hostile host lists (security review F11); hostile nodes: tests/test_fleet_sweep_hostile.py
 
 @pytest.mark.parametrize("hosts, said", [
