@@ -29,16 +29,9 @@ def _body() -> str:
     return _text().split("---", 2)[2]
 
 
-def _tool_table() -> list[list[str]]:
-    """Rows of the table whose header starts with `| tool |`, as lists of cells."""
-    lines = _body().splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith("| tool |"))
-    rows = []
-    for line in lines[start + 2:]:
-        if not line.startswith("|"):
-            break
-        rows.append([cell.strip() for cell in line.strip().strip("|").split("|")])
-    return rows
+def _routing() -> str:
+    """The symptom tree and the pasted-output table: where SKILL.md routes."""
+    return _body().split("## Symptom → first tool")[1].split("## Worked examples")[0]
 
 
 def test_skill_validates_with_skills_ref():
@@ -63,24 +56,29 @@ def test_description_speaks_the_users_words_and_says_what_it_is_not_for():
 
 
 def test_body_is_short():
-    assert len(_body().splitlines()) < 500
+    # Issue 27: SKILL.md at most half of its 24,507 characters at c795dde; it routes, the tool
+    # descriptions say what each tool does (bench/agent_reading_cost.py measures both).
+    assert len(_text()) <= 12_250, f"SKILL.md is {len(_text())} characters; budget 12,250"
 
 
-def test_every_registered_tool_is_in_the_table_and_every_table_tool_exists():
-    names = [re.fullmatch(r"`(\w+)`", row[0]).group(1) for row in _tool_table()]
-    assert sorted(names) == sorted(registry())
+def test_every_registered_tool_is_routed_to():
+    named = set(re.findall(r"\b([a-z][a-z0-9_]+)\b", _routing()))
+    assert sorted(set(registry()) - named) == []
 
 
-def test_key_arguments_in_the_table_are_real_parameters():
-    for row in _tool_table():
-        spec = registry()[row[0].strip("`")]
+def test_arguments_named_in_the_routing_are_real_parameters():
+    """`tool(arg=...)` and `tool (arg=...)` in the tree name parameters that tool takes."""
+    for name, args in re.findall(r"(\w+) ?\(([^()]*)\)", _routing()):
+        spec = registry().get(name)
+        if spec is None:
+            continue
         fields = set(spec.Params.model_fields) | COMMON_ARGS
-        for arg in re.findall(r"`([\w*]+)`", row[-1]):
-            assert fnmatch.filter(fields, arg), f"{spec.name}: no parameter {arg!r}"
+        for arg in re.findall(r"(\w+)=", args):
+            assert arg in fields, f"{name}: no parameter {arg!r}"
 
 
 def test_tools_named_in_the_decision_tree_exist():
-    tree = _body().split("## Symptom → first tool")[1].split("## Tools")[0]
+    tree = _routing()
     named = set(re.findall(r"->\s*(\w+)", tree)) | set(re.findall(r"`(\w+)`", tree))
     named = {n for n in named if "_" in n or n in registry()}
     assert named - set(registry()) == set()
@@ -105,7 +103,7 @@ def test_command_lines_parse_with_the_real_cli():
 
 def test_knowledge_pages_it_names_exist():
     pages = set(re.findall(r"knowledge://([\w./-]+\.md)", _body()))
-    assert len(pages) >= 20
+    assert len(pages) >= 8
     missing = sorted(p for p in pages if not (ROOT / "knowledge" / p).is_file())
     assert missing == []
 

@@ -34,7 +34,7 @@ from .models import BenchRow, OpSummary
 from .patterns import PatternFields, pattern_result
 from .report import draw_plot, format_table, human_size, judge, point_at
 from ..shared.expected_busbw import expected_busbw
-from ..engine.spec import Field, Result, ToolSpec, worst
+from ..engine.spec import SELF_TEST, Field, Result, ToolSpec, worst
 from ..engine.processes import local_gpu_count
 from ..shared.safe_write import check_output, output_path
 
@@ -78,7 +78,8 @@ class CollectiveBenchParams(RankLayout, PatternFields):
         "refused if it is a symlink, FIFO or device, or exists (unless overwrite), or its directory is missing."))
     overwrite: bool = Field(False, description="Replace plot_path if it already exists (default: refuse).")
     plant_error_rank: int | None = Field(None, ge=0, description=(
-        "Self-test: this rank corrupts one output element after each checked call; #wrong must count it."))
+        "Self-test: this rank corrupts one output element after each checked call; #wrong must count it."),
+        json_schema_extra=SELF_TEST)
 
 
 class CollectiveBenchResult(Result):

@@ -22,7 +22,7 @@ from ..shared import slurm as _slurm
 from ..shared.culprits import diagnose
 from ..shared.launch import RankLayout, launch_ranks, layout, manual_start, plan_command
 from .rank import FAULTS
-from ..engine.spec import Field, Record, Result, ToolSpec
+from ..engine.spec import SELF_TEST, Field, Record, Result, ToolSpec
 from ..engine.processes import local_gpu_count
 
 STAGES = ["import_torch", "init", "barrier", "shape_check", "all_reduce", "verify", "alloc", "destroy", "done"]
@@ -36,8 +36,8 @@ class DistSmokeTestParams(RankLayout):
     alloc_mib: int = Field(64, ge=1, le=65536, description="MiB each rank allocates and fills on its device.")
     inject_fault: Literal[FAULTS] = Field("none", description=(
         "Self-test: make fault_rank misbehave to see the tool name it (exit_in_init, "
-        "sleep_before_all_reduce, wrong_size)."))
-    fault_rank: int = Field(1, ge=0, le=1 << 20, description="Rank that injects the fault.")
+        "sleep_before_all_reduce, wrong_size)."), json_schema_extra=SELF_TEST)
+    fault_rank: int = Field(1, ge=0, le=1 << 20, description="Rank that injects the fault.", json_schema_extra=SELF_TEST)
     nccl_diagnostics: bool = Field(False, description=(
         "Set NCCL_RUN_DIAGNOSTICS=1 on every rank: NCCL >= 2.31 then exercises the paths it will use (P2P between "
         "GPU pairs, network bandwidth across nodes) during init and prints 'NCCL DIAG' reports (a few seconds "

@@ -17,7 +17,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["Field", "Params", "present", "needs", "not_both", "Record", "Result", "JobRef", "ToolSpec", "Progress", "ToolFailure", "Verdict",
+__all__ = ["Field", "Params", "SELF_TEST", "present", "needs", "not_both", "Record", "Result", "JobRef", "ToolSpec", "Progress", "ToolFailure", "Verdict",
            "worst", "VERDICT_ORDER"]
 
 Verdict = Literal["ok", "warn", "fail", "info"]
@@ -52,6 +52,11 @@ class Params(BaseModel):
     # str_max_length: every free string has a bound, stated in the schema as maxLength (a field's own
     # max_length wins): no argument can carry megabytes into a tool that never asked for them.
     model_config = ConfigDict(extra="forbid", validate_assignment=True, str_max_length=STR_MAX_CHARS)
+
+
+# A self-test switch (fault injection that proves a tool names a culprit): Field(..., json_schema_extra=SELF_TEST).
+# Accepted like any field, but left out of the published schema (engine/schemas.py): agents never need it.
+SELF_TEST: dict[str, Any] = {"x-self-test": True}
 
 
 # Cross-field rules as JSON Schema, for a Params model's `json_schema_extra`: the schema an agent reads
