@@ -264,19 +264,14 @@ SPEC = ToolSpec(
     summary="algbw and busbw of all_reduce / all_gather / reduce_scatter / all_to_all / broadcast over sizes, "
             "checked, against expected.",
     description=(
-        "Use when collectives or data-parallel steps seem slow, to check a new node or cluster, or to compare "
-        "nodes: measures time, algbw and busbw (nccl-tests conventions) per message size, counts wrong "
-        "elements, and compares peak busbw with the expected figure for the detected GPUs (NVLink generation, "
-        "NVLS or Ring) from knowledge data. Returns a table, JSON rows and a PNG plot. Start with "
-        "dist_smoke_test if ranks cannot even connect. One rank cannot measure busbw. Cost: seconds for the "
-        "default all_reduce 32K..1G on GPUs; a 32K..16G sweep of all five ops takes a few minutes. Needs "
-        "torch, NCCL on GPUs (gloo on CPU, slow), matplotlib for the plot."
-        " Also answers 'inter-node / InfiniBand bandwidth per GPU is lower than NDR or HDR should give', "
-        "all_to_all (alltoall) speed for MoE, and whether an NCCL upgrade changed throughput."
-        " Which node or link is bad among N: pattern='pairwise' (rounds of N/2 two-node runs at once, a node x "
-        "node busbw/latency matrix and heat map; a slow node is slow with every partner, a slow link with one) "
-        "or pattern='bisect' (halves of a failing or hanging set, each under group_deadline_s, ceil(log2 N)+1 "
-        "rounds for one bad node); in a SLURM allocation or with hosts/node_rank on every node."),
+        "Use when all-reduce, collectives or data-parallel steps seem slow, to check new nodes, or for "
+        "inter-node / InfiniBand bandwidth per GPU lower than NDR or HDR should give: algbw and busbw per "
+        "message size (nccl-tests conventions) for all_reduce, all_gather, reduce_scatter, all_to_all (MoE), "
+        "broadcast, wrong elements counted, peak busbw vs the expected figure for the hardware; table, JSON "
+        "rows, PNG. Also whether an NCCL upgrade changed throughput. Which node or link is bad among N: "
+        "pattern='pairwise' (node x node matrix: a slow node is slow with every partner, a slow link with "
+        "one) or 'bisect' (one bad node in a set that fails or hangs). Seconds to minutes; NCCL on GPUs, gloo "
+        "on CPU. Ranks cannot connect: dist_smoke_test first."),
     Params=CollectiveBenchParams, Result=CollectiveBenchResult, run=run, runs="subprocess",
     read_only=False, destructive=False, idempotent=True, open_world=False, timeout_s=900,
     gpu_devices=_gpus, metric="busbw_gbps", higher_is_better=True,

@@ -234,17 +234,14 @@ SPEC = ToolSpec(
     name="dist_smoke_test",
     summary="Can every rank talk to every other? Names the rank, host and stage that fails or hangs.",
     description=(
-        "Use first when a multi-GPU or multi-node job hangs at start, dies in init_process_group, or one "
-        "node seems broken: starts ranks with torchrun (srun per node inside a SLURM allocation), each does "
-        "init, barrier, an exact all_reduce check and a small allocation, and reports host, device, versions "
-        "and seconds per stage. A rank that never joins, crashes or stalls is named with its host and stage "
-        "within pg_timeout_s plus a few seconds; every rank process is killed afterwards. Flags torch/CUDA/"
-        "NCCL/driver mismatches across ranks. Not a bandwidth test (use collective_bench). Cost: ~5-15 s when "
-        "healthy; up to pg_timeout_s + 10 s when a rank hangs. Needs torch; NCCL on GPUs, gloo on CPU."
-        " Symptoms: stuck in init_process_group or at the first barrier, RendezvousConnectionError, 'The"
-        " client socket has timed out while trying to connect', TCPStore connect hangs, gloo works but the"
-        " nccl backend never starts, multi-node training hangs at accelerator.prepare or before step 1, on"
-        " SLURM, Kubernetes, mpirun or ray."),
+        "Use first when a multi-GPU or multi-node job hangs at start, dies in init_process_group or one node "
+        "seems broken: torchrun ranks (srun per node under SLURM) each do init, barrier, an exact all_reduce "
+        "check and an allocation; names the rank, host and stage that fails or hangs, and "
+        "torch/CUDA/NCCL/driver mismatches across ranks. Symptoms: stuck at the first barrier, "
+        "RendezvousConnectionError, 'The client socket has timed out while trying to connect', TCPStore "
+        "hangs, gloo works but nccl never starts, multi-node training hangs at accelerator.prepare or before "
+        "step 1, init_process_group hangs on all machines (SLURM, Kubernetes, mpirun, ray). ~5-15 s. Not a "
+        "bandwidth test (collective_bench)."),
     Params=DistSmokeTestParams, Result=DistSmokeTestResult, run=run, runs="subprocess",
     read_only=True, destructive=False, idempotent=True, open_world=False, timeout_s=900,
     gpu_devices=_gpus, metric=None,
