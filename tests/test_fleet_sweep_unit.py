@@ -1,5 +1,6 @@
-"""fleet_sweep's pure parts: the outlier rule, drift, missing nodes, drain list, event and srun parsing,
-and the aggregation at 1024 and 4096 nodes (time and memory per node)."""
+"""fleet_sweep's pure parts: the one rule applied across nodes (busy, groups, expected gates, re-runs,
+inconclusive), drift, missing nodes, drain list, event and srun parsing, and the aggregation at 1024
+and 4096 nodes (time and memory per node)."""
 
 from __future__ import annotations
 
@@ -15,16 +16,18 @@ from tools.fleet_sweep.sweep import launch_failures
 from tools.fleet_sweep.targets import unreachable_reason
 
 
-def cpu_row(node: str, gflops: float, **versions) -> dict:
+def cpu_row(node: str, gflops: float, busy: str = "", **versions) -> dict:
     return {"node": node, "check": "cpu_probe", "verdict": "info", "versions": versions,
-            "figures": [{"name": "matmul_gflops", "value": gflops, "unit": "GFLOP/s", "gpu": None,
-                         "expected": None, "higher_is_better": True}]}
+            "busy": {"busy": bool(busy), "why": busy, "holders": [{"pid": 42, "name": "hog", "user": "bob"}] if busy else []},
+            "figures": [{"name": "matmul_gflops", "value": gflops, "unit": "GFLOP/s", "better": "higher", "gpu": None,
+                         "expected": None, "group": "Xeon x2"}]}
 
 
-def gpu_row(node: str, values: list[float], expected: float | None = None) -> dict:
-    return {"node": node, "check": "matmul_bench", "verdict": "ok",
-            "figures": [{"name": "mamf_tflops", "value": v, "unit": "TFLOPS", "gpu": i, "expected": expected,
-                         "higher_is_better": True} for i, v in enumerate(values)]}
+def gpu_row(node: str, values: list[float], expected: float | None = None, model: str = "NVIDIA H200",
+            busy: str = "") -> dict:
+    return {"node": node, "check": "matmul_bench", "verdict": "ok", "busy": {"busy": bool(busy), "why": busy, "holders": []},
+            "figures": [{"name": "mamf_tflops", "value": v, "unit": "TFLOPS", "better": "higher", "gpu": i,
+                         "expected": expected, "group": model} for i, v in enumerate(values)]}
 
 
 def planned(rows):
@@ -34,26 +37,94 @@ def planned(rows):
     return out
 
 
-def test_a_node_below_the_median_by_more_than_the_margin_is_the_outlier_and_drained():
+def test_a_node_below_the_median_is_a_suspect_and_drained_only_when_its_rerun_repeats():
     rows = [cpu_row(f"n{i}", 90.0 + i) for i in range(7)] + [cpu_row("n7", 40.0)]
-    agg = aggregate(rows, [r["node"] for r in rows], planned(rows), {}, margin_pct=20)
-    assert [(o["node"], o["against"]) for o in agg["outliers"]] == [("n7", "fleet median")]
-    assert agg["outliers"][0]["worse_by_pct"] == pytest.approx(100 * (1 - 40 / 92.5), abs=0.1)  # median of 40, 90..96
-    assert [d["node"] for d in agg["drain"]] == ["n7"]
-    assert "20% (needs >= 3" in agg["rule"]
+    nodes = [r["node"] for r in rows]
+    first = aggregate(rows, nodes, planned(rows), {})
+    assert [(o["node"], o["against"], o["status"]) for o in first["outliers"]] == [("n7", "fleet median", "unconfirmed")]
+    assert first["outliers"][0]["worse_by_pct"] == pytest.approx(100 * (1 - 40 / 92.5), abs=0.1)  # median of 40, 90..96
+    assert first["outliers"][0]["threshold_pct"] == 15.0   # matmul_gflops' margin in verdict_rules.toml
+    assert first["drain"] == []                             # not re-run: not drained
+    confirmed = aggregate(rows, nodes, planned(rows), {}, confirm_rows=[cpu_row("n7", 45.0)])
+    assert [d["node"] for d in confirmed["drain"]] == ["n7"] and confirmed["outliers"][0]["confirm_value"] == 45.0
+    assert "re-run: 45 GFLOP/s" in confirmed["drain"][0]["reasons"][0]
+    flaky = aggregate(rows, nodes, planned(rows), {}, confirm_rows=[cpu_row("n7", 91.0)])
+    assert flaky["outliers"][0]["status"] == "not repeated" and flaky["drain"] == []
+    busy_rerun = aggregate(rows, nodes, planned(rows), {}, confirm_rows=[cpu_row("n7", 30.0, busy="2 of 2 cores used")])
+    assert busy_rerun["outliers"][0]["status"] == "unconfirmed" and busy_rerun["drain"] == []
 
 
-def test_within_the_margin_is_not_an_outlier_and_two_nodes_have_no_median_verdict():
-    rows = [cpu_row("a", 100.0), cpu_row("b", 100.0), cpu_row("c", 81.0)]
-    assert aggregate(rows, ["a", "b", "c"], planned(rows), {}, 20)["outliers"] == []
+def test_within_the_threshold_is_not_an_outlier_and_two_nodes_have_no_median_verdict():
+    rows = [cpu_row("a", 100.0), cpu_row("b", 100.0), cpu_row("c", 88.0)]
+    assert aggregate(rows, ["a", "b", "c"], planned(rows), {})["outliers"] == []       # 12% < max(15%, 3 x 5%)
+    assert aggregate(rows, ["a", "b", "c"], planned(rows), {}, margin_pct=25)["outliers"] == []
+    rows[2] = cpu_row("c", 80.0)
+    assert aggregate(rows, ["a", "b", "c"], planned(rows), {})["outliers"][0]["node"] == "c"
+    assert aggregate(rows, ["a", "b", "c"], planned(rows), {}, margin_pct=25)["outliers"] == []
     two = [cpu_row("a", 100.0), cpu_row("b", 10.0)]
-    assert MIN_PEERS == 3 and aggregate(two, ["a", "b"], planned(two), {}, 20)["outliers"] == []
+    assert MIN_PEERS == 3 and aggregate(two, ["a", "b"], planned(two), {})["outliers"] == []
 
 
 def test_a_gpu_below_its_expected_figure_is_named_even_alone():
-    rows = [gpu_row("g1", [700.0, 560.0], expected=745.0)]
-    agg = aggregate(rows, ["g1"], planned(rows), {}, 20)
+    rows = [gpu_row("g1", [740.0, 660.0], expected=745.0)]
+    agg = aggregate(rows, ["g1"], planned(rows), {})
     assert [(o["node"], o["gpu"], o["against"]) for o in agg["outliers"]] == [("g1", 1, "expected")]
+
+
+def test_busy_figures_are_reported_not_judged_and_never_drained():
+    # the H200 case of issue 24: one GPU shared with another process reads 57% low
+    rows = [gpu_row(f"g{i}", [800.0 + i]) for i in range(4)] + [gpu_row("g4", [338.0], busy="GPU 0 99% utilised")]
+    agg = aggregate(rows, [r["node"] for r in rows], planned(rows), {}, confirm_rows=rows)
+    assert agg["outliers"] == [] and agg["drain"] == []
+    assert [r["node"] for r in agg["busy"]] == ["g4"]
+    stats = agg["stats"][("matmul_bench.mamf_tflops", "NVIDIA H200")]
+    assert stats["count"] == 4 and stats["busy_excluded"] == 1 and stats["median"] == pytest.approx(801.5)
+    failed_busy = {**gpu_row("g5", [300.0], busy="GPU 0 99% utilised"), "verdict": "fail", "problems": ["slow"]}
+    agg = aggregate(rows + [failed_busy], [], planned(rows), {})
+    assert agg["failed"] == [] and agg["drain"] == []
+
+
+def test_a_uniformly_degraded_fleet_is_one_finding_not_every_node():
+    rows = [gpu_row(f"g{i}", [680.0 + i, 681.0], expected=745.0) for i in range(6)]   # every GPU ~9% below 745
+    agg = aggregate(rows, [r["node"] for r in rows], planned(rows), {}, confirm_rows=rows)
+    assert [(g["figure"], g["group"]) for g in agg["fleet_below_expected"]] == [("matmul_bench.mamf_tflops", "NVIDIA H200")]
+    assert agg["fleet_below_expected"][0]["worse_by_pct"] == pytest.approx(100 * (1 - 681.0 / 745), abs=0.2)
+    assert agg["outliers"] == [] and agg["drain"] == []
+    healthy = [gpu_row(f"g{i}", [740.0 + i, 741.0], expected=745.0) for i in range(6)]
+    assert aggregate(healthy, [], planned(healthy), {})["fleet_below_expected"] == []
+
+
+def test_mixed_fleet_is_compared_within_each_gpu_model():
+    rows = [gpu_row(f"h{i}", [800.0 + i] * 2, model="NVIDIA H200") for i in range(4)]
+    rows += [gpu_row(f"a{i}", [270.0 + i] * 2, model="NVIDIA A100") for i in range(4)]
+    agg = aggregate(rows, [r["node"] for r in rows], planned(rows), {}, confirm_rows=rows)
+    assert agg["outliers"] == [] and agg["drain"] == []   # one median over both would make every A100 an outlier
+    assert {g for _, g in agg["stats"]} == {"NVIDIA H200", "NVIDIA A100"}
+    slow = rows + [gpu_row("a9", [200.0, 271.0], model="NVIDIA A100")]
+    agg = aggregate(slow, [], planned(slow), {}, confirm_rows=slow)
+    assert [(o["node"], o["gpu"], o["group"]) for o in agg["outliers"]] == [("a9", 0, "NVIDIA A100")]
+
+
+def test_healthy_figures_spread_too_widely_are_inconclusive_with_no_culprit():
+    values = [100, 60, 140, 75, 125, 90, 110, 40]
+    rows = [cpu_row(f"n{i}", v) for i, v in enumerate(values)]
+    agg = aggregate(rows, [r["node"] for r in rows], planned(rows), {}, confirm_rows=rows)
+    stats = agg["stats"][("cpu_probe.matmul_gflops", "Xeon x2")]
+    assert stats["inconclusive"] and stats["spread"] > 0.2
+    assert agg["outliers"] == [] and agg["drain"] == []
+
+
+def test_a_failed_check_without_problems_still_says_why():
+    from tools.fleet_sweep.checks import run_check
+
+    def silent():
+        return {"tool": "x", "params": {}, "result": {"verdict": "fail"}, "problems": []}
+
+    def raises():
+        raise RuntimeError()
+
+    assert "without saying why" in run_check("memory_bandwidth_bench", silent)["problems"][0]
+    assert run_check("matmul_bench", raises)["problems"] == ["RuntimeError (no message)"]
 
 
 def test_version_drift_names_the_odd_node_and_unset_variables():
@@ -117,7 +188,7 @@ def test_aggregation_at_scale_names_the_one_bad_gpu(n_nodes):
     rows = fleet(n_nodes, bad)
     nodes = [f"gpu-{i:05d}" for i in range(n_nodes)]
     t0 = time.perf_counter()
-    agg = aggregate(rows, nodes, planned(rows), {}, 20)
+    agg = aggregate(rows, nodes, planned(rows), {}, confirm_rows=rows)
     elapsed = time.perf_counter() - t0
     assert [(o["node"], o["gpu"]) for o in agg["outliers"] if o["against"] == "fleet median"] == [(bad, 7)]
     assert [d["node"] for d in agg["drain"]] == [bad]
@@ -131,7 +202,7 @@ def test_aggregation_memory_per_node_stays_constant():
         rows = fleet(n, "gpu-00001")
         nodes = [f"gpu-{i:05d}" for i in range(n)]
         tracemalloc.start()
-        aggregate(rows, nodes, planned(rows), {}, 20)
+        aggregate(rows, nodes, planned(rows), {})
         per_node[n] = tracemalloc.get_traced_memory()[1] / n
         tracemalloc.stop()
     assert per_node[4096] < 1.5 * per_node[1024], per_node
@@ -151,11 +222,3 @@ def test_long_events_go_out_in_parts_and_come_back_whole_even_interleaved(capsys
     whole = Reassembler()
     got = [e for e in (whole.feed(parse_event(line)) for line in mixed) if e]
     assert sorted(got, key=lambda e: e["node"]) == [big, other]
-
-
-def test_gpu_health_findings_become_sentences_with_their_action():
-    from tools.fleet_sweep.checks import _finding_text
-
-    assert _finding_text({"text": "2 uncorrectable ECC errors since the last reset.", "action": "reset_gpu"}) == \
-        "2 uncorrectable ECC errors since the last reset. (action: reset_gpu)"
-    assert _finding_text("plain sentence") == "plain sentence"

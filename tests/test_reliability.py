@@ -466,3 +466,200 @@ async def test_a_refused_pickle_is_reported_as_unsafe_not_corrupt(tmp_path):
         r = await c.call_tool("flight_recorder_analyze", {"path": str(tmp_path)})
     assert r.is_error and "refused (unsafe content)" in _text(r) and "posix.system" in _text(r)
     assert "corrupt" not in _text(r) and not (tmp_path / "pwned").exists()
+
+
+# --- 4. round 3, the readers (issue 23): files and text we read are anyone's ---------------------------
+
+def _device_lines(n: int = 8) -> str:
+    return "".join(f"#  Rank {r:2d} Group  0 Pid {100 + r} on h1 device {r:2d} [0x1b] NVIDIA H100 80GB HBM3\n"
+                   for r in range(n))
+
+
+NCCL_TESTS_HEADER = ("#       size         count      type   redop    root     time   algbw   busbw #wrong     time   "
+                     "algbw   busbw #wrong\n#        (B)    (elements)                               (us)  (GB/s)  "
+                     "(GB/s)            (us)  (GB/s)  (GB/s)\n")
+
+
+def _table(busbw: str, size: str = "8589934592", avg: str = "300") -> str:
+    row = f"  {size}    2147483648     float     sum      -1    30000.0  286.33  {busbw}      0    30000.0  286.33  {busbw}      0\n"
+    return _device_lines() + NCCL_TESTS_HEADER + row + f"# Avg bus bandwidth    : {avg}\n"
+
+
+def _nccl_json(**change) -> str:
+    doc = {"version": 3, "config": {"devices": [{"device_info": "NVIDIA H100 80GB HBM3", "hostname": "h1"}] * 8},
+           "results": [{"size": 8589934592, "experiment_name": "AllReduce",
+                        "out_of_place": {"time": 30000.0, "alg_bw": 286.3, "bus_bw": 501.1, "nwrong": 0},
+                        "out_of_place_per_iter": {"per_process_max_times_us": [[1.0, 1.0], [1.0, 1.1]]}}],
+           "out_of_bounds": {"count": 0}, "average_bus_bandwidth": {"bandwidth": 300.0}}
+    for path, value in change.items():
+        *parents, leaf = path.split("__")
+        node = doc
+        for p in parents:
+            node = node[int(p)] if isinstance(node, list) else node[p]
+        node[leaf] = value
+    return json.dumps(doc).replace('"INF"', "1e400").replace('"NAN"', "NaN")
+
+
+# The review's 17 crafted nccl-tests / RAS inputs (11 crashed the whole analysis, inf was judged ok).
+CRAFTED_NCCL_TESTS = {
+    "config list": _nccl_json(config=[]),
+    "devices of strings": _nccl_json(config__devices=["x"]),
+    "out_of_bounds a number": _nccl_json(out_of_bounds=3),
+    "results a number": _nccl_json(results=5),
+    "per-process times a string": _nccl_json(results__0__out_of_place_per_iter={"per_process_max_times_us": "abc"}),
+    "size a word": _nccl_json(results__0__size="big"),
+    "size 1e400": _nccl_json(results__0__size="INF"),
+    "busbw NaN in JSON": _nccl_json(results__0__out_of_place={"time": 1.0, "alg_bw": 1.0, "bus_bw": "NAN"}),
+    "results of strings": _nccl_json(results=["x", 1, None]),
+    "deep nesting": '{"results": ' + "[" * 100_000 + "]" * 100_000 + ', "config": {}}',
+    "avg a dash": _table("501.1", avg="-"),
+    "size 1²": _table("501.1", size="1²"),
+    "size of 5,000 digits": _table("501.1", size="9" * 5000),
+    "busbw inf": _table("inf"),
+    "busbw nan": _table("nan"),
+    "ras group row of 5,000 digits": "Job summary\nCommunicators\nGroup Comms Nodes Ranks\n" + "1 " * 8 + "9" * 5000,
+    "lm-eval results.json": json.dumps({"results": {"hellaswag": {"acc": 0.5}}, "config": {"model": "x"}}),
+}
+
+
+@pytest.mark.parametrize("name", list(CRAFTED_NCCL_TESTS))
+async def test_a_crafted_nccl_tests_input_is_a_note_never_a_crash_nor_an_ok(name):
+    async with Client(build_server()) as c:
+        r = await c.call_tool("nccl_log_analyze", {"text": CRAFTED_NCCL_TESTS[name], "timeout_s": 60})
+    assert not r.is_error, _text(r)[:500]
+    if name.startswith("busbw"):        # inf was "inf% of the 370 GB/s": ok
+        assert r.structured_content["verdict"] != "ok", r.structured_content["findings"]
+        assert any("skipped" in f and "finite" in f for f in r.structured_content["findings"])
+
+
+async def test_a_foreign_results_json_beside_an_nccl_log_does_not_stop_its_analysis(tmp_path):
+    shutil.copy(ROOT / "tests" / "fixtures" / "nccl" / "two_node_ib_healthy.log", tmp_path / "rank0.log")
+    (tmp_path / "results.json").write_text(CRAFTED_NCCL_TESTS["lm-eval results.json"])
+    async with Client(build_server()) as c:
+        r = await c.call_tool("nccl_log_analyze", {"paths": [str(tmp_path)], "timeout_s": 60})
+    assert not r.is_error, _text(r)[:500]
+    assert r.structured_content["processes"], "the NCCL log was analysed"
+
+
+# One line each, as the review sent them: 31.5-149 s (nccl_log_analyze) and 70.9 s (log_triage) before.
+LONG_LINES = {
+    "nccl_log_analyze": ["a" * 120_000 + " NCCL", "# Rank 0 Pid 1 on h device 0 [x] a" + " " * 40_000 + "b",
+                         "\n".join(["x" * 100_000 + " NCCL"] * 10),
+                         "h:1:1 [0] NCCL INFO NCCL_IB_HCA set by environment to a" + " " * 100_000 + "b"],
+    "log_triage": ["NCCL WARN Cuda failure a" + " " * 120_000 + "b", "a.cu:1: " * 20_000 + "Assertion `x` failed",
+                   " " * 100_000 + "x MemoryError" + "1" * 50_000 + " B"],
+}
+
+
+@pytest.mark.parametrize("tool", list(LONG_LINES))
+async def test_one_long_line_no_longer_holds_a_run(tool):
+    async with Client(build_server()) as c:
+        for text in LONG_LINES[tool]:
+            t0 = time.monotonic()
+            r = await c.call_tool(tool, {"text": text, "timeout_s": 60})
+            elapsed = time.monotonic() - t0           # mostly the child's start-up
+            assert not r.is_error and elapsed < 15, (text[:60], elapsed, _text(r)[:300])
+
+
+async def test_a_long_line_still_yields_its_signature_and_a_healthy_log_its_analysis():
+    padded = ("x" * 50_000 + " NCCL WARN Cuda failure 'out of memory'\n"
+              "[rank1]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 4.00 GiB.")
+    async with Client(build_server()) as c:
+        triage = await c.call_tool("log_triage", {"text": padded})
+        healthy = await c.call_tool("nccl_log_analyze", {
+            "paths": [str(ROOT / "tests" / "fixtures" / "nccl" / "two_node_ib_healthy.log")]})
+    sigs = {s["id"] for s in triage.structured_content["signatures"]}
+    assert {"nccl_cuda_failure", "cuda_oom"} <= sigs, sigs
+    assert healthy.structured_content["processes"] and healthy.structured_content["verdict"] == "ok"
+
+
+def _finditer_s(rx, line: str) -> float:
+    t0 = time.perf_counter()
+    for _ in rx.finditer(line):
+        pass
+    return time.perf_counter() - t0
+
+
+def test_every_log_regex_is_linear_on_a_line_at_the_cap():
+    """Each pattern that runs over log lines, on hostile lines of MAX_MATCH_CHARS and of a quarter of it:
+    a quadratic one takes 0.2-3 s at the cap and 16x its quarter-line time; a linear one 4x a millisecond."""
+    import re
+
+    from tools.nccl_log_analyze import messages, parse
+    from tools.shared import logscan, nccl_ras, nccl_tests
+    from tools.shared.triage import signatures
+
+    patterns = [s.regex for s in signatures.load_signatures()] + list(messages.MSG.values())
+    for mod in (parse, nccl_tests, nccl_ras, logscan, signatures):
+        patterns += [v for v in vars(mod).values() if isinstance(v, re.Pattern)]
+    fills = ["a", " ", "0", ":", "[", "a:", "0 ", "x.", "'", "1.", ", ", "\t", "[0]", "0:", "a.cu:1: ", "[PG ", "a.so "]
+    cap, slow = logscan.MAX_MATCH_CHARS, []
+    for rx in patterns:
+        lead = re.sub(r"[^A-Za-z /_-]", "", rx.pattern)[:30]
+        for fill in fills:
+            def line(n):
+                return (lead + " " + fill * n)[:n - 2] + "\x01b"
+            at_cap = _finditer_s(rx, line(cap))
+            if at_cap > 0.05 and at_cap > 8 * _finditer_s(rx, line(cap // 4)):
+                slow.append((rx.pattern[:60], fill, round(at_cap, 2)))
+    assert not slow, slow
+
+
+def _fifo(tmp_path) -> str:
+    path = tmp_path / "fifo"
+    os.mkfifo(path)
+    return str(path)
+
+
+async def test_devices_and_fifos_are_refused_at_once_by_every_reader(tmp_path):
+    fifo = _fifo(tmp_path)
+    calls = [("gpu_health", {"dcgm_file": "/dev/zero", "sample_s": 0, "load": False}, "dcgm_note"),
+             ("gpu_health", {"dcgm_file": fifo, "sample_s": 0, "load": False}, "dcgm_note"),
+             ("log_triage", {"paths": [fifo]}, None), ("log_triage", {"paths": ["/dev/zero"]}, None),
+             ("nccl_log_analyze", {"paths": ["/dev/urandom"]}, None),
+             ("flight_recorder_analyze", {"path": fifo}, None)]
+    async with Client(build_server()) as c:
+        for tool, args, field in calls:
+            t0 = time.monotonic()
+            r = await c.call_tool(tool, {**args, "timeout_s": 60})
+            said = (r.structured_content or {}).get(field, "") if field else _text(r)
+            assert time.monotonic() - t0 < 15, (tool, args)   # was: 3.9 GB then MemoryError; a FIFO: the deadline
+            assert "not a regular file" in said or "FIFO" in said or "device" in said, (tool, said[:300])
+            if field:
+                assert not r.is_error and ("character device" in said or "FIFO" in said), said
+
+
+async def test_four_fifo_reads_do_not_hold_the_run_slots(tmp_path):
+    fifo = _fifo(tmp_path)
+    async with Client(build_server()) as c:
+        answers = [await c.call_tool("gpu_health", {"dcgm_file": fifo, "sample_s": 0, "load": False,
+                                                    "timeout_s": 86400, "wait_s": 30}) for _ in range(4)]
+        assert all(not a.is_error and not a.structured_content.get("job") for a in answers)
+        other = await c.call_tool("env_report", {})
+    assert not other.is_error and "busy" not in _text(other)
+
+
+# The review's crafted DCGM files: 4 of 9 crashed gpu_health (RecursionError, TypeError, AttributeError).
+CRAFTED_DCGM = {
+    "nesting 200,000 deep": '{"DCGM Diagnostic": ' + "[" * 200_000 + "]" * 200_000 + "}",
+    "test_categories an object": json.dumps({"DCGM Diagnostic": {"test_categories": {"a": 1}}}),
+    "a result that is a string": json.dumps({"DCGM Diagnostic": {"test_categories": [
+        {"category": "Hardware", "tests": [{"name": "memory", "results": ["x"]}]}]}}),
+    "error_id a list": json.dumps({"DCGM Diagnostic": {"test_categories": [
+        {"category": "Hardware", "tests": [{"name": "memory", "results": [
+            {"entity_id": 0, "status": "Fail", "warnings": [{"error_id": [1], "warning": "x"}]}]}]}]}}),
+    "a category that is a number": json.dumps({"DCGM Diagnostic": {"test_categories": [5, {"tests": 3}]}}),
+    "error_id 1e400": '{"DCGM Diagnostic": {"test_categories": [{"tests": [{"name": "m", "results": '
+                      '[{"status": "Fail", "warnings": [{"error_id": 1e400}]}]}]}]}}',
+}
+
+
+@pytest.mark.parametrize("name", list(CRAFTED_DCGM))
+async def test_a_crafted_dcgm_file_is_a_note_never_a_crash(tmp_path, name):
+    path = tmp_path / "diag.json"
+    path.write_text(CRAFTED_DCGM[name])
+    async with Client(build_server()) as c:
+        r = await c.call_tool("gpu_health", {"dcgm_file": str(path), "sample_s": 0, "load": False, "timeout_s": 60})
+    assert not r.is_error, _text(r)[:500]
+    note = r.structured_content["dcgm_note"]
+    assert "could not read it" in note or "skipped" in json.dumps(r.structured_content), note

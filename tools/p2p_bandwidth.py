@@ -15,6 +15,7 @@ import statistics
 import time
 
 
+from .engine.figures import Figure, Measured, SweepContract
 from .engine.spec import Field, Params, Record, Result, ToolFailure, ToolSpec
 from .engine.data import load_data
 from .engine.processes import local_gpu_count
@@ -216,6 +217,13 @@ def _link_matrix(n: int) -> list[list[str]] | None:
     return matrix if len(matrix) == n else None
 
 
+MEDIAN_PAIR = Figure("median_unidir_gbps", "GB/s", "higher")
+SLOWEST_PAIR = Figure("min_unidir_gbps", "GB/s", "higher")
+SWEEP = SweepContract(
+    figures=(MEDIAN_PAIR, SLOWEST_PAIR),
+    read=lambda res: [Measured(MEDIAN_PAIR, res.median_unidir_gbps), Measured(SLOWEST_PAIR, res.min_unidir_gbps)],
+    evidence=lambda res: [f"slow pair {p}" for p in res.flagged_pairs])
+
 SPEC = ToolSpec(
     name="p2p_bandwidth",
     summary="GPU-pair copy bandwidth (one way and both ways) and latency within a node; flags slow pairs.",
@@ -228,7 +236,7 @@ SPEC = ToolSpec(
         "NCCL_P2P_DISABLE=1. Seconds; >= 2 GPUs. No network."),
     Params=P2pBandwidthParams, Result=P2pBandwidthResult, run=run, runs="subprocess",
     read_only=True, destructive=False, idempotent=True, open_world=False, timeout_s=600,
-    gpu_devices=lambda params: list(range(local_gpu_count())), metric="median_unidir_gbps", higher_is_better=True,
+    gpu_devices=lambda params: list(range(local_gpu_count())), metric="median_unidir_gbps", higher_is_better=True, sweep=SWEEP,
 )
 
 if __name__ == "__main__":

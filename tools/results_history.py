@@ -2,22 +2,28 @@
 
 Every tool run is stored with its host, GPUs, driver and versions (tools/store.py). Runs are
 comparable when they come from the same tool with the same parameters (ignoring ones like
-timeouts). Among comparable runs this tool flags:
-  - an outlier: a host or GPU whose latest figure is worse than the median of the others' latest by
-    more than `threshold_pct` (one slow node in a fleet);
-  - a regression: a host or GPU whose latest figure is worse than the median of its own earlier runs.
+timeouts). Among comparable runs this tool flags, by the one verdict rule (tools/shared/judging.py:
+worse than the reference by more than max(margin, k x spread), margins in verdict_rules.toml):
+  - an outlier: a host or GPU whose latest figure is worse than the median of the others' latest
+    (one slow node in a fleet); spread: the larger of the measured one and the others' own;
+  - a regression: a host or GPU whose latest figure is worse than the median of its own earlier runs;
+    spread: the larger of the measured one and those earlier runs' own.
+When the reference values spread past the rule's widest threshold nothing is flagged, and the answer
+says the comparison was inconclusive. Figures without a rule use `threshold_pct` (default 10%).
 
 By hand:
     python -m tools.results_history --tool matmul_bench
     python -m tools.results_history --gpu GPU-5f3c --since-days 30
 """
 
+import dataclasses
 import datetime
 import statistics
 import time
 
-from .engine.spec import Field, Params, Record, Result, ToolSpec
+from .engine.spec import Field, Params, Record, Result, ToolFailure, ToolSpec
 from .engine.store import count, query
+from .shared.judging import FigureRule, compare, is_inconclusive, relative_spread, rule_for
 
 
 class ResultsHistoryParams(Params):
@@ -26,7 +32,9 @@ class ResultsHistoryParams(Params):
     gpu: str = Field("", max_length=128, description="Only runs on a GPU whose name, UUID or serial contains this.")
     since_days: float = Field(90, gt=0, le=3650, description="Only results from the last N days.")
     limit: int = Field(20, ge=1, le=500, description="At most this many rows in `rows` (newest first).")
-    threshold_pct: float = Field(10, gt=0, le=90, description="Flag figures worse than the reference by more than this, %.")
+    threshold_pct: float | None = Field(None, gt=0, le=90, description=(
+        "Override the margin, %. Default: the figure's margin in knowledge/data/verdict_rules.toml (the threshold is "
+        "the larger of it and k x the run-to-run spread); 10% for figures without a rule."))
 
 
 class HistoryRow(Record):
@@ -49,6 +57,7 @@ class Flag(Record):
     value: float = Field(description="Its latest value.")
     reference: float = Field(description="Median of the others (outlier) or of its own past (regression).")
     worse_by_pct: float = Field(description="How much worse than the reference, %.")
+    threshold_pct: float = Field(0.0, description="The deficit it had to exceed: max(margin, k x spread), %.")
     result_id: int = Field(description="Result id of the flagged run.")
 
 
@@ -67,8 +76,39 @@ def machine_key(row: dict) -> str:
     return row.get("host") or "?"
 
 
-def find_flags(rows: list[dict], higher_is_better: dict[str, bool], threshold_pct: float) -> list[Flag]:
+FALLBACK_MARGIN = 0.10   # figures with no rule in verdict_rules.toml
+
+
+def rule_of(metric: str, higher_is_better: bool, threshold_pct: float | None) -> FigureRule:
+    """The figure's verdict rule (margin overridden when asked); a plain margin for figures without one."""
+    try:
+        rule = rule_for(metric)
+    except ToolFailure:
+        rule = FigureRule(figure=metric, unit="", better="higher" if higher_is_better else "lower",
+                          margin=FALLBACK_MARGIN, k=3.0, spread=0.0, source="results_history fallback")
+    return dataclasses.replace(rule, margin=threshold_pct / 100) if threshold_pct else rule
+
+
+def judged(kind: str, r: dict, others: list[float], rule: FigureRule, machine: str, tool: str,
+           inconclusive: list[str]) -> Flag | None:
+    """The rule on one latest figure against a reference set; None when fine or inconclusive."""
+    if is_inconclusive(others, rule):
+        inconclusive.append(f"{tool} {r['metric_name']} {kind} on {machine}: reference values spread "
+                            f"{relative_spread(others):.1%}, too widely to judge")
+        return None
+    ref = statistics.median(others)
+    breach = compare(r["metric_value"], rule, {kind: ref}, spread=max(rule.spread, relative_spread(others)))
+    if not breach:
+        return None
+    return Flag(kind=kind, tool=tool, machine=machine, metric=r["metric_name"], value=r["metric_value"], reference=ref,
+                worse_by_pct=round(100 * breach[0].deficit, 1), threshold_pct=round(100 * breach[0].threshold, 1),
+                result_id=r["id"])
+
+
+def find_flags(rows: list[dict], higher_is_better: dict[str, bool], threshold_pct: float | None = None,
+               inconclusive: list[str] | None = None) -> list[Flag]:
     """Pure: outliers and regressions among rows (newest first) that carry a metric_value."""
+    inconclusive = [] if inconclusive is None else inconclusive
     groups: dict[tuple, dict[str, list[dict]]] = {}
     for r in rows:
         if r.get("metric_value") is None:
@@ -76,28 +116,18 @@ def find_flags(rows: list[dict], higher_is_better: dict[str, bool], threshold_pc
         groups.setdefault((r["tool"], r["params_key"]), {}).setdefault(machine_key(r), []).append(r)
     flags = []
     for (tool, _), by_machine in groups.items():
-        sign = 1 if higher_is_better.get(tool, True) else -1
-
-        def worse_pct(value, ref):
-            return round(sign * (ref - value) / abs(ref) * 100, 1) if ref else 0.0
-
         latest = {m: runs[0] for m, runs in by_machine.items()}
+        first = next(iter(latest.values()))
+        rule = rule_of(first["metric_name"], higher_is_better.get(tool, True), threshold_pct)
         if len(latest) >= 3:  # an outlier needs at least two others to be compared with
             for m, r in latest.items():
-                ref = statistics.median(o["metric_value"] for k, o in latest.items() if k != m)
-                pct = worse_pct(r["metric_value"], ref)
-                if pct > threshold_pct:
-                    flags.append(Flag(kind="outlier", tool=tool, machine=m, metric=r["metric_name"],
-                                      value=r["metric_value"], reference=ref, worse_by_pct=pct, result_id=r["id"]))
+                others = [o["metric_value"] for k, o in latest.items() if k != m]
+                flags.append(judged("outlier", r, others, rule, m, tool, inconclusive))
         for m, runs in by_machine.items():
             if len(runs) >= 3:  # latest vs the median of at least two earlier runs
-                ref = statistics.median(o["metric_value"] for o in runs[1:])
-                pct = worse_pct(runs[0]["metric_value"], ref)
-                if pct > threshold_pct:
-                    flags.append(Flag(kind="regression", tool=tool, machine=m, metric=runs[0]["metric_name"],
-                                      value=runs[0]["metric_value"], reference=ref, worse_by_pct=pct,
-                                      result_id=runs[0]["id"]))
-    return flags
+                flags.append(judged("regression", runs[0], [o["metric_value"] for o in runs[1:]], rule, m, tool,
+                                    inconclusive))
+    return [f for f in flags if f]
 
 
 ANALYSED_ROWS = 5000   # newest rows the outlier and regression rules look at
@@ -111,7 +141,8 @@ def run(params: ResultsHistoryParams, progress) -> ResultsHistoryResult:
     total = count(**filters)
     rows = query(**filters, limit=ANALYSED_ROWS)
     higher = {name: spec.higher_is_better for name, spec in registry().items()}
-    flags = find_flags(rows, higher, params.threshold_pct)
+    inconclusive: list[str] = []
+    flags = find_flags(rows, higher, params.threshold_pct, inconclusive)
     out = [HistoryRow(id=r["id"], tool=r["tool"], host=r["host"], machine=machine_key(r),
                       started=datetime.datetime.fromtimestamp(r["started"], datetime.UTC).isoformat(timespec="seconds"),
                       gpu=(r["gpu_names"] or [None])[0], verdict=r["verdict"], metric=r["metric_name"],
@@ -122,7 +153,9 @@ def run(params: ResultsHistoryParams, progress) -> ResultsHistoryResult:
                         "filters (tool, host, gpu, since_days) to judge older results.")
     for f in flags:
         findings.append(f"{f.kind.upper()}: {f.machine} {f.tool} {f.metric} = {f.value:g}, {f.worse_by_pct:g}% worse "
-                        f"than {'the others' if f.kind == 'outlier' else 'its own past'} ({f.reference:g}); result #{f.result_id}.")
+                        f"than {'the others' if f.kind == 'outlier' else 'its own past'} ({f.reference:g}; threshold "
+                        f"{f.threshold_pct:g}%); result #{f.result_id}.")
+    findings += [f"INCONCLUSIVE: {line}." for line in inconclusive[:10]]
     if not rows:
         findings = ["No stored results match. Results are stored when tools run (CLI or server) with the same "
                     "MLENG_HOME."]

@@ -134,6 +134,8 @@ class ToolSpec:
     # for a quick, safe run on this machine, or None to sit this machine out. Order: doctor_order.
     doctor: Callable[[dict], dict | None] | None = None
     doctor_order: int = 50
+    # The figures it contributes to a fleet sweep, read from its own Result (engine/figures.py).
+    sweep: Any = None
 
     def __post_init__(self):
         if not self.name.isidentifier() or self.name != self.name.lower():

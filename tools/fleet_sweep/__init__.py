@@ -5,7 +5,8 @@ through the existing tools' own run(): env_report, gpu_health, a CPU probe, and 
 matmul_bench quick, memory_bandwidth_bench and p2p_bandwidth; storage_bench on a path when asked.
 Rows stream back as they finish; the step is cancelled on every node at the deadline. The answer:
 one row per node and check (and per GPU), the fleet median of every figure, outliers by the rule in
-aggregate.py, version drift, nodes that did not answer, and a drain list with the scontrol command
+aggregate.py (the one rule of tools/shared/judging.py), busy resources, version and inventory drift,
+nodes that did not answer, and a drain list with the scontrol command
 for each node (never run). Every node's result is stored with its host and GPU serials.
 
 By hand:
@@ -21,8 +22,8 @@ import os
 import time
 from typing import Literal
 
-from ..engine.spec import Field, Params, ToolSpec
-from .checks import CHECKS, DEFAULT_CHECKS
+from ..engine.spec import Field, Params, ToolFailure, ToolSpec
+from .checks import CHECKS, DEFAULT_CHECKS, NON_INVASIVE
 from .result import FleetSweepResult
 
 Check = Literal[CHECKS]
@@ -46,8 +47,13 @@ class FleetSweepParams(Params):
         "A directory on every node for storage_bench (a shared filesystem mount, a local NVMe)."))
     deadline_s: float = Field(300, ge=10, le=3600, description=(
         "Whole-sweep deadline, seconds: nodes without an answer by then are named and the step is cancelled."))
-    margin_pct: float = Field(20, gt=0, le=90, description=(
-        "Outlier margin: a figure this much worse than the fleet median (or than its expected figure), %."))
+    margin_pct: float | None = Field(None, gt=0, le=90, description=(
+        "Override every figure's margin, %. Default: each figure's own margin in knowledge/data/verdict_rules.toml "
+        "(the threshold is the larger of the margin and k x the figure's run-to-run spread)."))
+    benchmarks_beside_job: bool = Field(False, description=(
+        "With job_id: also run the benchmarks (matmul, memory bandwidth, p2p, CPU probe) beside the running job. "
+        "Default: only env_report and gpu_health, which do not disturb it; benchmarks there measure the job too "
+        "and come back busy."))
     plot: bool = Field(True, description="Draw each figure's per-node values against the median to a PNG.")
     plot_path: str | None = Field(None, max_length=4096, description="Where to write the PNG. Default: $MLENG_HOME/plots/.")
 
@@ -58,9 +64,7 @@ def run(params: FleetSweepParams, progress) -> FleetSweepResult:
     from .targets import resolve
 
     target = resolve(params, dict(os.environ))
-    checks = list(params.checks or DEFAULT_CHECKS)
-    if params.storage_path and "storage_bench" not in checks:
-        checks.append("storage_bench")
+    checks, notes = choose_checks(params)
     job = {"checks": checks, "storage_path": params.storage_path}
     launch = target.launch_nodes
     progress(0.0, f"{target.kind}: {len(target.nodes)} nodes, {len(launch)} launched; checks {', '.join(checks)}")
@@ -71,10 +75,51 @@ def run(params: FleetSweepParams, progress) -> FleetSweepResult:
 
         stored[(row["node"], row["check"])] = store_row(row)
         done = len(stored) / max(1, len(launch) * len(checks))
-        progress(min(done, 0.99), f"{row['node']}: {row['check']} {row.get('verdict')}")
+        progress(min(done, 0.95), f"{row['node']}: {row['check']} {row.get('verdict')}")
 
     got = sweep(target, job, params.deadline_s, on_row) if launch else None
-    return build_result(params, target, got, stored, round(time.monotonic() - t0, 2))
+    confirm = confirm_suspects(params, target, got, job, params.deadline_s - (time.monotonic() - t0), progress)
+    return build_result(params, target, got, stored, round(time.monotonic() - t0, 2), confirm, notes)
+
+
+def choose_checks(params: FleetSweepParams) -> tuple[list[str], list[str]]:
+    """The checks to run, and what the answer must say about the choice."""
+    if params.job_id and not params.benchmarks_beside_job:
+        asked = [c for c in (params.checks or []) if c not in NON_INVASIVE]
+        if asked:
+            raise ToolFailure(f"checks: {', '.join(asked)} would measure the resources job {params.job_id} is using "
+                              "(a busy GPU reads like a broken one); run only env_report and gpu_health beside a "
+                              "running job, or set benchmarks_beside_job=true to run them anyway")
+        checks = list(params.checks or NON_INVASIVE)
+        return checks, [f"Beside running job {params.job_id}: only {', '.join(checks)} (they do not disturb it); "
+                        "benchmarks were not run (benchmarks_beside_job=true runs them, and their figures come back busy)."]
+    checks = list(params.checks or DEFAULT_CHECKS)
+    if params.storage_path and "storage_bench" not in checks:
+        checks.append("storage_bench")
+    return checks, []
+
+
+CONFIRM_MIN_S = 20   # less time than this left after the sweep: the suspects stay unconfirmed (and undrained)
+
+
+def confirm_suspects(params, target, got, job: dict, left_s: float, progress):
+    """Re-run each suspect's checks on its node (one more step over the suspects only), so that only
+    what repeats is drained. None when there is nothing to confirm or no time left."""
+    import dataclasses
+
+    from .aggregate import aggregate
+    from .sweep import sweep
+
+    if not got or not got.rows:
+        return None
+    agg = aggregate(list(got.rows.values()), target.nodes, got.planned, {}, params.margin_pct)
+    suspects = sorted({o["node"] for o in agg["outliers"]})
+    if not suspects or left_s < CONFIRM_MIN_S:
+        return None
+    checks = sorted({o["check"] for o in agg["outliers"]}, key=job["checks"].index)
+    progress(0.96, f"re-running {', '.join(checks)} on {len(suspects)} suspect node(s): {', '.join(suspects[:8])}")
+    narrow = dataclasses.replace(target, nodes=suspects, skipped={})
+    return sweep(narrow, {**job, "checks": checks}, left_s, lambda row: None)
 
 
 SPEC = ToolSpec(
@@ -85,9 +130,10 @@ SPEC = ToolSpec(
         "Use to find which node or GPU of many is bad (SLURM allocation, running job, partition or host "
         "list), before or during a large run: env_report, gpu_health, a CPU probe and on GPU nodes "
         "matmul_bench, memory_bandwidth_bench and p2p_bandwidth on every node at once; one row per node and "
-        "GPU, outliers vs the fleet median or the expected figure, version drift, silent nodes, scontrol "
-        "drain commands (never run). About the slowest node's time (1-2 min). Not for one node (the single "
-        "tools) or links between nodes (collective_bench pattern='pairwise')."),
+        "GPU, outliers vs the median per GPU model or the expected figure by one stated rule (re-run before "
+        "drain), busy GPUs/CPUs with their holders (never drained), version and inventory drift, silent nodes, "
+        "scontrol drain commands (never run). About the slowest node's time (1-2 min). Not for one node (the "
+        "single tools) or links between nodes (collective_bench pattern='pairwise')."),
     Params=FleetSweepParams, Result=FleetSweepResult, run=run, runs="subprocess",
     read_only=False, destructive=True, idempotent=False, open_world=True, timeout_s=3700,
 )

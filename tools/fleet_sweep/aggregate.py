@@ -1,28 +1,41 @@
 """fleet_sweep's verdicts over the nodes' answers: pure functions on plain dicts, no I/O.
 
-A node answer ("row") is what tools/fleet_sweep/node.py prints for one check on one node:
+A node answer ("row") is what tools/fleet_sweep/checks.py builds for one check on one node:
     {"node": "gpu-07", "check": "matmul_bench", "verdict": "ok", "problems": [...],
-     "figures": [{"name": "mamf_tflops", "value": 712.3, "unit": "TFLOPS", "gpu": 0,
-                  "expected": 745.0, "higher_is_better": true}], "versions": {...}}
-The rules are stated in RULES and repeated in every finding, so a reader can check each verdict:
-  * below the fleet median: a figure worse than the median of the same figure over every node (or
-    every GPU, for per-GPU figures) by more than margin_pct, when at least MIN_PEERS values exist;
-  * below the expected figure: a figure worse than the published expectation the check carries by
-    more than margin_pct (only checks that have one: matmul_bench's published MAMF, for instance);
-  * a check that failed on the node (its own verdict "fail", e.g. gpu_health's uncorrectable ECC).
+     "figures": [{"name": "mamf_tflops", "value": 712.3, "unit": "TFLOPS", "better": "higher", "gpu": 0,
+                  "expected": 745.0, "group": "NVIDIA H200"}],
+     "busy": {"busy": false, "why": "", "holders": [...]}, "versions": {...}, "inventory": {...}}
+Every figure is judged by the one rule (tools/shared/judging.py, knowledge/data/verdict_rules.toml):
+  * figures measured while others used the resource ("busy") are reported with their holders and kept
+    out of medians, outliers and the drain list;
+  * figures are compared within their group (GPU model for per-GPU figures, CPU model and count for
+    node figures), never across groups;
+  * a figure is a candidate outlier when worse than its group median (>= MIN_PEERS values) by more
+    than max(margin, k x spread), spread the larger of the measured one and the group's own now; or
+    worse than its expected figure by as much, when the group as a whole is not;
+  * a group whose median is worse than the expected figure is one fleet-wide finding (a uniformly
+    degraded fleet is not "ok"), not a drain list of every node;
+  * a group whose healthy figures spread past the rule's widest threshold is "inconclusive", with the
+    spread, and names no outlier;
+  * a candidate goes on the drain list only when its check, re-run on that node (`confirm`), breaks
+    the rule again; a check that failed outright (not busy) or a node that did not answer is drained.
 Memory and time are linear in the rows: fine at thousands of nodes (tested at 4096).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 import statistics
 from collections import defaultdict
 
+from ..shared.judging import FigureRule, compare, is_inconclusive, relative_spread, rule_for, threshold
+
 MIN_PEERS = 3
-RULES = ("outlier: worse than the fleet median of the same figure by more than {margin:g}% (needs >= "
-         f"{MIN_PEERS} nodes or GPUs with that figure), or worse than its expected figure by more than "
-         "{margin:g}%; a node is also drained when a check fails on it or it did not answer in time")
+RULES = ("a figure is bad when worse than its group's fleet median (needs >= {peers} values) or its expected "
+         "figure by more than max(margin, k x run-to-run spread) of that figure (knowledge/data/verdict_rules.toml); "
+         "busy figures are not judged; an outlier is drained only when a re-run on its node repeats it; a check "
+         "that fails (not busy) or a node that does not answer is drained")
 DRIFT_KEYS = ("driver", "cuda", "nccl", "torch", "python")
 
 
@@ -30,57 +43,99 @@ def figure_key(fig: dict) -> str:
     return f"{fig['check']}.{fig['name']}"
 
 
+def is_busy(row: dict) -> bool:
+    return bool((row.get("busy") or {}).get("busy"))
+
+
 def flatten_figures(rows: list[dict]) -> list[dict]:
-    """One dict per (node, check, figure[, gpu]) with the node and check folded in."""
-    return [{**fig, "node": r["node"], "check": r["check"]} for r in rows for fig in r.get("figures", [])]
+    """One dict per (node, check, figure[, gpu]) with the node, check and busy state folded in."""
+    return [{**fig, "node": r["node"], "check": r["check"], "busy": is_busy(r)}
+            for r in rows for fig in r.get("figures", []) if fig.get("value") is not None]
 
 
-def fleet_medians(figures: list[dict]) -> dict[str, dict]:
-    """figure key -> {"median", "count", "unit", "higher_is_better"} over every node (and GPU)."""
-    groups: dict[str, list[dict]] = defaultdict(list)
+def rule_of(fig: dict, margin_pct: float | None) -> FigureRule:
+    rule = rule_for(fig["name"])
+    return dataclasses.replace(rule, margin=margin_pct / 100) if margin_pct else rule
+
+
+def group_stats(figures: list[dict], margin_pct: float | None = None) -> dict[tuple[str, str], dict]:
+    """(figure key, group) -> median, spread, threshold, expected, inconclusive, over the figures not busy."""
+    groups: dict[tuple[str, str], list[dict]] = defaultdict(list)
     for fig in figures:
-        if fig.get("value") is not None:
-            groups[figure_key(fig)].append(fig)
-    return {key: {"median": statistics.median(f["value"] for f in figs), "count": len(figs),
-                  "unit": figs[0].get("unit", ""), "higher_is_better": figs[0].get("higher_is_better", True)}
-            for key, figs in groups.items()}
+        groups[(figure_key(fig), fig.get("group") or "")].append(fig)
+    out = {}
+    for (key, group), figs in groups.items():
+        rule = rule_of(figs[0], margin_pct)
+        quiet = [f["value"] for f in figs if not f["busy"]]
+        spread_now = relative_spread(quiet)
+        expected = [f["expected"] for f in figs if f.get("expected")]
+        out[(key, group)] = {
+            "figure": key, "group": group, "rule": rule, "unit": rule.unit, "better": rule.better,
+            "count": len(quiet), "busy_excluded": len(figs) - len(quiet),
+            "median": statistics.median(quiet) if quiet else None,
+            "spread": spread_now, "threshold": threshold(rule, max(rule.spread, spread_now)),
+            "expected": statistics.median(expected) if expected else None,
+            "inconclusive": is_inconclusive(quiet, rule)}
+    return out
 
 
-def worse_by_pct(value: float, reference: float, higher_is_better: bool) -> float:
-    if not reference:
-        return 0.0
-    sign = 1 if higher_is_better else -1
-    return sign * (reference - value) / abs(reference) * 100
+def references(stats: dict, fleet_below_expected: bool) -> dict[str, float | None]:
+    """What one figure is compared with: its group median (enough peers, not inconclusive), and its
+    expected figure unless the whole group is below it (then that is the finding, not each node)."""
+    refs = {}
+    if stats["count"] >= MIN_PEERS and not stats["inconclusive"]:
+        refs["fleet median"] = stats["median"]
+    if stats["expected"] and not fleet_below_expected:
+        refs["expected"] = stats["expected"]
+    return refs
 
 
-def find_outliers(figures: list[dict], medians: dict[str, dict], margin_pct: float) -> list[dict]:
-    """Every figure breaking a rule: {"node", "gpu", "key", "value", "reference", "against", "worse_by_pct"}."""
+def fleet_gate(stats: dict) -> dict | None:
+    """The group's median against the expected figure: a uniformly degraded fleet is not ok."""
+    if stats["median"] is None or not stats["expected"] or stats["count"] < MIN_PEERS:
+        return None
+    breach = compare(stats["median"], stats["rule"], {"expected": stats["expected"]}, spread=stats["rule"].spread)
+    return {"figure": stats["figure"], "group": stats["group"], "median": stats["median"], "expected": stats["expected"],
+            "unit": stats["unit"], "worse_by_pct": round(100 * breach[0].deficit, 1), "count": stats["count"]} if breach else None
+
+
+def find_outliers(figures: list[dict], stats: dict, degraded: set) -> list[dict]:
+    """Candidates: every figure (not busy) breaking the rule against one of its references."""
     out = []
     for fig in figures:
-        value = fig.get("value")
-        if value is None:
+        if fig["busy"]:
             continue
-        key, higher = figure_key(fig), fig.get("higher_is_better", True)
-        stats = medians[key]
-        refs = []
-        if stats["count"] >= MIN_PEERS:
-            refs.append(("fleet median", stats["median"]))
-        if fig.get("expected"):
-            refs.append(("expected", fig["expected"]))
-        for against, ref in refs:
-            pct = worse_by_pct(value, ref, higher)
-            if pct > margin_pct:
-                out.append({"node": fig["node"], "gpu": fig.get("gpu"), "key": key, "value": value,
-                            "unit": fig.get("unit", ""), "reference": ref, "against": against,
-                            "worse_by_pct": round(pct, 1)})
+        s = stats[(figure_key(fig), fig.get("group") or "")]
+        refs = references(s, (s["figure"], s["group"]) in degraded)
+        for b in compare(fig["value"], s["rule"], refs, spread=max(s["rule"].spread, s["spread"])):
+            out.append({"node": fig["node"], "gpu": fig.get("gpu"), "key": s["figure"], "name": fig["name"],
+                        "check": fig["check"], "group": s["group"], "value": fig["value"], "unit": s["unit"],
+                        "reference": b.reference, "against": b.against, "worse_by_pct": round(100 * b.deficit, 1),
+                        "threshold_pct": round(100 * b.threshold, 1), "status": "unconfirmed", "confirm_value": None})
     return out
+
+
+def confirm_outliers(outliers: list[dict], confirm_rows: list[dict] | None, stats: dict) -> None:
+    """Mark each candidate "confirmed" when its check, re-run on its node, breaks the same reference again;
+    "not repeated" when the re-run is within the rule; "unconfirmed" without a usable re-run."""
+    if confirm_rows is None:
+        return
+    again = {(f["node"], figure_key(f), f.get("gpu")): f for f in flatten_figures(confirm_rows)}
+    for o in outliers:
+        fig = again.get((o["node"], o["key"], o["gpu"]))
+        if fig is None or fig["busy"]:
+            continue
+        s = stats[(o["key"], o["group"])]
+        o["confirm_value"] = fig["value"]
+        repeated = compare(fig["value"], s["rule"], {o["against"]: o["reference"]}, spread=max(s["rule"].spread, s["spread"]))
+        o["status"] = "confirmed" if repeated else "not repeated"
 
 
 def version_drift(versions_by_node: dict[str, dict]) -> list[dict]:
     """Fields whose value differs between nodes: {"field", "values": {value: [nodes]}, "odd_nodes"}.
 
-    A field missing on some nodes counts as the value "(unset)" there (an NCCL_* variable set on
-    only some nodes is drift too). odd_nodes: the nodes outside the most common value."""
+    A field missing on some nodes counts as the value "(unset)" there (a variable set on only some
+    nodes is drift too). odd_nodes: the nodes outside the most common value."""
     fields = sorted({k for v in versions_by_node.values() for k in v})
     drift = []
     for name in fields:
@@ -101,8 +156,15 @@ def drain_command(node: str, reason: str) -> str:
 
 def outlier_reason(o: dict) -> str:
     where = f"{o['node']}" + (f" GPU {o['gpu']}" if o.get("gpu") is not None else "")
-    return (f"{where} {o['key']} {o['value']:.4g} {o['unit']} is {o['worse_by_pct']:g}% below the "
-            f"{o['against']} {o['reference']:.4g} {o['unit']}")
+    group = f" of {o['group']}" if o.get("group") else ""
+    again = (f"; re-run: {o['confirm_value']:.4g} {o['unit']}" if o.get("confirm_value") is not None else "")
+    return (f"{where} {o['key']} {o['value']:.4g} {o['unit']} is {o['worse_by_pct']:g}% worse than the "
+            f"{o['against']}{group if o['against'] == 'fleet median' else ''} {o['reference']:.4g} {o['unit']} "
+            f"(threshold {o['threshold_pct']:g}%{again})")
+
+
+def failure_reason(row: dict) -> str:
+    return f"{row['check']} failed: " + ("; ".join(row.get("problems", [])[:2]) or "no reason given")
 
 
 def drain_list(outliers: list[dict], failed_checks: list[dict], missing: dict[str, str]) -> list[dict]:
@@ -111,9 +173,10 @@ def drain_list(outliers: list[dict], failed_checks: list[dict], missing: dict[st
     for node, why in missing.items():
         reasons[node].append(f"did not answer: {why}")
     for row in failed_checks:
-        reasons[row["node"]].append(f"{row['check']} failed: " + "; ".join(row.get("problems", [])[:2]))
+        reasons[row["node"]].append(failure_reason(row))
     for o in outliers:
-        reasons[o["node"]].append(outlier_reason(o))
+        if o["status"] == "confirmed":
+            reasons[o["node"]].append(outlier_reason(o))
     return [{"node": node, "reasons": why, "command": drain_command(node, "; ".join(why))}
             for node, why in sorted(reasons.items())]
 
@@ -139,16 +202,25 @@ def unanswered(rows: list[dict], expected_nodes: list[str], planned: dict[str, l
 
 
 def aggregate(rows: list[dict], expected_nodes: list[str], planned: dict[str, list[str]],
-              known_missing: dict[str, str], margin_pct: float) -> dict:
-    """Everything fleet_sweep reports across nodes, from the rows that arrived in time."""
+              known_missing: dict[str, str], margin_pct: float | None = None,
+              confirm_rows: list[dict] | None = None) -> dict:
+    """Everything fleet_sweep reports across nodes, from the rows that arrived in time. Without
+    `confirm_rows` the outliers are candidates ("unconfirmed") and none is drained."""
     figures = flatten_figures(rows)
-    medians = fleet_medians(figures)
-    outliers = find_outliers(figures, medians, margin_pct)
-    failed = [r for r in rows if r.get("verdict") == "fail"]
+    stats = group_stats(figures, margin_pct)
+    gates = [g for g in (fleet_gate(s) for s in stats.values()) if g]
+    outliers = find_outliers(figures, stats, {(g["figure"], g["group"]) for g in gates})
+    confirm_outliers(outliers, confirm_rows, stats)
+    busy = [r for r in rows if is_busy(r)]
+    failed = [r for r in rows if r.get("verdict") == "fail" and not is_busy(r)]
     versions: dict[str, dict] = {}
+    inventories: dict[str, dict] = {}
     for r in rows:
         versions.setdefault(r["node"], {}).update(r.get("versions") or {})
+        if r.get("inventory"):
+            inventories[r["node"]] = r["inventory"]
     missing = unanswered(rows, expected_nodes, planned, known_missing)
-    return {"medians": medians, "outliers": outliers, "drift": version_drift(versions),
+    return {"stats": stats, "outliers": outliers, "fleet_below_expected": gates, "busy": busy,
+            "drift": version_drift(versions), "inventory_drift": version_drift(inventories),
             "failed": failed, "missing": missing, "drain": drain_list(outliers, failed, missing),
-            "rule": RULES.format(margin=margin_pct)}
+            "rule": RULES.format(peers=MIN_PEERS) + (f"; margin overridden to {margin_pct:g}%" if margin_pct else "")}

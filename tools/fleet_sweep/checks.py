@@ -3,118 +3,164 @@
 Tools are found through the engine (load_spec imports only that tool's module): a tool never
 imports another tool, and these run in the node's own process, which is already a child.
 
-Each check returns a row (see aggregate.py): the tool's verdict and problems, the figures to compare
-across nodes (per GPU where the tool measures per GPU), the versions to compare, and the tool's
-full result and params so the parent can store it under that tool's name in the results store.
+What a check contributes to the comparison across nodes is the tool's own typed contract
+(`ToolSpec.sweep`, tools/engine/figures.py): the figures with their unit, better direction and
+expected figure, read from the tool's typed Result in the tool's own code. This module reads no
+other tool's result field by name beyond the node facts env_report and gpu_health exist to give.
+
+Each check returns a row (see aggregate.py): the tool's verdict and problems (never empty when the
+verdict is warn or fail), its figures, who else used the resource while it measured (`busy`, see
+tools/shared/occupancy.py), and the tool's full result and params, which the parent stores under
+that tool's name in the results store.
+
+Adding a check (a nic_health, say): give the tool a `sweep=SweepContract(...)` in its spec, a
+verdict rule per figure in knowledge/data/verdict_rules.toml, and one entry in CHECK_TABLE below
+(`tool_check("nic_health")`, with `occupancy=` a function saying who else uses what it measures).
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
+
+from ..engine.figures import Measured
+from ..shared.occupancy import CpuWatch, Occupancy, gpu_occupancy
 
 CHECKS = ("env_report", "gpu_health", "cpu_probe", "matmul_bench", "memory_bandwidth_bench", "p2p_bandwidth",
           "storage_bench")
 GPU_CHECKS = ("matmul_bench", "memory_bandwidth_bench", "p2p_bandwidth")
+NON_INVASIVE = ("env_report", "gpu_health")      # read state only: safe beside a user's running job
 DEFAULT_CHECKS = ("env_report", "gpu_health", "cpu_probe", *GPU_CHECKS)
+# Variables that change how collectives behave: drift in any of them between nodes is reported.
+DRIFT_ENV_PREFIXES = ("NCCL_", "TORCH_NCCL_", "TORCH_DISTRIBUTED_", "CUDA_", "FI_", "UCX_")
 
 
 def _quiet(fraction: float, message: str) -> None:
     """The inner tools' own progress stays on the node: the sweep reports per check."""
 
 
-def figure(name: str, value, unit: str, *, gpu: int | None = None, expected=None, higher_is_better=True) -> dict:
-    return {"name": name, "value": value, "unit": unit, "gpu": gpu, "expected": expected,
-            "higher_is_better": higher_is_better}
+def figure_row(m: Measured) -> dict:
+    """A contract figure as it travels to the parent (JSON)."""
+    f = m.figure
+    return {"name": f.name, "value": m.value, "unit": f.unit, "better": f.better, "gpu": m.gpu,
+            "expected": m.expected, "group": m.group}
 
 
-def run_tool(name: str, **params) -> tuple[dict, dict]:
-    """(params, result) of one tool's run() here, both as plain dicts."""
+def is_sweep_process(proc) -> bool:
+    """Another node process of a sweep by the same user (namespace test clusters put several on one
+    host): its load is the sweep's own, not another tenant's."""
+    return proc.uids().real == os.getuid() and any("fleet_sweep.node" in part for part in proc.cmdline())
+
+
+def run_tool(name: str, **params):
+    """(params as a dict, the tool's typed Result, its spec) of one tool's run() here."""
     from ..engine.registry import load_spec
 
     spec = load_spec(name)
     validated = spec.Params(**params)
-    result = spec.run(validated, _quiet)
-    return validated.model_dump(mode="json"), result.model_dump(mode="json")
+    return validated.model_dump(mode="json"), spec.run(validated, _quiet), spec
+
+
+def contract_row(name: str, params: dict, result, spec, busy: Occupancy | None = None) -> dict:
+    """A row from a tool that declares a sweep contract: its figures, evidence and reasons."""
+    contract = spec.sweep
+    problems = contract.evidence(result) if contract else []
+    if result.verdict in ("warn", "fail"):
+        problems = problems + [f for f in result.findings if f not in problems]
+    row = {"tool": name, "params": params, "result": result.model_dump(mode="json"), "problems": problems,
+           "figures": [figure_row(m) for m in contract.measure(result)] if contract else []}
+    if busy is not None:
+        row["busy"] = busy.as_dict()
+    return row
+
+
+def inventory(gpu_count: int | None) -> dict:
+    """What a node that lost a DIMM, a GPU or a NIC differs from its peers in."""
+    import psutil
+
+    nics = [n for n in os.listdir("/sys/class/net") if os.path.exists(f"/sys/class/net/{n}/device")] \
+        if os.path.isdir("/sys/class/net") else []
+    ib = os.listdir("/sys/class/infiniband") if os.path.isdir("/sys/class/infiniband") else []
+    # nearest 4 GiB: identical nodes differ by a few MiB of kernel reservations, a lost DIMM by 8+ GiB
+    return {"gpu_count": gpu_count, "cpu_count": os.cpu_count(),
+            "host_memory_gib": int(round(psutil.virtual_memory().total / 2**30 / 4) * 4),
+            "nic_count": len(nics), "infiniband_devices": len(ib)}
 
 
 def check_env_report() -> dict:
-    params, res = run_tool("env_report")
-    versions = {"driver": res.get("driver"), "cuda": res.get("torch_cuda") or res.get("torch_hip"),
-                "nccl": res.get("nccl"), "torch": res.get("torch"), "python": res.get("python")}
-    versions.update({k: v for k, v in (res.get("env") or {}).items() if k.startswith("NCCL_")})
-    return {"tool": "env_report", "params": params, "result": res, "versions": versions,
-            "problems": res.get("warnings", [])}
+    params, res, spec = run_tool("env_report")
+    versions = {"driver": res.driver, "cuda": res.torch_cuda or res.torch_hip, "nccl": res.nccl,
+                "torch": res.torch, "python": res.python}
+    versions.update({k: v for k, v in res.env.items() if k.startswith(DRIFT_ENV_PREFIXES)})
+    row = contract_row("env_report", params, res, spec)
+    row["problems"] = list(res.warnings) + [p for p in row["problems"] if p not in res.warnings]
+    return {**row, "versions": versions, "inventory": inventory(res.gpu_count)}
 
 
 def check_gpu_health() -> dict:
-    params, res = run_tool("gpu_health")
-    per_gpu = [{"gpu": g["index"], "verdict": g["verdict"], "problems": [_finding_text(p) for p in g["problems"]],
-                "serial": g.get("serial"), "name": g["name"]} for g in res.get("gpus", [])]
-    problems = [f"GPU {g['gpu']}: {p}" for g in per_gpu for p in g["problems"]]
-    return {"tool": "gpu_health", "params": params, "result": res, "gpus": per_gpu, "problems": problems}
-
-
-def _finding_text(problem) -> str:
-    """gpu_health's problems are findings with an action ({"text", "action", ...}); older ones plain text."""
-    if isinstance(problem, dict):
-        action = problem.get("action")
-        return problem.get("text", "") + (f" (action: {action})" if action and action != "none" else "")
-    return str(problem)
+    params, res, spec = run_tool("gpu_health")
+    per_gpu = [{"gpu": g.index, "verdict": g.verdict, "serial": g.serial, "name": g.name,
+                "problems": [p.text + (f" (action: {p.action})" if p.action and p.action != "none" else "")
+                             for p in g.problems]} for g in res.gpus]
+    row = contract_row("gpu_health", params, res, spec)
+    row["problems"] = [f"GPU {g['gpu']}: {p}" for g in per_gpu for p in g["problems"]] or row["problems"]
+    return {**row, "gpus": per_gpu}
 
 
 def check_cpu_probe() -> dict:
-    from .cpu_probe import measure
+    from .cpu_probe import SWEEP, measure
 
-    res = measure()
-    figures = [figure("matmul_gflops", res["matmul_gflops"], "GFLOP/s"),
-               figure("copy_gbps", res["copy_gbps"], "GB/s")]
-    return {"tool": "fleet_sweep", "params": {"check": "cpu_probe"}, "metric": "matmul_gflops",
-            "result": {"verdict": "info", **res}, "figures": figures, "problems": []}
+    with CpuWatch(is_sweep_process) as watch:
+        res = measure()
+    busy = watch.occupancy
+    row = {"tool": "fleet_sweep", "params": {"check": "cpu_probe"}, "metric": "matmul_gflops",
+           "result": {"verdict": "info", **res}, "problems": [], "busy": busy.as_dict(),
+           "figures": [figure_row(m) for m in SWEEP.measure(res)]}
+    if watch.own_limit_bound is not None and watch.own_limit_bound >= 0.05:
+        row["problems"].append(f"this node's own CPU limit (cgroup quota) bound in {watch.own_limit_bound:.0%} of "
+                               "scheduler periods while it measured")
+    return row
 
 
-def check_matmul_bench() -> dict:
-    params, res = run_tool("matmul_bench", mode="quick", all_gpus=True)
-    expected = res.get("published_mamf_tflops")
-    rows = res.get("gpus") or [{"device": 0, "mamf_tflops": res.get("mamf_tflops")}]
-    figures = [figure("mamf_tflops", g.get("mamf_tflops"), "TFLOPS", gpu=g["device"], expected=expected)
-               for g in rows]
-    return {"tool": "matmul_bench", "params": params, "result": res, "figures": figures, "problems": []}
+def tool_check(name: str, occupancy: Callable[[], Occupancy] | None = None, **params) -> Callable[[], dict]:
+    """A tool with a sweep contract as a check; `occupancy` says who else was on the resource it
+    measures, just before and just after it (a holder that came or went mid-run counts)."""
+    def check() -> dict:
+        before = occupancy() if occupancy else None
+        p, res, spec = run_tool(name, **params)
+        return contract_row(name, p, res, spec, before.merge(occupancy()) if occupancy else None)
+    return check
+
+
+def gpus_in_use() -> Occupancy:
+    return gpu_occupancy(ours=is_sweep_process)
+
+
+def gpu_check(name: str, **params) -> Callable[[], dict]:
+    return tool_check(name, gpus_in_use, **params)
 
 
 def check_memory_bandwidth_bench(gpu_count: int) -> dict:
-    results, figures, params = [], [], {}
-    for device in range(gpu_count):
-        params, res = run_tool("memory_bandwidth_bench", device=device)
-        results.append(res)
-        figures.append(figure("copy_tbps", res.get("copy_tbps"), "TB/s", gpu=device))
-    worst = min(results, key=lambda r: r.get("copy_tbps") or 0)
-    return {"tool": "memory_bandwidth_bench", "params": params, "result": worst, "per_gpu_results": results,
-            "figures": figures, "problems": []}
-
-
-def check_p2p_bandwidth() -> dict:
-    params, res = run_tool("p2p_bandwidth")
-    figures = [figure("median_unidir_gbps", res.get("median_unidir_gbps"), "GB/s"),
-               figure("min_unidir_gbps", res.get("min_unidir_gbps"), "GB/s")]
-    return {"tool": "p2p_bandwidth", "params": params, "result": res, "figures": figures,
-            "problems": [f"slow pair {p}" for p in res.get("flagged_pairs", [])]}
-
-
-def check_storage_bench(path: str) -> dict:
-    params, res = run_tool("storage_bench", path=path, size_mib=64, small_files=200, time_budget_s=30)
-    figures = [figure("seq_read_mbps", res.get("seq_read_mbps"), "MB/s"),
-               figure("seq_write_mbps", res.get("seq_write_mbps"), "MB/s"),
-               figure("file_create_per_s", res.get("file_create_per_s"), "files/s")]
-    return {"tool": "storage_bench", "params": params, "result": res, "figures": figures, "problems": []}
+    """One run per GPU (the tool measures one device); figures of every GPU, the worst result stored."""
+    rows = [gpu_check("memory_bandwidth_bench", device=device)() for device in range(gpu_count)]
+    worst = min(rows, key=lambda r: next((f["value"] or 0 for f in r["figures"]), 0))
+    busy = Occupancy()
+    for r in rows:
+        busy = busy.merge(Occupancy(**{**r["busy"], "holders": []}))
+    return {**worst, "figures": [f for r in rows for f in r["figures"]], "per_gpu_results": [r["result"] for r in rows],
+            "problems": [p for r in rows for p in r["problems"]], "busy": {**busy.as_dict(), "holders":
+            [h for r in rows for h in r["busy"]["holders"]]}}
 
 
 def plan(checks: list[str], gpu_count: int, storage_path: str | None) -> list[tuple[str, Callable[[], dict]]]:
     """The checks that apply on this node, in order: GPU checks need GPUs (p2p two of them)."""
     table = {"env_report": check_env_report, "gpu_health": check_gpu_health, "cpu_probe": check_cpu_probe,
-             "matmul_bench": check_matmul_bench, "p2p_bandwidth": check_p2p_bandwidth,
+             "matmul_bench": gpu_check("matmul_bench", mode="quick", all_gpus=True),
+             "p2p_bandwidth": gpu_check("p2p_bandwidth"),
              "memory_bandwidth_bench": lambda: check_memory_bandwidth_bench(gpu_count),
-             "storage_bench": lambda: check_storage_bench(storage_path or "/tmp")}
+             "storage_bench": tool_check("storage_bench", path=storage_path or "/tmp", size_mib=64, small_files=200,
+                                        time_budget_s=30)}
     chosen = []
     for name in checks:
         if name in GPU_CHECKS and gpu_count < (2 if name == "p2p_bandwidth" else 1):
@@ -124,13 +170,16 @@ def plan(checks: list[str], gpu_count: int, storage_path: str | None) -> list[tu
 
 
 def run_check(name: str, fn: Callable[[], dict]) -> dict:
-    """One check as a row; a check that raises becomes a failed row, not a dead node."""
+    """One check as a row; a check that raises becomes a failed row with its reason, not a dead node."""
     t0 = time.time()
     try:
         row = fn()
         row["verdict"] = row["result"].get("verdict", "info")
     except Exception as exc:  # the node answers; its check failed, and says how
         row = {"tool": name, "params": {}, "result": {"verdict": "fail"}, "verdict": "fail",
-               "problems": [f"{type(exc).__name__}: {exc}"[:300]]}
+               "problems": [f"{type(exc).__name__}: {exc}"[:300] if str(exc) else f"{type(exc).__name__} (no message)"]}
+    if row["verdict"] in ("warn", "fail") and not row.get("problems"):
+        row["problems"] = [f"{name} answered {row['verdict']} without saying why (its result is stored: "
+                           "results_history shows it)"]
     row.update(check=name, started=t0, ended=time.time())
     return row

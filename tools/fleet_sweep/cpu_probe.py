@@ -12,7 +12,10 @@ differ too much; only the fleet median judges it.
 
 from __future__ import annotations
 
+import os
 import time
+
+from ..engine.figures import Figure, Measured, SweepContract
 
 MATMUL_N = 256
 COPY_BYTES = 64 << 20
@@ -28,7 +31,7 @@ def _rate(work, units_per_call: float, window_s: float) -> float:
 
 
 def measure(window_s: float = 0.3, windows: int = 6) -> dict:
-    """{"matmul_gflops": GFLOP/s (1e9), "copy_gbps": GB/s (1e9 bytes), "threads": 1}."""
+    """{"matmul_gflops": GFLOP/s (1e9), "copy_gbps": GB/s (1e9 bytes), "threads": 1, "node_type"}."""
     import torch
 
     threads = torch.get_num_threads()
@@ -46,4 +49,22 @@ def measure(window_s: float = 0.3, windows: int = 6) -> dict:
             gbps = max(gbps, _rate(lambda: dst.copy_(src), COPY_BYTES / 1e9, window_s))
     finally:
         torch.set_num_threads(threads)
-    return {"matmul_gflops": round(gflops, 2), "copy_gbps": round(gbps, 2), "threads": 1}
+    return {"matmul_gflops": round(gflops, 2), "copy_gbps": round(gbps, 2), "threads": 1, "node_type": node_type()}
+
+
+MATMUL = Figure("matmul_gflops", "GFLOP/s", "higher")
+COPY = Figure("copy_gbps", "GB/s", "higher")
+# No expected figure (CPUs differ too much); compared within the node type (CPU model and count).
+SWEEP = SweepContract(figures=(MATMUL, COPY), read=lambda res: [
+    Measured(MATMUL, res["matmul_gflops"], group=res.get("node_type")), Measured(COPY, res["copy_gbps"], group=res.get("node_type"))])
+
+
+def node_type() -> str:
+    """CPU model and count: nodes of one type are compared with each other."""
+    model = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
+    except OSError:
+        pass
+    return f"{model or 'unknown CPU'} x{os.cpu_count()}"

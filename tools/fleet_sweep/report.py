@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import time
 
-from .result import Drain, Drift, FigureMedian, FleetSweepResult, GpuRow, Missing, NodeRow, Outlier
-from .aggregate import aggregate, outlier_reason
+from .aggregate import aggregate, failure_reason, outlier_reason
+from .result import BelowExpected, Busy, Drain, Drift, FigureMedian, FleetSweepResult, GpuRow, Missing, NodeRow, Outlier
 
 
 def store_row(row: dict) -> int | None:
@@ -34,10 +34,32 @@ def node_rows(rows: list[dict], stored: dict) -> tuple[list[NodeRow], list[GpuRo
         nodes.append(NodeRow(node=r["node"], host=r.get("host"), check=r["check"], verdict=r.get("verdict", "info"),
                              seconds=round(r.get("ended", 0) - r.get("started", 0), 2),
                              figures={f["name"]: f["value"] for f in figs if f.get("gpu") is None},
-                             problems=r.get("problems", [])[:10], result_id=stored.get((r["node"], r["check"]))))
+                             problems=r.get("problems", [])[:10], busy=busy_sentence(r) or None,
+                             result_id=stored.get((r["node"], r["check"]))))
         gpus += [GpuRow(node=r["node"], gpu=f["gpu"], check=r["check"], figure=f["name"], value=f["value"],
-                        unit=f.get("unit", ""), expected=f.get("expected")) for f in figs if f.get("gpu") is not None]
+                        unit=f.get("unit", ""), expected=f.get("expected"), group=f.get("group"))
+                 for f in figs if f.get("gpu") is not None]
     return nodes, gpus
+
+
+def busy_sentence(row: dict) -> str:
+    busy = row.get("busy") or {}
+    if not busy.get("busy"):
+        return ""
+    return busy.get("why") or "busy"
+
+
+def holder_text(h: dict) -> str:
+    where = f" on GPU {h['gpu']}" if h.get("gpu") is not None else ""
+    mem = f", {h['used_mib']:.0f} MiB" if h.get("used_mib") else ""
+    return f"pid {h['pid']} ({h.get('name', '?')}, user {h.get('user') or '?'}{mem}){where}"
+
+
+def stats_sentence(s: dict) -> str:
+    return (f"{s['figure']}" + (f" [{s['group']}]" if s["group"] else "") + f": {s['count']} value(s)"
+            + (f" ({s['busy_excluded']} busy left out)" if s["busy_excluded"] else "")
+            + (f", median {s['median']:.4g} {s['unit']}" if s["median"] is not None else "")
+            + f", spread {s['spread']:.1%}, threshold {s['threshold']:.1%}")
 
 
 def drift_sentence(d: dict) -> str:
@@ -49,37 +71,63 @@ def drift_sentence(d: dict) -> str:
 def findings_for(agg: dict, total: int, complete: int, wall_s: float, deadline_s: float) -> list[str]:
     lines = [f"{complete} of {total} node(s) answered every check in {wall_s:.1f} s (deadline {deadline_s:g} s)."]
     lines += [f"NOT ANSWERING: {node}: {why}." for node, why in sorted(agg["missing"].items())]
-    lines += [f"FAILED: {r['node']} {r['check']}: " + "; ".join(r.get("problems", [])[:2]) for r in agg["failed"]]
-    lines += [f"OUTLIER: {outlier_reason(o)}." for o in agg["outliers"]]
+    lines += [f"FAILED: {r['node']} {failure_reason(r)}" for r in agg["failed"]]
+    lines += [f"BUSY (not judged, not drained): {r['node']} {r['check']}: {busy_sentence(r)}"
+              + (f"; held by {', '.join(holder_text(h) for h in r['busy']['holders'][:3])}" if r["busy"].get("holders") else "")
+              + "." for r in agg["busy"]]
+    label = {"confirmed": "OUTLIER (confirmed by a re-run)", "not repeated": "NOT REPEATED (a re-run was within the rule; not drained)",
+             "unconfirmed": "SUSPECT (not re-run; not drained)"}
+    lines += [f"{label[o['status']]}: {outlier_reason(o)}." for o in agg["outliers"]]
+    lines += [f"FLEET BELOW EXPECTED: {g['figure']}" + (f" [{g['group']}]" if g["group"] else "")
+              + f" median {g['median']:.4g} {g['unit']} over {g['count']} value(s) is {g['worse_by_pct']:g}% below the "
+              f"expected {g['expected']:.4g} {g['unit']}: a fleet-wide cause (clocks, power cap, driver, software), "
+              "not one node." for g in agg["fleet_below_expected"]]
+    lines += [f"INCONCLUSIVE: {stats_sentence(s)} > widest {s['rule'].widest:.0%}: the healthy figures spread too "
+              "widely to name an outlier; repeat when the nodes are quiet." for s in agg["stats"].values() if s["inconclusive"]]
+    groups = sorted({(s["figure"].split(".")[0], s["group"]) for s in agg["stats"].values() if s["group"]})
+    if groups:
+        lines.append("Compared within groups: " + "; ".join(f"{c} [{g}]" for c, g in groups) + ".")
     lines += [drift_sentence(d) for d in agg["drift"]]
+    lines += ["Inventory " + drift_sentence(d)[len("Version "):] for d in agg["inventory_drift"]]
     if agg["drain"]:
         lines.append(f"Drain list: {', '.join(d['node'] for d in agg['drain'])} (commands in `drain`; not run).")
     lines.append(f"Rule: {agg['rule']}.")
     return lines
 
 
-def build_result(params, target, got, stored: dict, wall_s: float) -> FleetSweepResult:
+def build_result(params, target, got, stored: dict, wall_s: float, confirm=None, notes=()) -> FleetSweepResult:
     rows = list(got.rows.values()) if got else []
     known = dict(target.skipped)
     if got:
         known.update({n: f"srun could not start its task: {why}" for n, why in got.failed_launch.items()})
     planned = got.planned if got else {}
-    agg = aggregate(rows, target.nodes, planned, known, params.margin_pct)
+    confirm_rows = list(confirm.rows.values()) if confirm else None
+    agg = aggregate(rows, target.nodes, planned, known, params.margin_pct, confirm_rows)
     complete = len(target.nodes) - len(agg["missing"])
     node_list, gpu_list = node_rows(rows, stored)
-    verdict = ("fail" if agg["missing"] or agg["failed"] else "warn" if agg["outliers"] or agg["drift"]
-               else "ok" if rows else "info")
+    confirmed = any(o["status"] == "confirmed" for o in agg["outliers"])
+    inconclusive = any(s["inconclusive"] for s in agg["stats"].values())
+    verdict = ("fail" if agg["missing"] or agg["failed"] or confirmed else
+               "warn" if (agg["outliers"] or agg["drift"] or agg["inventory_drift"] or agg["busy"] or inconclusive
+                          or agg["fleet_below_expected"]) else "ok" if rows else "info")
     result = FleetSweepResult(
         verdict=verdict, target=f"{target.kind} ({len(target.nodes)} nodes)", nodes_total=len(target.nodes),
         nodes_complete=complete, rows=node_list, gpus=gpu_list, rule=agg["rule"],
-        medians=[FigureMedian(figure=k, median=round(v["median"], 4), count=v["count"], unit=v["unit"])
-                 for k, v in agg["medians"].items()],
+        medians=[FigureMedian(figure=s["figure"], group=s["group"], median=s["median"], count=s["count"],
+                              busy_excluded=s["busy_excluded"], unit=s["unit"], spread_pct=round(100 * s["spread"], 2),
+                              threshold_pct=round(100 * s["threshold"], 2), expected=s["expected"],
+                              inconclusive=s["inconclusive"]) for s in agg["stats"].values()],
         outliers=[Outlier(node=o["node"], gpu=o.get("gpu"), figure=o["key"], value=o["value"], reference=o["reference"],
-                          against=o["against"], worse_by_pct=o["worse_by_pct"]) for o in agg["outliers"]],
-        drift=[Drift(**d) for d in agg["drift"]],
+                          against=o["against"], worse_by_pct=o["worse_by_pct"], threshold_pct=o["threshold_pct"],
+                          group=o["group"], status=o["status"], confirm_value=o["confirm_value"]) for o in agg["outliers"]],
+        busy=[Busy(node=r["node"], check=r["check"], why=busy_sentence(r),
+                   holders=[holder_text(h) for h in r["busy"].get("holders", [])]) for r in agg["busy"]],
+        below_expected=[BelowExpected(**{k: g[k] for k in ("figure", "group", "median", "expected", "worse_by_pct", "count")})
+                        for g in agg["fleet_below_expected"]],
+        drift=[Drift(**d) for d in agg["drift"]], inventory_drift=[Drift(**d) for d in agg["inventory_drift"]],
         not_answering=[Missing(node=n, reason=why) for n, why in sorted(agg["missing"].items())],
         drain=[Drain(**d) for d in agg["drain"]], launch_attempts=got.attempts if got else 0, wall_s=wall_s,
-        findings=findings_for(agg, len(target.nodes), complete, wall_s, params.deadline_s),
+        findings=[*notes, *findings_for(agg, len(target.nodes), complete, wall_s, params.deadline_s)],
         next=["results_history", "gpu_health", "collective_bench", "knowledge://orchestration/fleet-sweeps.md"])
     if params.plot and rows:
         result.plot_png = _plot(rows, agg, params, len(target.nodes))
@@ -93,7 +141,7 @@ def _plot(rows: list[dict], agg: dict, params, total: int) -> str | None:
 
     path = params.plot_path or str(mleng_home() / "plots" / f"fleet_sweep-{time.strftime('%Y%m%d-%H%M%S')}.png")
     try:
-        return draw(flatten_figures(rows), agg["medians"], agg["outliers"], params.margin_pct, path,
+        return draw(flatten_figures(rows), agg["stats"], agg["outliers"], path,
                     f"fleet_sweep: {total} nodes, outliers in red")
     except ImportError:
         return None

@@ -16,6 +16,7 @@ class NodeRow(Record):
     seconds: float = Field(description="Wall time of the check on the node, s.")
     figures: dict[str, float | None] = Field(default_factory=dict, description="Node-level figures (GPU ones in `gpus`).")
     problems: list[str] = Field(default_factory=list, description="What the check found wrong there.")
+    busy: str | None = Field(None, description="Who else used the resource while it measured (its figures are not judged).")
     result_id: int | None = Field(None, description="Its row in the results store (results_history).")
 
 
@@ -27,13 +28,20 @@ class GpuRow(Record):
     value: float | None = Field(None, description="Measured value.")
     unit: str = Field("", description="Unit.")
     expected: float | None = Field(None, description="Expected figure, where the check has one.")
+    group: str | None = Field(None, description="GPU model it is compared within.")
 
 
 class FigureMedian(Record):
     figure: str = Field(description="check.figure")
-    median: float = Field(description="Median over nodes (or GPUs).")
-    count: int = Field(description="Values behind it.")
+    group: str = Field("", description="What was compared: GPU model (per-GPU figures) or CPU model and count.")
+    median: float | None = Field(None, description="Median over the group's nodes (or GPUs) that were not busy.")
+    count: int = Field(description="Values behind it (busy ones excluded).")
+    busy_excluded: int = Field(0, description="Values left out because the resource was busy.")
     unit: str = Field("", description="Unit.")
+    spread_pct: float = Field(0.0, description="Spread of those values now, 1.4826 x MAD / median, %.")
+    threshold_pct: float = Field(0.0, description="Deficit a figure had to exceed: max(margin, k x spread), %.")
+    expected: float | None = Field(None, description="Expected figure of the group, where one exists.")
+    inconclusive: bool = Field(False, description="The values spread too widely to name an outlier.")
 
 
 class Outlier(Record):
@@ -44,10 +52,32 @@ class Outlier(Record):
     reference: float = Field(description="Fleet median or expected figure it is compared with.")
     against: str = Field(description="'fleet median' or 'expected'.")
     worse_by_pct: float = Field(description="How much worse, %.")
+    threshold_pct: float = Field(0.0, description="The deficit it had to exceed, %.")
+    group: str = Field("", description="The group it was compared within.")
+    status: str = Field("unconfirmed", description="confirmed (a re-run on the node broke the rule again: drained) | "
+                        "not repeated (the re-run was within the rule) | unconfirmed (no usable re-run).")
+    confirm_value: float | None = Field(None, description="The figure of the re-run on that node.")
+
+
+class Busy(Record):
+    node: str = Field(description="Node.")
+    check: str = Field(description="Check whose figures were measured on a busy resource.")
+    why: str = Field(description="What was busy, with units.")
+    holders: list[str] = Field(default_factory=list, description="Other processes on it: pid, name, user, GPU, memory.")
+
+
+class BelowExpected(Record):
+    figure: str = Field(description="check.figure")
+    group: str = Field("", description="Group.")
+    median: float = Field(description="The group's median.")
+    expected: float = Field(description="The figure a healthy device reaches.")
+    worse_by_pct: float = Field(description="How much worse the whole group is, %.")
+    count: int = Field(description="Values behind the median.")
 
 
 class Drift(Record):
-    field: str = Field(description="driver, cuda, nccl, torch, python or an NCCL_* variable.")
+    field: str = Field(description="driver, cuda, nccl, torch, python, an NCCL_/TORCH_NCCL_/TORCH_DISTRIBUTED_/CUDA_/FI_/UCX_ "
+                       "variable, or an inventory count (gpu_count, cpu_count, host_memory_gib, nic_count ...).")
     values: dict[str, list[str]] = Field(description="value -> nodes with it ('(unset)' where absent).")
     odd_nodes: list[str] = Field(description="Nodes outside the most common value.")
 
@@ -69,10 +99,13 @@ class FleetSweepResult(Result):
     nodes_complete: int = Field(0, description="Nodes that answered every check they run.")
     rows: list[NodeRow] = Field(default_factory=list, description="One row per node and check.")
     gpus: list[GpuRow] = Field(default_factory=list, description="One row per node, GPU and per-GPU figure.")
-    medians: list[FigureMedian] = Field(default_factory=list, description="Fleet median of every figure.")
-    outliers: list[Outlier] = Field(default_factory=list, description="Figures breaking the rule.")
+    medians: list[FigureMedian] = Field(default_factory=list, description="Fleet median, spread and threshold of every figure per group.")
+    outliers: list[Outlier] = Field(default_factory=list, description="Figures breaking the rule, with the re-run's verdict.")
+    busy: list[Busy] = Field(default_factory=list, description="Checks measured while others used the resource (not judged).")
+    below_expected: list[BelowExpected] = Field(default_factory=list, description="Groups whose median is below the expected figure.")
     rule: str = Field("", description="The outlier rule, as applied.")
-    drift: list[Drift] = Field(default_factory=list, description="Versions and NCCL_* variables that differ between nodes.")
+    drift: list[Drift] = Field(default_factory=list, description="Versions and collective-changing variables that differ between nodes.")
+    inventory_drift: list[Drift] = Field(default_factory=list, description="GPU, CPU, memory and NIC counts that differ between nodes.")
     not_answering: list[Missing] = Field(default_factory=list, description="Nodes without a complete answer by the deadline.")
     drain: list[Drain] = Field(default_factory=list, description="Nodes to drain, with reasons and the command.")
     launch_attempts: int = Field(0, description="srun steps started (2 when nodes refused the first launch).")

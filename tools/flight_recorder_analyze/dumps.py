@@ -15,8 +15,10 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 from ..engine.spec import ToolFailure
+from ..shared.safe_read import open_regular
 
 DEFAULT_PREFIX_ENV = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
 TORCH_DEFAULT_PREFIX = "/tmp/nccl_trace_rank_"
@@ -112,30 +114,33 @@ def rank_of(name: str, prefix: str) -> int | None:
 
 
 def load_dump(path: Path) -> dict:
-    size = path.stat().st_size
+    with open_regular(path) as f:
+        return _load_open(f, os.fstat(f.fileno()).st_size)
+
+
+def _load_open(f: BinaryIO, size: int) -> dict:
     if size == 0:
         raise ValueError("empty file (0 bytes): the rank was killed while writing its dump; the first dump "
                          "with stack traces takes 1-3 s, so give ranks time before SIGKILL")
     if size > MAX_FILE_BYTES:
         raise ValueError(f"{size / 2**20:.0f} MiB is larger than any flight-recorder dump")
-    with open(path, "rb") as f:
-        head = f.read(1)
-        f.seek(0)
-        if head == b"\x80":
-            try:
-                data = _PlainData(f).load()
-            except UnsafeDump:
-                raise
-            except (pickle.UnpicklingError, EOFError, ValueError, TypeError, MemoryError, IndexError,
-                    RecursionError) as e:
-                raise ValueError(f"not a complete pickle ({type(e).__name__}: {e}): truncated or corrupt") from None
-        elif head in (b"{", b" ", b"\n"):
-            try:
-                data = json.load(f)
-            except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
-                raise ValueError(f"not valid JSON ({e}): truncated or corrupt") from None
-        else:
-            raise ValueError("neither a pickle nor a JSON flight-recorder dump")
+    head = f.read(1)
+    f.seek(0)
+    if head == b"\x80":
+        try:
+            data = _PlainData(f).load()
+        except UnsafeDump:
+            raise
+        except (pickle.UnpicklingError, EOFError, ValueError, TypeError, MemoryError, IndexError,
+                RecursionError) as e:
+            raise ValueError(f"not a complete pickle ({type(e).__name__}: {e}): truncated or corrupt") from None
+    elif head in (b"{", b" ", b"\n"):
+        try:
+            data = json.load(f)
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
+            raise ValueError(f"not valid JSON ({e}): truncated or corrupt") from None
+    else:
+        raise ValueError("neither a pickle nor a JSON flight-recorder dump")
     if not isinstance(data, dict) or "version" not in data or not ({"entries", "pg_config", "pg_status"} & set(data)):
         raise ValueError("readable, but not a flight-recorder dump (no version/entries/pg_config keys)")
     expanded_units(data, BUDGET_PER_BYTE * size + BUDGET_SLACK)

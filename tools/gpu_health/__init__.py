@@ -17,6 +17,7 @@ import time
 
 from ..engine.spec import Field, Params, Record, Result, ToolSpec, worst
 from ..engine.data import load_data
+from ..shared.safe_read import read_limited
 from ..shared.actions import ACTION_FIELD, Action, HealthFinding, by_action, verdict_of, worst_action
 from . import dcgm, holders, read
 from .assess import assess
@@ -29,6 +30,7 @@ from .window import kernel_log, read_kernel_log, sample_window
 # Deadline of a `dcgmi diag` run inside the tool's own deadline (SPEC.timeout_s): levels 1-3 fit; a level 4
 # with memtest can take longer, run it by hand (`dcgmi diag -r 4 -j > diag.json`) and pass dcgm_file.
 DCGM_TIMEOUT_S = 1700
+DCGM_FILE_BYTES = 16 << 20   # `dcgmi diag -r 4 -j` on 8 GPUs is well under 1 MiB; anything bigger is not its output
 
 __all__ = ["SPEC", "GpuHealthParams", "GpuReading", "GpuHealthResult", "XidSeen", "assess", "run", "summarise"]
 
@@ -44,7 +46,7 @@ class GpuHealthParams(Params):
     dcgm_level: int = Field(0, ge=0, le=4, description=(
         "Also run dcgmi diag -r N: 1 seconds, 2 ~2 min, 3 ~15 min, 4 hours; 3-4 occupy every GPU. 0: not run."))
     dcgm_file: str | None = Field(None, max_length=4096, description=(
-        "Read a saved dcgmi diag -j output instead of running DCGM."))
+        "Read a saved dcgmi diag -j output (a regular file, <= 16 MiB) instead of running DCGM."))
 
 
 class GpuReading(Record):
@@ -136,8 +138,8 @@ def read_gpu(nv, index: int):
 def _dcgm(params: GpuHealthParams) -> tuple[list[HealthFinding], str]:
     if params.dcgm_file:
         try:
-            with open(params.dcgm_file, errors="replace") as f:
-                text, note = f.read(), f"read {params.dcgm_file}"
+            text = read_limited(params.dcgm_file, DCGM_FILE_BYTES, "dcgm_file").decode("utf-8", "replace")
+            note = f"read {params.dcgm_file}"
         except OSError as e:
             return [], f"dcgm_file {params.dcgm_file!r} could not be read: {e.strerror}"
     elif params.dcgm_level:

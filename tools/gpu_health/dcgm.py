@@ -52,31 +52,60 @@ def run_diag(level: int, timeout_s: float) -> tuple[str | None, str]:
 
 
 def parse(text: str) -> tuple[list[DcgmResult], str | None]:
-    """(results, DCGM version) from `dcgmi diag -j` output. ValueError names what is missing."""
+    """(results, DCGM version) from `dcgmi diag -j` output. ValueError names what is missing.
+
+    The file may be anyone's: entries of the wrong shape are skipped (and counted in a result saying so),
+    never a crash, and nesting too deep for the JSON reader is "not JSON"."""
     try:
         doc = json.loads(text[text.find("{"):])
-    except ValueError as e:
-        raise ValueError(f"not JSON from `dcgmi diag -j`: {e}") from None
-    root = doc.get("DCGM Diagnostic") or doc.get("DCGM GPU Diagnostic")
-    if not isinstance(root, dict) or "test_categories" not in root:
-        raise ValueError("no 'DCGM Diagnostic' (4.x) or 'DCGM GPU Diagnostic' (3.x) object with test_categories")
+    except (ValueError, RecursionError) as e:
+        raise ValueError(f"not JSON from `dcgmi diag -j`: {type(e).__name__}: {str(e)[:200]}") from None
+    root = doc.get("DCGM Diagnostic") or doc.get("DCGM GPU Diagnostic") if isinstance(doc, dict) else None
+    if not isinstance(root, dict) or not isinstance(root.get("test_categories"), list):
+        raise ValueError("no 'DCGM Diagnostic' (4.x) or 'DCGM GPU Diagnostic' (3.x) object with a "
+                         "test_categories list")
     names = {int(k): v["name"] for k, v in load_data("dcgm_errors")["code"].items()}
-    version = (doc.get("metadata") or {}).get("DCGM Version") or root.get("version") or doc.get("version")
-    out = []
+    meta = doc.get("metadata")
+    version = (meta.get("DCGM Version") if isinstance(meta, dict) else None) or root.get("version") or doc.get("version")
+    out, skipped = [], 0
     for cat in root["test_categories"]:
-        for test in cat.get("tests") or []:
-            if not isinstance(test, dict):
-                continue
-            for r in test.get("results") or []:
-                gpu = str(r.get("entity_id", r.get("gpu_ids", r.get("gpu_id", "?"))))
-                warns = [w for w in r.get("warnings") or [] if isinstance(w, dict)] or [{}]
-                for w in warns:
-                    code = w.get("error_id")
-                    out.append(DcgmResult(category=cat.get("category", ""), test=test.get("name", ""), gpu=gpu,
-                                          status=str(r.get("status", "")).capitalize(), code=code,
-                                          code_name=names.get(code, "") if code is not None else "",
-                                          message=w.get("warning", "")))
-    return out, version
+        if not isinstance(cat, dict):
+            skipped += 1
+            continue
+        for test in _dicts(cat.get("tests")):
+            skipped += _not_dicts(test.get("results"))
+            for r in _dicts(test.get("results")):
+                try:
+                    out += _results_of(cat, test, r, names)
+                except (ValueError, TypeError, AttributeError):  # pydantic's ValidationError is a ValueError
+                    skipped += 1
+    if skipped:
+        out.append(DcgmResult(category="", test="(unreadable entries)", gpu="?", status="Warn",
+                              message=f"{skipped} entries of the file are not in dcgmi's layout and were skipped"))
+    return out, version if isinstance(version, str) else None
+
+
+def _dicts(value) -> list[dict]:
+    """The dict items of a list (anything else in a field that should hold a list of objects: none)."""
+    return [v for v in value if isinstance(v, dict)] if isinstance(value, list) else []
+
+
+def _not_dicts(value) -> int:
+    return sum(not isinstance(v, dict) for v in value) if isinstance(value, list) else 0
+
+
+def _results_of(cat: dict, test: dict, r: dict, names: dict) -> list[DcgmResult]:
+    gpu = str(r.get("entity_id", r.get("gpu_ids", r.get("gpu_id", "?"))))[:64]
+    out = []
+    for w in _dicts(r.get("warnings")) or [{}]:
+        code = w.get("error_id")
+        if code is not None and (not isinstance(code, int) or isinstance(code, bool)):
+            raise ValueError(f"error_id {str(code)[:20]!r} is not an integer")
+        out.append(DcgmResult(category=str(cat.get("category", "")), test=str(test.get("name", "")), gpu=gpu,
+                              status=str(r.get("status", "")).capitalize(), code=code,
+                              code_name=names.get(code, "") if code is not None else "",
+                              message=str(w.get("warning", ""))))
+    return out
 
 
 def false_positive(r: DcgmResult) -> str | None:

@@ -6,6 +6,7 @@ import subprocess
 import time
 
 from ..shared import xid
+from ..shared.safe_read import read_tail
 from .pcie import PcieHop, capped_by_parent, chain, judge as judge_pcie, nvml_bdf
 from .read import attempt, clock_event_ns, nvlink_counters, pcie_replays
 from .sampling import event_seconds, judge_clock_events, judge_nvlink
@@ -17,6 +18,7 @@ PCIE_READINGS = 4     # readings of each PCIe chain spread over the window (flap
 # DCGM's pcie test fails a GPU above 80 replays while it runs (max_pcie_replays default, NVIDIA/DCGM
 # nvvs/plugin_src/pcie/Pcie.cpp, commit 72fa3fe); a shorter window than DCGM's test makes this stricter.
 MAX_REPLAYS = 80
+KERNEL_LOG_BYTES = 20_000_000  # the end of a kernel log holds the recent Xids; older ones are history
 BUSY_PCT = 30       # utilisation at which a GPU has left its idle power state (PCIe generation is judged)
 
 
@@ -33,8 +35,7 @@ def read_kernel_log() -> tuple[str, str]:
             return out.stdout, f"read with `{' '.join(cmd)}`"
     for path in ("/var/log/kern.log", "/var/log/messages"):
         try:
-            with open(path, errors="replace") as f:
-                return f.read()[-20_000_000:], f"read from {path}"
+            return read_tail(path, KERNEL_LOG_BYTES).decode("utf-8", "replace"), f"read from {path}"
         except OSError:
             continue
     return "", ("kernel log not readable (dmesg needs root or kernel.dmesg_restrict=0): Xid events not checked; "

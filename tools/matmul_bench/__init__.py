@@ -27,6 +27,7 @@ from typing import Annotated, Literal
 from pydantic import ConfigDict, field_validator, model_validator
 
 from . import search
+from ..engine.figures import Figure, Measured, SweepContract
 from ..engine.spec import Field, Params, Record, Result, ToolFailure, ToolSpec, present
 from ..engine.processes import local_gpu_count
 from ..engine.rendering import short_repr
@@ -356,6 +357,43 @@ def _gpu_devices(params: MatmulBenchParams) -> list[int]:
     return list(range(local_gpu_count())) if params.all_gpus else [params.device]
 
 
+MAMF = Figure("mamf_tflops", "TFLOPS", "higher", per_gpu=True)
+SUSTAINED = Figure("sustained_tflops", "TFLOPS", "higher", per_gpu=True)
+SM_CLOCK = Figure("sm_clock_mhz", "MHz", "higher", per_gpu=True)
+POWER = Figure("power_w", "W", "higher", per_gpu=True)
+TEMPERATURE = Figure("temperature_c", "°C", "lower", per_gpu=True)
+
+
+def _sweep_figures(res: MatmulBenchResult) -> list[Measured]:
+    """Per GPU: burst and sustained MAMF (against the published MAMF); clocks, power and temperature
+    under load from the NVML samples of the first GPU measured (the sweep compares them across nodes)."""
+    rows = res.gpus or [GpuRow(device=int((res.device or "cuda:0").rpartition(":")[2] or 0), name=res.device_name or "",
+                               mamf_tflops=res.mamf_tflops, sustained_tflops=res.sustained_tflops)]
+    out = []
+    for g in rows:
+        out += [Measured(MAMF, g.mamf_tflops, gpu=g.device, expected=res.published_mamf_tflops, group=g.name),
+                Measured(SUSTAINED, g.sustained_tflops, gpu=g.device, expected=res.published_mamf_tflops, group=g.name)]
+    tel, first = res.telemetry, rows[0]
+    for fig, value in ((SM_CLOCK, tel.get("sm_clock_median_mhz")), (POWER, tel.get("power_mean_w")),
+                       (TEMPERATURE, tel.get("temperature_max_c"))):
+        if value is not None:
+            out.append(Measured(fig, value, gpu=first.device, group=first.name))
+    return out
+
+
+def _sweep_evidence(res: MatmulBenchResult) -> list[str]:
+    tel = res.telemetry
+    lines = [f"GPU {d} more than 5% below the node median" for d in res.slow_gpus]
+    reasons = {k: v for k, v in (tel.get("reasons_fraction") or {}).items() if v > 0.05}
+    if reasons:
+        lines.append("clock-event reasons during the run (share of samples): "
+                     + ", ".join(f"{k} {v:.0%}" for k, v in reasons.items()))
+    return lines
+
+
+SWEEP = SweepContract(figures=(MAMF, SUSTAINED, SM_CLOCK, POWER, TEMPERATURE), read=_sweep_figures,
+                      evidence=_sweep_evidence)
+
 SPEC = ToolSpec(
     name="matmul_bench",
     summary="Maximum achievable matmul TFLOPS (MAMF) of a GPU, its best shape, and efficiency vs datasheet and published MAMF.",
@@ -369,5 +407,5 @@ SPEC = ToolSpec(
     Params=MatmulBenchParams, Result=MatmulBenchResult, run=run, runs="subprocess", timeout_s=900,
     gpu_devices=_gpu_devices, metric="mamf_tflops", higher_is_better=True,
     doctor=lambda ctx: {"time_budget_s": 30, "iterations": 50, "warmup": 10} if ctx["gpu_count"] else None,
-    doctor_order=60,
+    doctor_order=60, sweep=SWEEP,
 )

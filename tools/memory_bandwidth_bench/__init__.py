@@ -18,6 +18,7 @@ from typing import Literal
 
 from pydantic import ConfigDict, model_validator
 
+from ..engine.figures import Figure, Measured, SweepContract
 from ..engine.spec import Field, Params, Record, Result, ToolFailure, ToolSpec, present
 
 # PCIe payload rate per lane, per direction, GB/s (after line encoding): Gen1-2 8b/10b, Gen3-5
@@ -210,6 +211,11 @@ def run(params: MemoryBandwidthParams, progress) -> MemoryBandwidthResult:
     return res
 
 
+COPY = Figure("copy_tbps", "TB/s", "higher", per_gpu=True)
+SWEEP = SweepContract(figures=(COPY,), read=lambda res: [Measured(
+    COPY, res.copy_tbps, gpu=int(res.device.rpartition(":")[2]) if res.device and res.device != "cpu" else None,
+    group=res.device_name)])
+
 SPEC = ToolSpec(
     name="memory_bandwidth_bench",
     summary="Device memory bandwidth (copy/read/write) and host<->device copy bandwidth, pinned and pageable, vs spec.",
@@ -220,6 +226,6 @@ SPEC = ToolSpec(
         "downtrained PCIe link, wrong NUMA binding. One GPU, ~10 s. Not for GPU-to-GPU links (p2p_bandwidth) "
         "or matmul speed (matmul_bench)."),
     Params=MemoryBandwidthParams, Result=MemoryBandwidthResult, run=run, runs="subprocess", timeout_s=300,
-    gpu_devices=lambda p: [] if p.device == "cpu" else [p.device], metric="copy_tbps", higher_is_better=True,
+    gpu_devices=lambda p: [] if p.device == "cpu" else [p.device], metric="copy_tbps", higher_is_better=True, sweep=SWEEP,
     doctor=lambda ctx: {} if ctx["gpu_count"] else None, doctor_order=65,
 )

@@ -27,9 +27,11 @@ regex and handler per message kind); the checks that flag problems in tools/_ncc
 """
 
 from collections import Counter
+from collections.abc import Iterator
 
 
-from ..shared.logscan import LogInputParams, resolve_paths
+from ..shared.logscan import LogInputParams, looks_binary, resolve_paths
+from ..shared.safe_read import read_head
 from .checks import NEXT, check_all, largest_comm, name_list
 from .messages import transport_of
 from .outputs import read_all
@@ -240,17 +242,17 @@ def run(params: NcclLogParams, progress: Progress) -> NcclLogResult:
     return result
 
 
-def _texts(paths: list[str], max_files: int) -> list[str]:
-    """Each file's text (its first OUTPUT_READ_BYTES), for the nccl-tests and RAS readers."""
+def _texts(paths: list[str], max_files: int) -> Iterator[str]:
+    """Each text file's start (its first OUTPUT_READ_BYTES), one at a time, for the nccl-tests and RAS
+    readers: memory holds one file's head, not every file's (60 files of 20 MB held 1 GB)."""
     files, _ = resolve_paths(paths, max_files)
-    out = []
     for f in files:
         try:
-            with open(f, errors="replace") as fh:
-                out.append(fh.read(OUTPUT_READ_BYTES))
+            head = read_head(f, OUTPUT_READ_BYTES)
         except OSError:
             continue
-    return out
+        if not looks_binary(head[:65536]):
+            yield head.decode("utf-8", "replace")
 
 
 def with_outputs(result: NcclLogResult, texts: list[str]) -> NcclLogResult:

@@ -10,15 +10,15 @@ MSG = {name: re.compile(rx) for name, rx in {
     "bootstrap": r"^Bootstrap ?: Using (?P<iface>[^:\s]+):(?P<ip>[^<\s]+)<\d+>",
     "plugin_loaded": r"^NET/Plugin ?: Loaded (?:net )?plugin (?P<name>.+?)(?: \(v\d+\))?$",
     "plugin_none": r"^NET/Plugin ?: (?:No plugin found|Could not find: libnccl-net|Plugin load .* returned)",
-    "ib_using": r"^NET/IB ?: Using (?P<list>.*?)(?:\s*;\s*OOB (?P<oob>[^:\s]+):(?P<ip>[^<\s]+)<\d+>)?\s*$",
+    "ib_using": r"^NET/IB ?: Using (?P<list>[^;]*)(?:;\s*OOB (?P<oob>[^:\s]+):(?P<ip>[^<\s]+)<\d+>)?",
     "ib_none": r"^NET/IB ?: No device found",
     "socket_using": r"^NET/Socket ?: Using (?P<list>.*)$",
-    "network": r"^Using (?:non-device )?network (?P<net>.+?)\s*$",
+    "network": r"^Using (?:non-device )?network (?P<net>.*\S)",
     "init": r"(?:comm (?P<comm>0x[0-9a-f]+) )?rank (?P<rank>\d+) nranks (?P<nranks>\d+) cudaDev (?P<cudadev>\d+)"
             r"(?: nvmlDev (?P<nvml>\d+))?(?: busId (?P<busid>[0-9a-fA-F]+))?(?: commId (?P<commid>0x[0-9a-f]+))?"
             r"(?: localSize \d+)? - Init (?P<state>START|COMPLETE)",
     "nodes": r"rank (?P<rank>\d+) nRanks (?P<nranks>\d+) nNodes (?P<nnodes>\d+) localRanks (?P<local>\d+)",
-    "env": r"^(?P<var>NCCL_\w+) set (?:by environment )?to (?P<value>.*?)\.?\s*$",
+    "env": r"^(?P<var>NCCL_\w+) set (?:by environment )?to (?P<value>.*)",
     "gdr": r"GPU Direct RDMA (?P<state>Enabled|Disabled) for (?:GPU (?P<gpu>\w+) / )?HCA (?P<hca>\d+)"
            r"(?: '(?P<name>[^']+)')?(?: \(distance (?P<dist>\d+) (?:<=|>) (?P<level>\d+)\))?",
     "p2p_off": r"^P2P is disabled between connected GPUs (?P<a>\d+) and (?P<b>\d+)",
@@ -33,7 +33,7 @@ MSG = {name: re.compile(rx) for name, rx in {
     "pattern": r"^Pattern (?P<pattern>\d+), crossNic (?P<cross>\d+), nChannels (?P<nch>\d+), (?:bw|speed) "
                r"(?P<bw_intra>[\d.]+)/(?P<bw_inter>[\d.]+), type (?P<t_intra>\w+)/(?P<t_inter>\w+)",
     "topo_net": r"\+ NET\[(?P<bw>[\d.]+)\] - NET/(?P<idx>\d+) \((?P<guid>\w+)/(?P<port>\d+)/(?P<speed>[\d.]+)\)",
-    "algo_choice": r"(?P<bytes>\d+) Bytes -> Algo (?P<algo>\w+) proto (?P<proto>\w+) time (?P<time>[\d.]+)",
+    "algo_choice": r"(?<!\d)(?P<bytes>\d+) Bytes -> Algo (?P<algo>\w+) proto (?P<proto>\w+) time (?P<time>[\d.]+)",
     "tuning_header": r"^\s*(?P<kind>Algorithm|Protocol|Latency/AlgBw)\s*\|(?P<cells>.*)$",
     "tuning_row": r"^\s*(?P<op>Broadcast|Reduce|AllGather|ReduceScatter|AllReduce)\s*\|(?P<cells>.*)$",
 }.items()}
@@ -98,7 +98,9 @@ def _on_nodes(parsed, proc, m):
 
 
 def _on_env(parsed, proc, m):
-    proc.env[m["var"]] = redact(f"{m['var']}={m['value']}").split("=", 1)[1]
+    value = m["value"].rstrip()  # trailing blanks and NCCL's full stop are cut here, not by a backtracking regex
+    value = value[:-1] if value.endswith(".") else value
+    proc.env[m["var"]] = redact(f"{m['var']}={value}").split("=", 1)[1]
 
 
 def _on_gdr(parsed, proc, m):

@@ -2,6 +2,8 @@
 expected figure for the hardware, wrong elements, per-process stragglers, and who RAS says is missing or behind.
 """
 
+from collections.abc import Iterable
+
 from ..engine.spec import worst
 from ..shared import nccl_ras, nccl_tests
 from ..shared.accelerators import match_accelerator
@@ -11,13 +13,8 @@ BIG_BYTES = 1 << 30          # peak busbw is judged at >= 1 GiB, where the figur
 STRAGGLER_SHARE = 0.10       # a process whose mean iteration time is 10% off the median
 
 
-def find_runs(texts: list[str]) -> list[nccl_tests.NcclTestsRun]:
-    runs = []
-    for text in texts:
-        run = nccl_tests.parse_json(text) if text.lstrip().startswith("{") else nccl_tests.parse_text(text)
-        if run:
-            runs.append(run)
-    return runs
+def find_run(text: str) -> nccl_tests.NcclTestsRun | None:
+    return nccl_tests.parse_json(text) if text.lstrip().startswith("{") else nccl_tests.parse_text(text)
 
 
 def judge_run(run: nccl_tests.NcclTestsRun, op: str = "all_reduce") -> tuple[str, list[str], list[str]]:
@@ -32,6 +29,9 @@ def judge_run(run: nccl_tests.NcclTestsRun, op: str = "all_reduce") -> tuple[str
                         "gpu_health (ECC, NVLink/PCIe errors) and a rerun are clean.")
         verdict = "fail"
         problems.append("nccl_tests_wrong")
+    if run.skipped_rows:
+        findings.append(f"nccl-tests: {run.skipped_rows} row(s) skipped: a figure that is not a finite number "
+                        "(inf, nan, '-') or an entry of the wrong shape; judged on the rows that are numbers.")
     peak = max((r for r in run.rows), key=lambda r: r.busbw_gbps, default=None)
     if peak is None:
         return verdict, findings, problems
@@ -104,12 +104,25 @@ def ras_findings(texts: list[str]) -> tuple[str, list[str], list[str]]:
     return verdict, out, problems
 
 
-def read_all(texts: list[str]) -> tuple[str, list[str], list[str], int]:
-    """(verdict, findings, problem ids, nccl-tests runs found) for every nccl-tests output and RAS report."""
-    verdict, findings, problems = "info", [], []
-    runs = find_runs(texts)
-    for run in runs:
-        v, f, p = judge_run(run)
-        verdict, findings, problems = worst([verdict, v]), findings + f, problems + p
-    v, f, p = ras_findings(texts)
-    return worst([verdict, v]), findings + f, list(dict.fromkeys(problems + p)), len(runs)
+# What a crafted or foreign file can make a reader raise: that input becomes a note, the analysis goes on.
+UNREADABLE = (ValueError, TypeError, AttributeError, KeyError, IndexError, OverflowError, RecursionError)
+
+
+def read_all(texts: Iterable[str]) -> tuple[str, list[str], list[str], int]:
+    """(verdict, findings, problem ids, nccl-tests runs found) for every nccl-tests output and RAS report.
+    Texts are read one at a time (a generator keeps one file in memory)."""
+    verdict, findings, problems, runs, unreadable = "info", [], [], 0, []
+    for n, text in enumerate(texts, 1):
+        try:
+            run = find_run(text)
+            v, f, p = judge_run(run) if run else ("info", [], [])
+            rv, rf, rp = ras_findings([text])
+        except UNREADABLE as exc:
+            unreadable.append(f"input {n} ({type(exc).__name__})")
+            continue
+        runs += run is not None
+        verdict, findings, problems = worst([verdict, v, rv]), findings + f + rf, problems + p + rp
+    if unreadable:
+        findings.append(f"Could not read {len(unreadable)} input(s) as nccl-tests output or a RAS report, skipped: "
+                        + ", ".join(unreadable[:5]) + ".")
+    return verdict, findings, list(dict.fromkeys(problems)), runs

@@ -6,13 +6,15 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 
-from ..shared.logscan import iter_text_blocks, iter_text_chunks_of_string, read_each, resolve_paths
+from ..shared.logscan import MAX_MATCH_CHARS, iter_text_blocks, iter_text_chunks_of_string, read_each, resolve_paths
 from .messages import HANDLERS, HINTS, MSG
 from ..engine.redact import redact
 from ..engine.spec import Progress
 
 # `host:pid:tid [cudaDev] (file.cc:123 )?NCCL INFO|WARN message`, anywhere in the line (labels before it).
-_HEAD = re.compile(r"(?P<host>[^\s:\[\]]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\] (?:(?P<src>[\w./-]+:\d+) )?"
+# The host starts only where a host name can start (after a blank, ':' or a bracket): retried at every
+# character of one long word, the match was quadratic (60 KB line: 31 s).
+_HEAD = re.compile(r"(?<![^\s:\[\]])(?P<host>[^\s:\[\]]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\] (?:(?P<src>[\w./-]+:\d+) )?"
                    r"NCCL (?P<level>INFO|WARN|TRACE|ABORT) ?(?P<msg>.*)$")
 _BARE = re.compile(r"(?:\[(?P<dev>\d+)\] )?NCCL (?P<level>INFO|WARN) ?(?P<msg>.*)$")
 _VERSION = re.compile(r"NCCL version (?P<v>\d+\.\d+\.\d+)(?:[-+]\w*?cuda(?P<cuda>[\d.]+))?")
@@ -133,4 +135,4 @@ def _parse_block(parsed: Parsed, block: str) -> None:
     parsed.lines += len(lines)
     for line in lines:
         if "NCCL" in line:
-            parse_line(parsed, line)
+            parse_line(parsed, line[:MAX_MATCH_CHARS])

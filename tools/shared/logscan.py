@@ -12,7 +12,12 @@ from pathlib import Path
 from pydantic import ConfigDict, model_validator
 
 from ..engine.spec import Field, Params, Progress, ToolFailure, present
+from .safe_read import kind_of, open_regular
 
+# Lines are matched on their first MAX_MATCH_CHARS characters. Real log lines that matter are far
+# shorter (an NCCL ring line of 1,000 ranks is ~5,000); a base64 blob or a progress bar of megabytes is
+# not a log line to match, and the cap bounds what any regex can cost on one line.
+MAX_MATCH_CHARS = 8192
 CHUNK_BYTES = 4 << 20          # read size; memory stays a small multiple of this whatever the log size
 BINARY_EXTENSIONS = {".pt", ".pth", ".bin", ".safetensors", ".pkl", ".pickle", ".npy", ".npz",
                            ".so", ".png", ".jpg", ".zip", ".tar", ".whl"}
@@ -24,7 +29,7 @@ _LINE_RANK_NO_SRUN = re.compile(r"^[ \t]*(?:\[(?:rank|default)(\d+)\]:|(?!)(\d)|
                                 re.MULTILINE)
 _SRUN_LABEL = re.compile(r"^[ \t]*\d{1,6}: ", re.MULTILINE)
 # Rank named inside a message when the line has no label: `[Rank 3]`, `[PG ID 0 PG GUID 0(default_pg) Rank 3]`.
-_MSG_RANK = re.compile(r"\[(?:PG [^\]\n]*?)?Rank (\d+)\]")
+_MSG_RANK = re.compile(r"\[(?:PG [^\[\]\n]*?)?Rank (\d+)\]")   # no '[' inside: one scan per bracket
 # Rank in a file path: rank3.log, rank_3, log-rank-3.txt, torchelastic .../attempt_0/3/stderr.log
 _PATH_RANK = (re.compile(r"rank[_-]?(\d+)", re.IGNORECASE), re.compile(r"attempt_\d+/(\d+)/std(?:out|err)\.log$"))
 
@@ -75,13 +80,15 @@ def resolve_paths(paths: list[str], max_files: int) -> tuple[list[Path], list[st
         elif os.path.isdir(path):
             candidates = sorted(p for p in Path(path).rglob("*")
                                 if not any(part.startswith(".") for part in p.relative_to(path).parts))
-        elif os.path.exists(path):
+        elif os.path.lexists(path):
             candidates = [Path(path)]
         else:
             raise ToolFailure(f"no such file or directory: {raw!r}; give a log file, a directory of logs, "
                               "or a glob such as 'logs/*.out'")
         for cand in candidates:
             if not cand.is_file():
+                if not cand.is_dir():  # a FIFO would block the read, a device never ends: say so, never open it
+                    skipped.append(f"{cand} ({_kind(cand)}; only regular files are read)")
                 continue
             if cand.suffix.lower() in BINARY_EXTENSIONS:
                 skipped.append(f"{cand} (not a log: {cand.suffix} file)")
@@ -96,12 +103,19 @@ def resolve_paths(paths: list[str], max_files: int) -> tuple[list[Path], list[st
     return files, skipped
 
 
+def _kind(path: Path) -> str:
+    try:
+        return kind_of(path.stat().st_mode)
+    except OSError as exc:
+        return f"cannot read: {exc.strerror or exc}"
+
+
 def _refuse_binary(head: bytes) -> None:
-    if _looks_binary(head[:65536]):
+    if looks_binary(head[:65536]):
         raise NotText("binary content (NUL bytes or undecodable), not a text log")
 
 
-def _looks_binary(head: bytes) -> bool:
+def looks_binary(head: bytes) -> bool:
     if not head:
         return False
     if head.count(0) > len(head) // 100:
@@ -113,7 +127,7 @@ def _looks_binary(head: bytes) -> bool:
 def _raw_chunks(path: Path, chunk_bytes: int, start: int = 0, end: int | None = None) -> Iterator[bytes]:
     """The file's bytes in pieces; gzip (also multi-member or truncated) is decompressed on the way.
     start/end: a byte range of a plain file (parallel scans)."""
-    with open(path, "rb") as raw:
+    with open_regular(path) as raw:
         if start or end is not None:
             raw.seek(start)
             left = (end if end is not None else os.path.getsize(path)) - start
@@ -274,7 +288,7 @@ def line_ranges(path: Path, parts: int) -> list[tuple[int, int]]:
     """`parts` byte ranges of a plain file, each starting at a line start, for workers that scan one each."""
     size = path.stat().st_size
     cuts = [0]
-    with open(path, "rb") as f:
+    with open_regular(path) as f:
         for k in range(1, parts):
             f.seek(k * size // parts)
             f.readline()  # move to the next line start

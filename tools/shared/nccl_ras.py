@@ -9,11 +9,12 @@ report does not clear a hang: RAS sees NCCL's state, not a rank stuck outside NC
 import re
 
 from ..engine.spec import Field, Record
+from .logscan import MAX_MATCH_CHARS
 
 VERSION = re.compile(r"NCCL version (\d+\.\d+\.\d+)")
 GROUP_ROW = re.compile(r"^\s*(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+([A-Z]+)\s+([A-Z,]+)\s*$")
 BLOCK = re.compile(r"^#(\d+)-(\d+) \(([0-9a-f]+)\) ([A-Z,]+)\s*$")
-LAUNCHED = re.compile(r"(\d+) ranks? ha(?:s|ve) (launched|completed) up to operation (\d+)")
+LAUNCHED = re.compile(r"(?<!\d)(\d+) ranks? ha(?:s|ve) (launched|completed) up to operation (\d+)")
 OP_COUNTS = re.compile(r"different (\w+) operation counts")
 RANK_LINE = re.compile(r"Rank (\d+) -- GPU (\d+) managed by process (\d+) on node (\S+)")
 PROC_LINE = re.compile(r"Process (\d+) on node (\S+) managing GPU (\d+)")
@@ -43,7 +44,7 @@ def parse(text: str) -> RasReport:
     if m := VERSION.search(text):
         rep.version = m.group(1)
     for line in text.splitlines():
-        if m := GROUP_ROW.match(line):
+        if m := GROUP_ROW.match(line[:MAX_MATCH_CHARS]):
             rep.groups.append(RasGroup(group=int(m.group(1)), ranks=int(m.group(5)), status=m.group(7),
                                        errors=m.group(8)))
     for block in _blocks(text):

@@ -6,17 +6,21 @@ older layout without redop/root and with an `error` column; device lines '#  Ran
 host device 0 [0x1b] NVIDIA H100 80GB HBM3'; the 'Out of bounds values' and 'Avg bus bandwidth' lines.
 JSON: the schema nccl-tests' src/util.cu writes (version 3): results[] with out_of_place / in_place
 {time, alg_bw, bus_bw, nwrong} and *_per_iter {times_us, per_process_max_times_us}.
-Pure parsing: no file is executed, nothing in the text is acted on.
+Pure parsing: no file is executed, nothing in the text is acted on. The text may be anyone's: a figure
+that is not a finite number (`inf`, `nan`, `-`, `1²`, 5,000 digits) or a JSON field of the wrong type
+makes its row skipped and counted (`skipped_rows`), never a crash and never a judged figure.
 """
 
 import json
+import math
 import re
 import statistics
 
 from ..engine.spec import Field, Record
+from .logscan import MAX_MATCH_CHARS
 
 PREFIX = re.compile(r"^\[\d+,\d+\]<std(?:out|err)>:")
-DEVICE = re.compile(r"#\s*Rank\s+(\d+)\s+(?:Group\s+\d+\s+)?Pid\s+(\d+)\s+on\s+(\S+)\s+device\s+(\d+)\s+\[[^\]]*\]\s+(.+?)\s*$")
+DEVICE = re.compile(r"#\s*Rank\s+(\d+)\s+(?:Group\s+\d+\s+)?Pid\s+(\d+)\s+on\s+(\S+)\s+device\s+(\d+)\s+\[[^\]]*\]\s+(.*\S)")
 OOB = re.compile(r"Out of bounds values\s*:\s*(\d+)\s+(OK|FAILED)")
 DTYPE = re.compile(r"[a-z][a-z0-9_]*")
 AVG = re.compile(r"Avg bus bandwidth\s*:\s*([0-9.eE+-]+)")
@@ -42,13 +46,29 @@ class NcclTestsRun(Record):
     avg_busbw_gbps: float | None = Field(None, description="'Avg bus bandwidth' line, GB/s.")
     process_times_us: dict[str, list[list[float]]] = Field(default_factory=dict, description=(
         "JSON -I: per size/placement key, per-process max times per iteration, µs."))
+    skipped_rows: int = Field(0, description="Rows or entries skipped: a figure not a finite number, a field of the "
+                              "wrong type.")
 
 
-def _num(tok: str) -> float | None:
-    try:
-        return float(tok)
-    except ValueError:
+SIZE_TOKEN = re.compile(r"[0-9]{1,20}")   # ASCII digits only: str.isdigit() takes '²', which int() refuses
+
+
+def _num(tok) -> float | None:
+    """A finite number from a token or a JSON value; None for anything else (inf and nan included: a
+    busbw of inf must never pass a threshold)."""
+    if isinstance(tok, bool) or not isinstance(tok, (int, float, str)) or (isinstance(tok, str) and len(tok) > 40):
         return None
+    try:
+        value = float(tok)
+    except (ValueError, OverflowError):
+        return None
+    return value if math.isfinite(value) else None
+
+
+def _size(tok) -> int | None:
+    if isinstance(tok, int) and not isinstance(tok, bool) and 0 <= tok < 1 << 64:
+        return tok
+    return int(tok) if isinstance(tok, str) and SIZE_TOKEN.fullmatch(tok) else None
 
 
 def _header_layout(tokens: list[str]) -> tuple[int, int, bool] | None:
@@ -67,35 +87,42 @@ def parse_text(text: str) -> NcclTestsRun | None:
     run = NcclTestsRun(fmt="text")
     layout = None
     for raw in text.splitlines():
-        line = PREFIX.sub("", raw).rstrip()
+        line = PREFIX.sub("", raw[:MAX_MATCH_CHARS]).rstrip()
         if m := DEVICE.search(line):
             run.gpus.append(m.group(5)); run.hosts.append(m.group(3))
             continue
         if m := OOB.search(line):
             run.out_of_bounds = int(m.group(1)); continue
         if m := AVG.search(line):
-            run.avg_busbw_gbps = float(m.group(1)); continue
+            run.avg_busbw_gbps = _num(m.group(1)); continue
         body = line.strip()
         tokens = (body[1:] if body.startswith("#") else body).split()
-        if body.startswith("#") or (tokens and not tokens[0].isdigit()):
+        if body.startswith("#") or (tokens and not SIZE_TOKEN.fullmatch(tokens[0])):
             layout = _header_layout(tokens) or layout
             continue
-        run.rows += _row(tokens, layout)
+        rows = _row(tokens, layout)
+        run.rows += [r for r in rows if r is not None]
+        run.skipped_rows += rows.count(None)
     run.ranks = len(run.gpus) or None
     run.hosts = list(dict.fromkeys(run.hosts))
-    return run if run.rows else None
+    return run if run.rows or run.skipped_rows else None
 
 
-def _row(tokens: list[str], layout: tuple[int, int, bool] | None) -> list[NcclTestsRow]:
+def _row(tokens: list[str], layout: tuple[int, int, bool] | None) -> list[NcclTestsRow | None]:
+    """The row's placements; None for a placement whose figures are not finite numbers."""
     # a data row: size, count, then a datatype name (float, half, bfloat16, int8 ...)
-    if len(tokens) < 6 or not tokens[0].isdigit() or not tokens[1].isdigit() or not DTYPE.fullmatch(tokens[2]):
+    if (len(tokens) < 6 or not SIZE_TOKEN.fullmatch(tokens[0]) or not SIZE_TOKEN.fullmatch(tokens[1])
+            or not DTYPE.fullmatch(tokens[2])):
         return []
     start, per, counts_wrong = layout or (_guess_start(tokens), 4, True)
     out = []
     for placement, at in (("out_of_place", start), ("in_place", start + per)):
         vals = tokens[at:at + 4]
         nums = [_num(v) for v in vals[:3]]
-        if len(vals) < 3 or None in nums:
+        if len(vals) < 3:
+            continue
+        if None in nums:
+            out.append(None)
             continue
         wrong = _num(vals[3]) if len(vals) > 3 and counts_wrong else None
         out.append(NcclTestsRow(size=int(tokens[0]), placement=placement, time_us=nums[0], algbw_gbps=nums[1],
@@ -114,32 +141,62 @@ def _guess_start(tokens: list[str]) -> int:
 
 
 def parse_json(text: str) -> NcclTestsRun | None:
-    """A `-J` file; None when `text` is not nccl-tests JSON."""
+    """A `-J` file; None when `text` is not nccl-tests JSON (another tool's results.json included)."""
     try:
         doc = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
-    if not isinstance(doc, dict) or "results" not in doc or "config" not in doc:
+    if not isinstance(doc, dict) or not isinstance(doc.get("results"), list) or not isinstance(doc.get("config"), dict):
         return None
     run = NcclTestsRun(fmt="json")
-    devices = doc.get("config", {}).get("devices", [])
-    run.gpus = [d.get("device_info", "") for d in devices]
-    run.hosts = list(dict.fromkeys(d.get("hostname", "") for d in devices))
+    devices = _dicts(doc["config"].get("devices"))
+    run.gpus = [str(d.get("device_info", ""))[:200] for d in devices]
+    run.hosts = list(dict.fromkeys(str(d.get("hostname", ""))[:200] for d in devices))
     run.ranks = len(devices) or None
-    for r in doc.get("results", []):
-        run.op = run.op or _snake(r.get("experiment_name") or "")
+    for r in doc["results"]:
+        if not isinstance(r, dict):
+            run.skipped_rows += 1
+            continue
+        name = r.get("experiment_name")
+        run.op = run.op or (_snake(name) if isinstance(name, str) else None)
         for placement in ("out_of_place", "in_place"):
-            m = r.get(placement)
-            if isinstance(m, dict) and m.get("bus_bw") is not None:
-                run.rows.append(NcclTestsRow(size=int(r["size"]), placement=placement, time_us=float(m.get("time", 0)),
-                                             algbw_gbps=float(m["alg_bw"]), busbw_gbps=float(m["bus_bw"]),
-                                             wrong=m.get("nwrong")))
-            per = r.get(f"{placement}_per_iter") or {}
-            if per.get("per_process_max_times_us"):
-                run.process_times_us[f"{r['size']}:{placement}"] = per["per_process_max_times_us"]
-    run.out_of_bounds = doc.get("out_of_bounds", {}).get("count")
-    run.avg_busbw_gbps = doc.get("average_bus_bandwidth", {}).get("bandwidth")
+            _json_placement(run, r, placement)
+    oob, avg = doc.get("out_of_bounds"), doc.get("average_bus_bandwidth")
+    count = _num(oob.get("count")) if isinstance(oob, dict) else None
+    run.out_of_bounds = int(count) if count is not None else None
+    run.avg_busbw_gbps = _num(avg.get("bandwidth")) if isinstance(avg, dict) else None
     return run
+
+
+def _json_placement(run: NcclTestsRun, r: dict, placement: str) -> None:
+    m, size = r.get(placement), _size(r.get("size"))
+    if isinstance(m, dict) and m.get("bus_bw") is not None:
+        figures = [_num(m.get("time", 0)), _num(m.get("alg_bw")), _num(m.get("bus_bw"))]
+        if size is None or None in figures:
+            run.skipped_rows += 1
+        else:   # nwrong not a number: not checked, as 'N/A' in the text table
+            run.rows.append(NcclTestsRow(size=size, placement=placement, time_us=figures[0], algbw_gbps=figures[1],
+                                         busbw_gbps=figures[2], wrong=_num(m.get("nwrong"))))
+    per = r.get(f"{placement}_per_iter")
+    times = per.get("per_process_max_times_us") if isinstance(per, dict) else None
+    if times and size is not None:
+        clean = _times(times)
+        if clean is None:
+            run.skipped_rows += 1
+        else:
+            run.process_times_us[f"{size}:{placement}"] = clean
+
+
+def _times(value) -> list[list[float]] | None:
+    """Per-process lists of finite numbers, or None when the value has any other shape."""
+    if not isinstance(value, list) or not all(isinstance(t, list) for t in value):
+        return None
+    out = [[_num(x) for x in t] for t in value]
+    return None if any(x is None for t in out for x in t) else out
+
+
+def _dicts(value) -> list[dict]:
+    return [v for v in value if isinstance(v, dict)] if isinstance(value, list) else []
 
 
 def _snake(name: str) -> str | None:

@@ -12,6 +12,7 @@ from pathlib import Path
 from pydantic import Field
 
 from ..shared import slurm as _slurm
+from ..shared.safe_read import read_tail
 from ..engine.redact import redact
 from ..engine.spec import Record
 
@@ -159,9 +160,7 @@ def scan_slurm_lines(paths: list[Path]) -> tuple[str | None, str | None, str | N
     state = node = evidence = None
     for p in paths:
         try:
-            with open(p, "rb") as f:
-                f.seek(max(0, p.stat().st_size - LOG_BYTES))
-                text = f.read().decode("utf-8", "replace")
+            text = read_tail(p, LOG_BYTES).decode("utf-8", "replace")
         except OSError:
             continue
         for line in text.splitlines():

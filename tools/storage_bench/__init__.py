@@ -28,6 +28,7 @@ from typing import Literal
 from pydantic import field_validator
 
 from . import storage_io as sio
+from ..engine.figures import Figure, Measured, SweepContract
 from ..engine.spec import Field, Params, Progress, Result, ToolFailure, ToolSpec
 
 PREFIX = ".mleng-storage-bench-"
@@ -273,6 +274,13 @@ def _judge(res: StorageResult) -> None:
                 "knowledge://storage/small-files.md", "knowledge://storage/shared-filesystems.md"]
 
 
+SEQ_READ = Figure("seq_read_mbps", "MB/s", "higher")
+SEQ_WRITE = Figure("seq_write_mbps", "MB/s", "higher")
+CREATES = Figure("file_create_per_s", "files/s", "higher")
+SWEEP = SweepContract(figures=(SEQ_READ, SEQ_WRITE, CREATES), read=lambda res: [
+    Measured(SEQ_READ, res.seq_read_mbps), Measured(SEQ_WRITE, res.seq_write_mbps),
+    Measured(CREATES, res.file_create_per_s)])
+
 SPEC = ToolSpec(
     name="storage_bench",
     summary="Filesystem sequential/random throughput, small-file metadata rates, free space and inodes at a path.",
@@ -284,5 +292,5 @@ SPEC = ToolSpec(
         "One stream, not an aggregate benchmark; per-user quotas are not visible to it."),
     Params=StorageParams, Result=StorageResult, run=run, runs="subprocess",
     read_only=False, destructive=False, idempotent=True, open_world=False, timeout_s=300,
-    metric="seq_write_mbps", higher_is_better=True,
+    metric="seq_write_mbps", higher_is_better=True, sweep=SWEEP,
 )

@@ -12,7 +12,8 @@ from pathlib import Path
 from ..actions import worst_action
 from ...engine.redact import redact
 from .signatures import MAX_RANKS_TRACKED, POST, Signature, gates_for, load_signatures
-from ..logscan import iter_text_blocks, line_ranges, line_rank, timestamp_near
+from ..safe_read import read_head
+from ..logscan import MAX_MATCH_CHARS, iter_text_blocks, line_ranges, line_rank, timestamp_near
 
 MAX_LINE_CHARS = 400           # evidence lines are cut to this
 PARALLEL_MIN_BYTES = 96 << 20   # plain files at least this large are split across worker processes
@@ -85,18 +86,28 @@ def _after_lines(block: str, end: int, n: int) -> list[str]:
     return block[end:].split("\n", n + 1)[1:n + 1]
 
 
-def _suspect_lines(block: str, low: str, gates: tuple[str, ...]) -> list[int]:
-    """Start offsets of the lines that hold a gate string, in order."""
-    starts = set()
+def _suspect_lines(block: str, low: str, gates: tuple[str, ...]) -> dict[int, int]:
+    """Start offset of each line that holds a gate string -> where its first gate string is, in order."""
+    starts: dict[int, int] = {}
     for gate in gates:
         i = low.find(gate)
         while i >= 0:
-            starts.add(low.rfind("\n", 0, i) + 1)
+            st = low.rfind("\n", 0, i) + 1
+            starts[st] = min(i, starts.get(st, i))
             nl = low.find("\n", i)
             if nl < 0:
                 break
             i = low.find(gate, nl)
-    return sorted(starts)
+    return dict(sorted(starts.items()))
+
+
+def _window(block: str, start: int, end: int, gate_at: int) -> str:
+    """The text a line is matched on: all of it, or for a line longer than MAX_MATCH_CHARS the
+    MAX_MATCH_CHARS around its first gate string (a bound on what any regex can cost on one line)."""
+    if end - start > MAX_MATCH_CHARS:
+        start = max(start, gate_at - MAX_MATCH_CHARS // 2)
+        end = min(end, start + MAX_MATCH_CHARS)
+    return block[start:end].rstrip("\r")
 
 
 def scan_block(block: str, base_line: int, label: str, file_rank: int | None, state: ScanState,
@@ -105,11 +116,12 @@ def scan_block(block: str, base_line: int, label: str, file_rank: int | None, st
     nlines = block.count("\n") + (0 if block.endswith("\n") else 1)
     if len(state.ranks_seen) < MAX_RANKS_TRACKED:
         _track_ranks(block, srun, state)
-    starts = _suspect_lines(block, block.lower(), state.gates)
-    if not starts:
+    gate_at = _suspect_lines(block, block.lower(), state.gates)
+    if not gate_at:
         return nlines
+    starts = list(gate_at)
     ends = [block.find("\n", st) for st in starts]
-    lines = [block[st:en if en >= 0 else len(block)].rstrip("\r") for st, en in zip(starts, ends)]
+    lines = [_window(block, st, en if en >= 0 else len(block), gate_at[st]) for st, en in zip(starts, ends)]
     suspect = "\n".join(lines)
     offsets, pos = [], 0
     for line in lines:
@@ -132,7 +144,7 @@ def scan_block(block: str, base_line: int, label: str, file_rank: int | None, st
             if sig.id not in seen_ids:
                 seen_ids.add(sig.id)
                 chosen.append((sig, m))
-        rank = line_rank(lines[idx], srun)
+        rank = line_rank(block[starts[idx]:starts[idx] + 200], srun)  # the label, also when the line was windowed
         if rank is None:
             rank = file_rank
         line_end = ends[idx] if ends[idx] >= 0 else len(block)
@@ -187,8 +199,7 @@ def scan_file(path: Path, label: str, file_rank: int | None, srun: bool, evidenc
               workers: int | None) -> list[ScanState]:
     """The file's scan, split over worker processes when it is big, plain text and CPUs are free."""
     size = path.stat().st_size
-    with open(path, "rb") as f:
-        gz = f.read(2) == b"\x1f\x8b"
+    gz = read_head(path, 2) == b"\x1f\x8b"
     if workers is None:
         workers = 1 if gz or size < PARALLEL_MIN_BYTES else min(os.cpu_count() or 1, 8, size // (48 << 20))
     main_file = getattr(sys.modules.get("__main__"), "__file__", None)

@@ -81,7 +81,8 @@ def gates_for(sigs: list[Signature]) -> tuple[str, ...]:
     return tuple(sorted(gates))
 
 
-_SIZE = re.compile(r"([\d.]+) (B|bytes|KiB|MiB|GiB|TiB)")
+# Numbers start only after a non-number character: retried inside one long run of digits, these were quadratic.
+_SIZE = re.compile(r"(?<![\d.])([\d.]+) (B|bytes|KiB|MiB|GiB|TiB)")
 _UNITS = {"B": 1, "bytes": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
 
 
@@ -91,7 +92,7 @@ def _gib(text: str | None) -> float | None:
 
 
 _OOM_NEW = re.compile(r"total capacity of (?P<total>[\d.]+ \w+) of which (?P<free>[\d.]+ \w+) is free")
-_OOM_UNALLOC = re.compile(r"(?P<unalloc>[\d.]+ \w+) is reserved by PyTorch but unallocated")
+_OOM_UNALLOC = re.compile(r"(?<![\d.])(?P<unalloc>[\d.]+ \w+) is reserved by PyTorch but unallocated")
 _OOM_OLD = re.compile(r"\(GPU (?P<gpu>\d+); (?P<total>[\d.]+ \w+) total capacity; (?P<alloc>[\d.]+ \w+) already "
                       r"allocated; (?P<free>[\d.]+ \w+) free; (?P<reserved>[\d.]+ \w+) reserved in total by PyTorch")
 

@@ -1,0 +1,44 @@
+"""Who else uses a resource while a check measures it (tools/shared/occupancy.py)."""
+
+import os
+import subprocess
+import sys
+import time
+
+from tools.shared.occupancy import FREE_CORES_NEEDED, CpuWatch, Occupancy, cpu_busy_reasons, gpu_occupancy
+
+
+def test_cpu_busy_when_others_leave_less_than_most_of_a_core():
+    assert cpu_busy_reasons(1.0, 2, 0.0) == []                      # one core free: a single thread runs alone
+    assert cpu_busy_reasons(2 - FREE_CORES_NEEDED + 0.1, 2, None) == ["other processes used 1.35 of 2 CPU cores while it measured"]
+    assert cpu_busy_reasons(100.0, 128, None) == []                 # a big node with a few busy cores is not busy
+    assert cpu_busy_reasons(0.0, 8, 25.0) == ["memory pressure: tasks stalled on memory 25% of the last 10 s"]
+
+
+def test_without_nvml_no_gpu_is_busy():
+    import importlib.util
+
+    if importlib.util.find_spec("pynvml") is None:
+        assert gpu_occupancy() == Occupancy()
+
+
+def test_a_hog_of_ours_is_not_a_holder_and_our_own_work_is_not_others():
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.3)
+        with CpuWatch(ours=lambda proc: proc.pid == hog.pid) as watch:
+            sum(range(3_000_000))
+    finally:
+        hog.kill()
+        hog.wait()
+    occ = watch.occupancy
+    assert all(h.pid not in (hog.pid, os.getpid()) for h in occ.holders)
+    assert occ.cpus == os.cpu_count() and occ.others_cpu_cores is not None and occ.others_cpu_cores >= 0
+    assert occ.busy == bool(cpu_busy_reasons(occ.others_cpu_cores, occ.cpus, occ.memory_pressure_pct))
+
+
+def test_merge_keeps_busy_and_holders_of_both():
+    a = Occupancy(busy=True, why="GPU 0 99% utilised", holders=[])
+    b = Occupancy(busy=False, holders=[])
+    merged = a.merge(b)
+    assert merged.busy and merged.why == "GPU 0 99% utilised"

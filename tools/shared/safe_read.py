@@ -1,0 +1,81 @@
+"""Reading a file someone else wrote: the one way every tool opens a log, a dump or a saved output.
+
+A path in tool arguments may come from a prompt-injected agent, and a file on a shared disk from anyone.
+So, where a file is expected:
+- only a regular file is read. A FIFO nobody writes would hold a run slot until the deadline, and a
+  device such as /dev/zero or /dev/urandom never ends: both, sockets and directories are refused with
+  an error naming the path, what it is and what is accepted;
+- the open itself never blocks (O_NONBLOCK: opening a FIFO without a writer waits forever otherwise),
+  and the type is checked on the descriptor we read, so a file swapped for a FIFO after a check is
+  still refused;
+- whole-file reads are bounded (`read_head`, `read_tail`, `read_limited`): memory stays at the limit
+  whatever the file holds. Streaming readers (logscan) take the descriptor from `open_regular` and keep
+  their own bounded buffers.
+The errors are OSError subclasses, so every reader's existing "cannot read" path reports them.
+"""
+
+import errno
+import fcntl
+import os
+import stat
+from typing import BinaryIO
+
+MiB = 1 << 20
+
+
+class NotRegularFile(OSError):
+    """The path names something other than a regular file (FIFO, device, socket, directory)."""
+
+
+class FileTooLarge(OSError):
+    """A whole-file read found more bytes than its stated limit."""
+
+
+def kind_of(mode: int) -> str:
+    """What a stat mode is, in words for an error message."""
+    for test, kind in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISREG, "a regular file")):
+        if test(mode):
+            return kind
+    return "not a regular file"
+
+
+def open_regular(path: str | os.PathLike, field: str = "path") -> BinaryIO:
+    """The file open for binary reading; NotRegularFile unless it is a regular file (symlinks to one are
+    followed: reading through a link exposes nothing the link's target does not)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise NotRegularFile(errno.EINVAL, f"{kind_of(mode)}, not a regular file ({field} reads regular "
+                                 "files only: FIFOs, devices, sockets and directories are refused)", str(path))
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_head(path: str | os.PathLike, limit_bytes: int, field: str = "path") -> bytes:
+    """At most the first limit_bytes of a regular file."""
+    with open_regular(path, field) as f:
+        return f.read(limit_bytes)
+
+
+def read_tail(path: str | os.PathLike, limit_bytes: int, field: str = "path") -> bytes:
+    """At most the last limit_bytes of a regular file (the end of a log says how it ended)."""
+    with open_regular(path, field) as f:
+        size = os.fstat(f.fileno()).st_size
+        f.seek(max(0, size - limit_bytes))
+        return f.read(limit_bytes)
+
+
+def read_limited(path: str | os.PathLike, limit_bytes: int, field: str = "path") -> bytes:
+    """The whole regular file; FileTooLarge when it holds more than limit_bytes (a cut JSON document
+    would only fail later, less clearly)."""
+    with open_regular(path, field) as f:
+        data = f.read(limit_bytes + 1)
+    if len(data) > limit_bytes:
+        raise FileTooLarge(errno.EFBIG, f"larger than the {limit_bytes / MiB:g} MiB {field} reads", str(path))
+    return data
