@@ -6,6 +6,7 @@ sends it down a dead end, so each is checked against the real thing.
 
 import fnmatch
 import json
+import os
 import re
 import shlex
 import sys
@@ -18,7 +19,7 @@ from tools.engine.registry import registry
 ROOT = Path(__file__).resolve().parent.parent
 SKILL = ROOT / "SKILL.md"
 PLUGIN_SKILL = ROOT / "skills" / "mleng" / "SKILL.md"
-COMMON_ARGS = {"wait_s", "timeout_s"}  # the server adds these to every subprocess tool
+COMMON_ARGS = {"wait_s", "timeout_s", "node"}  # the server adds these to subprocess tools
 
 
 def _text() -> str:
@@ -108,6 +109,10 @@ def test_knowledge_pages_it_names_exist():
     assert missing == []
 
 
+def _plugin_server() -> dict:
+    return json.loads((ROOT / ".claude-plugin" / "plugin.json").read_text())["mcpServers"]["mleng"]
+
+
 def test_plugin_manifest_marketplace_and_mcp_config():
     manifest = json.loads((ROOT / ".claude-plugin" / "plugin.json").read_text())
     assert manifest["name"] == "mleng"
@@ -115,27 +120,40 @@ def test_plugin_manifest_marketplace_and_mcp_config():
     market = json.loads((ROOT / ".claude-plugin" / "marketplace.json").read_text())
     assert market["owner"]["name"] and [p["name"] for p in market["plugins"]] == ["mleng"]
     assert (ROOT / market["plugins"][0]["source"] / ".claude-plugin" / "plugin.json").is_file()
-    server = json.loads((ROOT / ".mcp.json").read_text())["mcpServers"]["mleng"]
-    assert server["args"][-1].endswith("/server.py")
+    server = _plugin_server()
+    assert server["args"][-1] == "${CLAUDE_PLUGIN_ROOT}/server.py"
+    # Claude Code 2.1 expands plain ${CLAUDE_PLUGIN_ROOT} only: "${VAR:-default}" reaches python as text.
+    assert ":-" not in json.dumps(server)
+    # No root .mcp.json: inside the checkout Claude Code would read it as a project-scope server too,
+    # and it would clash with `claude mcp add mleng` ("Conflicting scopes").
+    assert not (ROOT / ".mcp.json").exists()
 
 
 @pytest.mark.anyio
-async def test_the_mcp_json_command_starts_the_server_and_lists_every_tool():
-    """What Claude Code runs from .mcp.json (with ${CLAUDE_PLUGIN_ROOT} set) serves the registry."""
+async def test_the_plugin_starts_the_server_from_any_working_directory(tmp_path):
+    """What Claude Code runs for the plugin: ${CLAUDE_PLUGIN_ROOT} replaced by the plugin's path, in the
+    user's project directory (not the checkout), serves the registry and the diagnose prompt."""
     from mcp import Client, StdioServerParameters
 
-    server = json.loads((ROOT / ".mcp.json").read_text())["mcpServers"]["mleng"]
+    server = _plugin_server()
 
     def expand(s: str) -> str:
-        return re.sub(r"\$\{CLAUDE_PLUGIN_ROOT(:-[^}]*)?\}", str(ROOT), s)
+        return s.replace("${CLAUDE_PLUGIN_ROOT}", str(ROOT))
 
+    project = tmp_path / "someone-elses-project"
+    (project / "tools").mkdir(parents=True)           # a user's own `tools/` package must not shadow ours
+    (project / "tools" / "__init__.py").write_text("raise ImportError('the user project tools package')\n")
     command = sys.executable if server["command"] in ("python", "python3") else expand(server["command"])
-    params = StdioServerParameters(command=command, args=[expand(a) for a in server["args"]], cwd=str(ROOT))
+    params = StdioServerParameters(command=command, args=[expand(a) for a in server["args"]], cwd=str(project),
+                                   env={"PATH": os.environ["PATH"], "HOME": str(tmp_path),
+                                        "MLENG_HOME": str(tmp_path / "home")})
     async with Client(params) as client:
         names = {t.name for t in (await client.list_tools()).tools}
         prompts = {p.name for p in (await client.list_prompts()).prompts}
+        answer = await client.call_tool("accelerator_specs", {"names": ["h100"]})
     assert names == set(registry())
     assert "diagnose" in prompts  # SKILL.md points agents at it
+    assert not answer.is_error
 
 
 def test_worked_example_calls_are_valid_arguments():

@@ -275,4 +275,5 @@ SPEC = ToolSpec(
     Params=CollectiveBenchParams, Result=CollectiveBenchResult, run=run, runs="subprocess",
     read_only=False, destructive=False, idempotent=True, open_world=False, timeout_s=900,
     gpu_devices=_gpus, metric="busbw_gbps", higher_is_better=True,
+    spans_nodes=True,  # reaches the cluster itself: the engine's node= option does not apply
 )

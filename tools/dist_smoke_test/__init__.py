@@ -245,4 +245,5 @@ SPEC = ToolSpec(
     Params=DistSmokeTestParams, Result=DistSmokeTestResult, run=run, runs="subprocess",
     read_only=True, destructive=False, idempotent=True, open_world=False, timeout_s=900,
     gpu_devices=_gpus, metric=None,
+    spans_nodes=True,  # reaches the cluster itself: the engine's node= option does not apply
 )

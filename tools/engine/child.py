@@ -32,7 +32,8 @@ def main() -> int:
     from .bounds import bound_result
     from .registry import load_spec
     from .spec import ToolFailure
-    from .store import torch_provenance
+    from .on_node import NODE_ENV
+    from .store import host_provenance, torch_provenance
 
     spec = load_spec(*sys.argv[1:])
     params = spec.Params.model_validate_json(sys.stdin.read())
@@ -46,7 +47,10 @@ def main() -> int:
         emit({"event": "error", "message": str(e)})
         return 0
     result = bound_result(spec, result)   # a huge result is cut here, before it crosses the pipe
-    emit({"event": "result", "result": result.model_dump(mode="json"), "provenance": torch_provenance()})
+    provenance = torch_provenance()
+    if os.environ.get(NODE_ENV):   # started on a named node: the node's host, GPUs and driver, not the caller's
+        provenance = {**host_provenance(), **provenance}
+    emit({"event": "result", "result": result.model_dump(mode="json"), "provenance": provenance})
     return 0
 
 

@@ -22,7 +22,7 @@ from pydantic import ValidationError
 from .data import PACKAGE
 from .processes import interrupt_on_sigterm, local_gpu_count
 from .rendering import VERDICT_MARK, format_result, validation_problems
-from .spec import ToolFailure, ToolSpec, worst
+from .spec import ToolFailure, ToolSpec, takes_node, worst
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -58,6 +58,9 @@ def tool_parser(spec: ToolSpec, prog: str) -> argparse.ArgumentParser:
     parser.add_argument("--json", action="store_true", help="print the result as JSON (for machines)")
     parser.add_argument("--timeout-s", type=float, default=None,
                         help=f"stop the run after this many seconds [default: {spec.timeout_s:g}]")
+    if takes_node(spec):
+        parser.add_argument("--node", default=None, help="run on this SLURM node through srun (inside the "
+                            "allocation that holds it, else a one-node job of its own)")
     parser.add_argument("--wait-s", type=float, default=None,
                         help="print the job handle (what an MCP caller gets) if the run is still going after this "
                              "many seconds, then keep following it: a job cannot outlive this command")
@@ -88,7 +91,7 @@ def run_tool_cli(spec: ToolSpec, argv: list[str], prog: str) -> int:
     progress = ProgressBar() if (sys.stderr.isatty() and not args.json) else None
     interrupt_on_sigterm()  # `timeout 60 mleng run ...` must not leave ranks behind
     try:
-        job = MANAGER.start(spec, params, args.timeout_s)
+        job = MANAGER.start(spec, params, args.timeout_s, node=getattr(args, "node", None))
         if args.wait_s is not None:
             interim = wait(job, args.wait_s, progress)
             if interim.job is not None:

@@ -30,10 +30,11 @@ class Busy(ToolFailure):
 
 
 class Job:
-    def __init__(self, spec: ToolSpec, params: Params, timeout_s: float | None):
+    def __init__(self, spec: ToolSpec, params: Params, timeout_s: float | None, node: str | None = None):
         self.id = uuid.uuid4().hex[:12]
         self.spec = spec
         self.params = params
+        self.node = node
         self.timeout_s = timeout_s or spec.timeout_s
         self.started = time.time()
         self.deadline = time.monotonic() + self.timeout_s
@@ -69,7 +70,7 @@ class Job:
     def _work(self) -> None:
         try:
             result = execute(self.spec, self.params, self._progress, timeout_s=self.timeout_s,
-                             cancel=self.cancel_event, job_id=self.id)
+                             cancel=self.cancel_event, job_id=self.id, node=self.node)
             self._end("done", result=result)
         except Cancelled as e:
             self._end("cancelled", error=str(e))
@@ -125,8 +126,8 @@ class JobManager:
         self._lock = threading.Lock()
         self.max_runs = max_runs or int(os.environ.get("MLENG_MAX_RUNS", "4"))
 
-    def start(self, spec: ToolSpec, params: Params, timeout_s: float | None = None) -> Job:
-        job = Job(spec, params, timeout_s)
+    def start(self, spec: ToolSpec, params: Params, timeout_s: float | None = None, node: str | None = None) -> Job:
+        job = Job(spec, params, timeout_s, node)
         with self._lock:
             if spec.runs == "subprocess":
                 running = [j for j in self._jobs.values() if j.spec.runs == "subprocess" and not j.finished.is_set()]

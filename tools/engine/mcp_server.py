@@ -36,7 +36,8 @@ from .jobs import MANAGER, Busy, Cancelled, Job
 from .registry import registry
 from .schemas import compact
 from .rendering import format_result, validation_message
-from .spec import Params, ToolFailure, ToolSpec
+from .on_node import NODE_MAX_CHARS, NODE_PATTERN
+from .spec import Params, ToolFailure, ToolSpec, takes_node
 
 log = logging.getLogger("mleng")
 
@@ -49,6 +50,8 @@ Execution options, accepted by every tool that takes them in its schema:
 - wait_s (seconds, default 60): how long the call waits. A longer run answers with a job handle
   (result.job.job_id) and goes on: follow it with job_status, stop it with job_cancel.
 - timeout_s (seconds): hard limit; past it every process of the run is killed and the call fails.
+- node (a SLURM node name): run the tool on that node through srun (inside the allocation that
+  holds it, else in a one-node job of its own) and return that node's result.
 Optional fields may be left out; null means the same."""
 
 TEXT_JSON_LIMIT = 12_000  # characters of JSON in the text copy; structuredContent always has everything
@@ -72,6 +75,8 @@ class CallOptions(Params):
     # Described once, in INSTRUCTIONS: 17 copies of the same two sentences cost every agent ~4 KB.
     wait_s: float = Field(60.0, ge=0, le=3600, description="Seconds the call waits (server instructions).")
     timeout_s: float | None = Field(None, ge=1, le=86400, description="Hard limit, seconds (server instructions).")
+    node: str | None = Field(None, max_length=NODE_MAX_CHARS, pattern=NODE_PATTERN,
+                             description="SLURM node to run on (server instructions).")
 
 
 @functools.cache
@@ -85,6 +90,8 @@ def input_schema(spec: ToolSpec) -> dict:
                                 "wait_s": {"type": "number", "minimum": 0, "maximum": 3600, "default": 60.0},
                                 "timeout_s": {"type": "number", "minimum": 1, "maximum": 86400,
                                               "default": spec.timeout_s}}
+        if takes_node(spec):
+            schema["properties"]["node"] = {"type": "string", "maxLength": NODE_MAX_CHARS, "pattern": NODE_PATTERN}
     return schema
 
 
@@ -101,7 +108,8 @@ def _annotations(spec: ToolSpec) -> ToolAnnotations:
 def _split_arguments(spec: ToolSpec, arguments: dict) -> tuple[Params, CallOptions]:
     """Validate a call's arguments (on a worker thread: a model validator may be slow on a bad input)."""
     arguments = dict(arguments or {})
-    allowed = set(spec.Params.model_fields) | (set(CallOptions.model_fields) if spec.runs == "subprocess" else set())
+    options = set(CallOptions.model_fields) - ({"node"} if not takes_node(spec) else set())
+    allowed = set(spec.Params.model_fields) | (options if spec.runs == "subprocess" else set())
     unknown = sorted(set(arguments) - allowed)
     if unknown:
         raise ToolError(f"unknown argument(s) for {spec.name}: {', '.join(unknown)[:300]}; "
@@ -160,7 +168,7 @@ async def call_tool(spec: ToolSpec, arguments: dict, ctx: Context | None = None)
     """One tool call, start to answer. Every failure becomes a ToolError with a message for the agent."""
     params, options = await anyio.to_thread.run_sync(_split_arguments, spec, arguments)
     try:
-        job = MANAGER.start(spec, params, options.timeout_s)
+        job = MANAGER.start(spec, params, options.timeout_s, node=options.node)
         wait_s = options.wait_s if spec.runs == "subprocess" else float("inf")
         result = await _follow(ctx, job, wait_s)
     except (Busy, Cancelled, ToolFailure) as e:

@@ -18,7 +18,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = ["Field", "Params", "SELF_TEST", "present", "needs", "not_both", "Record", "Result", "JobRef", "ToolSpec", "Progress", "ToolFailure", "Verdict",
-           "worst", "VERDICT_ORDER"]
+           "worst", "VERDICT_ORDER", "takes_node"]
 
 Verdict = Literal["ok", "warn", "fail", "info"]
 IN_PROCESS_MAX_S = 60.0
@@ -27,6 +27,11 @@ RunsIn = Literal["in_process", "subprocess"]
 
 # Verdicts from least to most severe: `worst` of several is the one furthest along.
 VERDICT_ORDER: tuple[str, ...] = ("info", "ok", "warn", "fail")
+
+
+def takes_node(spec: "ToolSpec") -> bool:
+    """Whether the `node` call option applies: a subprocess tool that stays on the node it runs on."""
+    return spec.runs == "subprocess" and not spec.spans_nodes
 
 
 def worst(verdicts: Iterable[str], default: str = "ok") -> str:
@@ -136,6 +141,10 @@ class ToolSpec:
     doctor_order: int = 50
     # The figures it contributes to a fleet sweep, read from its own Result (engine/figures.py).
     sweep: Any = None
+    # The tool reaches other nodes or the cluster itself (srun, torchrun across nodes, slurmctld): the
+    # `node` call option, which runs a one-node subprocess tool on a named SLURM node (engine/on_node.py),
+    # is not offered.
+    spans_nodes: bool = False
 
     def __post_init__(self):
         if not self.name.isidentifier() or self.name != self.name.lower():

@@ -136,4 +136,5 @@ SPEC = ToolSpec(
         "single tools) or links between nodes (collective_bench pattern='pairwise')."),
     Params=FleetSweepParams, Result=FleetSweepResult, run=run, runs="subprocess",
     read_only=False, destructive=True, idempotent=False, open_world=True, timeout_s=3700,
+    spans_nodes=True,  # reaches the cluster itself: the engine's node= option does not apply
 )

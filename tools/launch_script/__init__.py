@@ -219,4 +219,5 @@ SPEC = ToolSpec(
     Params=LaunchScriptParams, Result=LaunchScriptResult, run=run,
     runs="subprocess", read_only=False, destructive=False, idempotent=False, open_world=True,
     timeout_s=90, store=False,
+    spans_nodes=True,  # reaches the cluster itself: the engine's node= option does not apply
 )

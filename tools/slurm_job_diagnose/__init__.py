@@ -265,4 +265,5 @@ SPEC = ToolSpec(
     Params=SlurmJobDiagnoseParams, Result=SlurmJobDiagnoseResult, run=run,
     runs="subprocess", read_only=True, destructive=False, idempotent=True, open_world=True,
     timeout_s=120, store=False,
+    spans_nodes=True,  # reaches the cluster itself: the engine's node= option does not apply
 )
