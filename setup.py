@@ -17,8 +17,12 @@ def packages_under(name: str, folder: str, code: bool) -> list[str]:
     return [name] + [f"{name}.{sub}" for sub in found]
 
 
+PACKAGES = [p for name, folder in FOLDERS.items() for p in packages_under(name, folder, code=name == "mleng")]
+# The drills' fixtures are real logs and dumps of any name (fr_0, slurm-81234.out): ship every file there.
+DRILL_FILES = {p: ["*"] for p in PACKAGES if p.startswith("mleng.eval_cases.scenarios")}
+
 setup(
-    packages=[p for name, folder in FOLDERS.items() for p in packages_under(name, folder, code=name == "mleng")],
+    packages=PACKAGES,
     package_dir=FOLDERS,
-    package_data={"": ["*.md", "*.toml", "*.jsonl"]},
+    package_data={"": ["*.md", "*.toml", "*.jsonl"], **DRILL_FILES},
 )

@@ -16,6 +16,8 @@ import pytest
 
 from tests.slurm_cluster import slurm_cluster  # noqa: F401  (session fixture, only started when used)
 from tools import hang_stack_dump as hsd
+from tools.hang_stack_dump import stacks
+from tools.shared import pyspy
 from tools.engine.data import IMPORT_ROOT as REPO_ROOT
 from tools.engine.spec import ToolFailure
 from tools.engine.processes import kill_tree, torchrun_command
@@ -58,12 +60,12 @@ def _start_sleeper():
 @pytest.fixture(scope="module")
 def ptrace_ok():
     try:
-        py_spy = hsd.py_spy_path()
+        py_spy = pyspy.py_spy_path()
     except ToolFailure as e:
         pytest.skip(str(e))
     proc = _start_sleeper()
     try:
-        threads, err = hsd.dump_one(proc.pid, False, 20, py_spy)
+        threads, err = pyspy.dump_one(proc.pid, False, 20, py_spy)
     finally:
         proc.kill()
         proc.wait()
@@ -200,7 +202,7 @@ def test_ptrace_refusal_says_how_to_fix_it():
     # Text py-spy 0.4.3 printed here when run as `nobody` against a root-owned Python process.
     stderr = ("Permission Denied: Try running again with elevated permissions by going 'sudo env \"PATH=$PATH\" !!'\n"
               "Error: Failed to find python version from target process\n\nStack backtrace:\n   0: anyhow")
-    msg = hsd.explain_py_spy_error(4242, stderr, "python train.py")
+    msg = pyspy.explain_py_spy_error(4242, stderr, "python train.py")
     assert "no permission to attach to pid 4242" in msg
     assert "ptrace_scope" in msg and "SYS_PTRACE" in msg and "same" in msg and "Stack backtrace" not in msg
 
@@ -331,16 +333,16 @@ def test_gpu_processes_are_found_through_nvml(ptrace_ok, tmp_path):
 def test_rank_blocked_in_cuda_synchronize_counts_as_waiting():
     frames = [{"name": "synchronize", "filename": "/venv/lib/python3.12/site-packages/torch/cuda/__init__.py", "line": 1},
               {"name": "step", "filename": "/job/train.py", "line": 50}]
-    s = hsd.summarise_threads([{"os_thread_id": 7, "thread_name": "MainThread", "frames": frames}], 7, 12)
+    s = stacks.summarise_threads([{"os_thread_id": 7, "thread_name": "MainThread", "frames": frames}], 7, 12)
     assert s["in_collective"] and s["called_from"] == "step (/job/train.py:50)"
     launcher = [{"name": "_invoke_run", "filename": "/x/site-packages/torch/distributed/elastic/agent/server/api.py"}]
-    assert not hsd.summarise_threads([{"os_thread_id": 8, "frames": launcher}], 8, 12)["in_collective"]
+    assert not stacks.summarise_threads([{"os_thread_id": 8, "frames": launcher}], 8, 12)["in_collective"]
 
 
 def test_second_tracer_is_explained():
     # Text py-spy 0.4.3 printed here when two py-spy dumps hit the same pid at once.
     stderr = "Error: Failed to suspend process\n\nCaused by:\n    0: Failed to suspend process\n    1: EPERM: Operation not permitted"
-    msg = hsd.explain_py_spy_error(99, stderr, "python train.py")
+    msg = pyspy.explain_py_spy_error(99, stderr, "python train.py")
     assert "another tracer" in msg and "TracerPid /proc/99/status" in msg
 
 

@@ -663,3 +663,64 @@ async def test_a_crafted_dcgm_file_is_a_note_never_a_crash(tmp_path, name):
     assert not r.is_error, _text(r)[:500]
     note = r.structured_content["dcgm_note"]
     assert "could not read it" in note or "skipped" in json.dumps(r.structured_content), note
+
+
+def _stored(home: Path, column: str) -> list:
+    with sqlite3.connect(home / "results.sqlite3") as db:
+        return [r[0] for r in db.execute(f"SELECT {column} FROM results ORDER BY id")]
+
+
+async def test_what_is_stored_is_capped_like_what_is_answered(mleng_home):
+    from tools.engine.store import MAX_STORED_PARAMS_CHARS, save
+
+    pasted = "[rank0]: step 1 loss 2.0\n" * 200_000       # 5 MB of pasted log
+    async with Client(build_server()) as c:
+        for _ in range(3):
+            r = await c.call_tool("log_triage", {"text": pasted})
+            assert not r.is_error, _text(r)[:300]
+    params, keys = _stored(mleng_home, "params"), _stored(mleng_home, "params_key")
+    assert len(params) == 3 and all(len(p) < MAX_STORED_PARAMS_CHARS + 3000 for p in params + keys), \
+        [len(p) for p in params]                        # was the whole text in both columns, every run
+    assert "Stored params cut" in params[0]
+    # a writer other than the runner (a fleet node's row) is capped by the store itself
+    save("fleet_sweep", {}, {"verdict": "ok", "rows": ["x" * 1000] * 5000}, started=time.time(), ended=time.time(),
+         provenance={"host": "n1" * 1000, "gpu_names": ["g"] * 10_000})
+    result, host = _stored(mleng_home, "result")[-1], _stored(mleng_home, "host")[-1]
+    assert len(result) <= MAX_RESULT_CHARS and "Stored result cut" in result and len(host) <= 255
+
+
+def _insert_raw(home: Path, rows: list[tuple]) -> None:
+    """Rows as an older version (or a hand) could have written them: no check on any column."""
+    from tools.engine import store
+
+    store.connect().close()
+    with sqlite3.connect(home / "results.sqlite3") as db:
+        db.executemany("INSERT INTO results (tool, host, started, params, params_key, result, metric_name, "
+                       "metric_value, gpu_names, gpu_uuids) VALUES (?,?,?,?,?,?,?,?,?,?)", rows)
+
+
+async def test_results_history_survives_bad_rows_and_pages_its_rows(mleng_home):
+    from tools.engine.store import save
+
+    now = time.time()
+    for i in range(25):
+        save("matmul_bench", {"dtype": "bf16"}, {"verdict": "ok", "mamf_tflops": 700.0 + i}, started=now - 100 * i,
+             ended=now - 100 * i + 5, provenance={"host": f"n{i % 5}"}, metric_name="mamf_tflops")
+    big = json.dumps({"text": "x" * 5_000_000})
+    _insert_raw(mleng_home, [("fleet_sweep", "n1", 1e18, "{}", "{}", "{}", None, None, "[]", "[]"),
+                             ("env_report", "n1", "yesterday", "{}", "{}", "{}", None, None, "[]", "[]"),
+                             ("log_triage", "n1", now, big, big, big, "m", "fast", "not json", "[1"),
+                             ("matmul_bench", 7, now - 1, "{", "{}", "{", "mamf_tflops", 1.0, "[3]", "[]")])
+    async with Client(build_server()) as c:
+        answers = {args: await c.call_tool("results_history", dict(args)) for args in
+                   [(), (("tool", "fleet_sweep"),), (("tool", "env_report"),), (("limit", 10),),
+                    (("limit", 10), ("offset", 10))]}
+    for args, r in answers.items():      # were: TypeError, OSError [Errno 75], TypeError
+        assert not r.is_error, (args, _text(r)[:300])
+    assert any("left out" in f for f in answers[(("tool", "fleet_sweep"),)].structured_content["findings"])
+    first, second = (answers[k].structured_content for k in [(("limit", 10),), (("limit", 10), ("offset", 10))])
+    assert len(first["rows"]) == 9 and len(second["rows"]) == 10     # the host-7 row with gpu_names [3] is left out
+    assert any("left out" in f for f in first["findings"])
+    assert not {r["id"] for r in first["rows"]} & {r["id"] for r in second["rows"]}
+    assert any("offset=10" in f for f in first["findings"])
+    assert all(r["started"] < "2100" for r in first["rows"])

@@ -57,6 +57,9 @@ def test_the_wheel_ships_one_top_level_name_and_its_data(installed):
     assert top == {"mleng"}, f"top-level names in the wheel: {sorted(top)}"
     assert "mleng/knowledge/data/accelerators.toml" in names
     assert "mleng/eval_cases/cases.jsonl" in names
+    assert "mleng/eval_cases/scenarios/cl-slow-node.toml" in names          # the drills and their fixtures
+    assert "mleng/eval_cases/scenarios/fixtures/fr_hung/fr_3" in names
+    assert "mleng/eval_cases/scenarios/assets/train_loop.py" in names
     assert "mleng/skill/SKILL.md" in names
     assert sum(n.startswith("mleng/knowledge/") and n.endswith(".md") for n in names) >= 40
 
@@ -88,6 +91,23 @@ def test_mleng_eval_runs_the_shipped_cases(installed):
     assert out.returncode == 0, out.stderr[-3000:]
     report = json.loads(out.stdout)
     assert report["n"] >= 50 and report["top1"] > 0.5
+
+
+def test_a_local_drill_runs_from_the_wheel(installed, tmp_path):
+    env = {**installed["env"], "MLENG_HOME": str(tmp_path / "home")}
+    mleng = str(installed["bin"] / "mleng")
+
+    def drill(*args):
+        return subprocess.run([mleng, "drill", *args], capture_output=True, text=True, timeout=120,
+                              cwd=installed["cwd"], env=env)
+
+    listed = drill("list", "--json")
+    assert listed.returncode == 0 and len(json.loads(listed.stdout)) >= 15, listed.stderr[-2000:]
+    started = drill("start", "pm-flight-recorder-hang", "--json")
+    assert started.returncode == 0, started.stderr[-2000:]
+    assert (tmp_path / "home" / "drill" / "work" / "fr_hung" / "fr_3").is_file()
+    assert drill("stop").returncode == 0
+    assert not (tmp_path / "home" / "drill" / "work").exists()
 
 
 def test_mleng_serve_from_the_wheel_serves_knowledge_and_data(installed):

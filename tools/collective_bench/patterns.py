@@ -41,6 +41,10 @@ class PatternFields(Params):
         "pairwise/bisect outside SLURM: every node's address, in order; run the same command on each "
         "node with its node_rank and rdzv_endpoint (first host:free port), the first node reports."))
     node_rank: int | None = Field(None, ge=0, le=8191, description="This node's index in hosts.")
+    transport: Literal["nccl", "rdma"] = Field("nccl", description=(
+        "pairwise inside SLURM: nccl runs all_reduce per pair; rdma runs perftest ib_write_bw / ib_write_lat "
+        "per pair, so a bad NIC or cable shows apart from NCCL (needs perftest and an ACTIVE RDMA port on every "
+        "node; names the nodes that lack them)."))
 
 
 def pattern_nodes(params) -> tuple[list[str], str]:
@@ -88,6 +92,13 @@ def run_pattern(params, job: dict, nproc: int, progress) -> tuple[IsolationRepor
                             latency_factor=params.slow_latency_factor, progress=progress)
         return bisect(names, run_round, progress=progress)
 
+    if params.transport == "rdma":
+        if params.pattern != "pairwise" or how != "srun":
+            raise ToolFailure("transport: rdma runs with pattern pairwise inside a SLURM allocation only")
+        from .rdma_rounds import readiness, run_round_rdma
+
+        devices = readiness(names)
+        return drive(functools.partial(run_round_rdma, names=names, devices=devices, deadline_s=deadline)), []
     if how == "srun":
         port = 29500 + random.randrange(1000)
         return drive(functools.partial(run_round_srun, names=names, job=job, nproc=nproc, deadline_s=deadline,

@@ -5,6 +5,7 @@
     mleng doctor [--json]                        quick, safe checks of this machine
     mleng serve [--http HOST:PORT]               the MCP server (same as python server.py)
     mleng eval --cases FILE [--router bm25]      tool-selection evals (tools/evals/run.py)
+    mleng drill list|start|grade|stop|baseline  fault drills (tools/evals/drills/cli.py)
 
 `python -m tools.<name>` is `tool_main(SPEC)` here: the same parser and the same execution path.
 """
@@ -187,6 +188,10 @@ def main(argv: list[str] | None = None) -> int:
         from ..evals.run import main as eval_main
 
         return eval_main(argv[1:])
+    if argv[:1] == ["drill"]:  # fault drills (tools/evals/drills): their own subcommands and flags
+        from ..evals.drills.cli import main as drill_main
+
+        return drill_main(argv[1:])
     parser = argparse.ArgumentParser(prog="mleng", description="GPU cluster diagnostics and benchmarks for ML engineers")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("list", help="list the tools")
@@ -198,6 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     p_srv = sub.add_parser("serve", help="run the MCP server (stdio, or --http HOST:PORT)")
     p_srv.add_argument("--http", metavar="HOST:PORT")
     sub.add_parser("eval", help="tool-selection evals: mleng eval --cases FILE [--router bm25|embed|hybrid] [--json]")
+    sub.add_parser("drill", help="fault drills: mleng drill list|start ID|grade ID --diagnosis FILE|stop|baseline")
     args = parser.parse_args(argv)
 
     if args.command == "list":

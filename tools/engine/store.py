@@ -17,6 +17,8 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
+from .bounds import MAX_RESULT_CHARS, bound_data
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS results (
     id            INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -42,6 +44,12 @@ CREATE TABLE IF NOT EXISTS results (
 );
 CREATE INDEX IF NOT EXISTS results_tool ON results(tool, params_key, started);
 """
+
+# What a row may hold, whoever wrote it (the runner, a fleet node's event): the result as answered, the
+# params far less (a 45 MB pasted log was stored whole, three times: 550 MB of database).
+MAX_STORED_PARAMS_CHARS = 20_000
+MAX_STORED_TEXT = 255      # host, verdict and other short columns
+LATEST_TIME = 4_102_444_800.0  # 2100-01-01: a start time past it (1e18) would sort first forever
 
 # Params that change how long or how verbosely a run goes, not what it measures.
 VOLATILE_PARAMS = {"detail", "wait_s", "timeout_s", "time_budget_s", "json"}
@@ -129,18 +137,89 @@ def save(tool: str, params: dict, result: dict, *, started: float, ended: float,
     metric_value = result.get(metric_name) if metric_name else None
     if not isinstance(metric_value, (int, float)) or isinstance(metric_value, bool):
         metric_value = None
+    params, result = _bounded(params, MAX_STORED_PARAMS_CHARS, True), _bounded(result, MAX_RESULT_CHARS, False)
     with connect() as conn:
         cur = conn.execute(
             "INSERT INTO results (tool, verdict, host, gpu_names, gpu_uuids, gpu_serials, driver, torch,"
             " cuda, nccl, python, params, params_key, result, metric_name, metric_value, started, ended,"
             " job_id) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-            (tool, result.get("verdict"), provenance.get("host"),
-             json.dumps(provenance.get("gpu_names", [])), json.dumps(provenance.get("gpu_uuids", [])),
-             json.dumps(provenance.get("gpu_serials", [])), provenance.get("driver"),
-             provenance.get("torch"), provenance.get("cuda"), provenance.get("nccl"),
-             provenance.get("python"), json.dumps(params, default=str), params_key(params),
-             json.dumps(result, default=str, separators=(",", ":")), metric_name, metric_value, started, ended, job_id))
+            (_short(tool), _short(result.get("verdict")), _short(provenance.get("host")),
+             *(json.dumps(_names(provenance.get(k))) for k in ("gpu_names", "gpu_uuids", "gpu_serials")),
+             *(_short(provenance.get(k)) for k in ("driver", "torch", "cuda", "nccl", "python")),
+             json.dumps(params, default=str), params_key(params), json.dumps(result, default=str, separators=(",", ":")),
+             _short(metric_name), metric_value, _unix_time(started), _unix_time(ended), _short(job_id)))
         return cur.lastrowid
+
+
+def _bounded(data, limit: int, is_params: bool) -> dict:
+    """The row's JSON object within `limit` characters, with a note on what was cut: under `_cut` for
+    params (a field of their own would change what they mean), as a finding for a result."""
+    data = data if isinstance(data, dict) else {"unreadable": str(data)[:1000]}
+    data, note = bound_data(data, limit, "Stored params" if is_params else "Stored result")
+    if note is None:
+        return data
+    findings = data.get("findings") if isinstance(data.get("findings"), list) else []
+    return {**data, "_cut": note} if is_params else {**data, "findings": [*findings[:50], note]}
+
+
+def _names(value) -> list:
+    """A GPU list as stored: at most 64 short strings (a node's event could send anything)."""
+    return [_short(v) for v in value[:64]] if isinstance(value, list) else []
+
+
+def _short(value) -> str | None:
+    return None if value is None else str(value)[:MAX_STORED_TEXT]
+
+
+def _unix_time(value) -> float | None:
+    """Unix seconds, or None for anything that is not a time between 1970 and 2100."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if 0 <= value <= LATEST_TIME else None
+
+
+_GOOD_TIME = f"typeof(started) IN ('integer', 'real') AND started BETWEEN 0 AND {LATEST_TIME}"
+
+# results_history's columns, each bounded in SQL so that a row written before the caps (or by hand)
+# costs its reader no more than a new one: params only for the one field it groups by.
+_HISTORY_COLUMNS = ("id, substr(tool, 1, 255) AS tool, substr(host, 1, 255) AS host, started, "
+                    "substr(verdict, 1, 32) AS verdict, substr(metric_name, 1, 255) AS metric_name, "
+                    "CASE WHEN typeof(metric_value) IN ('integer', 'real') THEN metric_value END AS metric_value, "
+                    "substr(params_key, 1, 20000) AS params_key, "
+                    "CASE WHEN length(params) <= 100000 AND json_valid(params) THEN json_extract(params, '$.device') "
+                    "END AS device, CASE WHEN length(gpu_names) <= 65536 THEN gpu_names END AS gpu_names, "
+                    "CASE WHEN length(gpu_uuids) <= 65536 THEN gpu_uuids END AS gpu_uuids")
+
+
+def history(tool: str | None = None, host: str | None = None, gpu: str | None = None, since: float = 0.0,
+            limit: int = 200, offset: int = 0) -> list[dict]:
+    """Rows for results_history, newest first, with bounded columns and no result: memory per row is
+    a few KB whatever was stored. Rows whose start time is not a time are left out (count_bad_times)."""
+    clause, args = _filters(tool, host, gpu, since)
+    sql = f"SELECT {_HISTORY_COLUMNS} FROM results{clause} ORDER BY started DESC, id DESC LIMIT ? OFFSET ?"
+    with connect() as conn:
+        rows = [dict(r) for r in conn.execute(sql, [*args, limit, offset])]
+    for r in rows:
+        r["params"] = {"device": r.pop("device")}
+        for k in ("gpu_names", "gpu_uuids"):
+            r[k] = _json_list(r[k])
+    return rows
+
+
+def count_bad_times(tool: str | None = None, host: str | None = None, gpu: str | None = None) -> int:
+    """Rows matching the filters whose start time is not a unix time up to 2100 (history skips them)."""
+    clause, args = _filters(tool, host, gpu, None)
+    clause = f"{clause} AND" if clause else " WHERE"
+    with connect() as conn:
+        return conn.execute(f"SELECT count(*) FROM results{clause} NOT ({_GOOD_TIME})", args).fetchone()[0]
+
+
+def _json_list(text) -> list:
+    try:
+        value = json.loads(text) if isinstance(text, str) else None
+    except (ValueError, RecursionError):
+        return []
+    return value if isinstance(value, list) else []
 
 
 def _filters(tool: str | None, host: str | None, gpu: str | None, since: float | None) -> tuple[str, list]:
@@ -153,8 +232,8 @@ def _filters(tool: str | None, host: str | None, gpu: str | None, since: float |
     if gpu:
         where.append("(lower(gpu_names) LIKE ? OR lower(gpu_uuids) LIKE ? OR lower(gpu_serials) LIKE ?)")
         args += [f"%{gpu.lower()}%"] * 3
-    if since is not None:
-        where.append("started >= ?"); args.append(since)
+    if since is not None:    # a time stored as text or in the far future passed every filter and sorted first
+        where.append(f"{_GOOD_TIME} AND started >= ?"); args.append(since)
     return (" WHERE " + " AND ".join(where) if where else ""), args
 
 

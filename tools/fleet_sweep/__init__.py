@@ -1,7 +1,7 @@
 """fleet_sweep — run the per-node checks on every node at once and name the bad node, GPU or drift.
 
 One srun step, one process per node (tools/fleet_sweep/node.py), each running the chosen checks
-through the existing tools' own run(): env_report, gpu_health, a CPU probe, and on GPU nodes
+through the existing tools' own run(): env_report, gpu_health, nic_health, a CPU probe, and on GPU nodes
 matmul_bench quick, memory_bandwidth_bench and p2p_bandwidth; storage_bench on a path when asked.
 Rows stream back as they finish; the step is cancelled on every node at the deadline. The answer:
 one row per node and check (and per GPU), the fleet median of every figure, outliers by the rule in
@@ -31,7 +31,8 @@ Check = Literal[CHECKS]
 
 class FleetSweepParams(Params):
     checks: list[Check] | None = Field(None, min_length=1, max_length=len(CHECKS), description=(
-        "Per-node checks: env_report, gpu_health, cpu_probe (single-core CPU matmul and copy throughput), "
+        "Per-node checks: env_report, gpu_health, nic_health (link flaps, RDMA port state and errors), "
+        "cpu_probe (single-core CPU matmul and copy throughput), "
         "matmul_bench (quick, every GPU), memory_bandwidth_bench (every GPU), p2p_bandwidth, storage_bench. "
         "Default: all but storage_bench (GPU checks only on nodes with GPUs); storage_bench is added when "
         "storage_path is given."))
@@ -52,8 +53,8 @@ class FleetSweepParams(Params):
         "(the threshold is the larger of the margin and k x the figure's run-to-run spread)."))
     benchmarks_beside_job: bool = Field(False, description=(
         "With job_id: also run the benchmarks (matmul, memory bandwidth, p2p, CPU probe) beside the running job. "
-        "Default: only env_report and gpu_health, which do not disturb it; benchmarks there measure the job too "
-        "and come back busy."))
+        "Default: only env_report, gpu_health and nic_health, which do not disturb it; benchmarks there measure the "
+        "job too and come back busy."))
     plot: bool = Field(True, description="Draw each figure's per-node values against the median to a PNG.")
     plot_path: str | None = Field(None, max_length=4096, description="Where to write the PNG. Default: $MLENG_HOME/plots/.")
 
@@ -88,7 +89,7 @@ def choose_checks(params: FleetSweepParams) -> tuple[list[str], list[str]]:
         asked = [c for c in (params.checks or []) if c not in NON_INVASIVE]
         if asked:
             raise ToolFailure(f"checks: {', '.join(asked)} would measure the resources job {params.job_id} is using "
-                              "(a busy GPU reads like a broken one); run only env_report and gpu_health beside a "
+                              "(a busy GPU reads like a broken one); run only " + ", ".join(NON_INVASIVE) + " beside a "
                               "running job, or set benchmarks_beside_job=true to run them anyway")
         checks = list(params.checks or NON_INVASIVE)
         return checks, [f"Beside running job {params.job_id}: only {', '.join(checks)} (they do not disturb it); "
@@ -128,7 +129,7 @@ SPEC = ToolSpec(
             "silent nodes, drain list.",
     description=(
         "Use to find which node or GPU of many is bad (SLURM allocation, running job, partition or host "
-        "list), before or during a large run: env_report, gpu_health, a CPU probe and on GPU nodes "
+        "list), before or during a large run: env_report, gpu_health, nic_health, a CPU probe and on GPU nodes "
         "matmul_bench, memory_bandwidth_bench and p2p_bandwidth on every node at once; one row per node and "
         "GPU, outliers vs the median per GPU model or the expected figure by one stated rule (re-run before "
         "drain), busy GPUs/CPUs with their holders (never drained), version and inventory drift, silent nodes, "

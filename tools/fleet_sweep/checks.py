@@ -13,7 +13,7 @@ verdict is warn or fail), its figures, who else used the resource while it measu
 tools/shared/occupancy.py), and the tool's full result and params, which the parent stores under
 that tool's name in the results store.
 
-Adding a check (a nic_health, say): give the tool a `sweep=SweepContract(...)` in its spec, a
+Adding a check (as nic_health was): give the tool a `sweep=SweepContract(...)` in its spec, a
 verdict rule per figure in knowledge/data/verdict_rules.toml, and one entry in CHECK_TABLE below
 (`tool_check("nic_health")`, with `occupancy=` a function saying who else uses what it measures).
 """
@@ -27,11 +27,16 @@ from collections.abc import Callable
 from ..engine.figures import Measured
 from ..shared.occupancy import CpuWatch, Occupancy, gpu_occupancy
 
-CHECKS = ("env_report", "gpu_health", "cpu_probe", "matmul_bench", "memory_bandwidth_bench", "p2p_bandwidth",
-          "storage_bench")
+CHECKS = ("env_report", "gpu_health", "nic_health", "cpu_probe", "matmul_bench", "memory_bandwidth_bench",
+          "p2p_bandwidth", "storage_bench")
 GPU_CHECKS = ("matmul_bench", "memory_bandwidth_bench", "p2p_bandwidth")
-NON_INVASIVE = ("env_report", "gpu_health")      # read state only: safe beside a user's running job
-DEFAULT_CHECKS = ("env_report", "gpu_health", "cpu_probe", *GPU_CHECKS)
+NON_INVASIVE = ("env_report", "gpu_health", "nic_health")   # read state only: safe beside a user's running job
+DEFAULT_CHECKS = ("env_report", "gpu_health", "nic_health", "cpu_probe", *GPU_CHECKS)
+# nic_health's window in a sweep: long enough to see a flapping link change carrier, short beside the GPU checks.
+NIC_WINDOW_S = 3.0
+# The network stack env_report records: a plugin, OFED or firmware on some nodes only makes mixed pairs hang
+# (NCCL #1634), so each is compared across nodes as drift.
+NETWORK_STACK = ("nccl_net_plugin", "rdma_core", "kernel", "gpu_vbios", "container")
 # Variables that change how collectives behave: drift in any of them between nodes is reported.
 DRIFT_ENV_PREFIXES = ("NCCL_", "TORCH_NCCL_", "TORCH_DISTRIBUTED_", "CUDA_", "FI_", "UCX_")
 
@@ -93,6 +98,8 @@ def check_env_report() -> dict:
     versions = {"driver": res.driver, "cuda": res.torch_cuda or res.torch_hip, "nccl": res.nccl,
                 "torch": res.torch, "python": res.python}
     versions.update({k: v for k, v in res.env.items() if k.startswith(DRIFT_ENV_PREFIXES)})
+    versions.update({k: getattr(res, k) for k in NETWORK_STACK})
+    versions.update({f"nic_firmware {dev}": fw for dev, fw in res.nic_firmware.items()})
     row = contract_row("env_report", params, res, spec)
     row["problems"] = list(res.warnings) + [p for p in row["problems"] if p not in res.warnings]
     return {**row, "versions": versions, "inventory": inventory(res.gpu_count)}
@@ -155,7 +162,8 @@ def check_memory_bandwidth_bench(gpu_count: int) -> dict:
 
 def plan(checks: list[str], gpu_count: int, storage_path: str | None) -> list[tuple[str, Callable[[], dict]]]:
     """The checks that apply on this node, in order: GPU checks need GPUs (p2p two of them)."""
-    table = {"env_report": check_env_report, "gpu_health": check_gpu_health, "cpu_probe": check_cpu_probe,
+    table = {"env_report": check_env_report, "gpu_health": check_gpu_health,
+             "nic_health": tool_check("nic_health", sample_s=NIC_WINDOW_S), "cpu_probe": check_cpu_probe,
              "matmul_bench": gpu_check("matmul_bench", mode="quick", all_gpus=True),
              "p2p_bandwidth": gpu_check("p2p_bandwidth"),
              "memory_bandwidth_bench": lambda: check_memory_bandwidth_bench(gpu_count),

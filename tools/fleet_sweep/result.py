@@ -77,7 +77,9 @@ class BelowExpected(Record):
 
 class Drift(Record):
     field: str = Field(description="driver, cuda, nccl, torch, python, an NCCL_/TORCH_NCCL_/TORCH_DISTRIBUTED_/CUDA_/FI_/UCX_ "
-                       "variable, or an inventory count (gpu_count, cpu_count, host_memory_gib, nic_count ...).")
+                       "variable, an inventory count (gpu_count, cpu_count, host_memory_gib, nic_count ...), or a part "
+                       "of the network stack (nccl_net_plugin, rdma_core, nic_firmware <dev>, kernel, gpu_vbios, "
+                       "container, mtu <interface>).")
     values: dict[str, list[str]] = Field(description="value -> nodes with it ('(unset)' where absent).")
     odd_nodes: list[str] = Field(description="Nodes outside the most common value.")
 

@@ -25,16 +25,12 @@ from .stacks import (
     ProcessStack,
     StackGroup,
     assign_roles,
-    dump_one,
     dump_processes,
-    explain_py_spy_error,
     group_stacks,
     job_nodes,
-    py_spy_path,
     run_all_nodes,
-    summarise_threads,
 )
-from .targets import gpu_targets, launcher_targets, pattern_targets, processes_with_env
+from ..shared.process_targets import gpu_targets, launcher_targets, pattern_targets, processes_with_env
 from ..engine.data import IMPORT_ROOT as REPO_ROOT
 from ..engine.spec import Field, Params, Result, ToolFailure, ToolSpec
 from ..shared.safe_write import check_output, output_path, write_output

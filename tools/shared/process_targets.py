@@ -1,4 +1,4 @@
-"""Which processes hang_stack_dump reads (private: no SPEC).
+"""Which processes of a running job to read with py-spy (hang_stack_dump, straggler_find).
 
 Targets on this node by pid list, launcher, command-line regex, GPU memory (NVML) or SLURM job id,
 and each one's rank from its environment. Never this tool's own processes or its ancestors: the CLI
@@ -40,9 +40,13 @@ def _ourselves() -> set[int]:
     return {me.pid, *(p.pid for p in me.parents())}
 
 
+# Command-line marks of our own readers: a per-node agent started through srun is no rank to read.
+OUR_MARKS = ("hang_stack_dump", "straggler_find", "py-spy")
+
+
 def _is_ours(cmdline: list[str]) -> bool:
     cmd = " ".join(cmdline)
-    return "hang_stack_dump" in cmd or "py-spy" in cmd
+    return any(mark in cmd for mark in OUR_MARKS)
 
 
 def processes_with_env(key: str, value: str) -> list[int]:

@@ -1,0 +1,78 @@
+"""A small data-parallel training loop on gloo, with nothing of mleng in it: what straggler_find reads.
+
+Each step loads a batch (optionally slow on one rank), computes (matmuls on the CPU), all_reduces
+the gradient and applies it, so every rank runs at the pace of the slowest, as in real synchronous
+data parallel. It prints one `step N rank R step_ms X` line per step on rank 0 and, at the end,
+`result <checksum>`: the same on every run with the same arguments, whatever watched it.
+
+    # one node, four ranks
+    torchrun --standalone --nproc-per-node 4 bench/straggler_workload.py --steps 200
+    # under SLURM, one rank per node (rank and world from SLURM_PROCID / SLURM_NTASKS)
+    srun -N4 -n4 python bench/straggler_workload.py --master mln1 --steps 200
+    # one rank with a slow loader (0.2 s per batch on rank 2)
+    srun -N4 -n4 python bench/straggler_workload.py --master mln1 --slow-loader-rank 2 --loader-sleep-s 0.2
+"""
+
+import argparse
+import os
+import time
+
+
+def parse_args():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--dim", type=int, default=192, help="matrix size of the compute (CPU matmuls)")
+    ap.add_argument("--matmuls", type=int, default=8, help="matmuls per step")
+    ap.add_argument("--grad-floats", type=int, default=262144, help="floats all_reduced per step (1 MiB)")
+    ap.add_argument("--slow-loader-rank", type=int, default=-1, help="this rank sleeps in its loader")
+    ap.add_argument("--loader-sleep-s", type=float, default=0.2)
+    ap.add_argument("--master", default="127.0.0.1", help="first node's address (srun; torchrun gives its own)")
+    ap.add_argument("--port", type=int, default=29531, help="rendezvous port (srun; torchrun gives its own)")
+    return ap.parse_args()
+
+
+def load_batch(step: int, rank: int, args, torch):
+    """The data loader: a deterministic batch; the slow rank sleeps here, as a stalled reader would."""
+    if rank == args.slow_loader_rank:
+        time.sleep(args.loader_sleep_s)
+    gen = torch.Generator().manual_seed(step * 1000 + rank)
+    return torch.randn(args.dim, args.dim, generator=gen)
+
+
+def compute(batch, weight, args, torch):
+    out = batch
+    for _ in range(args.matmuls):
+        out = torch.tanh(out @ weight)
+    return out.mean(dim=0)
+
+
+def main():
+    args = parse_args()
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    rank = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")))
+    world = int(os.environ.get("WORLD_SIZE", os.environ.get("SLURM_NTASKS", "1")))
+    # torchrun already runs a store at MASTER_ADDR:MASTER_PORT (env://); srun tasks meet at --master:--port.
+    under_torchrun = "TORCHELASTIC_RUN_ID" in os.environ
+    init = "env://" if under_torchrun else f"tcp://{args.master}:{args.port}"
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    weight = torch.eye(args.dim) * 0.5
+    grad = torch.zeros(args.grad_floats)
+    for step in range(args.steps):
+        t0 = time.perf_counter()
+        batch = load_batch(step, rank, args, torch)
+        update = compute(batch, weight, args, torch)
+        grad[: update.numel()] = update
+        dist.all_reduce(grad)
+        weight += 1e-3 * grad[: args.dim].view(1, -1) / world
+        if rank == 0:
+            print(f"step {step} rank {rank} step_ms {1000 * (time.perf_counter() - t0):.1f}", flush=True)
+    if rank == 0:
+        print(f"result {weight.double().sum().item():.9e}", flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

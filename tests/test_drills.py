@@ -1,0 +1,193 @@
+"""Fault drills (tools/evals/drills): scenarios are honest, grading is strict, stop leaves nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tools.evals.drills import session as drill_cli
+from tools.evals.drills.faults import DrillState, state_file
+from tools.evals.drills.grade import Diagnosis, grade, parse_diagnosis
+from tools.evals.drills.scenarios import Scenario, TOPICS, all_scenarios, load_scenario
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLENG_HOME", str(tmp_path / "home"))
+    yield tmp_path / "home"
+    drill_cli.stop()
+
+
+def test_the_scenarios_cover_the_drill_topics_with_controls():
+    scenarios = all_scenarios()
+    assert len(scenarios) >= 15
+    assert {s.topic for s in scenarios} == set(TOPICS)
+    assert sum(s.truth.kind == "none" for s in scenarios) >= 3
+    assert len({s.id for s in scenarios}) == len(scenarios)
+
+
+@pytest.mark.parametrize("change, complaint", [
+    ({"message": "Our all-reduce got slow; I bet mln3 is bad. Which node?"}, "names the culprit 'mln3'"),
+    ({"message": "Please run fleet_sweep on the partition and tell me the bad node."}, "names the tool"),
+    ({"topic": "control"}, "control scenario's truth is 'none'"),
+    ({"fault": [{"kind": "rate_limit", "node": "mln7"}]}, "not one of the scenario's nodes"),
+    ({"fault": [{"kind": "rate_limit", "node": "mln3", "bogus": 1}]}, "bogus"),
+])
+def test_a_scenario_that_gives_the_answer_away_or_is_malformed_is_refused(change, complaint):
+    data = load_scenario("cl-slow-node").model_dump()
+    data.update(change)
+    with pytest.raises(ValueError, match=complaint):
+        Scenario(**data)
+
+
+def diag(**kw) -> Diagnosis:
+    return Diagnosis(**kw)
+
+
+def test_grading_rules():
+    slow = load_scenario("cl-slow-node")           # node mln3, drain_ok mln3
+    link = load_scenario("cl-slow-link")           # link mln1-mln2, no drain
+    control = load_scenario("cl-healthy-which-node")
+    assert grade(slow, diag(culprit_kind="node", culprit=["MLN3"], drain=["mln3"])).score == 1
+    assert grade(slow, diag(culprit_kind="node", culprit=["mln3", "mln1"])).score == 0.5
+    wrong = grade(slow, diag(culprit_kind="node", culprit=["mln3"], drain=["mln3", "mln1"]))
+    assert (wrong.score, wrong.false_drain) == (0, ["mln1"])
+    assert grade(slow, diag(culprit_kind="inconclusive")).score == 0
+    assert grade(link, diag(culprit_kind="link", culprit=["mln2 <-> mln1"])).score == 1
+    assert grade(link, diag(culprit_kind="node", culprit=["mln1", "mln2"])).score == 0   # a link named as nodes
+    assert grade(link, diag(culprit_kind="link", culprit=["mln1-mln2"], drain=["mln1"])).false_drain == ["mln1"]
+    assert grade(control, diag(culprit_kind="none")).score == 1
+    assert grade(control, diag(culprit_kind="inconclusive")).score == 0.5
+    assert grade(control, diag(culprit_kind="node", culprit=["mln2"])).score == 0
+    rank = load_scenario("pm-watchdog-missing-rank")
+    assert grade(rank, diag(culprit_kind="rank", culprit=["rank 7"])).score == 1
+    setting = load_scenario("pm-socket-fallback")
+    assert grade(setting, diag(culprit_kind="setting", culprit=["nccl_ib_disable=1"])).score == 1
+
+
+@pytest.mark.parametrize("text, complaint", [
+    ("not json", "not JSON"),
+    ("[1, 2]", "JSON object"),
+    ('{"culprit_kind": "server"}', "culprit_kind"),
+    ('{"culprit_kind": "node", "culprit": "mln3"}', "culprit"),
+])
+def test_a_bad_diagnosis_gets_a_clear_error(text, complaint):
+    with pytest.raises(ValueError, match=complaint):
+        parse_diagnosis(text)
+
+
+def mleng_drill(*args: str, home: Path, stdin: str | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "MLENG_HOME": str(home)}
+    return subprocess.run([sys.executable, "-m", "tools", "drill", *args], cwd=REPO, env=env, input=stdin,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_a_local_drill_starts_grades_and_stops_leaving_nothing(home):
+    started = mleng_drill("start", "pm-watchdog-missing-rank", "--json", home=home)
+    assert started.returncode == 0, started.stderr
+    context = json.loads(started.stdout)
+    log = home / "drill" / "work" / "torchrun_nccl_watchdog_8ranks.log"
+    assert str(log) in context["message"] and log.is_file()
+    for path in (home / "drill", log, state_file()):
+        mode = stat.S_IMODE(path.stat().st_mode)
+        assert mode & 0o077 == 0, f"{path} is {oct(mode)}: drill files are private"
+    again = mleng_drill("start", "pm-clean-log", home=home)
+    assert again.returncode == 2 and "still set up" in again.stderr
+    graded = mleng_drill("grade", "pm-watchdog-missing-rank", "--diagnosis", "-", "--json", home=home,
+                         stdin='{"culprit_kind": "rank", "culprit": ["7"], "drain": []}')
+    assert json.loads(graded.stdout)["score"] == 1
+    for _ in range(2):                                     # idempotent
+        stopped = mleng_drill("stop", home=home)
+        assert stopped.returncode == 0, stopped.stderr
+    assert sorted(p.name for p in (home / "drill").iterdir()) == []
+
+
+def test_a_start_that_fails_half_way_is_cleaned_up(home, monkeypatch):
+    from tools.evals.drills import faults
+
+    scenario = load_scenario("pm-crash-first-rank")
+    bad = scenario.model_copy(update={"fault": [*scenario.fault, scenario.fault[0]]})
+    calls = []
+
+    def apply(fault, state, sc):
+        calls.append(fault.kind)
+        if len(calls) == 2:
+            raise RuntimeError("injector broke")
+        return real_apply(fault, state, sc)
+
+    real_apply = faults.apply
+    monkeypatch.setattr(drill_cli, "load_scenario", lambda _id: bad)
+    monkeypatch.setattr(drill_cli, "apply", apply)
+    with pytest.raises(faults.DrillError, match="injector broke.*cleaned up"):
+        drill_cli.start("pm-crash-first-rank", wait_s=1)
+    assert DrillState.load() is None
+    assert not (home / "drill" / "work").exists()
+
+
+def test_unknown_scenarios_and_gpu_scenarios_without_a_gpu_are_refused(home):
+    unknown = mleng_drill("start", "no-such-drill", home=home)
+    assert unknown.returncode == 2 and "no scenario 'no-such-drill'" in unknown.stderr
+    hostile = mleng_drill("start", "../etc/passwd", home=home)
+    assert hostile.returncode == 2 and "not a scenario name" in hostile.stderr
+    if not subprocess.run(["sh", "-c", "command -v nvidia-smi"], capture_output=True).returncode == 0:
+        gpu = mleng_drill("start", "gpu-cotenant", home=home)
+        assert gpu.returncode == 2 and "needs an NVIDIA GPU" in gpu.stderr
+        assert DrillState.load() is None
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # inspect's retry helper uses an old tenacity argument
+def test_the_inspect_drill_task_runs_tools_for_real_and_grades_offline(tmp_path, home):
+    """A mock model that calls log_triage on the path in the message, then answers from its result."""
+    pytest.importorskip("inspect_ai")
+    import re
+
+    from inspect_ai import eval as inspect_eval
+    from inspect_ai.model import ModelOutput, ModelUsage, get_model
+
+    from tools.evals.drill_task import fault_drills
+
+    seen = {}
+
+    def choose(messages, tools, tool_choice, config):
+        last = messages[-1]
+        if last.role == "user":
+            seen["message"] = last.text
+            path = re.search(r"(/\S+\.log)", last.text).group(1)
+            out = ModelOutput.for_tool_call("mockllm/model", "log_triage", {"paths": [path]})
+        else:
+            seen["tool_result"] = last.text
+            rank = re.search(r"First failure: .*? on rank (\d+)", last.text).group(1)
+            out = ModelOutput.from_content("mockllm/model", "The first failure is on rank %s.\n"
+                                           '{"culprit_kind": "rank", "culprit": ["%s"], "drain": []}' % (rank, rank))
+        out.usage = ModelUsage(input_tokens=100, output_tokens=10, total_tokens=110)
+        return out
+
+    log = inspect_eval(fault_drills(scenarios="pm-crash-first-rank"), model=get_model("mockllm/model", custom_outputs=choose),
+                       log_dir=str(tmp_path / "logs"), display="none", max_samples=1)[0]
+    assert log.status == "success", log.error
+    assert str(home / "drill" / "work" / "gloo_crash.log") in seen["message"]
+    assert "ValueError" in seen["tool_result"]                      # the tool really ran on the drill's file
+    metrics = {name: m.value for name, m in log.results.scores[0].metrics.items()}
+    assert metrics == pytest.approx({"culprit_accuracy": 1.0, "exact": 1.0, "false_drain_rate": 0.0, "tool_calls": 1.0})
+    assert DrillState.load() is None and not (home / "drill" / "work").exists()   # cleanup ran
+
+
+def test_the_baseline_agent_solves_every_local_ci_drill(home):
+    """End to end through the real server: routing, the tools, reading their answers, grading, stop."""
+    from tools.evals.drills.baseline import run_scenario
+
+    local = [s for s in all_scenarios() if s.ci and s.place == "local"]
+    assert len(local) >= 8
+    attempts = [run_scenario(s.id) for s in local]
+    failed = {a.scenario: (a.reason, [c.tool for c in a.calls]) for a in attempts if a.score != 1.0}
+    assert not failed, failed
+    assert all(len(a.calls) <= 3 for a in attempts), {a.scenario: len(a.calls) for a in attempts}
+    assert DrillState.load() is None

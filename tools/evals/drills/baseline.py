@@ -1,0 +1,241 @@
+"""The scripted baseline agent: no model, SKILL.md's routing, the real server, a diagnosis to grade.
+
+It proves a scenario can be solved with the tools as they are. For each scenario: `drill start`, then
+the agent reads only what a model would (the operator's message and the context `start` prints), picks
+its first tool with the eval harness's BM25 router over the live tool list (the routing the tool
+descriptions and SKILL.md are tuned for), fills the parameters a careful agent would (paths from the
+message, the partition or job from the context), calls the tool through the real MCP server (in-memory
+client), reads the structured answer like an agent reads it, and either concludes or takes the next tool
+the playbook (below) or the answer's `next` points to; at most MAX_CALLS calls. Then `drill grade`
+and `drill stop`. A scenario it cannot solve is a finding about the tools or SKILL.md.
+
+The playbook is the agent's reading of each tool's answer: which field names the culprit. It knows no
+scenario and never reads the scenario's truth.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+
+from .grade import Diagnosis, grade
+from .scenarios import all_scenarios, load_scenario
+from .session import start, stop
+
+MAX_CALLS = 5
+HOSTNAME_IN_PATH = re.compile(r"(?:^|[/_-])((?:[a-z][a-z0-9]*-)?node\d+|mln\d)(?=[._/-]|$)")
+
+
+@dataclass
+class Call:
+    tool: str
+    params: dict
+    seconds: float
+    verdict: str | None = None
+    error: str | None = None
+
+
+@dataclass
+class Attempt:
+    scenario: str
+    ranking: list[str]
+    calls: list[Call] = field(default_factory=list)
+    diagnosis: dict | None = None
+    score: float = 0.0
+    reason: str = ""
+    false_drain: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+# --------------------------------------------------------------------------------------------------
+# How to call each tool from what the agent knows, and how to read its answer
+
+def paths_in(message: str) -> list[str]:
+    return [p.rstrip(".,;:)") for p in re.findall(r"(/[^\s'\"]+)", message)]
+
+
+def params_for(tool: str, message: str, context: dict) -> dict | None:
+    """A careful agent's parameters for `tool`, or None when the message and context give none."""
+    paths = paths_in(message)
+    partition = context.get("partition")
+    job = context.get("job_id")
+    if tool in ("log_triage", "nccl_log_analyze"):
+        return {"paths": paths[:1]} if paths else None
+    if tool == "flight_recorder_analyze":
+        return {"path": paths[0]} if paths else None
+    if tool == "fleet_sweep":
+        if job:
+            return {"job_id": str(job), "checks": ["env_report", "cpu_probe"]}
+        return {"partition": partition, "checks": ["env_report", "cpu_probe"]} if partition else None
+    if tool in ("hang_stack_dump", "straggler_find"):
+        return {"job_id": str(job)} if job else None
+    if tool in ("gpu_health", "matmul_bench"):
+        return {} if context.get("place") == "gpu" else None
+    return None
+
+
+def read_answer(tool: str, answer: dict, context: dict) -> Diagnosis | str | None:
+    """A diagnosis, the name of the next tool to call, or None (this answer settles nothing)."""
+    verdict = answer.get("verdict")
+    if tool == "log_triage":
+        first = answer.get("first_failure")
+        if not first:
+            return Diagnosis(culprit_kind="none", evidence="no failure signature") if verdict == "ok" else None
+        if first.get("signature") == "xid" or first.get("action") in ("drain_node", "replace"):
+            host = first.get("host") or _host_in_path(first.get("location", ""))
+            return Diagnosis(culprit_kind="gpu", culprit=[host] if host else [], drain=[host] if host else [],
+                             evidence=first.get("text", ""))
+        if first.get("role") == "cause" and first.get("rank") is not None:
+            return Diagnosis(culprit_kind="rank", culprit=[str(first["rank"])], evidence=first.get("text", ""))
+        suspects = answer.get("suspect_ranks") or []
+        if suspects:
+            return Diagnosis(culprit_kind="rank", culprit=[str(r) for r in suspects],
+                             evidence="ranks the others waited for")
+        return "flight_recorder_analyze"
+    if tool == "nccl_log_analyze":
+        stuck = [str(r["rank"]) for r in answer.get("ranks") or [] if r.get("init_complete") is False]
+        if stuck:
+            return Diagnosis(culprit_kind="rank", culprit=stuck, evidence="never printed Init COMPLETE")
+        problems = set(answer.get("problems") or [])
+        env = answer.get("env") or {}
+        if "socket_fallback" in problems and "NCCL_IB_DISABLE" in env:
+            return Diagnosis(culprit_kind="setting", culprit=["NCCL_IB_DISABLE"], evidence="sockets instead of IB")
+        if verdict == "ok":
+            return Diagnosis(culprit_kind="none")
+        return None
+    if tool == "flight_recorder_analyze":
+        ranks = answer.get("culprit_ranks") or []
+        if ranks:
+            return Diagnosis(culprit_kind="rank", culprit=[str(r) for r in ranks], evidence="missing from the collective")
+        return Diagnosis(culprit_kind="none") if verdict == "ok" else None
+    if tool == "fleet_sweep":
+        drain = [d["node"] for d in answer.get("drain") or []]
+        if drain:
+            return Diagnosis(culprit_kind="node", culprit=drain, drain=drain, evidence="fleet_sweep drain list")
+        if verdict == "ok":
+            return Diagnosis(culprit_kind="none", evidence="every node within the fleet's rule")
+        return Diagnosis(culprit_kind="inconclusive", evidence=" ".join(answer.get("findings", [])[:3]))
+    if tool in ("hang_stack_dump", "straggler_find"):
+        ranks = answer.get("odd_ranks") or answer.get("straggler_ranks") or []
+        if ranks:
+            return Diagnosis(culprit_kind="rank", culprit=[str(r) for r in ranks], evidence=f"{tool}")
+        return Diagnosis(culprit_kind="none") if verdict == "ok" else None
+    if tool in ("gpu_health", "matmul_bench"):
+        if verdict in ("ok", "info") or "busy" in json.dumps(answer.get("findings", [])).lower():
+            return Diagnosis(culprit_kind="none", evidence="healthy or busy with another process")
+        return None
+    return None
+
+
+def _host_in_path(location: str) -> str | None:
+    match = HOSTNAME_IN_PATH.search(location.rsplit(":", 1)[0].lower())
+    return match.group(1) if match else None
+
+
+PLAYBOOK = ("log_triage", "nccl_log_analyze", "flight_recorder_analyze", "fleet_sweep", "hang_stack_dump",
+            "straggler_find", "gpu_health", "matmul_bench")
+
+
+# --------------------------------------------------------------------------------------------------
+# Driving the real server
+
+def solve(message: str, context: dict) -> Attempt:
+    """Route, call, read: the agent's whole investigation of one scenario (the drill is already set up)."""
+    import logging
+
+    import anyio
+    from mcp import Client
+
+    from ...engine.mcp_server import build_server
+    from ..routers import ToolText, make_router, rankings
+
+    attempt = Attempt(scenario=context.get("scenario", ""), ranking=[])
+    logging.getLogger("mcp").setLevel(logging.CRITICAL)   # a tool error is read from its answer, not logged
+
+    async def investigate() -> Diagnosis:
+        async with Client(build_server()) as client:
+            tools = (await client.list_tools()).tools
+            router = make_router("bm25", [ToolText(t.name, t.description or "", t.title or "") for t in tools])
+            ranking = rankings(router.scores([message]), router.tools)[0]
+            attempt.ranking = ranking[:5]
+            queue = [t for t in ranking if t in PLAYBOOK]
+            tried: set[str] = set()
+            while queue and len(attempt.calls) < MAX_CALLS:
+                tool = queue.pop(0)
+                if tool in tried:
+                    continue
+                tried.add(tool)
+                params = params_for(tool, message, context)
+                if params is None:
+                    continue
+                t0 = time.monotonic()
+                result = await client.call_tool(tool, params)
+                call = Call(tool, params, round(time.monotonic() - t0, 1))
+                attempt.calls.append(call)
+                answer = result.structured_content or {}
+                if result.is_error:
+                    call.error = " ".join(getattr(c, "text", "") for c in result.content)[:300]
+                    continue
+                call.verdict = answer.get("verdict")
+                reading = read_answer(tool, answer, context)
+                if isinstance(reading, Diagnosis):
+                    return reading
+                if isinstance(reading, str):
+                    queue.insert(0, reading)
+            return Diagnosis(culprit_kind="inconclusive", evidence="no tool answer named a culprit")
+
+    t0 = time.monotonic()
+    saved = {k: os.environ.get(k) for k in context.get("env", {})}
+    os.environ.update(context.get("env", {}))      # the server starts with the env `drill start` printed
+    try:
+        diagnosis = anyio.run(investigate)
+    finally:
+        for key, value in saved.items():
+            os.environ.pop(key, None) if value is None else os.environ.__setitem__(key, value)
+    attempt.seconds = round(time.monotonic() - t0, 1)
+    attempt.diagnosis = diagnosis.model_dump()
+    return attempt
+
+
+def run_scenario(scenario_id: str) -> Attempt:
+    scenario = load_scenario(scenario_id)
+    context = start(scenario.id, wait_s=600)
+    try:
+        attempt = solve(context["message"], context)
+    finally:
+        problems = stop()
+    attempt.scenario = scenario.id
+    graded = grade(scenario, Diagnosis(**attempt.diagnosis))
+    attempt.score, attempt.reason, attempt.false_drain = graded.score, graded.reason, graded.false_drain
+    if problems:
+        attempt.reason += f" (stop left: {'; '.join(problems)})"
+    return attempt
+
+
+def main(ids: list[str], ci_only: bool = False, as_json: bool = False) -> int:
+    scenarios = [load_scenario(i) for i in ids] if ids else [s for s in all_scenarios() if s.ci or not ci_only]
+    attempts = []
+    for scenario in scenarios:
+        attempt = run_scenario(scenario.id)
+        attempts.append(attempt)
+        if not as_json:
+            tools = " -> ".join(c.tool for c in attempt.calls) or "(no call)"
+            print(f"{scenario.id:<28} score {attempt.score:<4g} {attempt.seconds:6.1f} s  {tools}: {attempt.reason}",
+                  flush=True)
+    solved = sum(a.score == 1.0 for a in attempts)
+    false_drains = sum(bool(a.false_drain) for a in attempts)
+    if as_json:
+        print(json.dumps({"solved": solved, "n": len(attempts), "false_drains": false_drains,
+                          "attempts": [asdict(a) for a in attempts]}, indent=1))
+    else:
+        print(f"\nsolved {solved}/{len(attempts)}, false drains {false_drains}, "
+              f"calls {sum(len(a.calls) for a in attempts)}, {sum(a.seconds for a in attempts):.0f} s")
+    return 0 if solved == len(attempts) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,168 @@
+"""straggler_find — the rank that holds a RUNNING job back, its host and GPU, and why; the job untouched.
+
+For a window (default 20 s) every rank's main-thread Python stack is sampled with py-spy (20 Hz), each
+sample classed as waiting in a collective, loading data, copying to the device or computing; beside it
+each rank's CPU time, run-queue wait and cpu-cgroup throttling, each node's steal, load, memory
+pressure, TCP retransmits and shaped links, each GPU through NVML (clocks, power, heat, utilisation,
+clock-event reasons, who holds it) and NCCL RAS where `ncclras` runs. In synchronous data parallel
+every rank runs at the pace of the slowest: the straggler is the rank that waits least while the others
+wait in collectives (the rule and its margins: judge.py, knowledge/data/straggler_rules.toml).
+Bounds: window 5-120 s, at most 64 ranks per node and 64 nodes (SLURM), 64 pids.
+
+By hand (as the job's user or root; needs py-spy):
+    python -m tools.straggler_find --pids 4101 4102 4103 4104          # ranks on this node
+    python -m tools.straggler_find --launcher-pid 4100                  # a torchrun: its workers
+Under SLURM (this checkout on a filesystem every node sees):
+    python -m tools.straggler_find --slurm-job-id 4242 --window-s 30    # every node, srun --overlap
+"""
+
+import os
+import re
+from typing import Annotated
+
+from pydantic import model_validator
+
+from .answer import REASON_TOOLS, findings, next_steps
+from .judge import Judgement, Rules, judge
+from .models import GpuSample, NodeReport, NodeSample, RankSample, Straggler
+from .slurm_job import node_line, sample_job
+from ..engine.spec import Field, Params, Result, ToolFailure, ToolSpec
+
+MAX_PIDS = 64
+STEP_LINE = re.compile(r"(?i)\b(step|iter(ation)?)\b.*\d.*\b(ms|s|sec|time|elapsed|it/s|s/it|tokens/s|tflops|mfu)\b")
+
+
+class StragglerFindParams(Params):
+    slurm_job_id: str = Field("", max_length=32, pattern=r"^([0-9]+(_[0-9]+)?)?$", description=(
+        "A RUNNING SLURM job (yours, or any as root): every node is sampled at once through "
+        "`srun --overlap --jobid`, one light process per node."))
+    launcher_pid: int | None = Field(None, ge=1, description="A torchrun (or other launcher) pid on this node: its ranks.")
+    pids: list[Annotated[int, Field(ge=1)]] = Field(default_factory=list, max_length=MAX_PIDS, description=(
+        "Rank processes on this node (at most 64)."))
+    window_s: float = Field(20.0, ge=5, le=120, description=(
+        "Seconds to sample (5-120). Longer separates a small straggler from noise; 20 s is ~400 samples a rank."))
+    rate_hz: int = Field(20, ge=5, le=100, description="Stack samples per second per rank (py-spy pauses the rank "
+                                                       "well under a millisecond each).")
+    log_paths: list[Annotated[str, Field(max_length=4096)]] = Field(default_factory=list, max_length=8, description=(
+        "The job's log files: their last step-time lines are quoted (the last 64 KiB of each is read)."))
+
+    @model_validator(mode="after")
+    def _one_target(self):
+        given = [n for n, v in (("slurm_job_id", self.slurm_job_id), ("launcher_pid", self.launcher_pid),
+                                ("pids", self.pids)) if v]
+        if len(given) != 1:
+            raise ValueError("give exactly one of slurm_job_id (a running SLURM job), launcher_pid (torchrun's pid) "
+                             f"or pids (ranks on this node); got {', '.join(given) or 'none'}")
+        return self
+
+
+class StragglerFindResult(Result):
+    stragglers: list[Straggler] = Field(default_factory=list, description=(
+        "The ranks holding the others back: rank -> host -> GPU, how much, why, what next. Empty: none stands out."))
+    ranks: list[RankSample] = Field(default_factory=list, description="Every rank's sampled shares and counters.")
+    nodes: list[NodeSample] = Field(default_factory=list, description="Every node's CPU, memory and network signals.")
+    gpus: list[GpuSample] = Field(default_factory=list, description="Every GPU seen through NVML, with serials.")
+    spread_pct: float | None = Field(None, description=(
+        "Relative spread of the healthy ranks' own-work shares (scaled MAD / median), %."))
+    threshold_pct: float | None = Field(None, description="How far above the others' median a rank must be, %.")
+    step_time_lines: list[str] = Field(default_factory=list, description="Last step-time lines of log_paths.")
+    window_s: float = Field(0.0, description="Seconds sampled.")
+
+
+def _local(params: StragglerFindParams, progress) -> tuple[list[NodeReport], list[str]]:
+    from .node import sample_node
+
+    progress(0.05, f"sampling this node's ranks for {params.window_s:.0f} s")
+    report = sample_node(_spec(params))
+    progress(0.9, f"{report.host}: {node_line(report)}")
+    return [report], []
+
+
+def _spec(params: StragglerFindParams) -> dict:
+    return {"pids": params.pids, "launcher_pid": params.launcher_pid, "window_s": params.window_s,
+            "rate_hz": params.rate_hz, "max_ranks": 64}
+
+
+def _step_lines(paths: list[str]) -> list[str]:
+    out = []
+    for raw in paths:
+        path = os.path.abspath(os.path.expanduser(raw))
+        if not os.path.isfile(path):
+            raise ToolFailure(f"log_paths: {raw!r} is not a regular file")
+        with open(path, "rb") as f:
+            f.seek(max(0, os.path.getsize(path) - 65536))
+            lines = [ln for ln in f.read().decode(errors="replace").splitlines() if STEP_LINE.search(ln)]
+        out += [f"{os.path.basename(path)}: {ln.strip()[:200]}" for ln in lines[-3:]]
+    return out
+
+
+def _check_inputs(params: StragglerFindParams) -> None:
+    import psutil
+
+    for pid in params.pids + ([params.launcher_pid] if params.launcher_pid else []):
+        if not psutil.pid_exists(pid):
+            raise ToolFailure(f"pid {pid} does not exist on this node (the job ended, or it runs elsewhere: for a "
+                              "SLURM job give slurm_job_id).")
+    for pid in params.pids:
+        try:
+            exe = " ".join(psutil.Process(pid).cmdline()[:2]) or psutil.Process(pid).name()
+        except psutil.Error:
+            continue
+        if "python" not in exe.lower() and "torchrun" not in exe.lower():
+            raise ToolFailure(f"pids: {pid} ({exe[:80]}) is not a Python process: py-spy reads Python ranks only; "
+                              "give the training processes (`pgrep -af train.py`).")
+
+
+def run(params: StragglerFindParams, progress) -> StragglerFindResult:
+    _check_inputs(params)
+    result = StragglerFindResult(window_s=params.window_s, step_time_lines=_step_lines(params.log_paths))
+    if params.slurm_job_id:
+        reports, problems = sample_job(params.slurm_job_id, _spec(params), progress)
+    else:
+        reports, problems = _local(params, progress)
+    result.ranks = sorted((r for rep in reports for r in rep.ranks),
+                          key=lambda r: (r.rank if r.rank is not None else 1 << 30, r.host, r.pid))
+    result.nodes = [rep.node for rep in reports]
+    result.gpus = [g for rep in reports for g in rep.gpus]
+    if not result.ranks:
+        raise ToolFailure("no rank process found to sample: " + "; ".join(
+            [e for n in result.nodes for e in n.errors] + problems)[:1200])
+    verdict = judge(reports, Rules.load())
+    _fill(result, verdict, problems)
+    progress(1.0, "done")
+    return result
+
+
+def _fill(result: StragglerFindResult, v: Judgement, problems: list[str]) -> None:
+
+    result.stragglers = v.stragglers
+    for s in v.stragglers:
+        s.next_steps = next_steps(s)
+    if v.spread is not None:
+        result.spread_pct = round(100 * v.spread, 1)
+        result.threshold_pct = round(100 * (v.threshold or 0), 1)
+    result.findings = findings(result, v) + problems
+    unsampled = [r for r in result.ranks if r.error]
+    if unsampled:
+        result.findings.append(f"{len(unsampled)} rank(s) not sampled; first: rank {unsampled[0].rank} on "
+                               f"{unsampled[0].host}: {unsampled[0].error}")
+    result.verdict = "warn" if v.stragglers else ("info" if v.inconclusive or v.spread is None or unsampled else "ok")
+    result.next = sorted({n for s in v.stragglers for n in REASON_TOOLS.get(s.reason, ())}) + [
+        "knowledge://debugging/stragglers.md"]
+
+
+SPEC = ToolSpec(
+    name="straggler_find",
+    summary="Names the rank that slows a RUNNING job (rank -> host -> GPU serial), how much and why, from live samples.",
+    description=(
+        "For a job that is running but slow ('the job got slower', 'one rank is slow', 'MFU dropped mid-run'): "
+        "samples every rank's Python stack with py-spy for a window (default 20 s), plus CPU, cgroup, memory, "
+        "network and NVML per node, without touching the job or its code. The rank that waits least while the "
+        "others wait in collectives is the straggler; the answer names rank, host, GPU index and serial, how "
+        "much the others wait on it, the reason (cpu, memory, data_loading, h2d, gpu, network) with evidence, "
+        "and the next step; or 'no straggler' with the measured spread. Targets: a SLURM job id (every node "
+        "via srun --overlap), a torchrun pid, or pids on this node. Needs py-spy and ptrace rights. Not for a "
+        "job that is stuck (hang_stack_dump) or dead (log_triage)."),
+    Params=StragglerFindParams, Result=StragglerFindResult, run=run, runs="subprocess",
+    read_only=True, destructive=False, idempotent=True, open_world=True, timeout_s=300,
+)

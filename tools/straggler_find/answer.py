@@ -1,0 +1,58 @@
+"""The words of straggler_find's answer: one finding per straggler, the spread when none, the next steps."""
+
+from .judge import Judgement
+from .models import Straggler
+
+REASON_WORDS = {
+    "cpu": "CPU-starved host", "memory": "memory pressure on the host", "data_loading": "data loading",
+    "h2d": "host-to-device copies", "gpu": "its GPU (slower, throttled or shared)", "network": "a slow link",
+    "unknown": "slower compute with no host cause seen",
+}
+REASON_TOOLS = {"gpu": ("gpu_health",), "network": ("collective_bench",), "unknown": ("gpu_health",),
+                "data_loading": ("storage_bench",)}
+
+
+def _where(s: Straggler) -> str:
+    gpu = f", GPU {s.gpu_index} (serial {s.gpu_serial or '?'})" if s.gpu_index is not None else ""
+    return f"rank {s.rank if s.rank is not None else '?'} on {s.host} (pid {s.pid}{gpu})"
+
+
+def _line(s: Straggler) -> str:
+    pace = f"; its own work takes {s.work_ratio:.1f}x the others'" if s.work_ratio else ""
+    held = f"the others wait {s.others_wait_fraction:.0%} of the time on it{pace}" if s.others_wait_fraction else "it runs slow"
+    return f"Straggler: {_where(s)}: {held}. Likely reason: {REASON_WORDS.get(s.reason, s.reason)}: {'; '.join(s.evidence)}."
+
+
+def findings(result, v: Judgement) -> list[str]:
+    out = [_line(s) for s in v.stragglers]
+    sampled = [r for r in result.ranks if not r.error and r.samples]
+    shares = sorted(1 - r.fractions.get("collective", 0) for r in sampled)
+    if v.inconclusive:
+        out.append(f"Inconclusive: the ranks' own-work shares spread {v.spread:.0%} (relative), too wide to tell a "
+                   f"straggler from noise at the {v.threshold:.0%} threshold; sample longer (window_s) or when the job is steady.")
+    elif not v.stragglers and len(sampled) >= 2:
+        out.append(f"No straggler: the {len(sampled)} ranks spend {shares[0]:.0%}-{shares[-1]:.0%} of the window on their "
+                   f"own work (relative spread {v.spread:.0%}; a rank must exceed the others' median by {v.threshold:.0%}).")
+    elif len(sampled) < 2 and not v.stragglers:
+        out.append("One rank sampled: nothing to compare it with; the GPU rows and the rank's shares are the evidence.")
+    if not result.gpus:
+        out.append("No GPU seen through NVML on the sampled nodes: a rank 'computing' may be waiting on its GPU, "
+                   "which only NVML would show.")
+    return out + v.findings + [f"{n.host}: NCCL RAS: {m}" for n in result.nodes for m in n.nccl_ras]
+
+
+def next_steps(s: Straggler) -> list[str]:
+    drain = (f"if it repeats, drain the node (not run by mleng): scontrol update nodename={s.host} state=drain "
+             f"reason=\"straggler_find: {s.reason}\"")
+    steps = {
+        "cpu": [f"look at what else runs on {s.host} and its CPU limits (top, the job's cgroup cpu.max / cfs_quota)", drain],
+        "memory": [f"check host memory on {s.host} (free -g, /proc/pressure/memory): swapping or page-cache thrash",
+                   "knowledge://cpu-memory/host-memory.md"],
+        "data_loading": ["the loader at the frame quoted: more DataLoader workers, prefetch, pinned memory, or "
+                         "faster storage (storage_bench on the data path)"],
+        "h2d": ["pin the batches (pin_memory=True) and copy with non_blocking=True; check the GPU's PCIe link (gpu_topology)"],
+        "gpu": [f"gpu_health on {s.host} (GPU {s.gpu_index})", drain],
+        "network": [f"collective_bench pairwise between {s.host} and a healthy node", "nccl_log_analyze on the job's log", drain],
+        "unknown": [f"gpu_health on {s.host}", "hang_stack_dump with native=true on that rank for C++ frames"],
+    }
+    return steps.get(s.reason, [])

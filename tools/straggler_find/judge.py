@@ -1,0 +1,230 @@
+"""Which rank holds the others back, and why: pure logic over the node reports (no I/O but the rule table).
+
+The rule, for synchronous data parallel (every rank meets the others in a collective each step): the
+ranks run at the pace of the slowest, so the slowest is the rank that waits least while the others wait
+in collectives. Per rank, its own-work share = 1 - (share of samples waiting in a collective). A rank is
+a straggler when its own-work share exceeds the median of the OTHER ranks' by more than
+max(margin, k x spread) (the one verdict rule of issue 24; knowledge/data/straggler_rules.toml), and the
+others wait at least `min_others_wait` of the window (otherwise nobody is held back). When every rank
+waits in collectives most of the time and one node's links are shaped or retransmitting, that node is
+named for the network. When the spread of the healthy ranks is too wide to resolve the margin, the
+answer is "inconclusive", with the spread.
+"""
+
+import math
+import statistics
+from dataclasses import dataclass, field
+
+from .models import GpuSample, NodeReport, NodeSample, RankSample, Straggler
+from ..engine.data import load_data
+
+MIN_SAMPLES = 10
+
+
+@dataclass(frozen=True)
+class Rules:
+    margin: float
+    k: float
+    spread: float
+    min_others_wait: float
+    reason: dict
+
+    @classmethod
+    def load(cls) -> "Rules":
+        table = load_data("straggler_rules")
+        share = table["figure"]["own_work_share"]
+        return cls(margin=share["margin"], k=share["k"], spread=share["spread"],
+                   min_others_wait=table["figure"]["peer_wait_share"]["min_others_wait"], reason=table["reason"])
+
+
+@dataclass
+class Judgement:
+    stragglers: list[Straggler] = field(default_factory=list)
+    findings: list[str] = field(default_factory=list)
+    spread: float | None = None
+    threshold: float | None = None
+    inconclusive: bool = False
+
+
+def relative_spread(values: list[float]) -> float:
+    """Median absolute deviation / median, scaled to a standard deviation (x1.4826): one outlier moves it little."""
+    if len(values) < 2:
+        return 0.0
+    mid = statistics.median(values)
+    if mid <= 0:
+        return 0.0
+    return 1.4826 * statistics.median(abs(v - mid) for v in values) / mid
+
+
+def own_work(r: RankSample) -> float:
+    return 1.0 - r.fractions.get("collective", 0.0)
+
+
+def _sampling_error(share: float, samples: int) -> float:
+    """Standard error of a share read from `samples` independent samples, relative to the share."""
+    if share <= 0 or samples <= 0:
+        return 0.0
+    return math.sqrt(share * (1 - share) / samples) / share
+
+
+def _others(ranks: list[RankSample], r: RankSample) -> list[RankSample]:
+    return [o for o in ranks if o is not r]
+
+
+def _stands_out(r: RankSample, ranks: list[RankSample], rules: Rules) -> tuple[float, float, float]:
+    """(deficit, threshold, spread) of r's own-work share against the other ranks'."""
+    others = [own_work(o) for o in _others(ranks, r)]
+    ref = statistics.median(others)
+    spread = max(relative_spread(others), _sampling_error(ref, min(o.samples for o in _others(ranks, r))))
+    threshold = max(rules.margin, rules.k * spread)
+    return (own_work(r) - ref) / ref if ref > 0 else math.inf, threshold, spread
+
+
+def judge(reports: list[NodeReport], rules: Rules) -> Judgement:
+    ranks = [r for rep in reports for r in rep.ranks if not r.error and r.samples >= MIN_SAMPLES]
+    nodes = {rep.host: rep.node for rep in reports}
+    gpus = [g for rep in reports for g in rep.gpus]
+    out = Judgement()
+    if len(ranks) >= 2:
+        _compare(ranks, nodes, gpus, rules, out)
+    shared = [g for g in gpus if g.job_pids and g.other_holders]
+    for g in shared:
+        if not any(s.gpu_serial == g.serial and s.host == g.host for s in out.stragglers):
+            out.stragglers.append(_gpu_shared(g, ranks))
+    return out
+
+
+def _compare(ranks, nodes, gpus, rules: Rules, out: Judgement) -> None:
+    scored = [(r, *_stands_out(r, ranks, rules)) for r in ranks]
+    candidates = [(r, d) for r, d, thr, _ in scored if d > thr
+                  and statistics.median(o.fractions.get("collective", 0) for o in _others(ranks, r)) >= rules.min_others_wait]
+    healthy = [own_work(r) for r in ranks if r not in [c for c, _ in candidates]]
+    out.spread = relative_spread(healthy)
+    out.threshold = max(rules.margin, rules.k * out.spread)
+    if rules.k * out.spread > 2 * rules.margin:
+        out.inconclusive = True
+        return
+    if candidates and len(candidates) <= len(ranks) // 2:
+        for r, _ in sorted(candidates, key=lambda c: -c[1]):
+            out.stragglers.append(_named(r, ranks, nodes.get(r.host), gpus, rules))
+        return
+    _network(ranks, nodes, rules, out)
+
+
+def _named(r: RankSample, ranks: list[RankSample], node: NodeSample | None, gpus: list[GpuSample], rules: Rules) -> Straggler:
+    others = _others(ranks, r)
+    others_wait = statistics.median(o.fractions.get("collective", 0) for o in others)
+    own = own_work(r)
+    s = Straggler(rank=r.rank, host=r.host, pid=r.pid, gpu_index=r.gpu_index, gpu_serial=r.gpu_serial,
+                  others_wait_fraction=round(max(0.0, others_wait - r.fractions.get("collective", 0)), 3),
+                  work_ratio=round(own / (1 - others_wait), 2) if others_wait < 1 else None)
+    s.evidence.append(f"the other ranks wait {others_wait:.0%} of the window in collectives, it waits "
+                      f"{r.fractions.get('collective', 0):.0%} ({r.samples} samples)")
+    s.reason = _reason(r, others, node, gpus, rules, s.evidence)
+    return s
+
+
+def _share_of_work(r: RankSample, cls: str) -> float:
+    own = own_work(r)
+    return r.fractions.get(cls, 0) / own if own > 0 else 0.0
+
+
+def _reason(r: RankSample, others, node: NodeSample | None, gpus, rules: Rules, evidence: list[str]) -> str:
+    rr = rules.reason
+    for cls, name, label in (("data", "data_loading", "data loading"), ("h2d", "h2d", "host-to-device copies")):
+        mine, theirs = _share_of_work(r, cls), statistics.median(_share_of_work(o, cls) for o in others)
+        if mine >= rr[f"{'data' if cls == 'data' else 'h2d'}_share_min"] and mine > theirs + 0.1:
+            evidence.append(f"{mine:.0%} of its own work is {label} (others {theirs:.0%}), mostly at "
+                            f"{r.top_frames.get(cls, '?')}")
+            return name
+    if _cpu_starved(r, others, rules, evidence):
+        return "cpu"
+    if node and node.psi_memory_some_pct is not None and node.psi_memory_some_pct >= rr["psi_memory_some_min_pct"]:
+        evidence.append(f"memory pressure on {r.host}: some avg10 = {node.psi_memory_some_pct:.1f}%")
+        return "memory"
+    if _gpu_slow(r, gpus, rules, evidence):
+        return "gpu"
+    evidence.append(f"it computes ({r.fractions.get('compute', 0):.0%} of samples, mostly at "
+                    f"{r.top_frames.get('compute', '?')}) with no host cause seen: a slower GPU or kernel path, "
+                    "or more work on this rank")
+    return "unknown"
+
+
+def _efficiency(r: RankSample) -> float | None:
+    busy = r.fractions.get("compute", 0) + r.fractions.get("data", 0) + r.fractions.get("h2d", 0)
+    return r.cpu_fraction / busy if r.cpu_fraction is not None and busy > 0.05 else None
+
+
+def _cpu_starved(r: RankSample, others, rules: Rules, evidence: list[str]) -> bool:
+    rr = rules.reason
+    if r.cgroup_throttled_fraction is not None and r.cgroup_throttled_fraction >= rr["throttled_periods_min"]:
+        evidence.append(f"its cpu cgroup {r.cgroup or '?'} was throttled in {r.cgroup_throttled_fraction:.0%} of "
+                        f"CFS periods (a CPU limit); it used {r.cpu_fraction or 0:.2f} CPU-s per s")
+        return True
+    mine = _efficiency(r)
+    theirs = [e for e in (_efficiency(o) for o in others) if e is not None]
+    if mine is not None and theirs and mine < rr["cpu_efficiency_max"] and mine * 1.5 < statistics.median(theirs):
+        wait = f", waited for a CPU {r.runqueue_wait_fraction:.2f} s per s" if r.runqueue_wait_fraction is not None else ""
+        evidence.append(f"while computing it got {mine:.2f} CPU-s per s (others {statistics.median(theirs):.2f}){wait}")
+        return True
+    return False
+
+
+def _gpu_slow(r: RankSample, gpus: list[GpuSample], rules: Rules, evidence: list[str]) -> bool:
+    mine = next((g for g in gpus if g.host == r.host and g.index == r.gpu_index), None)
+    if mine is None:
+        return False
+    peers = [g.sm_clock_median_mhz for g in gpus if g is not mine and g.job_pids and g.sm_clock_median_mhz]
+    bad = {k: v for k, v in mine.reasons_fraction.items() if k not in ("gpu_idle", "sw_power_cap") and v > 0.05}
+    if mine.other_holders:
+        evidence.append(f"GPU {mine.index} (serial {mine.serial or '?'}) is shared with {'; '.join(mine.other_holders[:3])}")
+        return True
+    if peers and mine.sm_clock_median_mhz and mine.sm_clock_median_mhz < (1 - rules.reason["gpu_clock_deficit_min"]) * statistics.median(peers):
+        evidence.append(f"GPU {mine.index} runs at {mine.sm_clock_median_mhz:.0f} MHz, the others' median "
+                        f"{statistics.median(peers):.0f} MHz; clock-event reasons {bad or 'none'}")
+        return True
+    if bad:
+        evidence.append(f"GPU {mine.index} slowed by {bad}")
+        return True
+    return False
+
+
+def _gpu_shared(g: GpuSample, ranks: list[RankSample]) -> Straggler:
+    r = next((x for x in ranks if x.pid in g.job_pids and x.host == g.host), None)
+    util = f", {g.utilization_median_pct:.0f}% utilised" if g.utilization_median_pct is not None else ""
+    return Straggler(rank=r.rank if r else None, host=g.host, pid=g.job_pids[0], gpu_index=g.index, gpu_serial=g.serial,
+                     reason="gpu", evidence=[f"GPU {g.index} (serial {g.serial or '?'}{util}) is shared with "
+                                             f"{'; '.join(g.other_holders[:3])}: the rank gets a fraction of it"])
+
+
+def _network(ranks: list[RankSample], nodes: dict[str, NodeSample], rules: Rules, out: Judgement) -> None:
+    """No rank works longer than the rest: if all of them mostly wait, look for the node whose links are slow."""
+    waits = [r.fractions.get("collective", 0) for r in ranks]
+    if statistics.median(waits) < rules.reason["collective_bound_min"]:
+        return
+    if len(nodes) < 2:       # one node: nothing to compare its links with
+        out.findings.append(f"Every rank waits in collectives ({min(waits):.0%}-{max(waits):.0%} of the window): the "
+                            "job is communication-bound on this node; collective_bench measures its links.")
+        return
+    retrans = {h: n.tcp_retrans_per_s or 0.0 for h, n in nodes.items()}
+    for host, node in nodes.items():
+        rest = [v for h, v in retrans.items() if h != host]
+        noisy = retrans[host] > 1.0 and retrans[host] > 5 * (statistics.median(rest) if rest else 0)
+        if not node.shaped_links and not noisy:
+            continue
+        for r in (x for x in ranks if x.host == host):
+            s = Straggler(rank=r.rank, host=host, pid=r.pid, gpu_index=r.gpu_index, gpu_serial=r.gpu_serial,
+                          others_wait_fraction=round(statistics.median(waits), 3), reason="network")
+            s.evidence.append(f"every rank waits in collectives ({min(waits):.0%}-{max(waits):.0%} of the window), "
+                              "so the collectives themselves are slow")
+            s.evidence += [f"{host}: {link}" for link in node.shaped_links]
+            if noisy:
+                s.evidence.append(f"{host} retransmits {retrans[host]:.1f} TCP segments/s (others "
+                                  f"{statistics.median(rest) if rest else 0:.1f}/s)")
+            out.stragglers.append(s)
+    if len({s.host for s in out.stragglers}) > len(nodes) // 2:
+        out.stragglers.clear()          # most nodes look alike: nothing stands out
+    if not out.stragglers:
+        out.findings.append(f"Every rank waits in collectives ({min(waits):.0%}-{max(waits):.0%} of the window) and no "
+                            "node's links stand out: the job is communication-bound; measure the links with "
+                            "collective_bench (pairwise) to find a slow pair.")

@@ -1,0 +1,86 @@
+"""straggler_find's records: what one node reports and what the answer carries (the output schema)."""
+
+from ..engine.spec import Field, Record
+
+
+class RankSample(Record):
+    """One rank, sampled over the window on its own node."""
+
+    rank: int | None = Field(None, description="Global rank (RANK / SLURM_PROCID in the process's environment).")
+    local_rank: int | None = Field(None, description="LOCAL_RANK / SLURM_LOCALID.")
+    host: str = Field("", description="Host the rank runs on.")
+    pid: int = Field(0, description="Process id on that host.")
+    samples: int = Field(0, description="Stack samples of the main thread read in the window.")
+    fractions: dict[str, float] = Field(default_factory=dict, description=(
+        "Share of samples per class: collective (waiting on peers), data, h2d, compute, idle; sums to 1."))
+    top_frames: dict[str, str] = Field(default_factory=dict, description=(
+        "Per class, the user frame seen most often (function (file:line)): the evidence."))
+    cpu_fraction: float | None = Field(None, description="CPU time the rank used per second of the window (1.0 = one core).")
+    runqueue_wait_fraction: float | None = Field(None, description=(
+        "Time its threads waited for a CPU per second of the window (/proc/PID/schedstat): CPU contention."))
+    cgroup_throttled_fraction: float | None = Field(None, description=(
+        "Share of CFS periods in the window in which the rank's cpu cgroup was throttled (a CPU limit bit)."))
+    cgroup: str = Field("", description="The rank's cpu cgroup path.")
+    gpu_index: int | None = Field(None, description="NVML index of the GPU the rank holds (from NVML's process list).")
+    gpu_serial: str = Field("", description="That GPU's serial number.")
+    error: str = Field("", description="Why this rank could not be sampled (py-spy attach, permissions, gone).")
+
+
+class GpuSample(Record):
+    host: str = Field("", description="Host.")
+    index: int = Field(0, description="NVML index.")
+    serial: str = Field("", description="Board serial number (what a vendor RMA asks for).")
+    uuid: str = Field("", description="GPU UUID.")
+    sm_clock_median_mhz: float | None = Field(None, description="Median SM clock over the window, MHz.")
+    sm_clock_max_mhz: float | None = Field(None, description="The GPU's maximum SM clock, MHz.")
+    power_mean_w: float | None = Field(None, description="Mean board power, W.")
+    power_limit_w: float | None = Field(None, description="Enforced power limit, W.")
+    temperature_max_c: float | None = Field(None, description="Highest GPU temperature, deg C.")
+    utilization_median_pct: float | None = Field(None, description="Median GPU utilisation, %.")
+    reasons_fraction: dict[str, float] = Field(default_factory=dict, description=(
+        "Share of samples with each clock-event reason (sw_power_cap, hw_slowdown, thermal...)."))
+    pcie_tx_mb_s: float | None = Field(None, description="PCIe transmit throughput at the end of the window, MB/s.")
+    pcie_rx_mb_s: float | None = Field(None, description="PCIe receive throughput at the end of the window, MB/s.")
+    job_pids: list[int] = Field(default_factory=list, description="The job's ranks holding this GPU.")
+    other_holders: list[str] = Field(default_factory=list, description=(
+        "Processes outside the job holding this GPU: 'pid 123 (python serve.py), 4.1 GiB' (co-tenants)."))
+
+
+class NodeSample(Record):
+    host: str = Field("", description="Host.")
+    cpus: int = Field(0, description="CPUs the node's kernel reports.")
+    load_per_cpu: float | None = Field(None, description="1-minute load average / CPUs at the end of the window.")
+    steal_fraction: float | None = Field(None, description="CPU time stolen by the hypervisor / total, over the window.")
+    psi_cpu_some_pct: float | None = Field(None, description="/proc/pressure/cpu some avg10, %.")
+    psi_memory_some_pct: float | None = Field(None, description="/proc/pressure/memory some avg10, % (memory pressure).")
+    mem_available_fraction: float | None = Field(None, description="MemAvailable / MemTotal at the end of the window.")
+    tcp_retrans_per_s: float | None = Field(None, description="TCP segments retransmitted per second in the window.")
+    tx_mb_s: float | None = Field(None, description="Bytes sent per second on the node's interfaces (not lo), MB/s.")
+    shaped_links: list[str] = Field(default_factory=list, description=(
+        "Interfaces whose queueing discipline limited traffic in the window: 'eth0: tbf, 812 overlimits, 3 drops'."))
+    nccl_ras: list[str] = Field(default_factory=list, description="What `ncclras` reported, when it runs on this node.")
+    step_times: list[str] = Field(default_factory=list, description="Step-time lines found in the job's logs (log_paths).")
+    errors: list[str] = Field(default_factory=list, description="What this node's sampler could not read.")
+
+
+class NodeReport(Record):
+    """Everything one node's sampler sends back."""
+
+    host: str = ""
+    ranks: list[RankSample] = Field(default_factory=list)
+    gpus: list[GpuSample] = Field(default_factory=list)
+    node: NodeSample = Field(default_factory=NodeSample)
+
+
+class Straggler(Record):
+    rank: int | None = Field(None, description="The straggler's global rank.")
+    host: str = Field("", description="Its host.")
+    pid: int = Field(0, description="Its process id.")
+    gpu_index: int | None = Field(None, description="Its GPU's NVML index, when NVML is there.")
+    gpu_serial: str = Field("", description="Its GPU's serial number.")
+    others_wait_fraction: float = Field(0.0, description=(
+        "Share of the window the other ranks spend waiting for it (their collective wait above its own)."))
+    work_ratio: float | None = Field(None, description="Its time on its own work / the others' (1.0 = same pace).")
+    reason: str = Field("", description="cpu | memory | data_loading | h2d | gpu | network | unknown.")
+    evidence: list[str] = Field(default_factory=list, description="The figures the reason rests on, with units.")
+    next_steps: list[str] = Field(default_factory=list, description="What to run or check next (commands are never run).")

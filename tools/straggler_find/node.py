@@ -1,0 +1,207 @@
+"""One node's sampler: every rank's stacks, CPU and cgroup counters, the host's pressure, NVML, for a window.
+
+Run by straggler_find in its own child (pids or a launcher on this node), or on every node of a SLURM
+job through `srun --overlap` as `python -m <package>.straggler_find.node '<json>'`, which prints one
+JSON line (a NodeReport). One `py-spy record` per rank samples its main thread at `rate_hz` for the
+window (the rank is paused for each read, well under a millisecond); nothing else touches the ranks.
+"""
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+from .probes import mem_available_fraction, psi_some_avg10, read, snapshot_node, snapshot_rank
+from .classify import CLASSES, stack_class
+from .gpus import GpuWatch
+from .models import NodeReport, NodeSample, RankSample
+from ..shared import nccl_ras
+from ..shared.process_targets import describe, launcher_targets, processes_with_env
+from ..shared.pyspy import explain_py_spy_error, library_file, py_spy_path
+
+FRAME = re.compile(r"^(.*) \((.*?)(?::(\d+))?\)$")
+THREAD = re.compile(r"^thread \((\d+)\)")
+
+
+def parse_raw(text: str, pid: int) -> Counter:
+    """Counts of main-thread stacks from `py-spy record --format raw --threads` (root first in the file)."""
+    stacks: Counter = Counter()
+    for line in text.splitlines():
+        body, _, count = line.rpartition(" ")
+        parts = body.split(";")
+        m = THREAD.match(parts[0]) if parts else None
+        if not m or int(m.group(1)) != pid or not count.isdigit():
+            continue
+        frames = tuple(reversed(parts[1:]))                 # innermost first, as hang_stack_dump shows them
+        stacks[frames] += int(count)
+    return stacks
+
+
+def _split(frame: str) -> tuple[str, str]:
+    m = FRAME.match(frame)
+    return (m.group(1), m.group(2)) if m else (frame, "")
+
+
+def summarise(stacks: Counter) -> tuple[int, dict[str, float], dict[str, str]]:
+    """(samples, share per class, the most common user frame per class)."""
+    total = sum(stacks.values())
+    per_class: Counter = Counter()
+    where: dict[str, Counter] = {c: Counter() for c in CLASSES}
+    for frames, n in stacks.items():
+        split = [_split(f) for f in frames]
+        cls = stack_class(split)
+        per_class[cls] += n
+        user = next((f for f, (_, path) in zip(frames, split) if path and not library_file(path)), frames[0] if frames else "")
+        where[cls][user] += n
+    fractions = {c: round(per_class[c] / total, 3) for c in CLASSES} if total else {}
+    top = {c: w.most_common(1)[0][0] for c, w in where.items() if w}
+    return total, fractions, top
+
+
+def record(pid: int, window_s: float, rate_hz: int, tmp: str) -> tuple[Counter | None, str]:
+    """Sample one rank's stacks for the window; (stacks, error)."""
+    out = Path(tmp) / f"{pid}.raw"
+    cmd = [py_spy_path(), "record", "--pid", str(pid), "--rate", str(rate_hz), "--duration", str(max(1, round(window_s))),
+           "--format", "raw", "--output", str(out), "--threads", "--idle", "--full-filenames"]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=window_s + 30,
+                              env=dict(os.environ, RUST_BACKTRACE="0"))
+    except subprocess.TimeoutExpired:
+        return None, f"py-spy did not finish sampling pid {pid} within {window_s + 30:.0f} s"
+    if proc.returncode != 0 or not out.exists():
+        command = describe(pid)[0]
+        return None, explain_py_spy_error(pid, proc.stderr or proc.stdout, command)
+    return parse_raw(out.read_text(errors="replace"), pid), ""
+
+
+def find_ranks(spec: dict) -> list[int]:
+    """The job's rank processes on this node: ranks, not their launchers or their dataloader workers."""
+    pids = list(spec.get("pids") or [])
+    if spec.get("launcher_pid"):
+        pids += launcher_targets(int(spec["launcher_pid"]))
+    if spec.get("job_id"):
+        pids += processes_with_env("SLURM_JOB_ID", str(spec["job_id"]))
+    pids = [p for p in dict.fromkeys(pids) if p != os.getpid()]
+    info = {p: describe(p) for p in pids}
+    ranked = {p for p, (_, _, rank, _) in info.items() if rank is not None}
+    out = []
+    for p in pids:
+        cmd, parent, rank, _ = info[p]
+        if parent in ranked and info[parent][2] == rank:
+            continue                                        # a rank's own child: dataloader or compile worker
+        if any(info[q][1] == p and q in ranked for q in pids):
+            continue                                        # a launcher (torchrun) whose children are the ranks
+        out.append(p)
+    return out[: int(spec.get("max_ranks", 64))]
+
+
+def _fraction(after, before, window_s: float) -> float | None:
+    return round((after - before) / window_s, 3) if after is not None and before is not None else None
+
+
+def _rank_sample(pid: int, host: str, before: dict, after: dict, window_s: float, stacks, error: str) -> RankSample:
+    _, _, rank, local_rank = describe(pid)
+    row = RankSample(rank=rank, local_rank=local_rank, host=host, pid=pid, error=error, cgroup=after["cgroup"])
+    row.cpu_fraction = _fraction(after["cpu_s"], before["cpu_s"], window_s)
+    row.runqueue_wait_fraction = _fraction(after["runq_s"], before["runq_s"], window_s)
+    if before["throttle"] and after["throttle"]:
+        periods = after["throttle"][0] - before["throttle"][0]
+        if periods > 0:
+            row.cgroup_throttled_fraction = round((after["throttle"][1] - before["throttle"][1]) / periods, 3)
+    if stacks is not None:
+        row.samples, row.fractions, row.top_frames = summarise(stacks)
+        if not row.samples:
+            row.error = f"py-spy read no sample of pid {pid}'s main thread (it exited, or it is not a Python rank)"
+    return row
+
+
+def _node_sample(host: str, before: dict, after: dict, window_s: float) -> NodeSample:
+    node = NodeSample(host=host, cpus=os.cpu_count() or 0)
+    if before["cpu"] and after["cpu"]:
+        delta = [a - b for a, b in zip(after["cpu"], before["cpu"])]
+        total = sum(delta[:8]) or 1
+        node.steal_fraction = round(delta[7] / total, 3) if len(delta) > 7 else None
+    load = (read("/proc/loadavg") or "").split()
+    node.load_per_cpu = round(float(load[0]) / max(1, node.cpus), 2) if load else None
+    node.psi_cpu_some_pct = psi_some_avg10("cpu")
+    node.psi_memory_some_pct = psi_some_avg10("memory")
+    node.mem_available_fraction = mem_available_fraction()
+    if before["retrans"] is not None and after["retrans"] is not None:
+        node.tcp_retrans_per_s = round((after["retrans"] - before["retrans"]) / window_s, 2)
+    if before["tx"] is not None and after["tx"] is not None:
+        node.tx_mb_s = round((after["tx"] - before["tx"]) / window_s / 1e6, 3)
+    for key, (kind, drops, over) in after["qdisc"].items():
+        d0, o0 = before["qdisc"].get(key, (kind, 0, 0))[1:]
+        if over - o0 or drops - d0:
+            node.shaped_links.append(f"{key.split(':')[0]}: {kind}, {over - o0} overlimits, {drops - d0} drops in "
+                                     f"{window_s:.0f} s")
+    return node
+
+
+def _ncclras() -> list[str]:
+    """What NCCL's RAS client says on this node, when NCCL runs here with RAS on (NCCL >= 2.24)."""
+    import shutil
+
+    exe = shutil.which("ncclras")
+    if not exe:
+        return []
+    try:
+        text = subprocess.run([exe], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return ["ncclras gave no answer in 10 s"]
+    if not nccl_ras.looks_like_ras(text):
+        return []
+    report = nccl_ras.parse(text)
+    return (report.problems + [f"RAS names {n}" for n in report.named])[:20] or ["NCCL RAS: every communicator OK"]
+
+
+def sample_node(spec: dict, progress=None) -> NodeReport:
+    """Sample this node's ranks for spec['window_s'] seconds."""
+    host = socket.gethostname()
+    window_s, rate_hz = float(spec.get("window_s", 20)), int(spec.get("rate_hz", 20))
+    pids = find_ranks(spec)
+    report = NodeReport(host=host)
+    node_before = snapshot_node()
+    rank_before = {p: snapshot_rank(p) for p in pids}
+    results: dict[int, tuple] = {}
+    with tempfile.TemporaryDirectory(prefix="mleng-straggler-") as tmp, GpuWatch(host, interval_s=0.5) as gpus:
+        threads = [threading.Thread(target=lambda p=p: results.__setitem__(p, record(p, window_s, rate_hz, tmp)))
+                   for p in pids]
+        t0 = time.monotonic()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        elapsed = max(time.monotonic() - t0, 1e-3)
+    node_after = snapshot_node()
+    for p in pids:
+        after = snapshot_rank(p)
+        stacks, error = results.get(p, (None, "not sampled"))
+        report.ranks.append(_rank_sample(p, host, rank_before[p], after, min(elapsed, window_s + 5), stacks, error))
+    report.node = _node_sample(host, node_before, node_after, elapsed)
+    report.node.nccl_ras = _ncclras()
+    report.gpus = gpus.summary({r.pid: r for r in report.ranks})
+    if not pids:
+        report.node.errors.append("no process of the job found on this node")
+    return report
+
+
+def main(argv: list[str]) -> int:
+    spec = json.loads(argv[0])
+    try:
+        report = sample_node(spec)
+    except Exception as e:                                  # one node's failure is a row, not a lost report
+        report = NodeReport(host=socket.gethostname(), node=NodeSample(host=socket.gethostname(), errors=[str(e)[:400]]))
+    sys.stdout.write(report.model_dump_json() + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,140 @@
+"""Host counters a node's sampler reads at the start and end of the window (Linux /proc and /sys).
+
+Each reader returns None (or empty) where the kernel does not offer the file: a missing counter is
+said, never guessed. Nothing here writes anything or changes the job.
+"""
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def read(path: str | Path) -> str | None:
+    try:
+        return Path(path).read_text()
+    except OSError:
+        return None
+
+
+def process_cpu_s(pid: int) -> float | None:
+    """User + system CPU seconds of a process (all its threads)."""
+    text = read(f"/proc/{pid}/stat")
+    if not text:
+        return None
+    fields = text.rsplit(")", 1)[1].split()     # the command in parentheses may hold spaces
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def runqueue_wait_s(pid: int) -> float | None:
+    """Seconds the process's threads waited on a run queue (schedstat field 2, ns), summed over threads."""
+    total, seen = 0, False
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        text = read(task / "schedstat")
+        if text and len(text.split()) >= 2:
+            total += int(text.split()[1])
+            seen = True
+    return total / 1e9 if seen else None
+
+
+def cpu_cgroup_stat(pid: int) -> tuple[str, Path | None]:
+    """(the cpu cgroup path, its cpu.stat file) for cgroup v1 (cpu controller) or v2 (unified)."""
+    text = read(f"/proc/{pid}/cgroup") or ""
+    for line in text.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        controllers, path = parts[1].split(","), parts[2]
+        roots = ([f"/sys/fs/cgroup/{parts[1]}", "/sys/fs/cgroup/cpu,cpuacct", "/sys/fs/cgroup/cpu"] if "cpu" in controllers
+                 else ["/sys/fs/cgroup"] if parts[1] == "" else [])
+        for root in roots:
+            stat = Path(root + path) / "cpu.stat"
+            if stat.is_file():
+                return path, stat
+    return "", None
+
+
+def throttle_counts(stat: Path | None) -> tuple[int, int] | None:
+    """(CFS periods, periods throttled) so far."""
+    text = read(stat) if stat else None
+    if not text:
+        return None
+    values = dict(line.split()[:2] for line in text.splitlines() if len(line.split()) >= 2)
+    if "nr_periods" not in values:
+        return None
+    return int(values["nr_periods"]), int(values.get("nr_throttled", 0))
+
+
+def cpu_times() -> list[int] | None:
+    """The aggregate `cpu` line of /proc/stat (user nice system idle iowait irq softirq steal ...)."""
+    text = read("/proc/stat") or ""
+    first = text.splitlines()[0].split() if text else []
+    return [int(x) for x in first[1:]] if first and first[0] == "cpu" else None
+
+
+def psi_some_avg10(resource: str) -> float | None:
+    text = read(f"/proc/pressure/{resource}")
+    m = re.search(r"^some avg10=([\d.]+)", text or "", re.M)
+    return float(m.group(1)) if m else None
+
+
+def mem_available_fraction() -> float | None:
+    text = read("/proc/meminfo") or ""
+    values = {k: int(v.split()[0]) for k, v in re.findall(r"^(\w+):\s+(\d+ ?\w*)", text, re.M)}
+    if values.get("MemTotal") and "MemAvailable" in values:
+        return round(values["MemAvailable"] / values["MemTotal"], 3)
+    return None
+
+
+def tcp_retrans() -> int | None:
+    """TCP RetransSegs of this network namespace."""
+    lines = [line.split() for line in (read("/proc/net/snmp") or "").splitlines() if line.startswith("Tcp:")]
+    if len(lines) == 2 and "RetransSegs" in lines[0]:
+        return int(lines[1][lines[0].index("RetransSegs")])
+    return None
+
+
+def tx_bytes() -> int | None:
+    """Bytes sent on every interface but loopback."""
+    total, seen = 0, False
+    for line in (read("/proc/net/dev") or "").splitlines()[2:]:
+        name, _, rest = line.partition(":")
+        if name.strip() and name.strip() != "lo" and len(rest.split()) >= 9:
+            total += int(rest.split()[8])
+            seen = True
+    return total if seen else None
+
+
+QDISC = re.compile(r"qdisc (\S+) \S+ (?:dev (\S+) )?.*?\n\s*Sent \d+ bytes \d+ pkt \(dropped (\d+), overlimits (\d+)", re.S)
+SHAPERS = {"tbf", "netem", "htb", "cbq", "hfsc", "cake", "police"}
+
+
+def qdisc_counters() -> dict[str, tuple[str, int, int]]:
+    """Per interface with a shaping qdisc: (kind, drops, overlimits) so far, from `tc -s qdisc show`."""
+    tc = shutil.which("tc") or ("/usr/sbin/tc" if Path("/usr/sbin/tc").exists() else None)
+    if not tc:
+        return {}
+    try:
+        out = subprocess.run([tc, "-s", "qdisc", "show"], capture_output=True, text=True, timeout=5).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    found = {}
+    for block in re.split(r"\n(?=qdisc )", out):
+        m = QDISC.search(block)
+        if m and m.group(1) in SHAPERS and m.group(2) and m.group(2) != "lo":
+            kind, dev, drops, over = m.groups()
+            found[f"{dev}:{kind}"] = (kind, int(drops), int(over))
+    return found
+
+
+def snapshot_node() -> dict:
+    return {"cpu": cpu_times(), "retrans": tcp_retrans(), "tx": tx_bytes(), "qdisc": qdisc_counters()}
+
+
+def snapshot_rank(pid: int) -> dict:
+    path, stat = cpu_cgroup_stat(pid)
+    return {"cpu_s": process_cpu_s(pid), "runq_s": runqueue_wait_s(pid), "cgroup": path,
+            "stat": str(stat) if stat else "", "throttle": throttle_counts(stat)}

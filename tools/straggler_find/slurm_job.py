@@ -1,0 +1,103 @@
+"""A running SLURM job's nodes, sampled at once: one light `straggler_find.node` per node via srun --overlap.
+
+The job is checked first (exists, RUNNING, the caller's or the caller is root): a wrong id is an answer,
+not an srun that waits for resources. Each node prints one labelled JSON line when its window ends;
+those lines stream back as progress. srun is killed (with its step) if it outlives window + 90 s.
+"""
+
+import getpass
+import json
+import os
+import shlex
+import subprocess
+import threading
+import time
+
+from .models import NodeReport
+from ..engine.data import IMPORT_ROOT
+from ..engine.processes import child_env, kill_tree, python_module_command, spawn_tree
+from ..engine.spec import ToolFailure
+from ..shared import slurm
+
+MAX_NODES = 64
+
+
+def check_job(job_id: str) -> tuple[int, str]:
+    """(node count, node list) of a running job the caller may read; ToolFailure naming what is wrong."""
+    try:
+        out = slurm.run_cmd(["squeue", "-h", "-j", job_id, "-o", "%T|%u|%D|%N"], timeout_s=20, check=False)
+    except slurm.SlurmError as e:
+        raise ToolFailure(str(e)) from None
+    line = out.strip().splitlines()[0] if out.strip() else ""
+    if not line:
+        raise ToolFailure(f"slurm_job_id {job_id}: no such job in squeue (wrong id, or it ended more than "
+                          "MinJobAge ago): `squeue -u $USER` lists yours.")
+    state, user, count, nodelist = (line.split("|") + ["", "", "", ""])[:4]
+    if state != "RUNNING":
+        raise ToolFailure(f"slurm_job_id {job_id} is {state}, not RUNNING: there is nothing to sample "
+                          f"({slurm.explain_state(state) if state else 'unknown state'}).")
+    me = getpass.getuser()
+    if user != me and os.geteuid() != 0:
+        raise ToolFailure(f"slurm_job_id {job_id} belongs to {user}, not to you ({me}): only the job's owner or "
+                          "root may read its processes; ask its owner to run straggler_find.")
+    nodes = int(count) if count.isdigit() else 1
+    if nodes > MAX_NODES:
+        raise ToolFailure(f"slurm_job_id {job_id} spans {nodes} nodes; straggler_find samples at most {MAX_NODES} "
+                          "at once (the answer must come back in one window).")
+    return nodes, nodelist
+
+
+def node_command(job_id: str, nodes: int, spec: dict) -> list[str]:
+    return ["srun", "--overlap", f"--jobid={job_id}", f"--nodes={nodes}", f"--ntasks={nodes}",
+            "--ntasks-per-node=1", "--label", "--kill-on-bad-exit=0", "--quiet", f"--chdir={IMPORT_ROOT}",
+            *python_module_command("straggler_find.node", json.dumps(spec))]
+
+
+def sample_job(job_id: str, spec: dict, progress) -> tuple[list[NodeReport], list[str]]:
+    """Every node's report, and what went wrong on the way (a node without a report, srun's errors)."""
+    nodes, nodelist = check_job(job_id)
+    cmd = node_command(job_id, nodes, {**spec, "job_id": job_id})
+    deadline_s = float(spec["window_s"]) + 90
+    progress(0.05, f"sampling {nodes} node(s) of job {job_id} ({nodelist}) for {spec['window_s']:.0f} s")
+    try:
+        proc = spawn_tree(cmd, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    except FileNotFoundError:
+        raise ToolFailure("srun is not on PATH: run straggler_find on a login or compute node of the cluster.") from None
+    timer = threading.Timer(deadline_s, lambda: kill_tree(proc.pid, grace_s=3))
+    timer.start()
+    reports, problems = [], []
+    start = time.monotonic()
+    try:
+        for line in proc.stdout:
+            task, _, text = line.partition(": ")
+            try:
+                report = NodeReport(**json.loads(text))
+            except (ValueError, TypeError):
+                problems.append(f"node task {task.strip()}: unreadable line {text[:160]!r}")
+                continue
+            reports.append(report)
+            progress(0.1 + 0.8 * len(reports) / nodes, f"{report.host}: " + node_line(report))
+        stderr = proc.stderr.read()
+        proc.wait()
+    finally:
+        timer.cancel()
+    if time.monotonic() - start >= deadline_s:
+        problems.append(f"srun did not finish within {deadline_s:.0f} s and was stopped: a node may be unreachable "
+                        f"(`scontrol show job {job_id}`, `sinfo -R`)")
+    if len(reports) < nodes:
+        problems.append(f"{nodes - len(reports)} of {nodes} node(s) sent no report; srun exit {proc.returncode}: "
+                        f"{stderr.strip()[-400:] or 'no error text'} (command: {shlex.join(cmd[:9])} ...)")
+    return reports, problems
+
+
+def node_line(report: NodeReport) -> str:
+    """One progress row per node: each rank's waiting and working shares."""
+    parts = []
+    for r in report.ranks:
+        if r.error:
+            parts.append(f"rank {r.rank} not sampled ({r.error[:80]})")
+        else:
+            f = r.fractions
+            parts.append(f"rank {r.rank}: collective {f.get('collective', 0):.0%}, compute {f.get('compute', 0):.0%}, "
+                         f"data {f.get('data', 0):.0%} ({r.samples} samples)")
+    return "; ".join(parts) or "; ".join(report.node.errors) or "no rank"
