@@ -28,6 +28,7 @@ from pydantic import BeforeValidator, WithJsonSchema
 
 from .rank import OPS, size_sweep
 from ..shared.culprits import diagnose
+from ..shared.nccl_env import echo_nccl_env
 from ..shared.launch import RankLayout, launch_ranks, layout, manual_start, plan_command, visible_gpus
 from .isolation import IsolationReport
 from .models import BenchRow, OpSummary
@@ -83,6 +84,7 @@ class CollectiveBenchParams(RankLayout, PatternFields):
 
 
 class CollectiveBenchResult(Result):
+    nccl_env: dict[str, str] = Field(default_factory=dict, description="NCCL variables this run set (nccl_env).")
     world_size: int = Field(0, description="Ranks.")
     nnodes: int = Field(1, description="Nodes.")
     backend: str | None = Field(None, description="nccl or gloo.")
@@ -139,7 +141,7 @@ def run(params: CollectiveBenchParams, progress) -> CollectiveBenchResult:
     job = {"backend": params.backend, "timeout_s": params.pg_timeout_s, "dtype": params.dtype,
            "ops": params.ops, "min_bytes": params.min_bytes, "max_bytes": max_bytes, "factor": params.factor,
            "iters": params.iters, "warmup": params.warmup, "blocking": params.blocking,
-           "plant_error_rank": params.plant_error_rank}
+           "plant_error_rank": params.plant_error_rank, "nccl_env": params.nccl_env}
     if params.pattern != "all":
         return pattern_result(params, job, nproc, progress, CollectiveBenchResult)
     steps = len(params.ops) * len(size_sweep(params.min_bytes, max_bytes, params.factor))
@@ -272,7 +274,7 @@ SPEC = ToolSpec(
         "pattern='pairwise' (node x node matrix: a slow node is slow with every partner, a slow link with "
         "one) or 'bisect' (one bad node in a set that fails or hangs). Seconds to minutes; NCCL on GPUs, gloo "
         "on CPU. Ranks cannot connect: dist_smoke_test first."),
-    Params=CollectiveBenchParams, Result=CollectiveBenchResult, run=run, runs="subprocess",
+    Params=CollectiveBenchParams, Result=CollectiveBenchResult, run=echo_nccl_env(run), runs="subprocess",
     read_only=False, destructive=False, idempotent=True, open_world=False, timeout_s=900,
     gpu_devices=_gpus, metric="busbw_gbps", higher_is_better=True,
     spans_nodes=True,  # reaches the cluster itself: the engine's node= option does not apply

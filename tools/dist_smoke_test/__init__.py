@@ -20,6 +20,7 @@ from typing import Literal
 
 from ..shared import slurm as _slurm
 from ..shared.culprits import diagnose
+from ..shared.nccl_env import echo_nccl_env
 from ..shared.launch import RankLayout, launch_ranks, layout, manual_start, plan_command
 from .rank import FAULTS
 from ..engine.spec import SELF_TEST, Field, Record, Result, ToolSpec
@@ -59,6 +60,7 @@ class RankReport(Record):
 
 
 class DistSmokeTestResult(Result):
+    nccl_env: dict[str, str] = Field(default_factory=dict, description="NCCL variables this run set (nccl_env).")
     world_size: int = Field(0, description="Ranks expected.")
     nnodes: int = Field(1, description="Nodes.")
     backend: str | None = Field(None, description="Process-group backend the ranks used.")
@@ -104,7 +106,8 @@ def run(params: DistSmokeTestParams, progress) -> DistSmokeTestResult:
                       "Or run inside salloc/sbatch, where the tool starts one torchrun per node through srun."],
             next=["launch_script", "knowledge://orchestration/launchers.md"])
     job = {"backend": params.backend, "timeout_s": params.pg_timeout_s, "numel": params.numel,
-           "alloc_mib": params.alloc_mib, "fault": params.inject_fault, "fault_rank": params.fault_rank}
+           "alloc_mib": params.alloc_mib, "fault": params.inject_fault, "fault_rank": params.fault_rank,
+           "nccl_env": params.nccl_env}
     command = plan_command("dist_smoke_test.rank", job, nproc, nnodes, params.rdzv_endpoint)
 
     def on_event(event):
@@ -242,7 +245,7 @@ SPEC = ToolSpec(
         "hangs, gloo works but nccl never starts, multi-node training hangs at accelerator.prepare or before "
         "step 1, init_process_group hangs on all machines (SLURM, Kubernetes, mpirun, ray). ~5-15 s. Not a "
         "bandwidth test (collective_bench)."),
-    Params=DistSmokeTestParams, Result=DistSmokeTestResult, run=run, runs="subprocess",
+    Params=DistSmokeTestParams, Result=DistSmokeTestResult, run=echo_nccl_env(run), runs="subprocess",
     read_only=True, destructive=False, idempotent=True, open_world=False, timeout_s=900,
     gpu_devices=_gpus, metric=None,
     spans_nodes=True,  # reaches the cluster itself: the engine's node= option does not apply

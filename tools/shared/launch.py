@@ -21,7 +21,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Literal
 
+from pydantic import field_validator
+
 from . import slurm as _slurm
+from .nccl_env import check_nccl_env, nccl_env_field
 from .ranks import EVENT_PREFIX
 from ..engine.data import IMPORT_ROOT, PACKAGE
 from ..engine.spec import Field, Params
@@ -76,6 +79,12 @@ class RankLayout(Params):
         "host:port of the first node's c10d rendezvous, when started by hand on every node."))
     backend: Literal["auto", "nccl", "gloo"] = Field("auto", description=(
         "auto: NCCL when the ranks see GPUs, else gloo."))
+    nccl_env: dict[str, str] = nccl_env_field()
+
+    @field_validator("nccl_env")
+    @classmethod
+    def _allowed_nccl_env(cls, value: dict[str, str]) -> dict[str, str]:
+        return check_nccl_env(value)
 
 
 def parse_event(line: str) -> dict | None:
