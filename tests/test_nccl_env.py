@@ -13,6 +13,7 @@ from pydantic import ValidationError
 
 from tools.collective_bench import CollectiveBenchParams
 from tools.dist_smoke_test import SPEC as SMOKE, DistSmokeTestParams
+from tools.engine.runner import execute
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -50,7 +51,7 @@ def test_every_rank_sets_them_before_its_job_runs():
 def test_a_real_run_echoes_its_settings():
     params = DistSmokeTestParams(backend="gloo", nproc_per_node=2, numel=4096, alloc_mib=1,
                                  nccl_env={"NCCL_ALGO": "Ring", "NCCL_DEBUG": "WARN"})
-    result = SMOKE.run(params, lambda f, m: None)
+    result = execute(SMOKE, params)   # through the runner and its child process, as every call goes
     assert result.verdict == "ok", result.findings
     assert result.nccl_env == {"NCCL_ALGO": "Ring", "NCCL_DEBUG": "WARN"}
     assert "NCCL settings for this run: NCCL_ALGO=Ring, NCCL_DEBUG=WARN." in result.findings

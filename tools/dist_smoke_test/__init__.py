@@ -248,5 +248,8 @@ SPEC = ToolSpec(
     Params=DistSmokeTestParams, Result=DistSmokeTestResult, run=echo_nccl_env(run), runs="subprocess",
     read_only=True, destructive=False, idempotent=True, open_world=False, timeout_s=900,
     gpu_devices=_gpus, metric=None,
+    # doctor: a one-node smoke test, on CPU too (2 gloo ranks, ~6 s): the launcher, torchrun and the
+    # rank side channel work here.
+    doctor=lambda ctx: {"pg_timeout_s": 30, "numel": 4096, "alloc_mib": 1, "nnodes": 1}, doctor_order=40,
     spans_nodes=True,  # reaches the cluster itself: the engine's node= option does not apply
 )

@@ -12,6 +12,7 @@ numbers, `^=` prefixes, comma lists), never a path. Variables that load code or 
 are refused: a prompt-injected agent could point them anywhere.
 """
 
+import functools
 import re
 
 from ..engine.spec import Field
@@ -61,6 +62,7 @@ def settings_finding(settings: dict[str, str]) -> list[str]:
 
 def echo_nccl_env(run):
     """Wrap a distributed tool's run(): its result says which NCCL settings the run had, on every way out."""
+    @functools.wraps(run)   # keeps run.__module__: the runner finds the tool's spec through it
     def wrapped(params, progress):
         result = run(params, progress)
         if params.nccl_env and result.job is None:
