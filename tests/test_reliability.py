@@ -724,3 +724,36 @@ async def test_results_history_survives_bad_rows_and_pages_its_rows(mleng_home):
     assert not {r["id"] for r in first["rows"]} & {r["id"] for r in second["rows"]}
     assert any("offset=10" in f for f in first["findings"])
     assert all(r["started"] < "2100" for r in first["rows"])
+
+
+def test_rows_stored_before_the_caps_are_cut_once(mleng_home):
+    from tools.engine import store
+
+    big = json.dumps({"text": "x" * 2_000_000})
+    _insert_raw(mleng_home, [("log_triage", "n1", time.time(), big, big, big, None, None, "[]", "[]")])
+    with sqlite3.connect(mleng_home / "results.sqlite3") as db:
+        db.execute("PRAGMA user_version = 0")
+    store.connect().close()
+    params, key, result = (_stored(mleng_home, c)[0] for c in ("params", "params_key", "result"))
+    assert max(len(params), len(key)) < store.MAX_STORED_PARAMS_CHARS + 3000 and len(result) <= MAX_RESULT_CHARS
+    assert "Stored params cut" in params
+
+
+# --- fleet_sweep: hostile host lists (security review F11); hostile nodes: tests/test_fleet_sweep_hostile.py
+
+@pytest.mark.parametrize("hosts, said", [
+    (["n[0-99999999]"], "expands to 100000000 names; at most 100000"),      # was 4.2 GB and 78 s, then MemoryError
+    (["n[0-99999]", "m[0-99999]"], "expands to 200000 names; at most 100000"),
+    (["n[9-1]"], "bad range '9-1'"),
+])
+async def test_a_host_list_is_bounded_before_it_is_expanded(tmp_path, monkeypatch, hosts, said):
+    if shutil.which("sinfo") is None:
+        pytest.skip("needs the SLURM client (sinfo) so that fleet_sweep takes the SLURM path")
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("")   # a SLURM client is configured: the host list is read, not refused up front
+    monkeypatch.setenv("SLURM_CONF", str(conf))
+    t0 = time.monotonic()
+    async with Client(build_server()) as c:
+        r = await c.call_tool("fleet_sweep", {"hosts": hosts, "checks": ["env_report"], "wait_s": 60})
+    assert r.is_error and "hosts: " in _text(r) and said in _text(r), _text(r)
+    assert time.monotonic() - t0 < 30

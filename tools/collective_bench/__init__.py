@@ -15,6 +15,7 @@ By hand:
 Which node or link is bad (knowledge://network/finding-the-bad-node.md):
     salloc -N 16 python -m tools.collective_bench --pattern pairwise      # rounds of N/2 two-node runs
     salloc -N 16 python -m tools.collective_bench --pattern bisect        # halves of a failing set
+    MLENG_COORD_SECRET=<the same per-run secret on every node> \
     python -m tools.collective_bench --pattern pairwise --hosts n1 n2 n3 n4 --node-rank K \
         --rdzv-endpoint n1:29400                                          # outside SLURM, on every node K
 """
@@ -33,7 +34,7 @@ from ..shared.launch import RankLayout, launch_ranks, layout, manual_start, plan
 from .isolation import IsolationReport
 from .models import BenchRow, OpSummary
 from .patterns import PatternFields, pattern_result
-from .report import draw_plot, format_table, human_size, judge, point_at
+from .report import draw_plot, format_table, gbps, human_size, judge, point_at
 from ..shared.expected_busbw import expected_busbw
 from ..engine.spec import SELF_TEST, Field, Result, ToolSpec, worst
 from ..engine.processes import local_gpu_count
@@ -115,7 +116,8 @@ def summarize_rows(rows: list[BenchRow], op: str, record: dict | None) -> OpSumm
     if record:
         point = point_at(record, peak.bytes)
         expected = point["busbw_gbps"] if point else record["busbw_gbps"]
-    return OpSummary(op=op, avg_busbw_gbps=round(sum(r.busbw_gbps for r in mine) / len(mine), 3),
+    avg = sum(r.busbw_gbps for r in mine) / len(mine)
+    return OpSummary(op=op, avg_busbw_gbps=float(f"{avg:.4g}"),  # significant digits: 0.0023 must not read 0.002
                      peak_busbw_gbps=peak.busbw_gbps, peak_bytes=peak.bytes, expected_busbw_gbps=expected,
                      ratio=round(peak.busbw_gbps / expected, 3) if expected else None)
 
@@ -151,7 +153,7 @@ def run(params: CollectiveBenchParams, progress) -> CollectiveBenchResult:
         if event["ev"] == "data" and event.get("kind") == "row":
             done[0] += 1
             progress(min(done[0] / steps, 0.99), f"{event['op']} {human_size(event['bytes'])}: "
-                                                  f"{event['busbw_gbps']:.1f} GB/s busbw")
+                                                  f"{gbps(event['busbw_gbps'])} GB/s busbw")
 
     progress(0.0, f"starting {world} ranks")
     t0 = time.monotonic()
@@ -214,10 +216,15 @@ def build_result(outcome, params: CollectiveBenchParams, nnodes: int, wall_s: fl
     result.verdict = worst(verdicts, default="info")
     result.findings = findings
     low = result.verdict in ("warn", "fail")
+    if nnodes > 1 and (low or result.expected_busbw_gbps is None):
+        findings.append(("busbw is below the expected figure: " if low else "No expected figure to judge against: if "
+                         "this is below what these nodes usually reach, ")
+                        + "collective_bench pattern=pairwise (or bisect, for a hang) names the node or link.")
     result.next = (["knowledge://network/busbw.md", "knowledge://network/expected-bandwidth.md"]
                    + (["gpu_topology", "p2p_bandwidth", "nccl_log_analyze"] if low else [])
                    # short between nodes: port counters, perftest, link flaps, NCCL's IB settings
-                   + (["knowledge://network/fabric-diagnosis.md"] if low and nnodes > 1 else []))
+                   + (["knowledge://network/fabric-diagnosis.md"] if low and nnodes > 1 else [])
+                   + (["knowledge://network/finding-the-bad-node.md"] if nnodes > 1 else []))
     if params.plot and rows:
         result.plot_png = _plot(rows, expected_by_op, world, gpu or "cpu", params)
     return result
@@ -239,8 +246,8 @@ def judge_ops(rows: list[BenchRow], accel_id: str | None, gpus_per_node: int, nn
         if text:
             findings.append(text + (f" ({note})" if note else ""))
         elif world > 1:
-            findings.append(f"{op}: peak busbw {summary.peak_busbw_gbps:.1f} GB/s at {human_size(summary.peak_bytes)}, "
-                            f"average {summary.avg_busbw_gbps:.1f} GB/s" + (f"; {note}." if note else "."))
+            findings.append(f"{op}: peak busbw {gbps(summary.peak_busbw_gbps)} GB/s at {human_size(summary.peak_bytes)}, "
+                            f"average {gbps(summary.avg_busbw_gbps)} GB/s" + (f"; {note}." if note else "."))
     return summaries, verdicts, findings, records
 
 

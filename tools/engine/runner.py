@@ -13,6 +13,7 @@ import contextlib
 import fcntl
 import json
 import signal
+import socket
 import threading
 import time
 
@@ -41,10 +42,12 @@ def deadline_message(spec: ToolSpec, timeout_s: float, killed: bool) -> str:
 
 def execute(spec: ToolSpec, params: Params, progress: Progress | None = None, *,
             timeout_s: float | None = None, cancel: threading.Event | None = None,
-            job_id: str | None = None, node: str | None = None) -> Result:
+            job_id: str | None = None, node: str | None = None, save: bool = True) -> Result:
     """Run `spec` with validated `params`; returns its Result (with result_id) or raises ToolFailure.
 
-    `node`: run the child on that SLURM node through srun (on_node.py); subprocess tools only."""
+    `node`: run the child on that SLURM node through srun (on_node.py); subprocess tools only.
+    save=False: the caller stores the result itself (a fleet sweep's node runs: the sweep stores them
+    under the node srun ran them on)."""
     progress = progress or (lambda fraction, message: None)
     cancel = cancel or threading.Event()
     timeout_s = timeout_s or spec.timeout_s
@@ -68,7 +71,7 @@ def execute(spec: ToolSpec, params: Params, progress: Progress | None = None, *,
         if node:
             result.findings.append(f"Ran on node {node} (host {child_prov.get('host', node)}) through srun.")
     result = bound_result(spec, result)   # what is answered and what is stored have one size limit
-    if spec.store:
+    if spec.store and save:
         result.result_id = store.save(
             spec.name, redact_data(params.model_dump(mode="json")), redact_data(result.model_dump(mode="json")),
             started=started, ended=time.time(), provenance=provenance, metric_name=spec.metric,
@@ -168,7 +171,9 @@ def _describe_exit(code: int | None) -> str:
 
 @contextlib.contextmanager
 def gpu_locks(devices: list[int], cancel: threading.Event, progress: Progress):
-    lock_dir = store.mleng_home() / "locks"
+    # Per host: $MLENG_HOME may be a home directory shared by every node, and flock on NFS locks
+    # cluster-wide; GPU 0 of one node is not GPU 0 of another.
+    lock_dir = store.mleng_home() / "locks" / socket.gethostname()
     lock_dir.mkdir(parents=True, exist_ok=True)
     held = []
     try:

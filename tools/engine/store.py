@@ -70,7 +70,45 @@ def connect() -> sqlite3.Connection:
     conn.row_factory = sqlite3.Row
     conn.execute("PRAGMA journal_mode=WAL")
     conn.executescript(SCHEMA)
+    if conn.execute("PRAGMA user_version").fetchone()[0] < CAPPED_VERSION:
+        _cap_old_rows(conn)
     return conn
+
+
+CAPPED_VERSION = 1   # PRAGMA user_version from which every row is within the caps below
+
+
+def _cap_old_rows(conn: sqlite3.Connection) -> None:
+    """Once per database: rows stored before the caps (a 45 MB pasted log in params) are cut to them.
+    Reading any column after a big one walks its overflow pages, so one such row slowed every query."""
+    conn.execute("BEGIN IMMEDIATE")       # one connection caps; the others wait, then find it done
+    if conn.execute("PRAGMA user_version").fetchone()[0] >= CAPPED_VERSION:
+        conn.rollback()
+        return
+    big = [r[0] for r in conn.execute(
+        "SELECT id FROM results WHERE length(params) > ? OR length(params_key) > ? OR length(result) > ?",
+        (MAX_STORED_PARAMS_CHARS + 3000, MAX_STORED_PARAMS_CHARS + 3000, MAX_RESULT_CHARS + 3000))]
+    for row_id in big:
+        params, result = conn.execute("SELECT params, result FROM results WHERE id = ?", (row_id,)).fetchone()
+        params, result = (_bounded(_loads(text), limit, is_params) for text, limit, is_params in
+                          ((params, MAX_STORED_PARAMS_CHARS, True), (result, MAX_RESULT_CHARS, False)))
+        conn.execute("UPDATE results SET params = ?, params_key = ?, result = ? WHERE id = ?",
+                     (json.dumps(params, default=str), params_key(params), json.dumps(result, default=str), row_id))
+    conn.execute(f"PRAGMA user_version = {CAPPED_VERSION}")
+    conn.commit()
+
+
+def _loads(text) -> dict:
+    value = _parsed(text)
+    return value if isinstance(value, dict) else {"unreadable": str(text)[:1000]}
+
+
+def _parsed(text):
+    """JSON text as stored, or None where it is not JSON (a row written by hand or cut by an old bug)."""
+    try:
+        return json.loads(text) if isinstance(text, str) else None
+    except (ValueError, RecursionError):
+        return None
 
 
 def _version(dist: str) -> str | None:
@@ -215,10 +253,7 @@ def count_bad_times(tool: str | None = None, host: str | None = None, gpu: str |
 
 
 def _json_list(text) -> list:
-    try:
-        value = json.loads(text) if isinstance(text, str) else None
-    except (ValueError, RecursionError):
-        return []
+    value = _parsed(text)
     return value if isinstance(value, list) else []
 
 

@@ -66,7 +66,7 @@ def run(params: FleetSweepParams, progress) -> FleetSweepResult:
 
     target = resolve(params, dict(os.environ))
     checks, notes = choose_checks(params)
-    job = {"checks": checks, "storage_path": params.storage_path}
+    job = {"checks": checks, "storage_path": params.storage_path, "deadline_s": params.deadline_s}
     launch = target.launch_nodes
     progress(0.0, f"{target.kind}: {len(target.nodes)} nodes, {len(launch)} launched; checks {', '.join(checks)}")
     stored, t0 = {}, time.monotonic()
@@ -120,7 +120,7 @@ def confirm_suspects(params, target, got, job: dict, left_s: float, progress):
     checks = sorted({o["check"] for o in agg["outliers"]}, key=job["checks"].index)
     progress(0.96, f"re-running {', '.join(checks)} on {len(suspects)} suspect node(s): {', '.join(suspects[:8])}")
     narrow = dataclasses.replace(target, nodes=suspects, skipped={})
-    return sweep(narrow, {**job, "checks": checks}, left_s, lambda row: None)
+    return sweep(narrow, {**job, "checks": checks, "deadline_s": left_s}, left_s, lambda row: None)
 
 
 SPEC = ToolSpec(

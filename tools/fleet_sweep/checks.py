@@ -1,7 +1,8 @@
-"""The per-node checks fleet_sweep runs, each through the existing tool's own run() (no copies).
+"""The per-node checks fleet_sweep runs, each through the existing tool itself (no copies).
 
 Tools are found through the engine (load_spec imports only that tool's module): a tool never
-imports another tool, and these run in the node's own process, which is already a child.
+imports another tool. Each runs through the runner as any call does (a child process, the GPU locks,
+its own timeout, capped by the sweep's deadline); the CPU probe runs in the node process.
 
 What a check contributes to the comparison across nodes is the tool's own typed contract
 (`ToolSpec.sweep`, tools/engine/figures.py): the figures with their unit, better direction and
@@ -52,19 +53,49 @@ def figure_row(m: Measured) -> dict:
             "expected": m.expected, "group": m.group}
 
 
+# When this node's part of the sweep must be over (time.monotonic()); node.py sets it from the job.
+deadline: float | None = None
+
+
+def set_deadline(at: float) -> None:
+    global deadline
+    deadline = at
+
+
 def is_sweep_process(proc) -> bool:
     """Another node process of a sweep by the same user (namespace test clusters put several on one
-    host): its load is the sweep's own, not another tenant's."""
-    return proc.uids().real == os.getuid() and any("fleet_sweep.node" in part for part in proc.cmdline())
+    host), or a tool child one started (checks run through the runner): its load is the sweep's own,
+    not another tenant's."""
+    if proc.uids().real != os.getuid():
+        return False
+    return any("fleet_sweep.node" in part for p in [proc, *proc.parents()[:3]] for part in p.cmdline())
 
 
 def run_tool(name: str, **params):
-    """(params as a dict, the tool's typed Result, its spec) of one tool's run() here."""
+    """(params as a dict, the tool's typed Result, its spec) of one tool's run here: through the runner
+    like any call, so it takes the GPU locks and stops at its own timeout or at the sweep's deadline,
+    whichever is first. Not stored here: the sweep stores the row under the node srun ran it on."""
+    import threading
+
     from ..engine.registry import load_spec
+    from ..engine.runner import Cancelled, execute
 
     spec = load_spec(name)
     validated = spec.Params(**params)
-    return validated.model_dump(mode="json"), spec.run(validated, _quiet), spec
+    left = spec.timeout_s if deadline is None else max(1.0, min(spec.timeout_s, deadline - time.monotonic()))
+    # The timeout counts from the start of the tool's child; a wait for a GPU lock held by another
+    # mleng run comes before it and ends only on cancel: cancel just after the timeout would pass.
+    stop = threading.Event()
+    cancel = threading.Timer(left + 0.5, stop.set)
+    cancel.daemon = True
+    cancel.start()
+    try:
+        result = execute(spec, validated, _quiet, timeout_s=left, cancel=stop, save=False)
+    except Cancelled as exc:
+        raise Cancelled(f"{name} stopped after {left:.0f} s, the time this node had left: {exc}") from None
+    finally:
+        cancel.cancel()
+    return validated.model_dump(mode="json"), result, spec
 
 
 def contract_row(name: str, params: dict, result, spec, busy: Occupancy | None = None) -> dict:
@@ -130,18 +161,20 @@ def check_cpu_probe() -> dict:
     return row
 
 
-def tool_check(name: str, occupancy: Callable[[], Occupancy] | None = None, **params) -> Callable[[], dict]:
-    """A tool with a sweep contract as a check; `occupancy` says who else was on the resource it
-    measures, just before and just after it (a holder that came or went mid-run counts)."""
+def tool_check(name: str, occupancy: Callable[..., Occupancy] | None = None, **params) -> Callable[[], dict]:
+    """A tool with a sweep contract as a check; `occupancy(after=...)` says who else was on the resource
+    it measures, just before and just after it (a holder that came or went mid-run counts)."""
     def check() -> dict:
-        before = occupancy() if occupancy else None
+        before = occupancy(after=False) if occupancy else None
         p, res, spec = run_tool(name, **params)
-        return contract_row(name, p, res, spec, before.merge(occupancy()) if occupancy else None)
+        return contract_row(name, p, res, spec, before.merge(occupancy(after=True)) if occupancy else None)
     return check
 
 
-def gpus_in_use() -> Occupancy:
-    return gpu_occupancy(ours=is_sweep_process)
+def gpus_in_use(after: bool) -> Occupancy:
+    """Just after a benchmark NVML's utilisation still averages our own finished child's work: then only
+    other processes on the GPU count."""
+    return gpu_occupancy(ours=is_sweep_process, count_utilisation=not after)
 
 
 def gpu_check(name: str, **params) -> Callable[[], dict]:
