@@ -13,11 +13,13 @@ import os
 import platform
 import socket
 import sqlite3
+import stat
 import sys
 from importlib import metadata
 from pathlib import Path
 
 from .bounds import MAX_RESULT_CHARS, bound_data
+from .redact import redact_data
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS results (
@@ -63,10 +65,44 @@ def mleng_home() -> Path:
     return Path(base) / "mleng"
 
 
+def _tighten(path: Path, mode: int) -> None:
+    """Our own file or folder gets `mode`; one another user owns is left alone (and not trusted by callers)."""
+    info = os.lstat(path)
+    if info.st_uid == os.geteuid() and stat.S_IMODE(info.st_mode) != mode and not stat.S_ISLNK(info.st_mode):
+        os.chmod(path, mode)
+
+
+def private_dir(*parts: str) -> Path:
+    """$MLENG_HOME (or a folder under it), created 0700; an existing one of ours is tightened to 0700.
+
+    Everything under it (results with log evidence and params, tokens, plots, dumps) is the owner's
+    only: on a shared login node the process umask (usually 022) would make it world-readable."""
+    path = mleng_home()
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)   # parents (~/.local/share) keep the umask's mode
+    _tighten(path, 0o700)
+    for part in parts:
+        path = path / part
+        path.mkdir(exist_ok=True, mode=0o700)
+        _tighten(path, 0o700)
+    return path
+
+
+def private_file(path: Path) -> Path:
+    """Create `path` empty with mode 0600 if missing (so a library that opens it later inherits the
+    mode: SQLite gives its -wal and -shm files the database's mode); an existing one of ours is tightened."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    os.close(fd)
+    _tighten(path, 0o600)
+    return path
+
+
 def connect() -> sqlite3.Connection:
-    home = mleng_home()
-    home.mkdir(parents=True, exist_ok=True)
-    conn = sqlite3.connect(home / "results.sqlite3", timeout=30)
+    home = private_dir()
+    db = private_file(home / "results.sqlite3")
+    for side in ("-wal", "-shm"):          # left by an older version with the umask's mode
+        if os.path.lexists(f"{db}{side}"):
+            _tighten(Path(f"{db}{side}"), 0o600)
+    conn = sqlite3.connect(db, timeout=30)
     conn.row_factory = sqlite3.Row
     conn.execute("PRAGMA journal_mode=WAL")
     conn.executescript(SCHEMA)
@@ -90,7 +126,7 @@ def _cap_old_rows(conn: sqlite3.Connection) -> None:
         (MAX_STORED_PARAMS_CHARS + 3000, MAX_STORED_PARAMS_CHARS + 3000, MAX_RESULT_CHARS + 3000))]
     for row_id in big:
         params, result = conn.execute("SELECT params, result FROM results WHERE id = ?", (row_id,)).fetchone()
-        params, result = (_bounded(_loads(text), limit, is_params) for text, limit, is_params in
+        params, result = (redact_data(_bounded(_loads(text), limit, is_params)) for text, limit, is_params in
                           ((params, MAX_STORED_PARAMS_CHARS, True), (result, MAX_RESULT_CHARS, False)))
         conn.execute("UPDATE results SET params = ?, params_key = ?, result = ? WHERE id = ?",
                      (json.dumps(params, default=str), params_key(params), json.dumps(result, default=str), row_id))
@@ -171,11 +207,13 @@ def params_key(params: dict) -> str:
 
 def save(tool: str, params: dict, result: dict, *, started: float, ended: float, provenance: dict,
          metric_name: str | None = None, job_id: str | None = None) -> int:
-    """Insert one result; returns its row id."""
+    """Insert one result, its secrets redacted here for every writer (the runner, fleet_sweep's node rows);
+    returns its row id."""
     metric_value = result.get(metric_name) if metric_name else None
     if not isinstance(metric_value, (int, float)) or isinstance(metric_value, bool):
         metric_value = None
     params, result = _bounded(params, MAX_STORED_PARAMS_CHARS, True), _bounded(result, MAX_RESULT_CHARS, False)
+    params, result = redact_data(params), redact_data(result)   # after the cap: a 45 MB paste is not scanned whole
     with connect() as conn:
         cur = conn.execute(
             "INSERT INTO results (tool, verdict, host, gpu_names, gpu_uuids, gpu_serials, driver, torch,"
