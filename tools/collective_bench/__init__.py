@@ -20,7 +20,6 @@ Which node or link is bad (knowledge://network/finding-the-bad-node.md):
         --rdzv-endpoint n1:29400                                          # outside SLURM, on every node K
 """
 
-import os
 import re
 import time
 from typing import ClassVar, Annotated, Literal
@@ -37,7 +36,7 @@ from .report import draw_plot, format_table, gbps, human_size, judge, point_at
 from ..shared.expected_busbw import expected_busbw
 from ..engine.spec import Field, Result, ToolSpec, worst
 from ..engine.processes import local_gpu_count
-from ..shared.safe_write import check_output, output_path
+from ..shared.safe_write import check_output, output_path, unique_name
 
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
@@ -249,7 +248,7 @@ def judge_ops(rows: list[BenchRow], accel_id: str | None, gpus_per_node: int, nn
 
 
 def _plot_target(params: CollectiveBenchParams):
-    name = f"collective_bench-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.png"
+    name = unique_name("collective_bench")
     return check_output(output_path(params.plot_path, "plots", name), overwrite=params.overwrite, field="plot_path")
 
 

@@ -231,7 +231,7 @@ def _bisect_evidence(finding, failed_detail: dict[tuple[int, ...], str]) -> str:
     return finding.evidence + (f"; last failing group: {last}" if last else "")
 
 
-def draw_heatmap(report: IsolationReport, path: str, title: str) -> str:
+def draw_heatmap(report: IsolationReport, path, title: str, overwrite: bool = False) -> str:
     """The busbw matrix as a heat map (PNG), suspects in the title; needs matplotlib."""
     import matplotlib
 
@@ -255,8 +255,6 @@ def draw_heatmap(report: IsolationReport, path: str, title: str) -> str:
     named = "; ".join(f"{s.kind} {'-'.join(s.nodes)}" for s in report.suspects) or "no suspect"
     ax.set_title(f"{title}\n{named}", fontsize=9)
     fig.tight_layout()
-    from pathlib import Path
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    from ..shared.safe_write import write_figure
+
+    return write_figure(fig, path, overwrite=overwrite)
