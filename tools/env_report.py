@@ -19,6 +19,7 @@ import subprocess
 import sys
 from importlib import metadata
 
+from .engine.redact import redact_data
 from .engine.spec import Field, Params, Result, ToolSpec
 from .shared import netstack
 
@@ -91,7 +92,8 @@ class EnvReportResult(Result):
     driver: str | None = Field(None, description="NVIDIA driver version (NVML).")
     driver_max_cuda: str | None = Field(None, description="Newest CUDA version this driver supports (NVML).")
     packages: dict[str, str] = Field(default_factory=dict, description="Versions of key ML packages present.")
-    env: dict[str, str] = Field(default_factory=dict, description="NCCL_*, TORCH_*, CUDA_*, PYTORCH_* and related variables.")
+    env: dict[str, str] = Field(default_factory=dict, description=(
+        "NCCL_*, TORCH_*, CUDA_*, PYTORCH_* and related variables; secret ones (tokens, keys, passwords) as [REDACTED]."))
     nccl_libraries: list[str] = Field(default_factory=list, description="libnccl copies found (pip packages, LD_LIBRARY_PATH, LD_PRELOAD).")
     dev_shm_gib: float | None = Field(None, description="Size of /dev/shm, GiB (binary); None when absent.")
     nccl_net_plugin: str | None = Field(None, description="The NCCL net plugin NCCL would load (NCCL_NET_PLUGIN, then libnccl-net*.so in the loader's search order) with its sha256 prefix, or why none.")
@@ -219,7 +221,7 @@ def run(params: EnvReportParams, progress) -> EnvReportResult:
         python=platform.python_version(), torch=probe.get("torch") or packages.get("torch"),
         torch_cuda=probe.get("cuda"), torch_hip=probe.get("hip"), cudnn=probe.get("cudnn"), nccl=probe.get("nccl"),
         cuda_available=probe.get("cuda_available"), gpu_count=probe.get("device_count"), driver=driver,
-        driver_max_cuda=driver_cuda, packages=packages, env=env, nccl_libraries=libs, dev_shm_gib=shm_gib,
+        driver_max_cuda=driver_cuda, packages=packages, env=redact_data(env), nccl_libraries=libs, dev_shm_gib=shm_gib,
         warnings=warnings, **_network_stack(vbios))
     stack = f"torch {result.torch or 'not installed'}"
     if result.torch_cuda:

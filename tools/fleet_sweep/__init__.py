@@ -56,14 +56,20 @@ class FleetSweepParams(Params):
         "Default: only env_report, gpu_health and nic_health, which do not disturb it; benchmarks there measure the "
         "job too and come back busy."))
     plot: bool = Field(True, description="Draw each figure's per-node values against the median to a PNG.")
-    plot_path: str | None = Field(None, max_length=4096, description="Where to write the PNG. Default: $MLENG_HOME/plots/.")
+    plot_path: str | None = Field(None, max_length=4096, description=(
+        "Where to write the PNG (relative: the caller's directory). Default: a new file in $MLENG_HOME/plots/. "
+        "Refused before the sweep if it is a symlink, FIFO or device, exists (unless overwrite), or its "
+        "directory is missing."))
+    overwrite: bool = Field(False, description="Replace plot_path if it already exists (default: refuse).")
 
 
 def run(params: FleetSweepParams, progress) -> FleetSweepResult:
-    from .report import build_result
+    from .report import build_result, plot_target
     from .sweep import sweep
     from .targets import resolve
 
+    if params.plot:
+        plot_target(params)    # a bad plot_path fails now, not after every node ran its checks
     target = resolve(params, dict(os.environ))
     checks, notes = choose_checks(params)
     job = {"checks": checks, "storage_path": params.storage_path, "deadline_s": params.deadline_s}
@@ -120,7 +126,7 @@ def confirm_suspects(params, target, got, job: dict, left_s: float, progress):
     checks = sorted({o["check"] for o in agg["outliers"]}, key=job["checks"].index)
     progress(0.96, f"re-running {', '.join(checks)} on {len(suspects)} suspect node(s): {', '.join(suspects[:8])}")
     narrow = dataclasses.replace(target, nodes=suspects, skipped={})
-    return sweep(narrow, {**job, "checks": checks}, left_s, lambda row: None)
+    return sweep(narrow, {**job, "checks": checks, "deadline_s": left_s}, left_s, lambda row: None)
 
 
 SPEC = ToolSpec(

@@ -158,18 +158,20 @@ def check_cpu_probe() -> dict:
     return row
 
 
-def tool_check(name: str, occupancy: Callable[[], Occupancy] | None = None, **params) -> Callable[[], dict]:
-    """A tool with a sweep contract as a check; `occupancy` says who else was on the resource it
-    measures, just before and just after it (a holder that came or went mid-run counts)."""
+def tool_check(name: str, occupancy: Callable[..., Occupancy] | None = None, **params) -> Callable[[], dict]:
+    """A tool with a sweep contract as a check; `occupancy(after=...)` says who else was on the resource
+    it measures, just before and just after it (a holder that came or went mid-run counts)."""
     def check() -> dict:
-        before = occupancy() if occupancy else None
+        before = occupancy(after=False) if occupancy else None
         p, res, spec = run_tool(name, **params)
-        return contract_row(name, p, res, spec, before.merge(occupancy()) if occupancy else None)
+        return contract_row(name, p, res, spec, before.merge(occupancy(after=True)) if occupancy else None)
     return check
 
 
-def gpus_in_use() -> Occupancy:
-    return gpu_occupancy(ours=is_sweep_process)
+def gpus_in_use(after: bool) -> Occupancy:
+    """Just after a benchmark NVML's utilisation still averages our own finished child's work: then only
+    other processes on the GPU count."""
+    return gpu_occupancy(ours=is_sweep_process, count_utilisation=not after)
 
 
 def gpu_check(name: str, **params) -> Callable[[], dict]:

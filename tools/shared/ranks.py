@@ -10,8 +10,10 @@ hung (torchrun reports every rank it killed as -15, the hung one included).
 
 Events: start (rank, host, pid), stage (entering a named stage), data (a job's payload), error
 (a Python exception, with the stage it was raised in), terminated (SIGTERM from torchrun/the
-launcher: this rank was a bystander), done. A rank that vanishes without done/error/terminated crashed
-(abort, segfault, os._exit, OOM kill) at its last stage.
+launcher: this rank was a bystander), done, and beat (every HEARTBEAT_S from a thread of its own, while
+the main thread may sit in a collective): a rank whose beats stop while the others' go on is frozen
+(SIGSTOP, a cgroup freezer, a stalled node), not waiting on a peer. A rank that vanishes without
+done/error/terminated crashed (abort, segfault, os._exit, OOM kill) at its last stage.
 
 Only the standard library is imported at module level; torch is imported inside the jobs, after
 the start event, so that a rank stuck importing torch is visible as such.
@@ -27,7 +29,8 @@ import time
 
 from .sidechannel import Refused, emit
 
-EVENTS = ("start", "stage", "data", "error", "terminated", "done")
+EVENTS = ("start", "stage", "data", "error", "terminated", "done", "beat")
+HEARTBEAT_S = 1.0  # gloo and NCCL waits release the GIL, so the beat thread runs while a collective waits
 
 
 class RankReporter:
@@ -94,11 +97,22 @@ def _watch_sigterm(reporter: RankReporter) -> None:
     threading.Thread(target=wait_for_term, name="mleng-sigterm", daemon=True).start()
 
 
+def _beat(reporter: RankReporter) -> None:
+    """A heartbeat on the side channel until the process ends (a daemon thread)."""
+    def beat():
+        while True:
+            time.sleep(HEARTBEAT_S)
+            reporter.emit("beat")
+
+    threading.Thread(target=beat, name="mleng-beat", daemon=True).start()
+
+
 def run_rank(job, params: dict) -> int:
     """Run `job(reporter, params)` as this rank, reporting start, errors and done on the side channel."""
     reporter = RankReporter()
     _watch_sigterm(reporter)
     reporter.emit("start", argv=sys.argv[1:2])
+    _beat(reporter)
     try:
         job(reporter, params)
     except BaseException as exc:  # report everything, including SystemExit from a library

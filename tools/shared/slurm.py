@@ -38,7 +38,7 @@ from dataclasses import dataclass
 __all__ = [
     "SlurmError", "failures_as_tool_failure", "in_allocation", "allocation_nodes", "allocation_head_address", "job_allocation_env", "expand_hostlist",
     "hostlist_size", "MAX_HOSTS", "SrunTasks", "srun_tasks_line",
-    "srun_torchrun_command", "split_labelled_output", "client_configured", "run_cmd", "json_or_none", "parse_kv_line",
+    "srun_torchrun_command", "rdzv_is_host", "launch_failures", "split_labelled_output", "client_configured", "run_cmd", "json_or_none", "parse_kv_line",
     "parse_exit_code", "decode_wait_status", "parse_duration_s", "format_duration",
     "explain_pending_reason", "explain_state", "signal_name",
 ]
@@ -170,15 +170,37 @@ def allocation_head_address(env: dict | None = None) -> str:
 RDZV_IS_HOST = "--rdzv-conf=is_host=$(( SLURM_PROCID == 0 ))"
 
 
+def rdzv_is_host(node: str) -> str:
+    """torchrun option, expanded by each task's shell: the task on `node` (the node whose address every
+    task dials) hosts the c10d store. Not SLURM_PROCID 0: SLURM starts task 0 on the first node in ITS
+    order, which for a --nodelist step need not be the node we chose (a bisect group [mln8, mln3] put
+    the store on mln3 while everyone dialled mln8, hung, and a healthy node was named)."""
+    if not re.fullmatch(r"[A-Za-z0-9_.\-]+", node):
+        raise ValueError(f"rdzv node: {node!r} is not a SLURM node name (letters, digits, '_', '.', '-')")
+    # SLURMD_NODENAME is set in every task's environment (srun(1), OUTPUT ENVIRONMENT VARIABLES)
+    return f'--rdzv-conf=is_host=$([ "${{SLURMD_NODENAME:-}}" = {node} ] && echo 1 || echo 0)'
+
+
+# Each task's torchrun gets a private TMPDIR, removed when the task ends (normally or on srun's SIGTERM):
+# torchelastic writes a torchelastic_* folder there per run and never removes it (56 per 8-node pairwise
+# run were left in the nodes' /tmp). A SIGKILLed task still leaves it: nothing runs after SIGKILL.
+_SCRATCH = ('d=$(mktemp -d "${TMPDIR:-/tmp}/mleng-ranks-XXXXXX") || exit 1; '
+            'trap \'rm -rf "$d"\' EXIT; trap \'exit 143\' TERM INT HUP; export TMPDIR="$d"; ')
+
+
 def srun_torchrun_command(module_args: list[str], nnodes: int, nproc_per_node: int,
                           rdzv_port: int = 29500, *, rdzv_host: str | None = None,
                           python: str | None = None, extra_srun: list[str] | None = None,
-                          env: dict | None = None, job_id: str | None = None) -> list[str]:
+                          env: dict | None = None, job_id: str | None = None,
+                          rdzv_node: str | None = None) -> list[str]:
     """argv for srun that starts one torchrun per node running `python -m <module_args...>`.
 
     `module_args` is ["tools.dist_smoke_test", "--json", ...] (module first). The rendezvous is c10d
     at `rdzv_host` (default: the first allocation node's address) : `rdzv_port`, id = the job id.
-    The per-node part runs under `bash -c` so `$SLURM_PROCID` expands in each task, not here.
+    `rdzv_node`: the SLURM name of the node at `rdzv_host`; its task hosts the store (default: the
+    task with SLURM_PROCID 0, which is the first allocation node when the step spans the allocation).
+    The per-node part runs under `bash -c` so `$SLURM_PROCID` expands in each task, not here, inside
+    a scratch TMPDIR of its own that is removed when the task ends.
     `job_id`: run inside that (running) job's allocation instead of our own (`srun --jobid --overlap`,
     so it shares the nodes with the job's own steps).
     """
@@ -199,9 +221,19 @@ def srun_torchrun_command(module_args: list[str], nnodes: int, nproc_per_node: i
     if python:
         cmd[0] = python
     split = cmd.index("-m", 3)  # the tool's "-m module" (the first -m is torch.distributed.run)
-    per_node = shlex.join(cmd[:split]) + f" {RDZV_IS_HOST} " + shlex.join(cmd[split:])
+    is_host = rdzv_is_host(rdzv_node) if rdzv_node else RDZV_IS_HOST
+    per_node = _SCRATCH + shlex.join(cmd[:split]) + f" {is_host} " + shlex.join(cmd[split:])
     return ["srun", f"--nodes={nnodes}", f"--ntasks={nnodes}", "--ntasks-per-node=1",
             "--kill-on-bad-exit=1", "--label", *(extra_srun or []), "bash", "-c", per_node]
+
+
+_LAUNCH_FAILED = re.compile(r"[Tt]ask launch for \S+ failed on node ([A-Za-z0-9_.\-]+):\s*([^\n]*)")
+
+
+def launch_failures(stderr: str) -> dict[str, str]:
+    """{node: srun's reason} from srun's own "Task launch for StepId=53.0 failed on node mln5: Socket timed
+    out on send/recv operation": the node srun could not start a task on (frozen, slurmd dead, unreachable)."""
+    return {m.group(1): m.group(2).strip() or "task launch failed" for m in _LAUNCH_FAILED.finditer(stderr)}
 
 
 @dataclass(frozen=True)
