@@ -4,7 +4,7 @@ The rule, for synchronous data parallel (every rank meets the others in a collec
 ranks run at the pace of the slowest, so the slowest is the rank that waits least while the others wait
 in collectives. Per rank, its own-work share = 1 - (share of samples waiting in a collective). A rank is
 a straggler when its own-work share exceeds the median of the OTHER ranks' by more than
-max(margin, k x spread) (the one verdict rule of issue 24; knowledge/data/straggler_rules.toml), and the
+max(margin, k x spread) (the one verdict rule: shared/judging.py, figure own_work_share), and the
 others wait at least `min_others_wait` of the window (otherwise nobody is held back). When every rank
 waits in collectives most of the time and one node's links are shaped or retransmitting, that node is
 named for the network. When the spread of the healthy ranks is too wide to resolve the margin, the
@@ -17,23 +17,21 @@ from dataclasses import dataclass, field
 
 from .models import GpuSample, NodeReport, NodeSample, RankSample, Straggler
 from ..engine.data import load_data
+from ..shared.judging import FigureRule, deficit, is_inconclusive, relative_spread, rule_for, threshold
 
 MIN_SAMPLES = 10
 
 
 @dataclass(frozen=True)
 class Rules:
-    margin: float
-    k: float
-    spread: float
+    share: FigureRule          # own_work_share in verdict_rules.toml
     min_others_wait: float
     reason: dict
 
     @classmethod
     def load(cls) -> "Rules":
         table = load_data("straggler_rules")
-        share = table["figure"]["own_work_share"]
-        return cls(margin=share["margin"], k=share["k"], spread=share["spread"],
+        return cls(share=rule_for("own_work_share"),
                    min_others_wait=table["figure"]["peer_wait_share"]["min_others_wait"], reason=table["reason"])
 
 
@@ -44,16 +42,6 @@ class Judgement:
     spread: float | None = None
     threshold: float | None = None
     inconclusive: bool = False
-
-
-def relative_spread(values: list[float]) -> float:
-    """Median absolute deviation / median, scaled to a standard deviation (x1.4826): one outlier moves it little."""
-    if len(values) < 2:
-        return 0.0
-    mid = statistics.median(values)
-    if mid <= 0:
-        return 0.0
-    return 1.4826 * statistics.median(abs(v - mid) for v in values) / mid
 
 
 def own_work(r: RankSample) -> float:
@@ -76,8 +64,7 @@ def _stands_out(r: RankSample, ranks: list[RankSample], rules: Rules) -> tuple[f
     others = [own_work(o) for o in _others(ranks, r)]
     ref = statistics.median(others)
     spread = max(relative_spread(others), _sampling_error(ref, min(o.samples for o in _others(ranks, r))))
-    threshold = max(rules.margin, rules.k * spread)
-    return (own_work(r) - ref) / ref if ref > 0 else math.inf, threshold, spread
+    return deficit(own_work(r), ref, "lower") if ref > 0 else math.inf, threshold(rules.share, spread), spread
 
 
 def judge(reports: list[NodeReport], rules: Rules) -> Judgement:
@@ -100,8 +87,8 @@ def _compare(ranks, nodes, gpus, rules: Rules, out: Judgement) -> None:
                   and statistics.median(o.fractions.get("collective", 0) for o in _others(ranks, r)) >= rules.min_others_wait]
     healthy = [own_work(r) for r in ranks if r not in [c for c, _ in candidates]]
     out.spread = relative_spread(healthy)
-    out.threshold = max(rules.margin, rules.k * out.spread)
-    if rules.k * out.spread > 2 * rules.margin:
+    out.threshold = threshold(rules.share, out.spread)
+    if is_inconclusive(healthy, rules.share):
         out.inconclusive = True
         return
     if candidates and len(candidates) <= len(ranks) // 2:
