@@ -67,6 +67,25 @@ def _stands_out(r: RankSample, ranks: list[RankSample], rules: Rules) -> tuple[f
     return deficit(own_work(r), ref, "lower") if ref > 0 else math.inf, threshold(rules.share, spread), spread
 
 
+def _in_every_part(r: RankSample, ranks: list[RankSample], rules: Rules) -> bool:
+    """Whether r stands out in each consecutive part of the window too (a steady straggler, not a blip)."""
+    for i, mine in enumerate(r.part_fractions):
+        others = [o for o in _others(ranks, r) if len(o.part_fractions) > i]
+        if not others:
+            return True
+        shares = [1 - o.part_fractions[i].get("collective", 0) for o in others]
+        ref = statistics.median(shares)
+        samples = min([o.part_samples[i] for o in others if len(o.part_samples) > i] or [1])
+        spread = max(relative_spread(shares), _sampling_error(ref, samples))
+        waiting = statistics.median(o.part_fractions[i].get("collective", 0) for o in others)
+        own = 1 - mine.get("collective", 0)
+        # Others that only waited in this part (ref 0) are held back by any rank that worked.
+        short = deficit(own, ref, "lower") if ref > 0 else (math.inf if own > rules.share.margin else 0.0)
+        if waiting < rules.min_others_wait or short <= threshold(rules.share, spread):
+            return False
+    return True
+
+
 def judge(reports: list[NodeReport], rules: Rules) -> Judgement:
     ranks = [r for rep in reports for r in rep.ranks if not r.error and r.samples >= MIN_SAMPLES]
     nodes = {rep.host: rep.node for rep in reports}
@@ -92,8 +111,13 @@ def _compare(ranks, nodes, gpus, rules: Rules, out: Judgement) -> None:
         out.inconclusive = True
         return
     if candidates and len(candidates) <= len(ranks) // 2:
-        for r, _ in sorted(candidates, key=lambda c: -c[1]):
+        steady = [(r, d) for r, d in candidates if _in_every_part(r, ranks, rules)]
+        for r, _ in sorted(steady, key=lambda c: -c[1]):
             out.stragglers.append(_named(r, ranks, nodes.get(r.host), gpus, rules))
+        for r, _ in (c for c in candidates if c not in steady):
+            out.findings.append(f"Rank {r.rank} on {r.host} worked longer than the others over the window but not in "
+                                "every third of it: a passing slowdown (another process on the host, a burst of "
+                                "I/O), not named; sample again if it persists.")
         return
     _network(ranks, nodes, rules, out)
 
@@ -196,7 +220,9 @@ def _network(ranks: list[RankSample], nodes: dict[str, NodeSample], rules: Rules
     retrans = {h: n.tcp_retrans_per_s or 0.0 for h, n in nodes.items()}
     for host, node in nodes.items():
         rest = [v for h, v in retrans.items() if h != host]
-        noisy = retrans[host] > 1.0 and retrans[host] > 5 * (statistics.median(rest) if rest else 0)
+        # Retransmits name a node only when they are many and far above the rest: a busy host drops a few.
+        noisy = retrans[host] >= rules.reason["retrans_per_s_min"] and retrans[host] > 5 * max(
+            1.0, statistics.median(rest) if rest else 0)
         if not node.shaped_links and not noisy:
             continue
         for r in (x for x in ranks if x.host == host):
