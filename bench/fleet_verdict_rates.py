@@ -74,6 +74,25 @@ def spreads(runs: list[dict], include_busy: bool) -> dict[str, float | None]:
     return out
 
 
+def counterfactual(runs: list[dict]) -> dict[str, int]:
+    """Runs that would have named a healthy node from the same cpu_probe figures under (a) the rule
+    before issue 24 (20% below the fleet median, busy or not) and (b) the one rule with busy figures
+    judged too (first pass, before any re-run): what the busy exclusion and the re-run save."""
+    from tools.fleet_sweep.aggregate import aggregate
+
+    old = one_rule = 0
+    for run in runs:
+        rows = [{"node": node, "check": "cpu_probe", "verdict": "info", "busy": {"busy": False},
+                 "figures": [{"name": name, "value": figs[name], "unit": "", "better": "higher", "gpu": None,
+                              "expected": None, "group": ""} for name in ("matmul_gflops", "copy_gbps")]}
+                for node, figs in run["figures"].items()]
+        values = {name: [r["figures"][i]["value"] for r in rows] for i, name in enumerate(("matmul_gflops", "copy_gbps"))}
+        medians = {name: statistics.median(v) for name, v in values.items() if len(v) >= 3}
+        old += any(v < 0.8 * medians[name] for name, vs in values.items() if name in medians for v in vs)
+        one_rule += bool(aggregate(rows, list(run["figures"]), {}, {})["outliers"])
+    return {"old_20pct_rule": old, "one_rule_busy_judged_before_rerun": one_rule}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nodes", type=int, default=8)
@@ -82,7 +101,11 @@ def main() -> int:
     ap.add_argument("--checks", nargs="+", default=CHECKS)
     ap.add_argument("--quota-pct", type=int, default=10, help="the faulty node's CPU cap, %% of one core")
     ap.add_argument("--json", help="write every run here too")
+    ap.add_argument("--from-json", help="print the summary of a saved run (no cluster)")
     args = ap.parse_args()
+    if args.from_json:
+        saved = json.loads(Path(args.from_json).read_text())
+        return summary(args, saved["healthy"], saved["faulty"])
     bad = f"mln{args.nodes}"
     lock = open("/tmp/mln-cluster.session.lock", "w")
     fcntl.flock(lock, fcntl.LOCK_EX)
@@ -116,16 +139,25 @@ def main() -> int:
         cluster("stop")
         lock.close()
         shutil.rmtree(home, ignore_errors=True)
+    return summary(args, healthy, faulty)
+
+
+def summary(args, healthy: list[dict], faulty: list[dict]) -> int:
+    bad = f"mln{args.nodes}"
     false_pos = sum(bool(r["drained"]) for r in healthy)
-    bound = [r for r in faulty if r["quota_bound"] >= 0.5]
+    # a faulty run can be judged only when the cap bound and the node and >= 3 peers were not busy
+    bound = [r for r in faulty if r["quota_bound"] >= 0.5 and not r["figures"].get(bad, {}).get("busy")
+             and sum(not f["busy"] for node, f in r["figures"].items() if node != bad) >= 3]
     hits = sum(r["drained"] == [bad] for r in bound)
     print(f"\nRATES nodes={args.nodes} hog=1 core in the head namespace")
     print(f"  healthy runs: {len(healthy)}; naming a culprit (false positive): {false_pos}; inconclusive: "
           f"{sum(bool(r['inconclusive']) for r in healthy)}; with busy rows: {sum(bool(r['busy_rows']) for r in healthy)}; "
           f"suspects cleared by the re-run: {sum(s[2] == 'not repeated' for r in healthy for s in r['suspects'])}")
-    print(f"  faulty runs ({bad} at {args.quota_pct}% of a core): {len(faulty)}; quota bound (>= 50% of periods): {len(bound)}; "
+    print(f"  faulty runs ({bad} at {args.quota_pct}% of a core): {len(faulty)}; judged (cap bound in >= 50% of "
+          f"periods, not busy): {len(bound)}; "
           f"{bad} drained alone: {hits}; missed: {len(bound) - hits}")
     print(f"  false-positive rate {false_pos}/{len(healthy)}; miss rate {len(bound) - hits}/{len(bound)}")
+    print(f"  the same healthy figures, runs naming a healthy node: {json.dumps(counterfactual(healthy))}")
     both = {"quiet": spreads(healthy, False), "all": spreads(healthy, True)}
     print(f"SPREAD per node over the healthy runs (1.4826 x MAD / median), median over nodes: not busy "
           f"{json.dumps(both['quiet'])}; busy included {json.dumps(both['all'])}")

@@ -5,8 +5,8 @@ import tomllib
 import pytest
 
 from tools.collective_bench.rank import bandwidths, busbw_factor, round_size, size_sweep
-from tools.collective_bench import (SPEC, CollectiveBenchParams, OpSummary, expected_busbw, judge,
-                                    parse_size)
+from tools.collective_bench import (SPEC, BenchRow, CollectiveBenchParams, OpSummary, expected_busbw, judge,
+                                    parse_size, summarize_rows)
 from tools.engine.data import KNOWLEDGE_DIR
 
 
@@ -153,3 +153,14 @@ def test_one_gpu_is_never_judged_against_a_multi_gpu_figure():
                           CollectiveBenchParams(plot=False), 1, 5.0)
     assert result.verdict == "info" and result.expected_busbw_gbps is None
     assert "at least 2 ranks" in result.findings[0]
+
+
+def test_small_bandwidths_keep_their_significant_digits():
+    """Review F5: 0.0235 and 0.0023 GB/s (a 5-50x drop) both printed as '0.0 GB/s'."""
+    from tools.collective_bench.report import gbps
+
+    assert [gbps(v) for v in (0.0235, 0.0023, 0.116, 1.07, 376.0, 3761.2)] == ["0.0235", "0.0023", "0.116", "1.07",
+                                                                               "376", "3761"]
+    rows = [BenchRow(op="all_reduce", bytes=b, count=b // 4, dtype="float32", time_us=1.0, algbw_gbps=0.0,
+                     busbw_gbps=bw, wrong=0) for b, bw in ((1 << 15, 0.0011), (1 << 21, 0.0023))]
+    assert summarize_rows(rows, "all_reduce", None).avg_busbw_gbps == 0.0017

@@ -109,20 +109,26 @@ STUCK_JOB = textwrap.dedent("""
 """)
 
 
-def test_hang_stack_dump_through_srun_names_the_odd_node(multinode_cluster, tmp_path_factory):  # noqa: F811
-    # Not under tmp_path: its name holds "hang_stack_dump", and the tool never dumps processes named so.
-    tmp_path = tmp_path_factory.mktemp("stuckjob")
+def submit_stuck_job(cluster, tmp_path_factory, name: str):
+    """(job id, script, folder) of a 4-node STUCK_JOB, once three ranks wait in all_reduce and mln3's is in
+    load_next_batch. Not under tmp_path: its name holds "hang_stack_dump", and the tool never dumps
+    processes named so."""
+    tmp_path = tmp_path_factory.mktemp(name)
     script = tmp_path / "stuck.py"
     script.write_text(STUCK_JOB)
-    job = multinode_cluster.cmd("sbatch", "--parsable", "-N4", "--ntasks-per-node=1", "--time=5",
-                                f"--output={tmp_path}/job.out", "--wrap",
-                                f"srun {sys.executable} {script}").stdout.strip().split(";")[0]
+    job = cluster.cmd("sbatch", "--parsable", "-N4", "--ntasks-per-node=1", "--time=5", f"--output={tmp_path}/job.out",
+                      "--wrap", f"srun {sys.executable} {script}").stdout.strip().split(";")[0]
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        if os.path.exists(f"{tmp_path}/job.out") and open(f"{tmp_path}/job.out").read().count("ready") == 3:
+            break
+        time.sleep(0.5)
+    return job, script, tmp_path
+
+
+def test_hang_stack_dump_through_srun_names_the_odd_node(multinode_cluster, tmp_path_factory):  # noqa: F811
+    job, script, tmp_path = submit_stuck_job(multinode_cluster, tmp_path_factory, "stuckjob")
     try:
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:  # three ranks in all_reduce, one in load_next_batch
-            if os.path.exists(f"{tmp_path}/job.out") and open(f"{tmp_path}/job.out").read().count("ready") == 3:
-                break
-            time.sleep(0.5)
         time.sleep(2)
         env = {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"}
         proc = subprocess.run([sys.executable, "-m", "tools.hang_stack_dump", "--slurm-job-id", job, "--all-nodes",
@@ -134,3 +140,85 @@ def test_hang_stack_dump_through_srun_names_the_odd_node(multinode_cluster, tmp_
     assert result["odd_nodes"] == ["mln3"], result["findings"]
     assert "load_next_batch" in " ".join(result["findings"]) and "mln3" in " ".join(result["findings"])
     assert sorted(result["hosts"]) == ["mln1", "mln2", "mln3", "mln4"]
+
+
+def _gloo_mesh_up(cluster, node: str, pid: int, peers: int) -> bool:
+    """The rank's node has `peers` or more established TCP connections to the other nodes (gloo's mesh)."""
+    try:
+        with open(f"/proc/{pid}/net/tcp") as f:  # the table of the node's network namespace
+            rows = [line.split() for line in f.readlines()[1:]]
+    except OSError:
+        return False
+    mine = cluster.address(node)
+    me = "".join(f"{int(x):02X}" for x in reversed(mine.split(".")))
+    return sum(r[3] == "01" and r[1].startswith(me) and not r[2].startswith(me) for r in rows) >= peers
+
+
+def freeze_when_meshed(cluster, node: str, module: bytes, stopped: list, settle_s: float = 1.0):
+    """A watcher thread: SIGSTOP the node's rank once its collectives run (mesh up), as review case 5b did."""
+    import threading
+
+    def watch():
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and not stopped:
+            for pid in pids_running(cluster, node, module):
+                if _gloo_mesh_up(cluster, node, pid, peers=3):
+                    time.sleep(settle_s)
+                    os.kill(pid, signal.SIGSTOP)
+                    stopped.append(pid)
+            time.sleep(0.1)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_collective_bench_names_the_rank_frozen_mid_sweep(multinode_cluster):  # noqa: F811
+    """Review 5b: mln3's rank SIGSTOPped mid-sweep was blamed on 'the communication path' (2 runs of 2)."""
+    stopped: list[int] = []
+    watcher = freeze_when_meshed(multinode_cluster, "mln3", b"tools.collective_bench.rank", stopped)
+    result = tool(multinode_cluster, "tools.collective_bench", "--backend", "gloo", "--nproc-per-node", "1",
+                  "--min-bytes", "1M", "--max-bytes", "64M", "--iters", "20", "--pg-timeout-s", "30", "--no-plot",
+                  timeout=400)
+    watcher.join()
+    assert stopped, "mln3's rank never meshed"
+    text = " ".join(result["findings"])
+    assert result["verdict"] == "fail" and len(result["culprit_ranks"]) == 1, result["findings"]
+    assert "(mln3" in text and "frozen" in text and "communication path" not in text, result["findings"]
+
+
+def test_dist_smoke_names_the_node_srun_could_not_start_a_task_on(multinode_cluster):  # noqa: F811
+    """Review 5g: a node frozen before the run (its slurmd stopped here): srun says 'Task launch ... failed on
+    node mln3'; the answer quoted srun lines about healthy nodes and said 'No rank on mln1, ..., mln4'."""
+    slurmd = multinode_cluster.slurmd_pid("mln3")
+    os.kill(slurmd, signal.SIGSTOP)
+    try:
+        result = tool(multinode_cluster, "tools.dist_smoke_test", "--backend", "gloo", "--nproc-per-node", "1",
+                      "--pg-timeout-s", "20", timeout=400)
+    finally:
+        os.kill(slurmd, signal.SIGCONT)
+    text = " ".join(result["findings"])
+    assert result["verdict"] == "fail" and "node mln3" in result["findings"][1], result["findings"]
+    assert "No rank on mln1" not in text, result["findings"]
+
+
+def test_hang_stack_dump_reports_the_stopped_rank_and_why(multinode_cluster, tmp_path_factory):  # noqa: F811
+    """Review 5e: mln3's rank SIGSTOPped in a running job; the answer was 'info' without mln3, and said
+    'another tracer is attached'. Here every rank waits in all_reduce except mln3's, which is stopped."""
+    job, script, tmp_path = submit_stuck_job(multinode_cluster, tmp_path_factory, "stoppedjob")
+    try:
+        victims = [p for p in multinode_cluster.node_pids("mln3")
+                   if str(script).encode() in open(f"/proc/{p}/cmdline", "rb").read()]
+        for pid in victims:
+            os.kill(pid, signal.SIGSTOP)
+        env = {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"}
+        proc = subprocess.run([sys.executable, "-m", "tools.hang_stack_dump", "--slurm-job-id", job, "--all-nodes",
+                               "--json"], capture_output=True, text=True, timeout=200, cwd=REPO, env=env)
+        assert "{" in proc.stdout, proc.stderr[:3000]
+        result = json.loads(proc.stdout[proc.stdout.index("{"):])
+    finally:
+        multinode_cluster.cmd("scancel", job, check=False)
+    assert victims
+    assert result["verdict"] == "warn" and "mln3" in result["odd_nodes"], result["findings"]
+    assert "stopped (state T" in result["findings"][0] and "mln3" in result["findings"][0], result["findings"]
+    assert "another tracer" not in " ".join(result["findings"])

@@ -7,7 +7,7 @@ import psutil
 import pytest
 
 from tools.shared.culprits import diagnose
-from tools.shared.launch import LaunchOutcome, RankState, parse_event, torchrun_exitcodes
+from tools.shared.launch import LaunchOutcome, RankState, rank_reader, torchrun_exitcodes
 from tools.dist_smoke_test import SPEC, DistSmokeTestParams, version_mismatches
 
 
@@ -56,12 +56,14 @@ def test_version_mismatch_names_the_odd_host():
     versions = {0: {"torch": "2.4.0", "nccl": "2.21.5"}, 1: {"torch": "2.4.0", "nccl": "2.21.5"},
                 2: {"torch": "2.3.1", "nccl": "2.21.5"}}
     found = version_mismatches(versions, {0: "a", 1: "a", 2: "b"})
-    assert found == ["torch differs across ranks: 2.4.0 on 2 ranks (0..1) on a; 2.3.1 on rank 2 on b."]
+    assert found == ["torch differs across ranks: 2.4.0 on 2 ranks (0, 1) on a; 2.3.1 on rank 2 on b."]
 
 
 def test_event_and_torchrun_summary_parsing():
-    assert parse_event('3: @@mleng-rank {"ev": "stage", "rank": 3, "stage": "init"}')["rank"] == 3
+    parse_event = rank_reader()
+    assert parse_event('3: @@mleng {"ev": "stage", "rank": 3, "stage": "init"}')["rank"] == 3
     assert parse_event("plain output") is None
+    assert parse_event('@@mleng {"ev": "stage", "rank": -1}') is None
     summary = ("  rank      : 1 (local_rank: 1)\n  exitcode  : 3 (pid: 9687)\n"
                "  rank      : 0 (local_rank: 0)\n  exitcode  : -15 (pid: 9686)  (SIGTERM)\n")
     assert torchrun_exitcodes(summary) == {1: 3, 0: -15}
@@ -180,7 +182,7 @@ def test_launcher_stops_a_silent_run_and_names_the_rank_that_stalled(tmp_path):
     script.write_text(
         "import json, os, subprocess, sys, time\n"
         "def emit(rank, ev, stage):\n"
-        "    line = '@@mleng-rank ' + json.dumps({'ev': ev, 'rank': rank, 'world_size': 2, 'host': 'h',\n"
+        "    line = '@@mleng ' + json.dumps({'ev': ev, 'rank': rank, 'world_size': 2, 'host': 'h',\n"
         "        'pid': os.getpid(), 'stage': stage, 't': time.time()}) + '\\n'\n"
         "    os.write(1, line.encode())\n"
         "if len(sys.argv) == 1:\n"

@@ -30,3 +30,32 @@ def test_other_hosts_outside_slurm_are_refused_naming_hosts(monkeypatch):
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     with pytest.raises(ToolFailure, match=r'^hosts: outside SLURM only this machine can be swept'):
         fs.SPEC.run(fs.SPEC.Params(hosts=["gpu-01", "gpu-02"], checks=["gpu_health"]), lambda f, m: None)
+
+
+def test_a_suspect_is_re_run_on_its_node_and_only_its_checks(monkeypatch):
+    """The confirming step runs for real (hosts=["localhost"]): this machine's cpu_probe figure made far
+    lower than three peers' makes it the suspect; the re-run measures it again, alone."""
+    import socket as _socket
+
+    from tools.fleet_sweep import confirm_suspects
+    from tools.fleet_sweep.sweep import Collected
+    from tools.fleet_sweep.targets import Target
+
+    monkeypatch.setenv("SLURM_CONF", "/nonexistent/slurm.conf")
+    me = _socket.gethostname()
+
+    def row(node, gflops):
+        return {"node": node, "check": "cpu_probe", "verdict": "info", "busy": {"busy": False},
+                "figures": [{"name": "matmul_gflops", "value": gflops, "unit": "GFLOP/s", "better": "higher",
+                             "gpu": None, "expected": None, "group": "x"}]}
+
+    got = Collected(rows={(n, "cpu_probe"): row(n, v) for n, v in [("p1", 1e6), ("p2", 1e6), ("p3", 1e6), (me, 1.0)]},
+                    planned={n: ["cpu_probe"] for n in ("p1", "p2", "p3", me)})
+    params = fs.SPEC.Params(hosts=["localhost"], checks=["env_report", "cpu_probe"], deadline_s=120)
+    job = {"checks": ["env_report", "cpu_probe"], "storage_path": None, "deadline_s": 120}
+    steps = []
+    again = confirm_suspects(params, Target("local", [me], [], local=True), got, job, 120, lambda f, m: steps.append(m))
+    assert steps == [f"re-running cpu_probe on 1 suspect node(s): {me}"]
+    assert list(again.rows) == [(me, "cpu_probe")]            # only the suspect's own check
+    assert again.rows[(me, "cpu_probe")]["figures"][0]["value"] > 1.0
+    assert confirm_suspects(params, Target("local", [me], [], local=True), got, job, 5, lambda f, m: None) is None

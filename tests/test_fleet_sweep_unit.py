@@ -11,7 +11,8 @@ import tracemalloc
 import pytest
 
 from tools.fleet_sweep.aggregate import MIN_PEERS, aggregate, drain_command, unanswered, version_drift
-from tools.fleet_sweep.node import EVENT_PREFIX, parse_event
+from tools.fleet_sweep.node import check_event
+from tools.shared.sidechannel import PREFIX, Reader
 from tools.fleet_sweep.sweep import launch_failures
 from tools.fleet_sweep.targets import unreachable_reason
 
@@ -152,11 +153,15 @@ def test_drain_command_is_one_quoted_scontrol_line_never_run():
                                 "reason=fleet_sweep: did not answer: no answer within the deadline"]
 
 
-def test_events_parse_from_srun_output_and_garbage_is_ignored():
-    assert parse_event(EVENT_PREFIX + '{"kind": "done", "node": "n1"}') == {"kind": "done", "node": "n1"}
-    assert parse_event("plain output") is None
-    assert parse_event(EVENT_PREFIX + "{not json") is None
-    assert parse_event(EVENT_PREFIX + '["kind"]') is None
+def test_events_parse_from_labelled_srun_output_and_garbage_is_skipped():
+    reader = Reader(check_event, labelled=True)
+    event = reader.parse("3: " + PREFIX + '{"kind": "done", "node": "n1"}')
+    assert (event.task, event.data) == (3, {"kind": "done", "node": "n1"})
+    assert reader.parse("plain output") is None and reader.parse("0: plain output") is None
+    assert reader.parse("0: " + PREFIX + "{not json") is None
+    assert reader.parse("0: " + PREFIX + '["kind"]') is None
+    assert reader.parse(PREFIX + '{"kind": "done", "node": "n1"}') is None   # no label: no task, no node
+    assert sum(reader.skipped.values()) == 3
 
 
 def test_launch_failures_come_from_srun_stderr():
@@ -208,17 +213,99 @@ def test_aggregation_memory_per_node_stays_constant():
     assert per_node[4096] < 1.5 * per_node[1024], per_node
 
 
-def test_long_events_go_out_in_parts_and_come_back_whole_even_interleaved(capsys):
-    from tools.fleet_sweep.node import PART_CHARS, Reassembler, emit
+def test_long_events_go_out_in_parts_and_come_back_whole_even_interleaved():
+    from tools.shared.sidechannel import encode
 
-    big = {"kind": "row", "node": "n1", "check": "env_report", "result": {"env": {f"K{i}": "v" * 50 for i in range(200)}}}
-    other = {"kind": "row", "node": "n2", "check": "env_report", "result": {"x": "y" * 3000}}
-    emit(big)
-    emit(other)
-    lines = capsys.readouterr().out.splitlines()
-    assert len(lines) > 10 and all(len(line) < 1000 for line in lines)
+    big = {"kind": "row", "node": "n1", "check": "env_report", "verdict": "ok",
+           "result": {"env": {f"K{i}": "v" * 50 for i in range(200)}}}
+    other = {"kind": "row", "node": "n2", "check": "env_report", "verdict": "ok", "result": {"x": "y" * 3000}}
+    lines = [f"0: {line.decode().rstrip()}" for line in encode(big)] + [f"1: {line.decode().rstrip()}" for line in encode(other)]
+    assert len(lines) > 10 and all(len(line) < 1000 for line in lines)  # srun cuts lines at 1 kB
     half = len(lines) // 3
     mixed = lines[half:] + lines[:half]  # parts of the two events interleaved, out of order
-    whole = Reassembler()
-    got = [e for e in (whole.feed(parse_event(line)) for line in mixed) if e]
-    assert sorted(got, key=lambda e: e["node"]) == [big, other]
+    reader = Reader(check_event, labelled=True)
+    got = [e for e in map(reader.parse, mixed) if e]
+    assert sorted((e.task, e.data["node"], e.data["result"]) for e in got) == [
+        (0, "n1", big["result"]), (1, "n2", other["result"])]
+    assert not reader.skipped
+
+
+def test_a_node_check_runs_through_the_runner_and_stops_at_the_sweep_deadline(tmp_path, monkeypatch):
+    # Issue 24 item 7: node runs take the GPU locks and deadlines like any call. storage_bench alone
+    # spends 2 s on random reads; the node's deadline has passed, so it gets the 1 s floor and is killed.
+    import psutil
+
+    from tools.engine.runner import DeadlineExceeded
+    from tools.fleet_sweep import checks
+
+    monkeypatch.setattr(checks, "deadline", time.monotonic() - 100)
+    t0 = time.monotonic()
+    with pytest.raises(DeadlineExceeded, match="storage_bench did not finish within its timeout of 1 s"):
+        checks.run_tool("storage_bench", path=str(tmp_path), size_mib=64, small_files=200, time_budget_s=30)
+    assert time.monotonic() - t0 < 10
+    assert not psutil.Process().children(recursive=True)
+    row = checks.run_check("storage_bench", checks.tool_check("storage_bench", path=str(tmp_path), size_mib=64,
+                                                              small_files=200, time_budget_s=30))
+    assert row["verdict"] == "fail" and row["problems"][0].startswith("DeadlineExceeded: storage_bench did not")
+
+
+def test_a_node_check_waits_for_a_gpu_lock_only_until_its_deadline(tmp_path, monkeypatch, mleng_home):
+    # Another mleng run holds GPU 0 here: the node's check waits for it (no two benchmarks on one
+    # GPU), and gives up with a reason when the node's time is over, instead of hanging to the cut.
+    import fcntl
+    import socket
+
+    from tools.engine.runner import Cancelled
+    from tools.fleet_sweep import checks
+
+    lock_dir = mleng_home / "locks" / socket.gethostname()
+    lock_dir.mkdir(parents=True)
+    with open(lock_dir / "gpu0.lock", "a+") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        monkeypatch.setattr(checks, "deadline", time.monotonic() + 2)
+        t0 = time.monotonic()
+        with pytest.raises(Cancelled, match="memory_bandwidth_bench stopped after 2 s, the time this node had left: "
+                                            "cancelled while waiting for a GPU lock"):
+            checks.run_tool("memory_bandwidth_bench", device=0)
+        assert 2 <= time.monotonic() - t0 < 6
+
+
+def test_events_are_credited_to_the_node_srun_placed_their_task_on():
+    # srun -v --label, as SLURM 22.05.8 printed it on the namespace cluster; the task's output may
+    # come before srun's "launching" line reaches us (two pipes), so early events wait for it.
+    from tools.fleet_sweep.sweep import Collected, Follower, srun_said
+    from tools.shared.sidechannel import encode
+
+    def out(task: int, event: dict) -> list[str]:
+        return [f"{task}: {line.decode().rstrip()}" for line in encode(event)]
+
+    def row(node: str, check: str = "cpu_probe", **extra) -> dict:
+        return {"kind": "row", "node": node, "check": check, "verdict": "info", **extra}
+
+    got, seen = Collected(), []
+    follow = Follower(got, ["mln1", "mln2", "mln4"], ["env_report", "cpu_probe"], seen.append, None)
+    reader = Reader(check_event, labelled=True)
+    stdout = (out(2, {"kind": "hello", "node": "mln4", "checks": ["cpu_probe"]})           # before srun's word
+              + out(0, {"kind": "hello", "node": "mln1", "checks": ["cpu_probe"]})
+              + out(2, row("mln2", "gpu_health", problems=["48 ECC errors"]))              # forged for mln2
+              + out(2, row("ghost-01"))                                                    # outside the target
+              + out(2, row("mln4", provenance={"host": "victim-host"}))
+              + out(2, row("mln4"))                                                        # a second copy
+              + out(2, row("mln4", "env_report"))                                          # not in its hello
+              + out(1, {"kind": "hello", "node": "mln2", "checks": ["cpu_probe", "rm"]})   # not asked for
+              + out(0, row("mln1")) + out(0, {"kind": "done", "node": "mln1"}))
+    stderr = ["srun: launching StepId=7.0 on host mln1, 1 tasks: 0", "srun: launching StepId=7.0 on host mln2, 1 tasks: 1",
+              "srun: launching StepId=7.0 on host mln4, 1 tasks: 2", "srun: error: mln2: task 1: Killed"]
+    for line in stdout[:1] + stderr[:1] + stdout[1:] + stderr[1:]:
+        item = srun_said(line) if line.startswith("srun:") else reader.parse(line)
+        if item is not None:
+            follow.take(item)
+    follow.unplaced()
+    assert sorted(got.rows) == [("mln1", "cpu_probe"), ("mln4", "cpu_probe")]
+    assert got.rows[("mln4", "cpu_probe")]["provenance"]["host"] == "mln4" and len(seen) == 2
+    assert got.planned == {"mln1": ["cpu_probe"], "mln4": ["cpu_probe"]} and got.done == {"mln1"}
+    assert got.ended == {"mln2": "Killed"}
+    assert dict(got.refused) == {
+        ("mln4", "the event names another node ('mln2')"): 1, ("mln4", "the event names another node ('ghost-01')"): 1,
+        ("mln4", "a second row for cpu_probe"): 1, ("mln4", "a row for a check it did not plan ('env_report')"): 1,
+        ("mln2", "checks not asked for: ['rm']"): 1}

@@ -19,7 +19,7 @@ import pytest
 
 from tests.multinode_cluster import REPO, multinode_cluster  # noqa: F401  (fixture)
 
-pytestmark = [pytest.mark.slurm, pytest.mark.timeout(900)]  # the cluster may be busy: setup waits for it
+pytestmark = [pytest.mark.slurm, pytest.mark.timeout(2400)]  # the cluster may be busy: setup waits for it
 
 SMALL = ["--backend", "gloo", "--nproc-per-node", "1", "--min-bytes", "32K", "--max-bytes", "256K",
          "--factor", "8", "--iters", "3", "--warmup", "1", "--pg-timeout-s", "30", "--json",
@@ -95,8 +95,9 @@ def test_pairwise_names_the_rate_limited_node(healed):
     t0 = time.monotonic()
     result = bench(healed, FOUR, "--pattern", "pairwise", "--group-deadline-s", "90")
     iso = result["isolation"]
-    assert suspects(result) == [("node", ["mln3"])], iso["suspects"]
-    assert iso["rounds"] == 3 and len(iso["groups"]) == 6
+    assert suspects(result) == [("node", ["mln3"])], result["findings"]
+    assert iso["rounds"] == 4 and len(iso["groups"]) == 7  # 3 rounds, then mln3 measured again with a healthy node
+    assert "slow again" in iso["suspects"][0]["evidence"]
     bw = iso["busbw_matrix"]
     assert bw[2][0] < iso["busbw_floor_gbps"] < bw[0][1]
     assert result["verdict"] == "fail" and os.path.getsize(iso["heatmap_png"]) > 5000
@@ -127,7 +128,7 @@ def test_bisect_8_nodes_names_the_unreachable_node_in_4_rounds(healed):
     result = bench(healed, "mln[1-8]", "--pattern", "bisect", "--group-deadline-s", "90")
     iso = result["isolation"]
     assert suspects(result) == [("node", ["mln5"])], iso["suspects"]
-    assert iso["rounds"] <= 4  # ceil(log2 8) + 1
+    assert iso["rounds"] <= 5  # ceil(log2 8) + 1, and the second measurement of mln5
     print(f"bisect 8 nodes, mln5 unreachable: {iso['rounds']} rounds, {time.monotonic() - t0:.1f} s")
     healed.on_node("mln5", "ip", "link", "set", "eth0", "up")
     assert not no_ranks_left(healed)
@@ -138,7 +139,7 @@ def test_pairwise_outside_slurm_with_an_agent_per_node(healed):
     rate_limit(healed, "mln3")
     hosts = [healed.address(f"mln{k}") for k in range(1, 5)]
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-    env |= {"GLOO_SOCKET_IFNAME": "eth0", "PYTHONPATH": str(REPO)}
+    env |= {"GLOO_SOCKET_IFNAME": "eth0", "PYTHONPATH": str(REPO), "MLENG_COORD_SECRET": os.urandom(16).hex()}
     procs = []
     for k in range(1, 5):
         pid = str(healed.slurmd_pid(f"mln{k}"))
@@ -152,4 +153,46 @@ def test_pairwise_outside_slurm_with_an_agent_per_node(healed):
     assert suspects(first) == [("node", [healed.address("mln3")])], first["isolation"]["suspects"]
     other = json.loads(outs[1][outs[1].index("{"):])
     assert other["isolation"] is None and "first node" in " ".join(other["findings"])
+    assert not no_ranks_left(healed)
+
+
+def leftovers(before: set[str]) -> list[str]:
+    """torchelastic_* / mleng-ranks-* folders in the nodes' /tmp (shared with the host here) made since `before`."""
+    import glob
+
+    return sorted(set(glob.glob("/tmp/torchelastic_*") + glob.glob("/tmp/mleng-ranks-*")) - before)
+
+
+def tmp_snapshot() -> set[str]:
+    import glob
+
+    return set(glob.glob("/tmp/torchelastic_*") + glob.glob("/tmp/mleng-ranks-*"))
+
+
+def test_bisect_names_the_unreachable_node_when_it_is_last_in_the_list(healed):
+    """Review F1 (2c): mln8 down; its pad was a lower-numbered good node, SLURM made that node task 0 (the
+    store host) while everyone dialled mln8, and healthy mln7 was named beside mln8 (6 runs of 6)."""
+    healed.on_node("mln8", "ip", "link", "set", "eth0", "down")
+    before = tmp_snapshot()
+    try:
+        result = bench(healed, "mln[1-8]", "--pattern", "bisect", "--group-deadline-s", "120", timeout=1400)
+    finally:
+        healed.on_node("mln8", "ip", "link", "set", "eth0", "up")
+    assert suspects(result) == [("node", ["mln8"])], result["isolation"]["suspects"]
+    assert "twice" in result["isolation"]["suspects"][0]["evidence"]
+    assert not no_ranks_left(healed)
+    assert not leftovers(before)  # every srun task's torchelastic_* went with its scratch TMPDIR
+
+
+def test_bisect_names_a_dropped_link_as_a_link(healed):
+    """Review F1 (3c): traffic between mln3 and mln8 dropped (blackhole routes both ways) was named 'node mln8'."""
+    routes = [("mln3", "mln8"), ("mln8", "mln3")]
+    for node, other in routes:
+        healed.on_node(node, "ip", "route", "add", "blackhole", f"{healed.address(other)}/32")
+    try:
+        result = bench(healed, "mln[1-8]", "--pattern", "bisect", "--group-deadline-s", "120", timeout=1800)
+    finally:
+        for node, other in routes:
+            healed.on_node(node, "ip", "route", "del", "blackhole", f"{healed.address(other)}/32", check=False)
+    assert suspects(result) == [("link", ["mln3", "mln8"])], result["isolation"]["suspects"]
     assert not no_ranks_left(healed)

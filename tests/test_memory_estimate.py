@@ -255,6 +255,7 @@ GPU_ARCH = dict(layers=8, hidden=2048, heads=16, kv_heads=8, ffn=5632, vocab=320
 
 
 @pytest.mark.gpu
+@pytest.mark.gpu_child   # its peak is measured alone, and what it reserves is not left to the next test
 @pytest.mark.parametrize("micro_batch, seq_len", [(1, 4096), (4, 4096)])
 def test_training_peak_memory_on_gpu(micro_batch, seq_len):
     """torch AMP recipe (fp32 weights, bf16 autocast, fused AdamW) = precision amp_bf16. Prints the measured

@@ -42,3 +42,43 @@ def test_merge_keeps_busy_and_holders_of_both():
     b = Occupancy(busy=False, holders=[])
     merged = a.merge(b)
     assert merged.busy and merged.why == "GPU 0 99% utilised"
+
+
+class FakeNvml:
+    """NVML's answers for one GPU (the logic on top is ours; tests/gpu/test_fleet_sweep_busy_gpu.py runs
+    it against the real driver with a real co-tenant)."""
+
+    def __init__(self, pids, utils):
+        self.pids, self.utils = pids, list(utils)
+
+    def nvmlInit(self): pass
+    def nvmlShutdown(self): pass
+    def nvmlDeviceGetCount(self): return 1
+    def nvmlDeviceGetHandleByIndex(self, i): return i
+
+    def nvmlDeviceGetComputeRunningProcesses(self, h):
+        return [type("P", (), {"pid": pid, "usedGpuMemory": 512 << 20})() for pid in self.pids]
+
+    def nvmlDeviceGetUtilizationRates(self, h):
+        return type("U", (), {"gpu": self.utils.pop(0) if len(self.utils) > 1 else self.utils[0]})()
+
+
+def test_gpu_holders_are_other_processes_and_a_fading_utilisation_of_ours_is_not_busy(monkeypatch):
+    import tools.shared.occupancy as occ
+
+    monkeypatch.setattr(occ, "UTIL_SETTLE_S", 0.01)
+    try:
+        monkeypatch.setitem(sys.modules, "pynvml", FakeNvml([os.getpid(), 1], [99]))   # ours + an invisible pid
+        busy = occ.gpu_occupancy()
+        assert busy.busy and [h.pid for h in busy.holders] == [1] and busy.holders[0].used_mib == 512.0
+        monkeypatch.setitem(sys.modules, "pynvml", FakeNvml([], [95, 3]))   # our finished run fading out
+        assert not occ.gpu_occupancy().busy
+        monkeypatch.setitem(sys.modules, "pynvml", FakeNvml([], [95, 97]))  # still busy: another container
+        assert occ.gpu_occupancy().why == "GPU 0 97% utilised"
+        monkeypatch.setitem(sys.modules, "pynvml", FakeNvml([os.getpid()], [99]))   # only ours on it
+        assert not occ.gpu_occupancy().busy
+        monkeypatch.setitem(sys.modules, "pynvml", FakeNvml([1], [0]))   # pid 1: no descendant of ours
+        assert not occ.gpu_occupancy(ours=lambda p: p.pid == 1).busy      # ... unless `ours` claims it
+        assert [h.pid for h in occ.gpu_occupancy().holders] == [1]
+    finally:
+        monkeypatch.undo()

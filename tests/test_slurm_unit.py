@@ -102,6 +102,34 @@ def test_srun_torchrun_command_expands_procid_per_task(tmp_path):
     assert task0[-4:] == ["-m", "tools.dist_smoke_test", "--json", "a b"]
 
 
+def test_the_task_on_the_named_node_hosts_the_rendezvous_whatever_its_procid(tmp_path):
+    """Review F1: a group listed [mln8, mln3] dials mln8, but SLURM makes mln3 task 0; the host is chosen by name."""
+    cmd = _slurm.srun_torchrun_command(["tools.collective_bench.rank", "{}"], nnodes=2, nproc_per_node=1,
+                                       rdzv_port=29500, rdzv_host="10.0.0.8", rdzv_node="mln8",
+                                       python=_argv_printer(tmp_path), env={"SLURM_JOB_ID": "42"})
+    on_mln3 = _run_payload(cmd[-1], 0, SLURMD_NODENAME="mln3")
+    on_mln8 = _run_payload(cmd[-1], 1, SLURMD_NODENAME="mln8")
+    assert "--rdzv-conf=is_host=0" in on_mln3 and "--rdzv-conf=is_host=1" in on_mln8
+    with pytest.raises(ValueError, match="rdzv node"):
+        _slurm.rdzv_is_host("mln1; rm -rf /")
+
+
+def test_each_task_runs_in_a_scratch_tmpdir_removed_after(tmp_path):
+    """torchelastic leaves a torchelastic_* folder in TMPDIR per run: the task's own TMPDIR goes with it."""
+    stub = tmp_path / "py"
+    stub.write_text(f"#!{sys.executable}\nimport os, sys\nos.mkdir(os.path.join(os.environ['TMPDIR'], 'torchelastic_x'))\n"
+                    "print(os.environ['TMPDIR']); sys.exit(3)\n")
+    stub.chmod(0o755)
+    cmd = _slurm.srun_torchrun_command(["m"], nnodes=1, nproc_per_node=1, rdzv_host="h", python=str(stub),
+                                       env={"SLURM_JOB_ID": "42"})
+    base = tmp_path / "node-tmp"
+    base.mkdir()
+    out = subprocess.run(["bash", "-c", cmd[-1]], capture_output=True, text=True,
+                         env={"PATH": os.environ["PATH"], "SLURM_PROCID": "0", "TMPDIR": str(base)})
+    assert out.returncode == 3 and out.stdout.startswith(str(base / "mleng-ranks-"))  # exit code kept
+    assert list(base.iterdir()) == []
+
+
 def test_client_configured(tmp_path, monkeypatch):
     conf = tmp_path / "slurm.conf"
     monkeypatch.setattr(_slurm.shutil, "which", lambda name: "/usr/bin/" + name)

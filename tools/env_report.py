@@ -19,7 +19,9 @@ import subprocess
 import sys
 from importlib import metadata
 
+from .engine.redact import redact_data
 from .engine.spec import Field, Params, Result, ToolSpec
+from .shared import netstack
 
 KEY_PACKAGES = ["torch", "deepspeed", "accelerate", "transformers", "flash-attn", "flash_attn", "megatron-core",
                 "vllm", "triton", "apex", "torchtitan", "nvidia-nccl-cu12", "nvidia-nccl-cu13", "nvidia-nccl-cu11",
@@ -90,9 +92,16 @@ class EnvReportResult(Result):
     driver: str | None = Field(None, description="NVIDIA driver version (NVML).")
     driver_max_cuda: str | None = Field(None, description="Newest CUDA version this driver supports (NVML).")
     packages: dict[str, str] = Field(default_factory=dict, description="Versions of key ML packages present.")
-    env: dict[str, str] = Field(default_factory=dict, description="NCCL_*, TORCH_*, CUDA_*, PYTORCH_* and related variables.")
+    env: dict[str, str] = Field(default_factory=dict, description=(
+        "NCCL_*, TORCH_*, CUDA_*, PYTORCH_* and related variables; secret ones (tokens, keys, passwords) as [REDACTED]."))
     nccl_libraries: list[str] = Field(default_factory=list, description="libnccl copies found (pip packages, LD_LIBRARY_PATH, LD_PRELOAD).")
     dev_shm_gib: float | None = Field(None, description="Size of /dev/shm, GiB (binary); None when absent.")
+    nccl_net_plugin: str | None = Field(None, description="The NCCL net plugin NCCL would load (NCCL_NET_PLUGIN, then libnccl-net*.so in the loader's search order) with its sha256 prefix, or why none.")
+    rdma_core: str | None = Field(None, description="MLNX_OFED version (ofed_info -s), else rdma-core from libibverbs' file name; None when absent.")
+    nic_firmware: dict[str, str] = Field(default_factory=dict, description="RDMA device -> firmware version (sysfs fw_ver).")
+    kernel: str | None = Field(None, description="Kernel release (uname -r).")
+    gpu_vbios: str | None = Field(None, description="GPU VBIOS versions (NVML), comma-separated when they differ.")
+    container: str | None = Field(None, description="The container runtime and image when inside one (None: not detected).")
     warnings: list[str] = Field(default_factory=list, description="Mismatches and harmful settings, one sentence each.")
 
 
@@ -106,19 +115,21 @@ def _packages() -> dict[str, str]:
     return found
 
 
-def _driver() -> tuple[str | None, str | None]:
+def _driver() -> tuple[str | None, str | None, str | None]:
+    """(driver, newest CUDA it supports, GPU VBIOS versions) from NVML."""
     try:
         import pynvml
 
         pynvml.nvmlInit()
     except Exception:
-        return None, None
+        return None, None, None
     try:
         drv = pynvml.nvmlSystemGetDriverVersion()
         cuda = pynvml.nvmlSystemGetCudaDriverVersion()  # e.g. 12040 -> 12.4
-        return (drv.decode() if isinstance(drv, bytes) else drv), f"{cuda // 1000}.{cuda % 1000 // 10}"
+        return ((drv.decode() if isinstance(drv, bytes) else drv), f"{cuda // 1000}.{cuda % 1000 // 10}",
+                netstack.vbios(pynvml))
     except Exception:
-        return None, None
+        return None, None, None
     finally:
         pynvml.nvmlShutdown()
 
@@ -129,6 +140,14 @@ def _nccl_libraries(packages: dict[str, str]) -> list[str]:
         libs += sorted(glob.glob(os.path.join(d, "libnccl.so*")))[:1]
     libs += [p for p in os.environ.get("LD_PRELOAD", "").replace(":", " ").split() if "nccl" in p]
     return libs
+
+
+def _network_stack(vbios: str | None) -> dict:
+    """The fields fleet_sweep compares across nodes beside the versions: what breaks NCCL between nodes."""
+    cache = netstack.ld_cache()
+    return {"nccl_net_plugin": netstack.net_plugin(dict(os.environ), cache), "rdma_core": netstack.rdma_core(cache),
+            "nic_firmware": netstack.nic_firmware(), "kernel": netstack.kernel(), "gpu_vbios": vbios,
+            "container": netstack.container()}
 
 
 def _version_tuple(v: str | None) -> tuple[int, ...]:
@@ -176,7 +195,7 @@ def run(params: EnvReportParams, progress) -> EnvReportResult:
     env = {k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIXES) or k in ENV_EXTRA}
     if params.include_all_env:
         env.update({k: os.environ[k] for k in ("LD_LIBRARY_PATH", "PATH") if k in os.environ})
-    driver, driver_cuda = _driver()
+    driver, driver_cuda, vbios = _driver()
     probe, probe_note = {}, None
     if params.probe_torch and "torch" in packages:
         try:
@@ -202,8 +221,8 @@ def run(params: EnvReportParams, progress) -> EnvReportResult:
         python=platform.python_version(), torch=probe.get("torch") or packages.get("torch"),
         torch_cuda=probe.get("cuda"), torch_hip=probe.get("hip"), cudnn=probe.get("cudnn"), nccl=probe.get("nccl"),
         cuda_available=probe.get("cuda_available"), gpu_count=probe.get("device_count"), driver=driver,
-        driver_max_cuda=driver_cuda, packages=packages, env=env, nccl_libraries=libs, dev_shm_gib=shm_gib,
-        warnings=warnings)
+        driver_max_cuda=driver_cuda, packages=packages, env=redact_data(env), nccl_libraries=libs, dev_shm_gib=shm_gib,
+        warnings=warnings, **_network_stack(vbios))
     stack = f"torch {result.torch or 'not installed'}"
     if result.torch_cuda:
         stack += f" (CUDA {result.torch_cuda}, cuDNN {result.cudnn}, NCCL {result.nccl})"
@@ -213,7 +232,9 @@ def run(params: EnvReportParams, progress) -> EnvReportResult:
         stack += " (CPU build)"
     gpus = (f"driver {driver} (CUDA ≤ {driver_cuda}), {result.gpu_count or 0} GPU(s) visible to torch"
             if driver else "no NVIDIA driver (NVML not found)")
-    result.findings = [f"Python {result.python}, {stack}; {gpus}.", *warnings]
+    result.findings = [f"Python {result.python}, {stack}; {gpus}.", f"Network stack: NCCL net plugin "
+                       f"{result.nccl_net_plugin}; {result.rdma_core or 'no rdma-core / OFED'}; kernel {result.kernel}.",
+                       *warnings]
     if not warnings:
         result.findings.append(f"{len(env)} relevant environment variables set; none known to hurt.")
     result.verdict = "warn" if warnings else "ok"

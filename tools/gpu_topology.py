@@ -11,6 +11,7 @@ By hand:
     srun --ntasks-per-node=1 python -m tools.gpu_topology --json    # one per node, compare nodes
 """
 
+import re
 import shutil
 import subprocess
 
@@ -20,6 +21,9 @@ from .shared.topology import (PCIE_ORDER, GpuInfo, NicInfo, chain_of, nvlink_rec
 
 class GpuTopologyParams(Params):
     include_nvidia_smi: bool = Field(True, description="Also return `nvidia-smi topo -m` as text when it exists.")
+    text: str | None = Field(None, max_length=200_000, description=(
+        "Pasted `nvidia-smi topo -m` output to read instead of this machine: the same links, NIC paths and "
+        "binding advice."))
 
 
 class GpuTopologyResult(Result):
@@ -49,7 +53,7 @@ def binding_advice(gpus: list[GpuInfo], nics: list[NicInfo]) -> tuple[list[str],
     for g in gpus:
         if g.best_nic:
             users.setdefault(g.best_nic, []).append(g.index)
-    rdma = [n for n in nics if n.kind in ("infiniband", "roce", "efa")]
+    rdma = [n for n in nics if n.kind in ("infiniband", "roce", "efa", "rdma")]
     if rdma and len(rdma) < len(gpus):
         shared = {n: u for n, u in users.items() if len(u) > 1}
         if shared:
@@ -76,7 +80,60 @@ def _nvidia_smi_topo() -> str | None:
     return out.stdout[:8000] if out.returncode == 0 else None
 
 
+TOPO_EXPECTED = ("`nvidia-smi topo -m` output: a header line 'GPU0 GPU1 ... CPU Affinity' and one row per GPU "
+                 "('GPU0  X  NV18 ... PIX ... 0-23,96-119  0')")
+_CELL = re.compile(r"^(X|NV\d+|PIX|PXB|PHB|NODE|SYS|SOC)$")
+
+
+def read_topo_text(text: str) -> GpuTopologyResult:
+    """Pasted `nvidia-smi topo -m`: GPU rows, NIC columns (named by the NIC legend where present)."""
+    lines = text.splitlines()
+    head = next((i for i, line in enumerate(lines) if re.match(r"\s*GPU0\s", line)), None)
+    if head is None:
+        raise ToolFailure(f"text: expected {TOPO_EXPECTED}; it starts with {(text.strip()[:60] or '(empty)')!r}")
+    columns = lines[head].split()
+    devices = columns[:next((i for i, c in enumerate(columns) if c == "CPU"), len(columns))]
+    legend = dict(re.findall(r"^\s*(NIC\d+):\s*(\S+)\s*$", text, re.M))
+    gpus, cells = [], []
+    for line in lines[head + 1:]:
+        parts = line.split()
+        if not parts or not re.fullmatch(r"GPU\d+", parts[0]) or len(parts) < 1 + len(devices):
+            continue
+        row = parts[1:1 + len(devices)]
+        if not all(_CELL.match(c) for c in row):
+            continue
+        rest = parts[1 + len(devices):]
+        numa = int(rest[1]) if len(rest) > 1 and rest[1].isdigit() else None
+        gpus.append(GpuInfo(index=int(parts[0][3:]), name="(pasted)", pci="", numa_node=numa,
+                            cpus=rest[0] if rest else ""))
+        cells.append(dict(zip(devices, row)))
+    if not gpus:
+        raise ToolFailure(f"text: expected {TOPO_EXPECTED}; found a header but no GPU rows under it")
+    gpu_columns = [d for d in devices if d.startswith("GPU")]
+    matrix = [[c.get(f"GPU{g.index}", "?") for g in gpus] for c in cells]
+    nic_columns = [d for d in devices if not d.startswith("GPU")]
+    nics = [NicInfo(name=legend.get(d, d), kind="rdma", pci="") for d in nic_columns]
+    nic_paths = {legend.get(d, d): [c[d] for c in cells] for d in nic_columns}
+    for k, g in enumerate(gpus):
+        ranked = sorted((PCIE_ORDER.index(nic_paths[n.name][k]), n.name) for n in nics
+                        if nic_paths[n.name][k] in PCIE_ORDER)
+        if ranked:
+            g.best_nic, g.best_nic_path = ranked[0][1], PCIE_ORDER[ranked[0][0]]
+    binding, warns = binding_advice(gpus, nics)
+    findings = [f"Read pasted `nvidia-smi topo -m`: {len(gpus)} GPU row(s), {len(nic_columns)} NIC column(s)."]
+    if len(gpus) < len(gpu_columns):
+        findings.append(f"The text has rows for {len(gpus)} of its {len(gpu_columns)} GPU columns (cut?): the missing "
+                        "GPUs are left out.")
+    if nic_columns and not legend:
+        findings.append("No NIC legend (NIC0: mlx5_0 ...) in the text: NICs are named by their column.")
+    return GpuTopologyResult(verdict="warn" if warns else "ok", gpu_count=len(gpus), gpus=gpus, links=matrix,
+                             nics=nics, nic_paths=nic_paths, binding=binding, findings=findings + warns,
+                             next=["p2p_bandwidth", "collective_bench", "knowledge://network/intra-node.md"])
+
+
 def run(params: GpuTopologyParams, progress) -> GpuTopologyResult:
+    if params.text is not None:
+        return read_topo_text(params.text)
     progress(0.1, "reading NICs from sysfs")
     nics = read_nics()
     try:
@@ -146,7 +203,7 @@ SPEC = ToolSpec(
         "a launcher, or to compare nodes: maps NVLink counts and PCIe paths between GPUs, each GPU's NUMA node "
         "and CPUs, NICs (InfiniBand/RoCE/EFA/Ethernet) and their distance to each GPU, then says which CPUs and "
         "NIC each local rank should use and what a mismatch costs. Reads NVML and sysfs only (seconds, no GPU "
-        "work, no torch). Does not measure bandwidth: follow with p2p_bandwidth or collective_bench."),
+        "work, no torch); or pasted `nvidia-smi topo -m` output (text=). Does not measure bandwidth: follow with p2p_bandwidth or collective_bench."),
     Params=GpuTopologyParams, Result=GpuTopologyResult, run=run, runs="subprocess",
     read_only=True, destructive=False, idempotent=True, open_world=False, timeout_s=60,
 )

@@ -8,7 +8,8 @@ from .engine.jobs import MANAGER
 
 
 class JobCancelParams(Params):
-    job_id: str = Field(min_length=1, max_length=64, description="Job id from a tool result's `job.job_id`.")
+    job_id: str = Field(min_length=1, max_length=64, description=(
+        "Job id from a tool result's `job.job_id`; only this session's jobs can be cancelled."))
 
 
 class JobCancelResult(Result):
@@ -16,9 +17,10 @@ class JobCancelResult(Result):
 
 
 def run(params: JobCancelParams, progress) -> JobCancelResult:
-    job = MANAGER.get(params.job_id)
+    job = MANAGER.find(params.job_id)
     if job is None:
-        return JobCancelResult(verdict="warn", findings=[f"No job {params.job_id!r} in this server process."],
+        return JobCancelResult(verdict="warn", findings=[f"No job {params.job_id!r} of this session in this server "
+                                                         "process."],
                                next=["job_status"])
     if job.finished.is_set():
         return JobCancelResult(verdict="info", state=job.state,

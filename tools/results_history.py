@@ -22,7 +22,7 @@ import statistics
 import time
 
 from .engine.spec import Field, Params, Record, Result, ToolFailure, ToolSpec
-from .engine.store import count, query
+from .engine.store import count, count_bad_times, history
 from .shared.judging import FigureRule, compare, is_inconclusive, relative_spread, rule_for
 
 
@@ -32,6 +32,8 @@ class ResultsHistoryParams(Params):
     gpu: str = Field("", max_length=128, description="Only runs on a GPU whose name, UUID or serial contains this.")
     since_days: float = Field(90, gt=0, le=3650, description="Only results from the last N days.")
     limit: int = Field(20, ge=1, le=500, description="At most this many rows in `rows` (newest first).")
+    offset: int = Field(0, ge=0, le=10_000_000, description=(
+        "Skip this many of the newest matching rows: the next page starts at offset + limit (the answer says so)."))
     threshold_pct: float | None = Field(None, gt=0, le=90, description=(
         "Override the margin, %. Default: the figure's margin in knowledge/data/verdict_rules.toml (the threshold is "
         "the larger of it and k x the run-to-run spread); 10% for figures without a rule."))
@@ -76,6 +78,17 @@ def machine_key(row: dict) -> str:
     return row.get("host") or "?"
 
 
+def history_row(r: dict) -> HistoryRow | None:
+    """The row as answered; None for a stored row that cannot be one (written by hand or by an old bug)."""
+    try:
+        started = datetime.datetime.fromtimestamp(r["started"], datetime.UTC).isoformat(timespec="seconds")
+        return HistoryRow(id=r["id"], tool=r["tool"], host=r["host"], machine=machine_key(r), started=started,
+                          gpu=(r["gpu_names"] or [None])[0], verdict=r["verdict"], metric=r["metric_name"],
+                          value=r["metric_value"])
+    except (TypeError, ValueError, OverflowError, OSError):   # pydantic's ValidationError is a ValueError
+        return None
+
+
 FALLBACK_MARGIN = 0.10   # figures with no rule in verdict_rules.toml
 
 
@@ -111,7 +124,7 @@ def find_flags(rows: list[dict], higher_is_better: dict[str, bool], threshold_pc
     inconclusive = [] if inconclusive is None else inconclusive
     groups: dict[tuple, dict[str, list[dict]]] = {}
     for r in rows:
-        if r.get("metric_value") is None:
+        if r.get("metric_value") is None or not isinstance(r.get("metric_name"), str):
             continue
         groups.setdefault((r["tool"], r["params_key"]), {}).setdefault(machine_key(r), []).append(r)
     flags = []
@@ -139,15 +152,21 @@ def run(params: ResultsHistoryParams, progress) -> ResultsHistoryResult:
     since = time.time() - params.since_days * 86400
     filters = dict(tool=params.tool or None, host=params.host or None, gpu=params.gpu or None, since=since)
     total = count(**filters)
-    rows = query(**filters, limit=ANALYSED_ROWS)
+    rows = history(**filters, limit=ANALYSED_ROWS)
     higher = {name: spec.higher_is_better for name, spec in registry().items()}
     inconclusive: list[str] = []
     flags = find_flags(rows, higher, params.threshold_pct, inconclusive)
-    out = [HistoryRow(id=r["id"], tool=r["tool"], host=r["host"], machine=machine_key(r),
-                      started=datetime.datetime.fromtimestamp(r["started"], datetime.UTC).isoformat(timespec="seconds"),
-                      gpu=(r["gpu_names"] or [None])[0], verdict=r["verdict"], metric=r["metric_name"],
-                      value=r["metric_value"]) for r in rows[:params.limit]]
-    findings = [f"{total} stored result(s) match" + (f" ({len(out)} shown)." if total > len(out) else ".")]
+    page = rows[params.offset:params.offset + params.limit] if params.offset + params.limit <= len(rows) else \
+        history(**filters, limit=params.limit, offset=params.offset)
+    out = [row for row in map(history_row, page) if row is not None]
+    findings = [f"{total} stored result(s) match" + (f"; rows {params.offset + 1}-{params.offset + len(page)} shown"
+                                                       if total > len(page) else "") + "."]
+    if params.offset + len(page) < total:
+        findings.append(f"Older rows: call again with offset={params.offset + len(page)}.")
+    bad = count_bad_times(filters["tool"], filters["host"], filters["gpu"]) + len(page) - len(out)
+    if bad:
+        findings.append(f"{bad} stored row(s) left out: a start time that is not a time (text, or past 2100) "
+                        "or a field of the wrong type.")
     if total > len(rows):
         findings.append(f"Outliers and regressions were judged on the newest {len(rows)} of them; narrow the "
                         "filters (tool, host, gpu, since_days) to judge older results.")
@@ -157,8 +176,8 @@ def run(params: ResultsHistoryParams, progress) -> ResultsHistoryResult:
                         f"{f.threshold_pct:g}%); result #{f.result_id}.")
     findings += [f"INCONCLUSIVE: {line}." for line in inconclusive[:10]]
     if not rows:
-        findings = ["No stored results match. Results are stored when tools run (CLI or server) with the same "
-                    "MLENG_HOME."]
+        findings[0] = ("No stored results match. Results are stored when tools run (CLI or server) with the same "
+                       "MLENG_HOME.")
     return ResultsHistoryResult(
         verdict="warn" if flags else "info", rows=out, flags=flags, total_matching=total, findings=findings,
         next=["gpu_health", "env_report"] if flags else [])

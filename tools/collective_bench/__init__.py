@@ -15,11 +15,11 @@ By hand:
 Which node or link is bad (knowledge://network/finding-the-bad-node.md):
     salloc -N 16 python -m tools.collective_bench --pattern pairwise      # rounds of N/2 two-node runs
     salloc -N 16 python -m tools.collective_bench --pattern bisect        # halves of a failing set
+    MLENG_COORD_SECRET=<the same per-run secret on every node> \
     python -m tools.collective_bench --pattern pairwise --hosts n1 n2 n3 n4 --node-rank K \
         --rdzv-endpoint n1:29400                                          # outside SLURM, on every node K
 """
 
-import os
 import re
 import time
 from typing import ClassVar, Annotated, Literal
@@ -32,11 +32,11 @@ from ..shared.launch import RankLayout, launch_ranks, layout, manual_start, plan
 from .isolation import IsolationReport
 from .models import BenchRow, OpSummary
 from .patterns import PatternFields, pattern_result
-from .report import draw_plot, format_table, human_size, judge, point_at
+from .report import draw_plot, format_table, gbps, human_size, judge, point_at
 from ..shared.expected_busbw import expected_busbw
 from ..engine.spec import Field, Result, ToolSpec, worst
 from ..engine.processes import local_gpu_count
-from ..shared.safe_write import check_output, output_path
+from ..shared.safe_write import check_output, output_path, unique_name
 
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
@@ -112,7 +112,8 @@ def summarize_rows(rows: list[BenchRow], op: str, record: dict | None) -> OpSumm
     if record:
         point = point_at(record, peak.bytes)
         expected = point["busbw_gbps"] if point else record["busbw_gbps"]
-    return OpSummary(op=op, avg_busbw_gbps=round(sum(r.busbw_gbps for r in mine) / len(mine), 3),
+    avg = sum(r.busbw_gbps for r in mine) / len(mine)
+    return OpSummary(op=op, avg_busbw_gbps=float(f"{avg:.4g}"),  # significant digits: 0.0023 must not read 0.002
                      peak_busbw_gbps=peak.busbw_gbps, peak_bytes=peak.bytes, expected_busbw_gbps=expected,
                      ratio=round(peak.busbw_gbps / expected, 3) if expected else None)
 
@@ -148,7 +149,7 @@ def run(params: CollectiveBenchParams, progress) -> CollectiveBenchResult:
         if event["ev"] == "data" and event.get("kind") == "row":
             done[0] += 1
             progress(min(done[0] / steps, 0.99), f"{event['op']} {human_size(event['bytes'])}: "
-                                                  f"{event['busbw_gbps']:.1f} GB/s busbw")
+                                                  f"{gbps(event['busbw_gbps'])} GB/s busbw")
 
     progress(0.0, f"starting {world} ranks")
     t0 = time.monotonic()
@@ -211,10 +212,15 @@ def build_result(outcome, params: CollectiveBenchParams, nnodes: int, wall_s: fl
     result.verdict = worst(verdicts, default="info")
     result.findings = findings
     low = result.verdict in ("warn", "fail")
+    if nnodes > 1 and (low or result.expected_busbw_gbps is None):
+        findings.append(("busbw is below the expected figure: " if low else "No expected figure to judge against: if "
+                         "this is below what these nodes usually reach, ")
+                        + "collective_bench pattern=pairwise (or bisect, for a hang) names the node or link.")
     result.next = (["knowledge://network/busbw.md", "knowledge://network/expected-bandwidth.md"]
                    + (["gpu_topology", "p2p_bandwidth", "nccl_log_analyze"] if low else [])
                    # short between nodes: port counters, perftest, link flaps, NCCL's IB settings
-                   + (["knowledge://network/fabric-diagnosis.md"] if low and nnodes > 1 else []))
+                   + (["knowledge://network/fabric-diagnosis.md"] if low and nnodes > 1 else [])
+                   + (["knowledge://network/finding-the-bad-node.md"] if nnodes > 1 else []))
     if params.plot and rows:
         result.plot_png = _plot(rows, expected_by_op, world, gpu or "cpu", params)
     return result
@@ -236,13 +242,13 @@ def judge_ops(rows: list[BenchRow], accel_id: str | None, gpus_per_node: int, nn
         if text:
             findings.append(text + (f" ({note})" if note else ""))
         elif world > 1:
-            findings.append(f"{op}: peak busbw {summary.peak_busbw_gbps:.1f} GB/s at {human_size(summary.peak_bytes)}, "
-                            f"average {summary.avg_busbw_gbps:.1f} GB/s" + (f"; {note}." if note else "."))
+            findings.append(f"{op}: peak busbw {gbps(summary.peak_busbw_gbps)} GB/s at {human_size(summary.peak_bytes)}, "
+                            f"average {gbps(summary.avg_busbw_gbps)} GB/s" + (f"; {note}." if note else "."))
     return summaries, verdicts, findings, records
 
 
 def _plot_target(params: CollectiveBenchParams):
-    name = f"collective_bench-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.png"
+    name = unique_name("collective_bench")
     return check_output(output_path(params.plot_path, "plots", name), overwrite=params.overwrite, field="plot_path")
 
 

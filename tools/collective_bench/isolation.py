@@ -18,7 +18,9 @@ from typing import Callable, Literal
 
 from ..engine.spec import Field, Record
 from .node_groups import GroupRun
-from .pair_matrix import PairFigure, analyse_pairs
+from ..shared.judging import statement
+from .pair_matrix import PairFigure
+from .pair_verdict import MIN_PAIRS_FOR_SPREAD, PairJudgement, expected_pair_gbps, judge_pairs, rule_for_backend
 from .pair_schedule import Bisection, full_round_count, pair_rounds
 
 RunRound = Callable[[list[list[int]]], list[GroupRun]]
@@ -48,7 +50,10 @@ class IsolationReport(Record):
     nodes: list[str] = Field(description="Nodes, in matrix order.")
     rounds: int = Field(0, description="Rounds run.")
     groups: list[GroupRecord] = Field(default_factory=list, description="Every group of every round.")
-    suspects: list[Suspect] = Field(default_factory=list, description="What the rounds point at.")
+    suspects: list[Suspect] = Field(default_factory=list, description=(
+        "What the rounds point at, each confirmed by a second measurement."))
+    unconfirmed: list[Suspect] = Field(default_factory=list, description=(
+        "Slow or failing once, fine when measured again: not named (a busy host or a transient fault)."))
     reference_busbw_gbps: float | None = Field(None, description="A healthy pair: 75th percentile busbw, GB/s.")
     busbw_floor_gbps: float | None = Field(None, description="Pairs below this are slow, GB/s.")
     latency_ceiling_us: float | None = Field(None, description="Pairs above this are slow, microseconds.")
@@ -57,6 +62,17 @@ class IsolationReport(Record):
     latency_matrix: list[list[float | None]] | None = Field(None, description="Latency of pair (i, j), us.")
     heatmap_png: str | None = Field(None, description="The busbw matrix as a heat map.")
     wall_s: float = Field(0.0, description="Wall time of all rounds, seconds.")
+    spread: float | None = Field(None, description=(
+        "pairwise: spread of healthy pairs' busbw in this run (1.4826 x MAD / median, fraction)."))
+    threshold: float | None = Field(None, description=(
+        "pairwise: the deficit below a healthy pair that makes a pair slow: max(margin, k x spread), fraction."))
+    inconclusive: bool = Field(False, description=(
+        "pairwise: the healthy pairs spread too widely to judge; nothing is named."))
+    rule: str = Field("", description="The verdict rule as applied, in a sentence.")
+    expected_busbw_gbps: float | None = Field(None, description="pairwise: expected busbw of a two-node pair, GB/s.")
+    expected_source: str = Field("", description="Where that figure comes from, or why there is none.")
+    refused_messages: int = Field(0, description=(
+        "Outside SLURM: messages on the coordinator's store not signed with the run's secret, refused."))
 
 
 def _record(r: int, run: GroupRun, names: list[str]) -> GroupRecord:
@@ -64,53 +80,100 @@ def _record(r: int, run: GroupRun, names: list[str]) -> GroupRecord:
                        latency_us=run.latency_us, wall_s=run.wall_s, detail=run.detail)
 
 
-def pairwise(names: list[str], run_round: RunRound, *, rounds: int | None = None, margin: float = 0.5,
-             latency_factor: float = 5.0, progress=None) -> IsolationReport:
-    """Rounds of pairs (all of them by default: every pair once), then slow nodes and links named."""
+def pairwise(names: list[str], run_round: RunRound, *, rounds: int | None = None, margin: float | None = None,
+             backend: str | None = None, latency_factor: float = 5.0, progress=None) -> IsolationReport:
+    """Rounds of pairs (all of them by default: every pair once), then suspects judged by the one rule and
+    confirmed by a second measurement (pair_verdict.py)."""
     n = len(names)
     total = rounds or full_round_count(n)
     report = IsolationReport(pattern="pairwise", nodes=names)
     t0 = time.monotonic()
     figures: list[PairFigure] = []
+    setup: GroupRun | None = None
     for r, pairs in enumerate(pair_rounds(n, rounds), start=1):
         runs = run_round([list(p) for p in pairs])
+        setup = setup or next((run for run in runs if run.setup and run.rows), None)
         for run in runs:
             report.groups.append(_record(r, run, names))
             figures.append(PairFigure(run.nodes[0], run.nodes[1], run.busbw_gbps, run.latency_us, ok=run.ok))
         report.rounds = r
         if progress:
             slow = sum(not x.ok for x in runs)
-            progress(r / total * 0.95, f"round {r}/{total}: {len(runs)} pairs, {slow} failed or hung")
-    verdict = analyse_pairs(n, figures, margin=margin, latency_margin=latency_factor - 1)
+            progress(r / total * 0.9, f"round {r}/{total}: {len(runs)} pairs, {slow} failed or hung")
+
+    def measure_again(groups: list[list[int]]) -> list[GroupRun]:
+        report.rounds += 1
+        if progress:
+            progress(0.95, f"round {report.rounds}: measuring {len(groups)} suspect(s) again")
+        runs = run_round(groups)
+        report.groups.extend(_record(report.rounds, run, names) for run in runs)
+        return runs
+
+    rule = rule_for_backend((setup.setup.get("backend") if setup else None) or backend, margin)
+    expected, report.expected_source = expected_pair_gbps(setup.setup, setup.rows) if setup else (None, "")
+    report.expected_busbw_gbps = expected
+    judged = judge_pairs(n, figures, rule, measure_again, latency_factor=latency_factor, expected_gbps=expected)
+    verdict = judged.verdict
     report.reference_busbw_gbps, report.busbw_floor_gbps = verdict.reference_busbw_gbps, verdict.busbw_floor_gbps
     report.latency_ceiling_us = verdict.latency_ceiling_us
-    report.suspects = _pair_suspects(verdict, names)
+    report.spread, report.threshold, report.inconclusive = judged.spread, judged.threshold, judged.inconclusive
+    report.rule = statement(rule, judged.spread) + (
+        f" (spread over {judged.healthy_pairs} pairs of unsuspected nodes)" if judged.healthy_pairs >= MIN_PAIRS_FOR_SPREAD
+        else f" (the stated spread: {judged.healthy_pairs} healthy pairs are too few to measure one)")
+    report.suspects, report.unconfirmed = _pair_suspects(judged, names)
     if n <= MATRIX_MAX_NODES:
         report.busbw_matrix, report.latency_matrix = _matrices(n, figures)
     report.wall_s = round(time.monotonic() - t0, 2)
     return report
 
 
-def _pair_suspects(verdict, names: list[str]) -> list[Suspect]:
-    ref = verdict.reference_busbw_gbps
-    if verdict.fleet_wide:
-        return [Suspect(kind="set", nodes=list(names), evidence=(
+def _pair_suspects(judged: PairJudgement, names: list[str]) -> tuple[list[Suspect], list[Suspect]]:
+    """(named, unconfirmed): only what was slow again when measured a second time is named."""
+    verdict, ref = judged.verdict, judged.verdict.reference_busbw_gbps
+    named, unconfirmed = [], []
+    if judged.fleet_below_expected:
+        named.append(Suspect(kind="set", nodes=list(names), evidence=(
+            f"a healthy pair's busbw {judged.fleet_below_expected}: every pair is slow, the fleet is degraded "
+            "as a whole (fabric, NCCL settings, firmware), not one node")))
+    if verdict.fleet_wide and not judged.inconclusive:
+        named.append(Suspect(kind="set", nodes=list(names), evidence=(
             "most nodes are slow or failing with most partners: the fault is fleet-wide (launcher, fabric, "
-            "configuration), not in a few nodes"))]
-    out = []
-    for s in verdict.slow_nodes:
-        geo = f"{s.geomean_busbw_gbps:.3g} GB/s" if s.geomean_busbw_gbps else "no figure"
-        out.append(Suspect(kind="node", nodes=[names[s.node]], evidence=(
-            f"slow with {s.slow_partners} of {s.partners} partners ({s.failed_partners} failed or hung); "
-            f"its pairs' busbw {geo} (geometric mean) against {_fmt(ref)} GB/s for a healthy pair")))
-    for f in verdict.slow_links:
-        out.append(Suspect(kind="link", nodes=[names[f.a], names[f.b]], evidence=(
-            f"{_pair_text(f)} while both nodes are fine with their other partners (healthy pair "
-            f"{_fmt(ref)} GB/s)")))
-    for f in verdict.undetermined:
-        out.append(Suspect(kind="pair", nodes=[names[f.a], names[f.b]], evidence=(
-            f"{_pair_text(f)}; each node met only this partner, so node and link cannot be told apart")))
-    return out
+            "configuration), not in a few nodes")))
+        return named, unconfirmed
+    nodes = {s.node: s for s in verdict.slow_nodes}
+    for c in judged.confirmations:
+        who = [names[i] for i in c.nodes]
+        first = _node_text(nodes[c.nodes[0]], ref) if c.kind == "node" else _pair_text(c.first)
+        if c.again is None:
+            unconfirmed.append(Suspect(kind=c.kind, nodes=who, evidence=f"{first}; not measured again (no healthy "
+                                       "partner or no round left)"))
+            continue
+        again = f"measured again with {names[_other(c.again, c.nodes[0])]}" if c.kind == "node" else "measured again"
+        second = f"{again}: {_run_text(c.again)}"
+        if not c.slow_again:
+            unconfirmed.append(Suspect(kind=c.kind, nodes=who, evidence=f"{first}; {second}, fine: not named"))
+            continue
+        tail = {"node": "", "link": " while both nodes are fine with their other partners",
+                "pair": "; each node met only this partner, so node and link cannot be told apart"}[c.kind]
+        named.append(Suspect(kind=c.kind, nodes=who, evidence=f"{first}; {second}, slow again{tail} (healthy pair "
+                             f"{_fmt(ref)} GB/s)"))
+    return named, unconfirmed
+
+
+def _node_text(s, ref: float | None) -> str:
+    geo = f"{s.geomean_busbw_gbps:.3g} GB/s" if s.geomean_busbw_gbps else "no figure"
+    return (f"slow with {s.slow_partners} of {s.partners} partners ({s.failed_partners} failed or hung); its "
+            f"pairs' busbw {geo} (geometric mean) against {_fmt(ref)} GB/s for a healthy pair")
+
+
+def _other(run: GroupRun, node: int) -> int:
+    return next(m for m in run.nodes if m != node)
+
+
+def _run_text(run: GroupRun) -> str:
+    if not run.ok:
+        return f"{run.status} ({run.detail})" if run.detail else run.status
+    return f"busbw {_fmt(run.busbw_gbps)} GB/s, latency {_fmt(run.latency_us)} us"
 
 
 def _fmt(value: float | None) -> str:
@@ -138,7 +201,7 @@ def bisect(names: list[str], run_round: RunRound, *, known_failing: bool = False
     n = len(names)
     plan = Bisection(n, known_failing=known_failing)
     report = IsolationReport(pattern="bisect", nodes=names)
-    t0, limit = time.monotonic(), 3 * math.ceil(math.log2(n)) + 2
+    t0, limit = time.monotonic(), 3 * math.ceil(math.log2(n)) + 4  # + the confirmation rounds
     failed_detail: dict[tuple[int, ...], str] = {}
     while not plan.done and plan.rounds < limit:
         groups = plan.next_round()
@@ -157,6 +220,8 @@ def bisect(names: list[str], run_round: RunRound, *, known_failing: bool = False
     for finding in plan.findings:
         report.suspects.append(Suspect(kind=finding.kind, nodes=[names[i] for i in finding.nodes],
                                        evidence=_bisect_evidence(finding, failed_detail)))
+    report.unconfirmed = [Suspect(kind=f.kind, nodes=[names[i] for i in f.nodes], evidence=f.evidence)
+                          for f in plan.unconfirmed]
     report.wall_s = round(time.monotonic() - t0, 2)
     return report
 
@@ -166,7 +231,7 @@ def _bisect_evidence(finding, failed_detail: dict[tuple[int, ...], str]) -> str:
     return finding.evidence + (f"; last failing group: {last}" if last else "")
 
 
-def draw_heatmap(report: IsolationReport, path: str, title: str) -> str:
+def draw_heatmap(report: IsolationReport, path, title: str, overwrite: bool = False) -> str:
     """The busbw matrix as a heat map (PNG), suspects in the title; needs matplotlib."""
     import matplotlib
 
@@ -190,8 +255,6 @@ def draw_heatmap(report: IsolationReport, path: str, title: str) -> str:
     named = "; ".join(f"{s.kind} {'-'.join(s.nodes)}" for s in report.suspects) or "no suspect"
     ax.set_title(f"{title}\n{named}", fontsize=9)
     fig.tight_layout()
-    from pathlib import Path
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    from ..shared.safe_write import write_figure
+
+    return write_figure(fig, path, overwrite=overwrite)

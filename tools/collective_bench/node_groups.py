@@ -30,6 +30,7 @@ class GroupRun:
     wall_s: float = 0.0
     detail: str = ""              # why it is not ok, in a sentence
     rows: list[dict] = field(default_factory=list)
+    setup: dict = field(default_factory=dict)  # rank 0's setup event: backend, GPU name, NCCL env, NICs
 
     @property
     def ok(self) -> bool:
@@ -50,6 +51,7 @@ def group_run(nodes: list[int], outcome: LaunchOutcome | None, pg_timeout_s: flo
     if outcome is None:
         return GroupRun(nodes, "fail", wall_s=wall_s, detail="the launcher could not start")
     rows = [e for e in outcome.data if e.get("kind") == "row"]
+    setup = next((e for e in outcome.data if e.get("kind") == "setup"), {})
     busbw, latency = figures_of(rows)
     where = "+".join(names[i] for i in nodes)
     if outcome.stalled or outcome.overran:
@@ -59,7 +61,7 @@ def group_run(nodes: list[int], outcome: LaunchOutcome | None, pg_timeout_s: flo
     if findings or outcome.returncode or not rows:
         said = findings[0] if findings else f"exit code {outcome.returncode}, no figures"
         return GroupRun(nodes, "fail", busbw, latency, wall_s, f"{where}: {said}", rows)
-    return GroupRun(nodes, "ok", busbw, latency, wall_s, "", rows)
+    return GroupRun(nodes, "ok", busbw, latency, wall_s, "", rows, setup)
 
 
 def node_addresses(names: list[str]) -> dict[str, str]:
@@ -78,11 +80,13 @@ def node_addresses(names: list[str]) -> dict[str, str]:
 
 def srun_group_command(job: dict, names: list[str], addresses: dict[str, str], nproc: int, port: int,
                        job_id: str | None = None) -> list[str]:
-    """One srun step on exactly these nodes, torchrun on each, rendezvous on the first. --overlap: a
-    step of the last round still being cleaned up (its node unreachable) must not block this one."""
+    """One srun step on exactly these nodes, torchrun on each, rendezvous on the first listed node, whose
+    task hosts the store by name (not SLURM's task 0, which srun puts on the first node in its own order).
+    --overlap: a step of the last round still being cleaned up (its node unreachable) must not block this one."""
     return _slurm.srun_torchrun_command([f"{PACKAGE}.collective_bench.rank", json.dumps(job)], nnodes=len(names),
                                         nproc_per_node=nproc, rdzv_port=port, rdzv_host=addresses[names[0]],
-                                        extra_srun=["--overlap", f"--nodelist={','.join(names)}"], job_id=job_id)
+                                        rdzv_node=names[0], job_id=job_id,
+                                        extra_srun=["--overlap", f"--nodelist={','.join(names)}"])
 
 
 def run_round_srun(groups: list[list[int]], names: list[str], job: dict, *, nproc: int, deadline_s: float,

@@ -71,7 +71,11 @@ def pair_rounds(n: int, rounds: int | None = None):
 @dataclass
 class _Task:
     nodes: list[int]
-    phase: str = "whole"      # whole -> halves -> cross1 -> cross2; single: one node with a good partner
+    phase: str = "whole"      # whole -> halves -> cross1 -> cross2; single: one node with a good partner;
+                              # confirm: a suspect measured again (a node with another good partner, a link alone)
+    first_round: int = 0      # confirm: the round the suspect first failed in
+    kind: str = "node"        # confirm: what is being confirmed (node | link)
+    avoid: int | None = None  # confirm: the good partner of the first failure (another one is taken)
     groups: list[list[int]] = field(default_factory=list)  # tested this round, in order
     padded: list[int | None] = field(default_factory=list)  # the good node added to each group
 
@@ -88,7 +92,10 @@ class Bisection:
     with True (passed) or False (failed or hung) per group, in order; repeat until done.
 
     findings: bad nodes, bad links (a pair that fails while each node passes with a good partner) and
-    sets that fail only whole. `untested` lists nodes that could not be tested (no good partner)."""
+    sets that fail only whole. A node or link is named only when it fails again when measured a second
+    time (a node with another good partner where one exists): a flaky measurement on a busy host must
+    not drain a node; what failed once and then passed is listed in `unconfirmed`, not named.
+    `untested` lists nodes that could not be tested (no good partner)."""
 
     def __init__(self, nodes: int, known_failing: bool = False):
         if nodes < 2:
@@ -99,6 +106,7 @@ class Bisection:
         self.good: set[int] = set()
         self.findings: list[Finding] = []
         self.untested: list[int] = []
+        self.unconfirmed: list[Finding] = []
         self.rounds = 0
         self.history: list[list[tuple[list[int], bool]]] = []
         self._running: list[_Task] = []
@@ -128,21 +136,29 @@ class Bisection:
         parts = self._parts(task)
         padded: list[int | None] = []
         for part in parts:
-            padded.append(spare.pop() if len(part) == 1 and spare else None)
+            padded.append(self._pad(spare, task.avoid) if len(part) == 1 and spare else None)
         if any(len(p) == 1 and pad is None for p, pad in zip(parts, padded)):
             spare.extend(p for p in padded if p is not None)  # give back: this task waits
             if task.phase == "halves" and len(task.nodes) >= 3:
                 parts, padded = [p for p in parts if len(p) > 1], [None]  # test the larger half alone
             else:
                 return False
-        task.groups = [p + ([pad] if pad is not None else []) for p, pad in zip(parts, padded)]
+        # in node order: the first listed node hosts the group's rendezvous, and keeping it the lowest
+        # makes that the node SLURM also starts first (the launcher names the host anyway)
+        task.groups = [sorted(p + ([pad] if pad is not None else [])) for p, pad in zip(parts, padded)]
         task.padded = padded
         return True
 
     @staticmethod
+    def _pad(spare: list[int], avoid: int | None) -> int:
+        """A good node for a single one: the highest spare, another than `avoid` where there is one."""
+        pick = next((i for i in range(len(spare) - 1, -1, -1) if spare[i] != avoid), len(spare) - 1)
+        return spare.pop(pick)
+
+    @staticmethod
     def _parts(task: _Task) -> list[list[int]]:
         nodes = task.nodes
-        if task.phase in ("whole", "single"):
+        if task.phase in ("whole", "single", "confirm"):
             return [list(nodes)]
         half = (len(nodes) + 1) // 2
         a, b = nodes[:half], nodes[half:]
@@ -170,6 +186,9 @@ class Bisection:
             if ok:
                 self.good.update(part)
         failing = [part for part, ok in zip(members, outcomes) if not ok]
+        if task.phase == "confirm":
+            self._confirmed(task, ok=not failing)
+            return
         if len(members) == 1 and task.phase == "halves":  # only the larger half ran
             rest = [m for m in task.nodes if m not in members[0]]
             keep = members[0] if failing else rest
@@ -180,24 +199,38 @@ class Bisection:
                 self.open.append(_Task(task.nodes, phase="halves"))
             return
         if failing:
-            for part in failing:
-                self._narrow(part)
+            for part, pad in [(p, pad) for p, pad, ok in zip(members, task.padded, outcomes) if not ok]:
+                self._narrow(part, pad)
         elif task.phase != "single":  # a single node that passed: the failure did not reproduce there
             self._all_passed(task)
 
-    def _narrow(self, part: list[int]) -> None:
+    def _narrow(self, part: list[int], pad: int | None = None) -> None:
         if len(part) == 1:
-            self.findings.append(Finding("node", part, f"fails with good node(s) as partner (round {self.rounds})"))
+            self.open.append(_Task(part, phase="confirm", first_round=self.rounds, kind="node", avoid=pad))
         else:
             self.open.append(_Task(part, phase="halves"))
 
     def _all_passed(self, task: _Task) -> None:
         nxt = {"halves": "cross1", "cross1": "cross2"}.get(task.phase)
         if len(task.nodes) == 2:
-            self.findings.append(Finding("link", sorted(task.nodes), "the pair fails, yet each node passes with a "
-                                         "good partner: the path between them"))
+            self.open.append(_Task(sorted(task.nodes), phase="confirm", first_round=self.rounds, kind="link"))
         elif nxt:
             self.open.append(_Task(task.nodes, phase=nxt))
         else:
             self.findings.append(Finding("set", sorted(task.nodes), "every half and crossed half passes; only the "
                                          "whole set fails (a fault of scale, not of one node)"))
+
+    def _confirmed(self, task: _Task, ok: bool) -> None:
+        """A suspect's second measurement: named when it failed again, else listed as unconfirmed."""
+        if task.kind == "link":
+            text = ("the pair failed twice (rounds {a} and {b}), yet each node passes with a good partner: the "
+                    "path between them")
+        else:
+            text = "failed with good partners twice (rounds {a} and {b})"
+        if ok:
+            self.unconfirmed.append(Finding(task.kind, sorted(task.nodes), (
+                f"failed in round {task.first_round}, passed when measured again in round {self.rounds}: "
+                "not named (a busy host or a transient fault)")))
+            self.good.update(task.nodes)
+        else:
+            self.findings.append(Finding(task.kind, sorted(task.nodes), text.format(a=task.first_round, b=self.rounds)))

@@ -5,14 +5,13 @@ from __future__ import annotations
 import functools
 import os
 import random
-import time
 from typing import Annotated, Literal
 
 from ..engine.spec import Field, Params, ToolFailure
 from ..shared import slurm as _slurm
 from ..shared.launch import use_srun
 from .isolation import IsolationReport, bisect, draw_heatmap, pairwise
-from .node_agents import agent, coordinate, open_store
+from .node_agents import SECRET_ENV, agent, coordinate, open_store, run_secret
 from .node_groups import run_round_srun
 from .pair_schedule import full_round_count
 
@@ -31,16 +30,22 @@ class PatternFields(Params):
         "pairwise: rounds to run; default all of them (N-1 for even N: every pair once)."))
     group_deadline_s: float = Field(120.0, ge=10, le=3600, description=(
         "pairwise/bisect: each group's run (start-up included) is stopped after this and counts as hung."))
-    slow_margin: float = Field(0.5, gt=0, lt=1, description=(
-        "pairwise: a pair is slow below (1 - margin) x the busbw of a healthy pair (its 75th percentile)."))
+    slow_margin: float | None = Field(None, gt=0, lt=1, description=(
+        "pairwise: replaces the stated margin of the verdict rule (knowledge/data/verdict_rules.toml: 10% on "
+        "NCCL, 50% on gloo); a pair is slow below a healthy pair's busbw by more than max(margin, k x spread)."))
     slow_latency_factor: float = Field(5.0, ge=1.5, le=1000, description=(
         "pairwise: a pair is also slow when its latency (smallest size) is above this x a healthy pair's."))
     nodes: list[NodeName] | None = Field(None, min_length=2, max_length=8192, description=(
         "pairwise/bisect in an allocation: only these of its nodes (default: all)."))
     hosts: list[NodeName] | None = Field(None, min_length=2, max_length=8192, description=(
         "pairwise/bisect outside SLURM: every node's address, in order; run the same command on each "
-        "node with its node_rank and rdzv_endpoint (first host:free port), the first node reports."))
+        "node with its node_rank and rdzv_endpoint (first host:free port), and the same per-run secret in "
+        "MLENG_COORD_SECRET (16+ characters); the first node reports."))
     node_rank: int | None = Field(None, ge=0, le=8191, description="This node's index in hosts.")
+    transport: Literal["nccl", "rdma"] = Field("nccl", description=(
+        "pairwise inside SLURM: nccl runs all_reduce per pair; rdma runs perftest ib_write_bw / ib_write_lat "
+        "per pair, so a bad NIC or cable shows apart from NCCL (needs perftest and an ACTIVE RDMA port on every "
+        "node; names the nodes that lack them)."))
 
 
 def pattern_nodes(params) -> tuple[list[str], str]:
@@ -54,6 +59,7 @@ def pattern_nodes(params) -> tuple[list[str], str]:
         if not 0 <= params.node_rank < len(params.hosts):
             raise ToolFailure(f"node_rank: {params.node_rank} is outside 0..{len(params.hosts) - 1} (hosts has "
                               f"{len(params.hosts)} nodes)")
+        run_secret()  # refused now, before any round, when the nodes were not given the run's secret
         return list(params.hosts), "agents"
     if not use_srun(2):
         raise ToolFailure(f"pattern: {params.pattern} needs several nodes: run it inside a SLURM allocation "
@@ -85,9 +91,17 @@ def run_pattern(params, job: dict, nproc: int, progress) -> tuple[IsolationRepor
     def drive(run_round):
         if params.pattern == "pairwise":
             return pairwise(names, run_round, rounds=params.pair_rounds, margin=params.slow_margin,
+                            backend=None if job.get("backend") == "auto" else job.get("backend"),
                             latency_factor=params.slow_latency_factor, progress=progress)
         return bisect(names, run_round, progress=progress)
 
+    if params.transport == "rdma":
+        if params.pattern != "pairwise" or how != "srun":
+            raise ToolFailure("transport: rdma runs with pattern pairwise inside a SLURM allocation only")
+        from .rdma_rounds import readiness, run_round_rdma
+
+        devices = readiness(names)
+        return drive(functools.partial(run_round_rdma, names=names, devices=devices, deadline_s=deadline)), []
     if how == "srun":
         port = 29500 + random.randrange(1000)
         return drive(functools.partial(run_round_srun, names=names, job=job, nproc=nproc, deadline_s=deadline,
@@ -96,7 +110,7 @@ def run_pattern(params, job: dict, nproc: int, progress) -> tuple[IsolationRepor
         return coordinate(names, job, endpoint=params.rdzv_endpoint, nproc=nproc, deadline_s=deadline,
                           pg_timeout_s=params.pg_timeout_s, drive=drive), []
     wait_s = deadline * 4 + 120
-    ran = agent(open_store(params.rdzv_endpoint, False, wait_s), names, params.node_rank, job, nproc=nproc,
+    ran = agent(open_store(params.rdzv_endpoint, False, wait_s, run_secret()), names, params.node_rank, job, nproc=nproc,
                 deadline_s=deadline, pg_timeout_s=params.pg_timeout_s,
                 port=int(params.rdzv_endpoint.rpartition(":")[2]), wait_s=wait_s)
     return None, [f"This node ({names[params.node_rank]}) ran its share of {ran} rounds; the first node "
@@ -111,24 +125,40 @@ def pattern_findings(report: IsolationReport) -> tuple[str, list[str], list[str]
     if report.reference_busbw_gbps:
         head += f"; a healthy pair: {report.reference_busbw_gbps:.3g} GB/s busbw"
     findings = [f"Suspect {s.kind} {' - '.join(s.nodes)}: {s.evidence}." for s in report.suspects] + [head]
+    if report.inconclusive:
+        findings.insert(0, f"Inconclusive: healthy pairs' busbw spread {report.spread:.0%} (1.4826 x MAD / median) "
+                           f"in this run, so a pair would have to be {report.threshold:.0%} below a healthy pair to be "
+                           "called slow, past what this check can resolve: no node or link is named for being slow "
+                           "(only pairs that failed or hung twice are). Run again with the nodes idle (no other jobs), "
+                           "or with larger sizes.")
+    if report.unconfirmed:
+        findings.append(f"Not named ({len(report.unconfirmed)}): " + "; ".join(
+            f"{s.kind} {' - '.join(s.nodes)}: {s.evidence}" for s in report.unconfirmed[:6]) + ".")
+    if report.rule:
+        findings.append(f"Rule: {report.rule}.")
+    if report.refused_messages:
+        findings.append(f"{report.refused_messages} message(s) on the coordinator's store were not signed with "
+                        f"this run's {SECRET_ENV} and were refused: something other than our nodes wrote to it.")
     nodes = [n for s in report.suspects if s.kind == "node" for n in s.nodes]
     if nodes and os.environ.get("SLURM_JOB_ID"):
         findings.append(f"To take it out of service (not run by this tool): scontrol update nodename="
                         f"{','.join(nodes)} state=drain reason=\"mleng {report.pattern}: slow or failing\"")
     if not report.suspects:
-        return ("ok" if not failed else "warn"), findings, ["knowledge://network/finding-the-bad-node.md"]
+        calm = not failed and not report.inconclusive and not report.unconfirmed
+        return ("ok" if calm else "warn"), findings, ["knowledge://network/finding-the-bad-node.md"]
     nxt = ["env_report", "dist_smoke_test", "hang_stack_dump", "knowledge://network/finding-the-bad-node.md"]
     return "fail", findings, nxt
 
 
-def heatmap(report: IsolationReport, path: str | None) -> str | None:
-    from ..engine.store import mleng_home
+def heatmap(report: IsolationReport, params) -> str | None:
+    from ..shared.safe_write import output_path, unique_name
 
     if not report.busbw_matrix:
         return None
-    path = path or str(mleng_home() / "plots" / f"collective_bench-pairs-{time.strftime('%Y%m%d-%H%M%S')}.png")
+    target = output_path(params.plot_path, "plots", unique_name("collective_bench-pairs"))
     try:
-        return draw_heatmap(report, path, f"pair busbw, {len(report.nodes)} nodes, {report.rounds} rounds")
+        return draw_heatmap(report, target, f"pair busbw, {len(report.nodes)} nodes, {report.rounds} rounds",
+                            overwrite=params.overwrite)
     except ImportError:
         return None
 
@@ -140,7 +170,7 @@ def pattern_result(params, job: dict, nproc: int, progress, result_cls):
         return result_cls(verdict="info", nnodes=len(params.hosts or []), findings=notes)
     verdict, findings, nxt = pattern_findings(report)
     if params.plot:
-        report.heatmap_png = heatmap(report, params.plot_path)
+        report.heatmap_png = heatmap(report, params)
     return result_cls(verdict=verdict, findings=findings, next=nxt, nnodes=len(report.nodes),
                       world_size=len(report.nodes) * nproc, backend=job.get("backend"), isolation=report,
                       heatmap_png=report.heatmap_png, sweep_wall_s=report.wall_s)

@@ -2,12 +2,19 @@
 human table and the PNG plot. Pure apart from reading knowledge data and writing the plot file.
 """
 
-from ..shared.safe_write import open_output
+from ..shared.safe_write import write_figure
 from .models import BenchRow, OpSummary
 
 
 def point_at(record: dict, size: int) -> dict | None:
     return next((p for p in record.get("points", []) if p["bytes"] == size), None)
+
+
+def gbps(value: float | None) -> str:
+    """A bandwidth with 3 significant digits: 0.0235 and 0.0023 GB/s must not both print as 0.0."""
+    if value is None:
+        return "?"
+    return f"{value:.0f}" if abs(value) >= 1000 else f"{value:.3g}"
 
 
 def judge(summary: OpSummary, record: dict | None, big_enough: bool) -> tuple[str, str | None]:
@@ -19,7 +26,7 @@ def judge(summary: OpSummary, record: dict | None, big_enough: bool) -> tuple[st
                         f"peak busbw (expected {summary.expected_busbw_gbps:.0f} GB/s at >= 1 GiB); "
                         "raise max_bytes.")
     verdict = "ok" if summary.ratio >= 0.85 else "warn" if summary.ratio >= 0.6 else "fail"
-    text = (f"{summary.op}: {summary.peak_busbw_gbps:.1f} GB/s busbw at {human_size(summary.peak_bytes)} is "
+    text = (f"{summary.op}: {gbps(summary.peak_busbw_gbps)} GB/s busbw at {human_size(summary.peak_bytes)} is "
             f"{summary.ratio:.0%} of the expected {summary.expected_busbw_gbps:.0f} GB/s ({record['id']}).")
     return verdict, text
 
@@ -58,9 +65,4 @@ def draw_plot(rows: list[BenchRow], expected: dict[str, float], path, title: str
     ax.grid(True, which="major", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    try:
-        with open_output(path, overwrite=overwrite, field="plot_path") as f:
-            fig.savefig(f, format="png")
-    finally:
-        plt.close(fig)
-    return str(path)
+    return write_figure(fig, path, overwrite=overwrite)

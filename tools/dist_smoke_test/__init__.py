@@ -19,7 +19,7 @@ from typing import Literal
 
 
 from ..shared import slurm as _slurm
-from ..shared.culprits import diagnose
+from ..shared.culprits import diagnose, rank_list
 from ..shared.launch import RankLayout, launch_ranks, layout, manual_start, plan_command
 from .rank import FAULTS
 from ..engine.spec import Field, Record, Result, ToolSpec
@@ -88,7 +88,7 @@ def version_mismatches(versions: dict[int, dict], hosts: dict[int, str]) -> list
 
 def _ranks_on(ranks: list[int], hosts: dict[int, str]) -> str:
     names = sorted({hosts.get(r, "?") for r in ranks})
-    span = f"rank {ranks[0]}" if len(ranks) == 1 else f"{len(ranks)} ranks ({ranks[0]}..{ranks[-1]})"
+    span = f"rank {ranks[0]}" if len(ranks) == 1 else f"{len(ranks)} ranks ({rank_list(ranks)})"
     return f"{span} on {', '.join(names[:4])}{'...' if len(names) > 4 else ''}"
 
 
@@ -125,6 +125,8 @@ def silent_nodes(outcome, nnodes: int) -> list[str]:
     if not outcome.command or outcome.command[0] != "srun" or nnodes < 2:
         return []
     heard = {s.host.split(".")[0] for s in outcome.ranks.values() if s.host}
+    if not heard or outcome.launch_failures:  # nobody spoke, or srun named the node itself: nothing to contrast
+        return []
     silent = [n for n in _slurm.allocation_nodes()[:nnodes] if n.split(".")[0] not in heard]
     if len(silent) == 1:
         for state in outcome.ranks.values():

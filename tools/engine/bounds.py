@@ -77,15 +77,24 @@ def _trim(data: dict, limit: int) -> list[str]:
     return [f"{path}: {note}" for path, note in notes.items()]
 
 
-def bound_result(spec: ToolSpec, result: Result, limit: int = MAX_RESULT_CHARS) -> Result:
-    """`result` if its JSON fits in `limit` characters; otherwise a trimmed copy that says what was cut."""
-    data = result.model_dump(mode="json")
+def bound_data(data: dict, limit: int, what: str) -> tuple[dict, str | None]:
+    """(data, None) when its JSON fits in `limit` characters; else (a trimmed copy, a note on what was cut).
+    Plain JSON data, no model: the store applies it to every row whoever wrote it."""
     size = _size(data)
     if size <= limit:
-        return result
+        return data, None
+    data = json.loads(json.dumps(data, default=str))
     cuts = _trim(data, limit - 2000)   # room for the note itself
-    note = (f"Output cut to fit {limit} characters of JSON (it was {size}): " + "; ".join(cuts[:8])[:1500]
-            + ". Narrow the input (fewer files, ranks or groups) to see everything.")
+    note = f"{what} cut to fit {limit} characters of JSON (it was {size}): " + "; ".join(cuts[:8])[:1500]
+    return data, note
+
+
+def bound_result(spec: ToolSpec, result: Result, limit: int = MAX_RESULT_CHARS) -> Result:
+    """`result` if its JSON fits in `limit` characters; otherwise a trimmed copy that says what was cut."""
+    data, note = bound_data(result.model_dump(mode="json"), limit, "Output")
+    if note is None:
+        return result
+    note += ". Narrow the input (fewer files, ranks or groups) to see everything."
     data["findings"] = [*data.get("findings", [])[:50], note]
     try:
         trimmed = spec.Result.model_validate(data)

@@ -3,7 +3,7 @@
     mleng list                                   the tools, one line each
     mleng run TOOL [--field value ...] [--json]  run one tool (same as python -m tools.TOOL ...)
     mleng doctor [--json]                        quick, safe checks of this machine
-    mleng serve [--http HOST:PORT]               the MCP server (same as python server.py)
+    mleng serve [--http HOST:PORT [--no-auth]]   the MCP server (same as python server.py)
     mleng eval --cases FILE [--router bm25]      tool-selection evals (tools/evals/run.py)
     mleng drill list|start|grade|stop|baseline  fault drills (tools/evals/drills/cli.py)
 
@@ -198,7 +198,9 @@ def main(argv: list[str] | None = None) -> int:
     p_doc = sub.add_parser("doctor", help="quick, safe checks of this machine")
     p_doc.add_argument("--json", action="store_true")
     p_srv = sub.add_parser("serve", help="run the MCP server (stdio, or --http HOST:PORT)")
-    p_srv.add_argument("--http", metavar="HOST:PORT")
+    from .http_guard import add_serve_arguments
+
+    add_serve_arguments(p_srv)
     sub.add_parser("eval", help="tool-selection evals: mleng eval --cases FILE [--router bm25|embed|hybrid] [--json]")
     sub.add_parser("drill", help="fault drills: mleng drill list|start ID|grade ID --diagnosis FILE|stop|baseline")
     args = parser.parse_args(argv)
@@ -223,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "serve":
         from .mcp_server import serve
 
-        serve(args.http)
+        serve(args.http, args.no_auth)
         return 0
     return 2
 

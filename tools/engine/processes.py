@@ -17,6 +17,11 @@ import time
 
 from .data import IMPORT_ROOT, PACKAGE
 
+# The longest line of a child's output kept whole: above the largest result line the runner reads
+# (bounds.MAX_RESULT_CHARS, 1,000,000 characters, which json.dumps may escape to 6 bytes each when
+# they are not ASCII) with room for its envelope.
+MAX_LINE_BYTES = 8 << 20
+
 
 def python_module_command(module: str, *args: str) -> list[str]:
     """`python -m PACKAGE.<module> args...` for this interpreter (module relative to the package)."""
@@ -137,19 +142,24 @@ class Supervised:
 
     stdout is read line by line on a thread: `parse_line(text)` turns a line into an event (None: not
     an event, kept in a bounded `output_tail`); events queue up for `next_event`. stderr goes to a
-    bounded tail. Descendants are remembered as they appear, so `stop()` finds them even after their
+    bounded tail, and through `parse_stderr` (when given) to the same queue. Lines are bounded
+    (max_line_bytes) and a line that breaks a parser is skipped and counted (`skipped`): neither
+    stops the reader. Descendants are remembered as they appear, so `stop()` finds them even after their
     parent died, and kills the whole tree. Use it as a context manager: leaving the block stops it.
     """
 
     EOF = object()   # next_event's answer once stdout is closed
 
-    def __init__(self, cmd: list[str], *, parse_line, env: dict | None = None, cwd=None,
-                 stdin_bytes: bytes | None = None, tail_lines: int = 400):
+    def __init__(self, cmd: list[str], *, parse_line, parse_stderr=None, env: dict | None = None, cwd=None,
+                 stdin_bytes: bytes | None = None, tail_lines: int = 400, max_line_bytes: int = MAX_LINE_BYTES):
         self.cmd = cmd
         self.events: queue.Queue = queue.Queue()
         self.output_tail: collections.deque = collections.deque(maxlen=200)
         self.stderr_tail: collections.deque = collections.deque(maxlen=tail_lines)
+        self.skipped: collections.Counter = collections.Counter()   # why lines were not read, and how many
         self._parse = parse_line
+        self._parse_stderr = parse_stderr
+        self._max_line = max_line_bytes
         self._known: dict[int, object] = {}
         self._last_scan = 0.0
         self.proc = spawn_tree(cmd, env=child_env(env), cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -166,18 +176,47 @@ class Supervised:
                 pass  # it died at once; its exit status and stderr say why
 
     def _read_stdout(self) -> None:
-        for raw in iter(self.proc.stdout.readline, b""):
-            line = raw.decode(errors="replace").rstrip("\n")
-            event = self._parse(line) if line.strip() else None
-            if event is not None:
-                self.events.put(event)
-            elif line.strip():
-                self.output_tail.append(line[:500])
-        self.events.put(self.EOF)
+        try:
+            for line in self._lines(self.proc.stdout, "stdout"):
+                event = self._event(self._parse, line, "stdout")
+                if event is not None:
+                    self.events.put(event)
+                elif line.strip():
+                    self.output_tail.append(line[:500])
+        finally:  # whatever a line did, the consumer learns that the output ended
+            self.events.put(self.EOF)
 
     def _read_stderr(self) -> None:
-        for raw in iter(self.proc.stderr.readline, b""):
-            self.stderr_tail.append(raw.decode(errors="replace").rstrip("\n")[:500])
+        for line in self._lines(self.proc.stderr, "stderr"):
+            self.stderr_tail.append(line[:500])
+            if self._parse_stderr and (event := self._event(self._parse_stderr, line, "stderr")) is not None:
+                self.events.put(event)
+
+    def _event(self, parse, line: str, stream: str):
+        """parse(line), or None: a line that breaks the parser is counted, never fatal to the reader
+        (one deeply nested line once ended the thread, so no later line of any node was read)."""
+        if not line.strip():
+            return None
+        try:
+            return parse(line)
+        except Exception as exc:  # noqa: BLE001 - the parser's bug or a hostile line: skip it, say so
+            self.skipped[f"{stream} line the parser could not read ({type(exc).__name__})"] += 1
+            return None
+
+    def _lines(self, stream, name: str):
+        """Decoded lines, each at most max_line_bytes: memory stays bounded whatever the child prints
+        (a progress bar redrawn with carriage returns, never a newline, grew the reader by GBs). A
+        longer line is read through and dropped, and counted in `skipped`."""
+        while True:
+            raw = stream.readline(self._max_line)
+            if not raw:
+                return
+            if not raw.endswith(b"\n") and len(raw) >= self._max_line:
+                self.skipped[f"{name} line longer than {self._max_line} bytes (skipped)"] += 1
+                while (rest := stream.readline(self._max_line)) and not rest.endswith(b"\n"):
+                    pass
+                continue
+            yield raw.decode(errors="replace").rstrip("\n")
 
     def next_event(self, timeout_s: float):
         """The next event, EOF, or None when nothing came within timeout_s."""

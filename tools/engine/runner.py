@@ -3,22 +3,25 @@
 `execute()` is synchronous and thread-safe; jobs.py runs it on a job thread for the server and the
 CLI alike. Subprocess tools run as `python -m PACKAGE.engine.child` under processes.Supervised: on a
 deadline, a cancel, a crash or an exception in the caller the child's whole process tree is killed
-before execute returns. Every result is cut to bounds.MAX_RESULT_CHARS, and stored with its secrets
-redacted. In-process tools are short pure computations; they run on the calling
-thread, and their progress callback raises at once when the call is cancelled or past its deadline
-(jobs.py stops waiting for one that never calls it). Every result that comes back is stored.
+before execute returns. Every result is cut to bounds.MAX_RESULT_CHARS, and stored (store.save redacts).
+In-process tools are short pure computations; they run on the calling thread, and their progress
+callback raises at once when the call is cancelled or past its deadline (jobs.py stops waiting for
+one that never calls it). Every result that comes back is stored.
 """
 
+import base64
+import binascii
 import contextlib
 import fcntl
 import json
 import signal
+import socket
 import threading
 import time
 
 from . import store
 from .bounds import bound_result
-from .redact import redact_data
+from .printable import printable_data
 from .processes import Supervised, python_module_command
 from .registry import module_of
 from .spec import Params, Progress, Result, ToolFailure, ToolSpec
@@ -40,8 +43,10 @@ def deadline_message(spec: ToolSpec, timeout_s: float, killed: bool) -> str:
 
 def execute(spec: ToolSpec, params: Params, progress: Progress | None = None, *,
             timeout_s: float | None = None, cancel: threading.Event | None = None,
-            job_id: str | None = None) -> Result:
-    """Run `spec` with validated `params`; returns its Result (with result_id) or raises ToolFailure."""
+            job_id: str | None = None, save: bool = True) -> Result:
+    """Run `spec` with validated `params`; returns its Result (with result_id) or raises ToolFailure.
+    save=False: the caller stores the result itself (a fleet sweep's node runs: the sweep stores them
+    under the node srun ran them on)."""
     progress = progress or (lambda fraction, message: None)
     cancel = cancel or threading.Event()
     timeout_s = timeout_s or spec.timeout_s
@@ -52,19 +57,36 @@ def execute(spec: ToolSpec, params: Params, progress: Progress | None = None, *,
     else:
         devices = sorted(set(spec.gpu_devices(params))) if spec.gpu_devices else []
         with gpu_locks(devices, cancel, progress):
-            data, child_prov = _run_child(spec, params, progress, timeout_s, cancel)
+            data, child_prov, images = _run_child(spec, params, progress, timeout_s, cancel)
         provenance.update(child_prov)
         try:
             result = spec.Result.model_validate(data)
         except ValueError as e:
             raise ToolFailure(f"{spec.name} returned a result that does not match its schema: {e}") from None
     result = bound_result(spec, result)   # what is answered and what is stored have one size limit
-    if spec.store:
+    result = _printable(spec, result)     # no ESC, CR or bidi override reaches a terminal, answered or stored
+    if spec.runs == "subprocess":
+        result._images = _decode_images(spec, images)
+    if spec.store and save:
         result.result_id = store.save(
-            spec.name, redact_data(params.model_dump(mode="json")), redact_data(result.model_dump(mode="json")),
+            spec.name, params.model_dump(mode="json"), result.model_dump(mode="json"),
             started=started, ended=time.time(), provenance=provenance, metric_name=spec.metric,
             job_id=job_id)
     return result
+
+
+def _printable(spec: ToolSpec, result: Result) -> Result:
+    """`result` with control characters escaped in every string; the same object when there were none."""
+    data = result.model_dump(mode="json")
+    clean = printable_data(data)
+    if clean == data:
+        return result
+    try:
+        out = spec.Result.model_validate(clean)
+    except ValueError:   # an escaped string broke a pattern or a length bound: keep the judgement only
+        out = spec.Result(verdict=result.verdict, findings=clean.get("findings", []), next=clean.get("next", []))
+    out._images = result._images
+    return out
 
 
 def _checked_progress(spec: ToolSpec, progress: Progress, cancel: threading.Event, deadline: float,
@@ -87,12 +109,22 @@ def _parse_wire(line: str) -> dict | None:
     return event if isinstance(event, dict) else None
 
 
+def _decode_images(spec: ToolSpec, images) -> dict[str, bytes]:
+    """The PNGs the child read back from what it wrote, for the fields the Result declares."""
+    out = {}
+    for field, text in images.items():
+        if field in spec.Result.image_fields and isinstance(text, str):
+            with contextlib.suppress(binascii.Error, ValueError):
+                out[field] = base64.b64decode(text, validate=True)
+    return out
+
+
 def _run_child(spec: ToolSpec, params: Params, progress: Progress, timeout_s: float,
-               cancel: threading.Event) -> tuple[dict, dict]:
+               cancel: threading.Event) -> tuple[dict, dict, dict]:
     module = module_of(spec)
     cmd = python_module_command("engine.child", spec.name, *([module] if module else []))
     deadline = time.monotonic() + timeout_s
-    outcome = None
+    outcome, images = None, {}
     child = Supervised(cmd, parse_line=_parse_wire, stdin_bytes=params.model_dump_json().encode(), tail_lines=60)
     try:
         while outcome is None:
@@ -107,6 +139,8 @@ def _run_child(spec: ToolSpec, params: Params, progress: Progress, timeout_s: fl
                 outcome = ("crash", None)
             elif event.get("event") == "progress":
                 progress(event.get("fraction", 0.0), event.get("message", ""))
+            elif event.get("event") == "image" and isinstance(event.get("field"), str):
+                images[event["field"]] = event.get("png")
             elif event.get("event") in ("result", "error"):
                 outcome = (event["event"], event)
     finally:
@@ -114,7 +148,7 @@ def _run_child(spec: ToolSpec, params: Params, progress: Progress, timeout_s: fl
         returncode = child.stop(grace_s=2.0, exit_wait_s=3.0 if outcome is not None else 0.0)
     kind, event = outcome
     if kind == "result":
-        return event["result"], event.get("provenance") or {}
+        return event["result"], event.get("provenance") or {}, images
     if kind == "error":
         raise ToolFailure(event["message"])
     raise ToolFailure(f"{spec.name} crashed: {_describe_exit(returncode)}.{_tail_note(child)}")
@@ -144,12 +178,15 @@ def _describe_exit(code: int | None) -> str:
 
 # ---------------------------------------------------------------------------------------------------
 # Per-GPU locks: two GPU benchmarks never share a device. File locks, so they hold across the server,
-# the CLI and other users' processes on the host; the kernel drops them if a holder dies.
+# the CLI and every process of this user; the kernel drops them if a holder dies. They live in the
+# user's own 0700 $MLENG_HOME, so another user's benchmarks do not see them (a home shared between users
+# would let each of them rewrite the other's results and tool list: review 2026-12-01, F19).
 
 @contextlib.contextmanager
 def gpu_locks(devices: list[int], cancel: threading.Event, progress: Progress):
-    lock_dir = store.mleng_home() / "locks"
-    lock_dir.mkdir(parents=True, exist_ok=True)
+    # Per host: $MLENG_HOME may be a home directory shared by every node, and flock on NFS locks
+    # cluster-wide; GPU 0 of one node is not GPU 0 of another.
+    lock_dir = store.private_dir("locks", socket.gethostname())
     held = []
     try:
         for device in devices:  # sorted by the caller: a fixed order cannot deadlock

@@ -15,7 +15,7 @@ import dataclasses
 from collections.abc import Callable, Iterable
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 __all__ = ["Field", "Params", "present", "needs", "not_both", "Record", "Result", "JobRef", "ToolSpec", "Progress", "ToolFailure", "Verdict",
            "worst", "VERDICT_ORDER"]
@@ -99,6 +99,8 @@ class Result(BaseModel):
 
     # Fields that hold the path of a PNG the tool drew: the MCP server attaches those images to its answer.
     image_fields: ClassVar[tuple[str, ...]] = ()
+    # field -> the PNG's bytes, as the run wrote them (engine/attachments.py); never in JSON or the store.
+    _images: dict[str, bytes] = PrivateAttr(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)

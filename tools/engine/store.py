@@ -13,9 +13,13 @@ import os
 import platform
 import socket
 import sqlite3
+import stat
 import sys
 from importlib import metadata
 from pathlib import Path
+
+from .bounds import MAX_RESULT_CHARS, bound_data
+from .redact import redact_data
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS results (
@@ -43,6 +47,12 @@ CREATE TABLE IF NOT EXISTS results (
 CREATE INDEX IF NOT EXISTS results_tool ON results(tool, params_key, started);
 """
 
+# What a row may hold, whoever wrote it (the runner, a fleet node's event): the result as answered, the
+# params far less (a 45 MB pasted log was stored whole, three times: 550 MB of database).
+MAX_STORED_PARAMS_CHARS = 20_000
+MAX_STORED_TEXT = 255      # host, verdict and other short columns
+LATEST_TIME = 4_102_444_800.0  # 2100-01-01: a start time past it (1e18) would sort first forever
+
 # Params that change how long or how verbosely a run goes, not what it measures.
 VOLATILE_PARAMS = {"detail", "wait_s", "timeout_s", "time_budget_s", "json"}
 
@@ -55,14 +65,86 @@ def mleng_home() -> Path:
     return Path(base) / "mleng"
 
 
+def _tighten(path: Path, mode: int) -> None:
+    """Our own file or folder gets `mode`; one another user owns is left alone (and not trusted by callers)."""
+    info = os.lstat(path)
+    if info.st_uid == os.geteuid() and stat.S_IMODE(info.st_mode) != mode and not stat.S_ISLNK(info.st_mode):
+        os.chmod(path, mode)
+
+
+def private_dir(*parts: str) -> Path:
+    """$MLENG_HOME (or a folder under it), created 0700; an existing one of ours is tightened to 0700.
+
+    Everything under it (results with log evidence and params, tokens, plots, dumps) is the owner's
+    only: on a shared login node the process umask (usually 022) would make it world-readable."""
+    path = mleng_home()
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)   # parents (~/.local/share) keep the umask's mode
+    _tighten(path, 0o700)
+    for part in parts:
+        path = path / part
+        path.mkdir(exist_ok=True, mode=0o700)
+        _tighten(path, 0o700)
+    return path
+
+
+def private_file(path: Path) -> Path:
+    """Create `path` empty with mode 0600 if missing (so a library that opens it later inherits the
+    mode: SQLite gives its -wal and -shm files the database's mode); an existing one of ours is tightened."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    os.close(fd)
+    _tighten(path, 0o600)
+    return path
+
+
 def connect() -> sqlite3.Connection:
-    home = mleng_home()
-    home.mkdir(parents=True, exist_ok=True)
-    conn = sqlite3.connect(home / "results.sqlite3", timeout=30)
+    home = private_dir()
+    db = private_file(home / "results.sqlite3")
+    for side in ("-wal", "-shm"):          # left by an older version with the umask's mode
+        if os.path.lexists(f"{db}{side}"):
+            _tighten(Path(f"{db}{side}"), 0o600)
+    conn = sqlite3.connect(db, timeout=30)
     conn.row_factory = sqlite3.Row
     conn.execute("PRAGMA journal_mode=WAL")
     conn.executescript(SCHEMA)
+    if conn.execute("PRAGMA user_version").fetchone()[0] < CAPPED_VERSION:
+        _cap_old_rows(conn)
     return conn
+
+
+CAPPED_VERSION = 1   # PRAGMA user_version from which every row is within the caps below
+
+
+def _cap_old_rows(conn: sqlite3.Connection) -> None:
+    """Once per database: rows stored before the caps (a 45 MB pasted log in params) are cut to them.
+    Reading any column after a big one walks its overflow pages, so one such row slowed every query."""
+    conn.execute("BEGIN IMMEDIATE")       # one connection caps; the others wait, then find it done
+    if conn.execute("PRAGMA user_version").fetchone()[0] >= CAPPED_VERSION:
+        conn.rollback()
+        return
+    big = [r[0] for r in conn.execute(
+        "SELECT id FROM results WHERE length(params) > ? OR length(params_key) > ? OR length(result) > ?",
+        (MAX_STORED_PARAMS_CHARS + 3000, MAX_STORED_PARAMS_CHARS + 3000, MAX_RESULT_CHARS + 3000))]
+    for row_id in big:
+        params, result = conn.execute("SELECT params, result FROM results WHERE id = ?", (row_id,)).fetchone()
+        params, result = (redact_data(_bounded(_loads(text), limit, is_params)) for text, limit, is_params in
+                          ((params, MAX_STORED_PARAMS_CHARS, True), (result, MAX_RESULT_CHARS, False)))
+        conn.execute("UPDATE results SET params = ?, params_key = ?, result = ? WHERE id = ?",
+                     (json.dumps(params, default=str), params_key(params), json.dumps(result, default=str), row_id))
+    conn.execute(f"PRAGMA user_version = {CAPPED_VERSION}")
+    conn.commit()
+
+
+def _loads(text) -> dict:
+    value = _parsed(text)
+    return value if isinstance(value, dict) else {"unreadable": str(text)[:1000]}
+
+
+def _parsed(text):
+    """JSON text as stored, or None where it is not JSON (a row written by hand or cut by an old bug)."""
+    try:
+        return json.loads(text) if isinstance(text, str) else None
+    except (ValueError, RecursionError):
+        return None
 
 
 def _version(dist: str) -> str | None:
@@ -125,22 +207,92 @@ def params_key(params: dict) -> str:
 
 def save(tool: str, params: dict, result: dict, *, started: float, ended: float, provenance: dict,
          metric_name: str | None = None, job_id: str | None = None) -> int:
-    """Insert one result; returns its row id."""
+    """Insert one result, its secrets redacted here for every writer (the runner, fleet_sweep's node rows);
+    returns its row id."""
     metric_value = result.get(metric_name) if metric_name else None
     if not isinstance(metric_value, (int, float)) or isinstance(metric_value, bool):
         metric_value = None
+    params, result = _bounded(params, MAX_STORED_PARAMS_CHARS, True), _bounded(result, MAX_RESULT_CHARS, False)
+    params, result = redact_data(params), redact_data(result)   # after the cap: a 45 MB paste is not scanned whole
     with connect() as conn:
         cur = conn.execute(
             "INSERT INTO results (tool, verdict, host, gpu_names, gpu_uuids, gpu_serials, driver, torch,"
             " cuda, nccl, python, params, params_key, result, metric_name, metric_value, started, ended,"
             " job_id) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-            (tool, result.get("verdict"), provenance.get("host"),
-             json.dumps(provenance.get("gpu_names", [])), json.dumps(provenance.get("gpu_uuids", [])),
-             json.dumps(provenance.get("gpu_serials", [])), provenance.get("driver"),
-             provenance.get("torch"), provenance.get("cuda"), provenance.get("nccl"),
-             provenance.get("python"), json.dumps(params, default=str), params_key(params),
-             json.dumps(result, default=str, separators=(",", ":")), metric_name, metric_value, started, ended, job_id))
+            (_short(tool), _short(result.get("verdict")), _short(provenance.get("host")),
+             *(json.dumps(_names(provenance.get(k))) for k in ("gpu_names", "gpu_uuids", "gpu_serials")),
+             *(_short(provenance.get(k)) for k in ("driver", "torch", "cuda", "nccl", "python")),
+             json.dumps(params, default=str), params_key(params), json.dumps(result, default=str, separators=(",", ":")),
+             _short(metric_name), metric_value, _unix_time(started), _unix_time(ended), _short(job_id)))
         return cur.lastrowid
+
+
+def _bounded(data, limit: int, is_params: bool) -> dict:
+    """The row's JSON object within `limit` characters, with a note on what was cut: under `_cut` for
+    params (a field of their own would change what they mean), as a finding for a result."""
+    data = data if isinstance(data, dict) else {"unreadable": str(data)[:1000]}
+    data, note = bound_data(data, limit, "Stored params" if is_params else "Stored result")
+    if note is None:
+        return data
+    findings = data.get("findings") if isinstance(data.get("findings"), list) else []
+    return {**data, "_cut": note} if is_params else {**data, "findings": [*findings[:50], note]}
+
+
+def _names(value) -> list:
+    """A GPU list as stored: at most 64 short strings (a node's event could send anything)."""
+    return [_short(v) for v in value[:64]] if isinstance(value, list) else []
+
+
+def _short(value) -> str | None:
+    return None if value is None else str(value)[:MAX_STORED_TEXT]
+
+
+def _unix_time(value) -> float | None:
+    """Unix seconds, or None for anything that is not a time between 1970 and 2100."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if 0 <= value <= LATEST_TIME else None
+
+
+_GOOD_TIME = f"typeof(started) IN ('integer', 'real') AND started BETWEEN 0 AND {LATEST_TIME}"
+
+# results_history's columns, each bounded in SQL so that a row written before the caps (or by hand)
+# costs its reader no more than a new one: params only for the one field it groups by.
+_HISTORY_COLUMNS = ("id, substr(tool, 1, 255) AS tool, substr(host, 1, 255) AS host, started, "
+                    "substr(verdict, 1, 32) AS verdict, substr(metric_name, 1, 255) AS metric_name, "
+                    "CASE WHEN typeof(metric_value) IN ('integer', 'real') THEN metric_value END AS metric_value, "
+                    "substr(params_key, 1, 20000) AS params_key, "
+                    "CASE WHEN length(params) <= 100000 AND json_valid(params) THEN json_extract(params, '$.device') "
+                    "END AS device, CASE WHEN length(gpu_names) <= 65536 THEN gpu_names END AS gpu_names, "
+                    "CASE WHEN length(gpu_uuids) <= 65536 THEN gpu_uuids END AS gpu_uuids")
+
+
+def history(tool: str | None = None, host: str | None = None, gpu: str | None = None, since: float = 0.0,
+            limit: int = 200, offset: int = 0) -> list[dict]:
+    """Rows for results_history, newest first, with bounded columns and no result: memory per row is
+    a few KB whatever was stored. Rows whose start time is not a time are left out (count_bad_times)."""
+    clause, args = _filters(tool, host, gpu, since)
+    sql = f"SELECT {_HISTORY_COLUMNS} FROM results{clause} ORDER BY started DESC, id DESC LIMIT ? OFFSET ?"
+    with connect() as conn:
+        rows = [dict(r) for r in conn.execute(sql, [*args, limit, offset])]
+    for r in rows:
+        r["params"] = {"device": r.pop("device")}
+        for k in ("gpu_names", "gpu_uuids"):
+            r[k] = _json_list(r[k])
+    return rows
+
+
+def count_bad_times(tool: str | None = None, host: str | None = None, gpu: str | None = None) -> int:
+    """Rows matching the filters whose start time is not a unix time up to 2100 (history skips them)."""
+    clause, args = _filters(tool, host, gpu, None)
+    clause = f"{clause} AND" if clause else " WHERE"
+    with connect() as conn:
+        return conn.execute(f"SELECT count(*) FROM results{clause} NOT ({_GOOD_TIME})", args).fetchone()[0]
+
+
+def _json_list(text) -> list:
+    value = _parsed(text)
+    return value if isinstance(value, list) else []
 
 
 def _filters(tool: str | None, host: str | None, gpu: str | None, since: float | None) -> tuple[str, list]:
@@ -153,8 +305,8 @@ def _filters(tool: str | None, host: str | None, gpu: str | None, since: float |
     if gpu:
         where.append("(lower(gpu_names) LIKE ? OR lower(gpu_uuids) LIKE ? OR lower(gpu_serials) LIKE ?)")
         args += [f"%{gpu.lower()}%"] * 3
-    if since is not None:
-        where.append("started >= ?"); args.append(since)
+    if since is not None:    # a time stored as text or in the far future passed every filter and sorted first
+        where.append(f"{_GOOD_TIME} AND started >= ?"); args.append(since)
     return (" WHERE " + " AND ".join(where) if where else ""), args
 
 

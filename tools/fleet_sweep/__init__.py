@@ -1,7 +1,7 @@
 """fleet_sweep — run the per-node checks on every node at once and name the bad node, GPU or drift.
 
 One srun step, one process per node (tools/fleet_sweep/node.py), each running the chosen checks
-through the existing tools' own run(): env_report, gpu_health, a CPU probe, and on GPU nodes
+through the existing tools' own run(): env_report, gpu_health, nic_health, a CPU probe, and on GPU nodes
 matmul_bench quick, memory_bandwidth_bench and p2p_bandwidth; storage_bench on a path when asked.
 Rows stream back as they finish; the step is cancelled on every node at the deadline. The answer:
 one row per node and check (and per GPU), the fleet median of every figure, outliers by the rule in
@@ -31,7 +31,8 @@ Check = Literal[CHECKS]
 
 class FleetSweepParams(Params):
     checks: list[Check] | None = Field(None, min_length=1, max_length=len(CHECKS), description=(
-        "Per-node checks: env_report, gpu_health, cpu_probe (single-core CPU matmul and copy throughput), "
+        "Per-node checks: env_report, gpu_health, nic_health (link flaps, RDMA port state and errors), "
+        "cpu_probe (single-core CPU matmul and copy throughput), "
         "matmul_bench (quick, every GPU), memory_bandwidth_bench (every GPU), p2p_bandwidth, storage_bench. "
         "Default: all but storage_bench (GPU checks only on nodes with GPUs); storage_bench is added when "
         "storage_path is given."))
@@ -52,20 +53,26 @@ class FleetSweepParams(Params):
         "(the threshold is the larger of the margin and k x the figure's run-to-run spread)."))
     benchmarks_beside_job: bool = Field(False, description=(
         "With job_id: also run the benchmarks (matmul, memory bandwidth, p2p, CPU probe) beside the running job. "
-        "Default: only env_report and gpu_health, which do not disturb it; benchmarks there measure the job too "
-        "and come back busy."))
+        "Default: only env_report, gpu_health and nic_health, which do not disturb it; benchmarks there measure the "
+        "job too and come back busy."))
     plot: bool = Field(True, description="Draw each figure's per-node values against the median to a PNG.")
-    plot_path: str | None = Field(None, max_length=4096, description="Where to write the PNG. Default: $MLENG_HOME/plots/.")
+    plot_path: str | None = Field(None, max_length=4096, description=(
+        "Where to write the PNG (relative: the caller's directory). Default: a new file in $MLENG_HOME/plots/. "
+        "Refused before the sweep if it is a symlink, FIFO or device, exists (unless overwrite), or its "
+        "directory is missing."))
+    overwrite: bool = Field(False, description="Replace plot_path if it already exists (default: refuse).")
 
 
 def run(params: FleetSweepParams, progress) -> FleetSweepResult:
-    from .report import build_result
+    from .report import build_result, plot_target
     from .sweep import sweep
     from .targets import resolve
 
+    if params.plot:
+        plot_target(params)    # a bad plot_path fails now, not after every node ran its checks
     target = resolve(params, dict(os.environ))
     checks, notes = choose_checks(params)
-    job = {"checks": checks, "storage_path": params.storage_path}
+    job = {"checks": checks, "storage_path": params.storage_path, "deadline_s": params.deadline_s}
     launch = target.launch_nodes
     progress(0.0, f"{target.kind}: {len(target.nodes)} nodes, {len(launch)} launched; checks {', '.join(checks)}")
     stored, t0 = {}, time.monotonic()
@@ -88,7 +95,7 @@ def choose_checks(params: FleetSweepParams) -> tuple[list[str], list[str]]:
         asked = [c for c in (params.checks or []) if c not in NON_INVASIVE]
         if asked:
             raise ToolFailure(f"checks: {', '.join(asked)} would measure the resources job {params.job_id} is using "
-                              "(a busy GPU reads like a broken one); run only env_report and gpu_health beside a "
+                              "(a busy GPU reads like a broken one); run only " + ", ".join(NON_INVASIVE) + " beside a "
                               "running job, or set benchmarks_beside_job=true to run them anyway")
         checks = list(params.checks or NON_INVASIVE)
         return checks, [f"Beside running job {params.job_id}: only {', '.join(checks)} (they do not disturb it); "
@@ -119,7 +126,7 @@ def confirm_suspects(params, target, got, job: dict, left_s: float, progress):
     checks = sorted({o["check"] for o in agg["outliers"]}, key=job["checks"].index)
     progress(0.96, f"re-running {', '.join(checks)} on {len(suspects)} suspect node(s): {', '.join(suspects[:8])}")
     narrow = dataclasses.replace(target, nodes=suspects, skipped={})
-    return sweep(narrow, {**job, "checks": checks}, left_s, lambda row: None)
+    return sweep(narrow, {**job, "checks": checks, "deadline_s": left_s}, left_s, lambda row: None)
 
 
 SPEC = ToolSpec(
@@ -128,8 +135,8 @@ SPEC = ToolSpec(
             "silent nodes, drain list.",
     description=(
         "Use to find which node (or GPU) of a SLURM allocation, running job, partition or host list is bad before "
-        "or during a large run: runs env_report, gpu_health, a CPU throughput probe and, on GPU nodes, matmul_bench "
-        "quick, memory_bandwidth_bench and p2p_bandwidth (storage_bench on a path) on every node at once, then "
+        "or during a large run: runs env_report, gpu_health, nic_health, a CPU throughput probe and, on GPU nodes, "
+        "matmul_bench quick, memory_bandwidth_bench and p2p_bandwidth (storage_bench on a path) on every node at once, then "
         "returns one row per node and GPU, medians per GPU model / node type, outliers by one stated rule (worse than "
         "the median or expected figure by more than max(margin, k x run-to-run spread), re-run before draining), "
         "busy GPUs/CPUs with their holders (never drained), version and inventory drift, nodes that did not answer "

@@ -1,7 +1,8 @@
-"""The per-node checks fleet_sweep runs, each through the existing tool's own run() (no copies).
+"""The per-node checks fleet_sweep runs, each through the existing tool itself (no copies).
 
 Tools are found through the engine (load_spec imports only that tool's module): a tool never
-imports another tool, and these run in the node's own process, which is already a child.
+imports another tool. Each runs through the runner as any call does (a child process, the GPU locks,
+its own timeout, capped by the sweep's deadline); the CPU probe runs in the node process.
 
 What a check contributes to the comparison across nodes is the tool's own typed contract
 (`ToolSpec.sweep`, tools/engine/figures.py): the figures with their unit, better direction and
@@ -13,7 +14,7 @@ verdict is warn or fail), its figures, who else used the resource while it measu
 tools/shared/occupancy.py), and the tool's full result and params, which the parent stores under
 that tool's name in the results store.
 
-Adding a check (a nic_health, say): give the tool a `sweep=SweepContract(...)` in its spec, a
+Adding a check (as nic_health was): give the tool a `sweep=SweepContract(...)` in its spec, a
 verdict rule per figure in knowledge/data/verdict_rules.toml, and one entry in CHECK_TABLE below
 (`tool_check("nic_health")`, with `occupancy=` a function saying who else uses what it measures).
 """
@@ -27,11 +28,16 @@ from collections.abc import Callable
 from ..engine.figures import Measured
 from ..shared.occupancy import CpuWatch, Occupancy, gpu_occupancy
 
-CHECKS = ("env_report", "gpu_health", "cpu_probe", "matmul_bench", "memory_bandwidth_bench", "p2p_bandwidth",
-          "storage_bench")
+CHECKS = ("env_report", "gpu_health", "nic_health", "cpu_probe", "matmul_bench", "memory_bandwidth_bench",
+          "p2p_bandwidth", "storage_bench")
 GPU_CHECKS = ("matmul_bench", "memory_bandwidth_bench", "p2p_bandwidth")
-NON_INVASIVE = ("env_report", "gpu_health")      # read state only: safe beside a user's running job
-DEFAULT_CHECKS = ("env_report", "gpu_health", "cpu_probe", *GPU_CHECKS)
+NON_INVASIVE = ("env_report", "gpu_health", "nic_health")   # read state only: safe beside a user's running job
+DEFAULT_CHECKS = ("env_report", "gpu_health", "nic_health", "cpu_probe", *GPU_CHECKS)
+# nic_health's window in a sweep: long enough to see a flapping link change carrier, short beside the GPU checks.
+NIC_WINDOW_S = 3.0
+# The network stack env_report records: a plugin, OFED or firmware on some nodes only makes mixed pairs hang
+# (NCCL #1634), so each is compared across nodes as drift.
+NETWORK_STACK = ("nccl_net_plugin", "rdma_core", "kernel", "gpu_vbios", "container")
 # Variables that change how collectives behave: drift in any of them between nodes is reported.
 DRIFT_ENV_PREFIXES = ("NCCL_", "TORCH_NCCL_", "TORCH_DISTRIBUTED_", "CUDA_", "FI_", "UCX_")
 
@@ -47,19 +53,49 @@ def figure_row(m: Measured) -> dict:
             "expected": m.expected, "group": m.group}
 
 
+# When this node's part of the sweep must be over (time.monotonic()); node.py sets it from the job.
+deadline: float | None = None
+
+
+def set_deadline(at: float) -> None:
+    global deadline
+    deadline = at
+
+
 def is_sweep_process(proc) -> bool:
     """Another node process of a sweep by the same user (namespace test clusters put several on one
-    host): its load is the sweep's own, not another tenant's."""
-    return proc.uids().real == os.getuid() and any("fleet_sweep.node" in part for part in proc.cmdline())
+    host), or a tool child one started (checks run through the runner): its load is the sweep's own,
+    not another tenant's."""
+    if proc.uids().real != os.getuid():
+        return False
+    return any("fleet_sweep.node" in part for p in [proc, *proc.parents()[:3]] for part in p.cmdline())
 
 
 def run_tool(name: str, **params):
-    """(params as a dict, the tool's typed Result, its spec) of one tool's run() here."""
+    """(params as a dict, the tool's typed Result, its spec) of one tool's run here: through the runner
+    like any call, so it takes the GPU locks and stops at its own timeout or at the sweep's deadline,
+    whichever is first. Not stored here: the sweep stores the row under the node srun ran it on."""
+    import threading
+
     from ..engine.registry import load_spec
+    from ..engine.runner import Cancelled, execute
 
     spec = load_spec(name)
     validated = spec.Params(**params)
-    return validated.model_dump(mode="json"), spec.run(validated, _quiet), spec
+    left = spec.timeout_s if deadline is None else max(1.0, min(spec.timeout_s, deadline - time.monotonic()))
+    # The timeout counts from the start of the tool's child; a wait for a GPU lock held by another
+    # mleng run comes before it and ends only on cancel: cancel just after the timeout would pass.
+    stop = threading.Event()
+    cancel = threading.Timer(left + 0.5, stop.set)
+    cancel.daemon = True
+    cancel.start()
+    try:
+        result = execute(spec, validated, _quiet, timeout_s=left, cancel=stop, save=False)
+    except Cancelled as exc:
+        raise Cancelled(f"{name} stopped after {left:.0f} s, the time this node had left: {exc}") from None
+    finally:
+        cancel.cancel()
+    return validated.model_dump(mode="json"), result, spec
 
 
 def contract_row(name: str, params: dict, result, spec, busy: Occupancy | None = None) -> dict:
@@ -93,6 +129,8 @@ def check_env_report() -> dict:
     versions = {"driver": res.driver, "cuda": res.torch_cuda or res.torch_hip, "nccl": res.nccl,
                 "torch": res.torch, "python": res.python}
     versions.update({k: v for k, v in res.env.items() if k.startswith(DRIFT_ENV_PREFIXES)})
+    versions.update({k: getattr(res, k) for k in NETWORK_STACK})
+    versions.update({f"nic_firmware {dev}": fw for dev, fw in res.nic_firmware.items()})
     row = contract_row("env_report", params, res, spec)
     row["problems"] = list(res.warnings) + [p for p in row["problems"] if p not in res.warnings]
     return {**row, "versions": versions, "inventory": inventory(res.gpu_count)}
@@ -123,18 +161,20 @@ def check_cpu_probe() -> dict:
     return row
 
 
-def tool_check(name: str, occupancy: Callable[[], Occupancy] | None = None, **params) -> Callable[[], dict]:
-    """A tool with a sweep contract as a check; `occupancy` says who else was on the resource it
-    measures, just before and just after it (a holder that came or went mid-run counts)."""
+def tool_check(name: str, occupancy: Callable[..., Occupancy] | None = None, **params) -> Callable[[], dict]:
+    """A tool with a sweep contract as a check; `occupancy(after=...)` says who else was on the resource
+    it measures, just before and just after it (a holder that came or went mid-run counts)."""
     def check() -> dict:
-        before = occupancy() if occupancy else None
+        before = occupancy(after=False) if occupancy else None
         p, res, spec = run_tool(name, **params)
-        return contract_row(name, p, res, spec, before.merge(occupancy()) if occupancy else None)
+        return contract_row(name, p, res, spec, before.merge(occupancy(after=True)) if occupancy else None)
     return check
 
 
-def gpus_in_use() -> Occupancy:
-    return gpu_occupancy(ours=is_sweep_process)
+def gpus_in_use(after: bool) -> Occupancy:
+    """Just after a benchmark NVML's utilisation still averages our own finished child's work: then only
+    other processes on the GPU count."""
+    return gpu_occupancy(ours=is_sweep_process, count_utilisation=not after)
 
 
 def gpu_check(name: str, **params) -> Callable[[], dict]:
@@ -155,7 +195,8 @@ def check_memory_bandwidth_bench(gpu_count: int) -> dict:
 
 def plan(checks: list[str], gpu_count: int, storage_path: str | None) -> list[tuple[str, Callable[[], dict]]]:
     """The checks that apply on this node, in order: GPU checks need GPUs (p2p two of them)."""
-    table = {"env_report": check_env_report, "gpu_health": check_gpu_health, "cpu_probe": check_cpu_probe,
+    table = {"env_report": check_env_report, "gpu_health": check_gpu_health,
+             "nic_health": tool_check("nic_health", sample_s=NIC_WINDOW_S), "cpu_probe": check_cpu_probe,
              "matmul_bench": gpu_check("matmul_bench", mode="quick", all_gpus=True),
              "p2p_bandwidth": gpu_check("p2p_bandwidth"),
              "memory_bandwidth_bench": lambda: check_memory_bandwidth_bench(gpu_count),

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import collections
 import time
 
 from .aggregate import aggregate, failure_reason, outlier_reason
-from .result import BelowExpected, Busy, Drain, Drift, FigureMedian, FleetSweepResult, GpuRow, Missing, NodeRow, Outlier
+from .result import (BelowExpected, Busy, Drain, Drift, FigureMedian, FleetSweepResult, GpuRow, Missing, NodeRow, Outlier,
+                     RefusedEvents)
+from .sweep import ended_reason
 
 
 def store_row(row: dict) -> int | None:
@@ -95,10 +98,34 @@ def findings_for(agg: dict, total: int, complete: int, wall_s: float, deadline_s
     return lines
 
 
+def refused_rows(*steps) -> list[RefusedEvents]:
+    """Refused node output of the sweep and of its confirming re-run, together."""
+    refused = sum((step.refused for step in steps if step), collections.Counter())
+    return [RefusedEvents(source=who, reason=why, count=n)
+            for (who, why), n in sorted(refused.items(), key=lambda kv: (-kv[1], kv[0]))][:200]
+
+
+def channel_findings(got) -> list[str]:
+    """What the answer did not use, said: refused node output, rows of an aborted attempt."""
+    if not got:
+        return []
+    lines = []
+    if got.refused:
+        total = sum(got.refused.values())
+        worst = ", ".join(f"{n} from {who}: {why}" for (who, why), n in got.refused.most_common(3))
+        lines.append(f"REFUSED: {total} line(s) or event(s) of node output were not believed ({worst}); see `refused`.")
+    if got.attempts > 1:
+        lines.append(f"srun aborted attempt 1 when a node refused its task; every row here is from attempt "
+                     f"{got.attempts} ({got.set_aside} row(s) of the aborted attempt set aside, so no figure "
+                     "is compared with one measured under other load).")
+    return lines
+
+
 def build_result(params, target, got, stored: dict, wall_s: float, confirm=None, notes=()) -> FleetSweepResult:
     rows = list(got.rows.values()) if got else []
     known = dict(target.skipped)
     if got:
+        known.update({n: ended_reason(how) for n, how in got.ended.items()})
         known.update({n: f"srun could not start its task: {why}" for n, why in got.failed_launch.items()})
     planned = got.planned if got else {}
     confirm_rows = list(confirm.rows.values()) if confirm else None
@@ -127,21 +154,35 @@ def build_result(params, target, got, stored: dict, wall_s: float, confirm=None,
         drift=[Drift(**d) for d in agg["drift"]], inventory_drift=[Drift(**d) for d in agg["inventory_drift"]],
         not_answering=[Missing(node=n, reason=why) for n, why in sorted(agg["missing"].items())],
         drain=[Drain(**d) for d in agg["drain"]], launch_attempts=got.attempts if got else 0, wall_s=wall_s,
-        findings=[*notes, *findings_for(agg, len(target.nodes), complete, wall_s, params.deadline_s)],
+        rows_from_attempt=got.attempts if got else 0, refused=refused_rows(got, confirm),
+        findings=[*notes, *findings_for(agg, len(target.nodes), complete, wall_s, params.deadline_s),
+                  *channel_findings(got)],
         next=["results_history", "gpu_health", "collective_bench", "knowledge://orchestration/fleet-sweeps.md"])
     if params.plot and rows:
-        result.plot_png = _plot(rows, agg, params, len(target.nodes))
+        result.plot_png, note = _plot(rows, agg, params, len(target.nodes))
+        result.findings += [note] if note else []
     return result
 
 
-def _plot(rows: list[dict], agg: dict, params, total: int) -> str | None:
-    from ..engine.store import mleng_home
+def plot_target(params):
+    """Where the PNG goes, checked (links, FIFOs, existing files, missing folders refused): called before
+    the sweep so a bad plot_path fails in a millisecond, and again at the write."""
+    from ..shared.safe_write import check_output, output_path, unique_name
+
+    return check_output(output_path(params.plot_path, "plots", unique_name("fleet_sweep")),
+                        overwrite=params.overwrite, field="plot_path")
+
+
+def _plot(rows: list[dict], agg: dict, params, total: int) -> tuple[str | None, str | None]:
+    """(the PNG's path, or None; why there is none when the write was refused)."""
+    from ..engine.spec import ToolFailure
     from .aggregate import flatten_figures
     from .plot import draw
 
-    path = params.plot_path or str(mleng_home() / "plots" / f"fleet_sweep-{time.strftime('%Y%m%d-%H%M%S')}.png")
     try:
-        return draw(flatten_figures(rows), agg["stats"], agg["outliers"], path,
-                    f"fleet_sweep: {total} nodes, outliers in red")
+        return draw(flatten_figures(rows), agg["stats"], agg["outliers"], plot_target(params),
+                    f"fleet_sweep: {total} nodes, outliers in red", overwrite=params.overwrite), None
     except ImportError:
-        return None
+        return None, None
+    except ToolFailure as e:   # a link planted during the sweep: its answer outweighs its picture
+        return None, f"No plot: {e}"

@@ -77,7 +77,9 @@ class BelowExpected(Record):
 
 class Drift(Record):
     field: str = Field(description="driver, cuda, nccl, torch, python, an NCCL_/TORCH_NCCL_/TORCH_DISTRIBUTED_/CUDA_/FI_/UCX_ "
-                       "variable, or an inventory count (gpu_count, cpu_count, host_memory_gib, nic_count ...).")
+                       "variable, an inventory count (gpu_count, cpu_count, host_memory_gib, nic_count ...), or a part "
+                       "of the network stack (nccl_net_plugin, rdma_core, nic_firmware <dev>, kernel, gpu_vbios, "
+                       "container, mtu <interface>).")
     values: dict[str, list[str]] = Field(description="value -> nodes with it ('(unset)' where absent).")
     odd_nodes: list[str] = Field(description="Nodes outside the most common value.")
 
@@ -91,6 +93,12 @@ class Drain(Record):
     node: str = Field(description="Node to drain.")
     reasons: list[str] = Field(description="Why.")
     command: str = Field(description="scontrol command to drain it (fleet_sweep never runs it).")
+
+
+class RefusedEvents(Record):
+    source: str = Field(description="The node (as srun placed its task), a task srun never placed, or the step's output.")
+    reason: str = Field(description="Why its lines or events were refused.")
+    count: int = Field(description="How many.")
 
 
 class FleetSweepResult(Result):
@@ -109,6 +117,9 @@ class FleetSweepResult(Result):
     not_answering: list[Missing] = Field(default_factory=list, description="Nodes without a complete answer by the deadline.")
     drain: list[Drain] = Field(default_factory=list, description="Nodes to drain, with reasons and the command.")
     launch_attempts: int = Field(0, description="srun steps started (2 when nodes refused the first launch).")
+    rows_from_attempt: int = Field(0, description="The attempt every row, median and outlier comes from (the last).")
+    refused: list[RefusedEvents] = Field(default_factory=list, description=(
+        "Node output not believed: malformed lines, events naming another node, unplanned checks, duplicates."))
     wall_s: float = Field(0.0, description="Wall time of the sweep, s.")
     plot_png: str | None = Field(None, description="PNG of every figure per node against the fleet median.")
 

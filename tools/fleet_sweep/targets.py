@@ -36,11 +36,16 @@ class Target:
 
 def node_states(nodes: list[str]) -> dict[str, str]:
     """node -> SLURM state as sinfo prints it (`idle`, `mixed`, `down*`, `drained`...)."""
-    out = slurm.run_cmd(["sinfo", "-h", "-N", "-n", ",".join(nodes), "-o", "%N %T"], timeout_s=30)
-    states = {}
+    joined = ",".join(nodes)
+    # One argv string may not pass 128 KiB (Linux MAX_ARG_STRLEN: E2BIG at ~10^4 names): a longer list
+    # asks for every node and keeps ours.
+    names = ["-n", joined] if len(joined) < 100_000 else []
+    out = slurm.run_cmd(["sinfo", "-h", "-N", *names, "-o", "%N %T"], timeout_s=30)
+    wanted, states = set(nodes), {}
     for line in out.splitlines():
         name, _, state = line.strip().partition(" ")
-        states.setdefault(name, state.strip().lower())
+        if name in wanted:
+            states.setdefault(name, state.strip().lower())
     return states
 
 
@@ -108,7 +113,14 @@ def from_partition(partition: str, count: int | None, deadline_s: float) -> Targ
 def from_hosts(hosts: list[str], partition: str | None, deadline_s: float) -> Target:
     if not hosts:
         raise ToolFailure("hosts: the host list is empty; give at least one SLURM node name")
-    nodes = list(dict.fromkeys(h for item in hosts for h in slurm.expand_hostlist(item)))
+    # Counted before anything is expanded: 'n[0-99999999]' is 14 characters and 10^8 names.
+    try:
+        total = sum(slurm.hostlist_size(item) for item in hosts)
+        if total > slurm.MAX_HOSTS:
+            raise ValueError(f"the list expands to {total} names; at most {slurm.MAX_HOSTS} are accepted")
+        nodes = list(dict.fromkeys(h for item in hosts for h in slurm.expand_hostlist(item)))
+    except ValueError as exc:
+        raise ToolFailure(f"hosts: {exc}") from None
     states = check_known(nodes, "hosts")
     return Target("hosts", nodes, own_job_args(partition, deadline_s), skip_unreachable(nodes, states))
 

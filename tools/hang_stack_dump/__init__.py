@@ -75,6 +75,11 @@ class HangStackDumpResult(Result):
     failed: int = Field(0, description="Processes that could not be dumped (see processes[].error).")
     slurm_command: str = Field("", description="The srun command that dumps every node of the job.")
     saved_to: str = Field("", description="File holding the full dumps, when save_path was given.")
+    frozen_ranks: list[int] = Field(default_factory=list, description=(
+        "Ranks whose process is stopped (SIGSTOP) or frozen (cgroup freezer): the ones the others wait for."))
+    silent_nodes: list[str] = Field(default_factory=list, description=(
+        "all_nodes: nodes of the job that sent no report (frozen, unreachable, or the dump failed there); why is "
+        "in findings."))
 
 
 def resolve_targets(params: HangStackDumpParams) -> list[int]:
@@ -215,6 +220,20 @@ def _uncompared_findings(procs: list[ProcessStack], problems: list[str]) -> list
     return out
 
 
+def job_node_names(job_id: str) -> list[str]:
+    """The job's nodes in SLURM's order (srun's task i runs on the i-th); [] when SLURM does not say."""
+    from ..shared import slurm as _slurm
+
+    try:
+        return _slurm.allocation_nodes(_slurm.job_allocation_env(job_id))
+    except (_slurm.SlurmError, IndexError):
+        return []
+
+
+def _silent_why(problems: list[str]) -> str:
+    return "; ".join(problems[:3])[:600] or "no output"
+
+
 def run(params: HangStackDumpParams, progress) -> HangStackDumpResult:
     _require_targets(params)
     if params.save_path and not params.all_nodes:   # a bad path fails now, not after every dump
@@ -227,7 +246,8 @@ def run(params: HangStackDumpParams, progress) -> HangStackDumpResult:
     progress(0.05, "finding processes")
     problems, full = [], []
     if params.slurm_job_id and params.all_nodes:
-        procs, problems = run_all_nodes(params.slurm_job_id, cmd, params.per_process_timeout_s)
+        procs, problems, result.silent_nodes = run_all_nodes(params.slurm_job_id, cmd, params.per_process_timeout_s,
+                                                             job_node_names(params.slurm_job_id))
     else:
         pids = resolve_targets(params)
         if not pids:
@@ -251,14 +271,24 @@ def run(params: HangStackDumpParams, progress) -> HangStackDumpResult:
     shown = procs if (params.detail or len(procs) <= 64) else [p for p in procs if p.error][:64]
     result.processes = shown if params.detail else [p.model_copy(update={"stack": []}) for p in shown]
     result.findings = findings_for(groups, odd) + _uncompared_findings(procs, problems)
-    if result.odd_nodes:
+    frozen = [p for p in procs if p.frozen]
+    result.frozen_ranks = sorted({p.rank for p in frozen if p.rank is not None})
+    result.findings[:0] = [f"{'rank ' + str(p.rank) if p.rank is not None else 'a process'} on {p.host}: {p.frozen}. "
+                           "The other ranks wait for it: this is the culprit (thaw it with SIGCONT, or stop the job "
+                           "and look at what froze it)." for p in frozen[:8]]
+    result.findings[len(frozen[:8]):len(frozen[:8])] = [
+        f"No report from {', '.join(result.silent_nodes)} (a node of the job): {_silent_why(problems)}. "
+        "Its ranks could not be compared: that node is where to look first."] if result.silent_nodes else []
+    result.odd_ranks = sorted(set(result.odd_ranks) | set(result.frozen_ranks))
+    result.odd_nodes = sorted(set(result.odd_nodes) | {p.host for p in frozen} | set(result.silent_nodes))
+    if result.odd_nodes and not result.silent_nodes and not frozen:
         rest = [h for h in result.hosts if h not in result.odd_nodes]
         result.findings.insert(1, f"The odd ranks run on {', '.join(result.odd_nodes)}"
                                   + (f"; the others on {', '.join(rest)}." if rest else "."))
-    if not result.dumped:
+    if not result.dumped and not frozen and not result.silent_nodes:
         errors = [p.error for p in procs if p.error] + problems
         raise ToolFailure("no stack could be read. " + "; ".join(dict.fromkeys(errors))[:1500])
-    result.verdict = "warn" if odd or result.failed or problems else "info"
+    result.verdict = "warn" if odd or result.failed or problems or frozen or result.silent_nodes else "info"
     result.next = (["flight_recorder_analyze", "log_triage", "knowledge://debugging/hangs.md"] if odd else
                    ["flight_recorder_analyze", "nccl_log_analyze", "knowledge://debugging/hangs.md"])
     progress(1.0, "done")

@@ -11,7 +11,7 @@ import subprocess
 from concurrent.futures import ThreadPoolExecutor
 
 
-from ..shared.process_targets import describe
+from ..shared.process_targets import describe, frozen_reason
 from ..shared.pyspy import (
     dump_one, explain_py_spy_error, frame_text, library_file, main_thread, py_spy_path, waits_on_peers,
 )
@@ -46,6 +46,9 @@ class ProcessStack(Record):
     called_from: str = Field("", description="Innermost main-thread frame in user code.")
     in_collective: bool = Field(False, description="Whether the main thread is inside torch.distributed.")
     error: str = Field("", description="Why this process could not be dumped.")
+    frozen: str = Field("", description=(
+        "Why the process cannot run at all (stopped by SIGSTOP, frozen by a cgroup freezer); empty when it can. "
+        "Its stack is read without pausing it (py-spy --nonblocking)."))
 
 
 def assign_roles(procs: list[ProcessStack]) -> None:
@@ -108,9 +111,11 @@ def dump_processes(pids: list[int], native: bool, timeout_s: float, max_frames: 
 
     def one(pid: int) -> ProcessStack:
         command, ppid, rank, local_rank = describe(pid)
-        threads, err = dump_one(pid, native, timeout_s, py_spy)
+        frozen = frozen_reason(pid)
+        threads, err = dump_one(pid, native, timeout_s, py_spy, nonblocking=bool(frozen))
         full.append(render_full_dump(pid, command, rank, threads, err))
-        ps = ProcessStack(pid=pid, host=host, rank=rank, local_rank=local_rank, command=command, parent_pid=ppid)
+        ps = ProcessStack(pid=pid, host=host, rank=rank, local_rank=local_rank, command=command, parent_pid=ppid,
+                          frozen=frozen)
         if threads is None:
             ps.error = explain_py_spy_error(pid, err, command) if "no answer" not in err else err
         else:
@@ -139,8 +144,11 @@ def job_nodes(job_id: str) -> int | None:
         raise ToolFailure(str(e)) from None
 
 
-def run_all_nodes(job_id: str, cmd: list[str], per_process_timeout_s: float) -> tuple[list[ProcessStack], list[str]]:
-    """Run the per-node dumps through srun and collect every node's processes."""
+def run_all_nodes(job_id: str, cmd: list[str], per_process_timeout_s: float,
+                  nodes: list[str] | None = None) -> tuple[list[ProcessStack], list[str], list[str]]:
+    """Run the per-node dumps through srun and collect every node's processes: (processes, problems, nodes that
+    sent no report). `nodes`: the job's nodes in SLURM's order (task i runs on node i), to name the silent ones;
+    a node srun could not start the dump on is named from srun's own "Task launch ... failed on node X"."""
     from ..shared import slurm as _slurm
 
     timeout = per_process_timeout_s * 4 + 60
@@ -151,15 +159,24 @@ def run_all_nodes(job_id: str, cmd: list[str], per_process_timeout_s: float) -> 
     except subprocess.TimeoutExpired:
         raise ToolFailure(f"srun gave no answer in {timeout:.0f} s: a node may be unreachable "
                           f"(`scontrol show job {job_id}`, `sinfo -R`)") from None
-    procs, problems = [], []
+    procs, problems, silent = [], [], []
     tasks = _slurm.split_labelled_output(proc.stdout)
-    for task, text in tasks.items():
+    said = _slurm.split_labelled_output(proc.stderr or "")
+    nodes = nodes or []
+    for task in sorted(set(tasks) | set(said) | set(range(len(nodes)))):
+        text, where = tasks.get(task, ""), nodes[task] if task < len(nodes) else f"node task {task}"
         try:
             doc = json.loads(text[text.index("{"):])
             procs += [ProcessStack(**p) for p in doc.get("processes", [])]
-        except (ValueError, TypeError) as e:
-            problems.append(f"node task {task}: no report ({e}): {text[-200:]}")
-    if not tasks:
+        except (ValueError, TypeError):
+            last = " | ".join(line.strip() for line in said.get(task, "").splitlines()[-3:] if line.strip())
+            problems.append(f"{where}: no report" + (f"; it said: {last[-400:]}" if last else " (no output at all)"))
+            silent.append(where)
+    for node, why in _slurm.launch_failures(proc.stderr or "").items():
+        if node not in silent:
+            silent.append(node)
+        problems.insert(0, f"{node}: srun could not start the dump there: {why}")
+    if not tasks and not silent:
         problems.append(f"srun exit {proc.returncode}: {(proc.stderr or proc.stdout).strip()[-400:]}")
-    return procs, problems
+    return procs, problems, silent
 

@@ -33,6 +33,7 @@ from pydantic import field_validator, model_validator
 
 from . import render
 from ..shared import slurm as _slurm
+from ..shared.safe_write import output_path, write_output
 from ..engine.spec import Field, Params, Result, ToolFailure, ToolSpec
 
 MLENG_DIST_TOOLS = ("dist_smoke_test", "collective_bench", "hang_stack_dump")
@@ -90,7 +91,9 @@ class LaunchScriptParams(Params):
         "%x-%j-node<N>.out, per-rank files under <job id>/."))
     submit: bool = Field(False, description="Write the script and submit it with sbatch (sbatch mode only).")
     script_path: str | None = Field(None, max_length=1000, pattern=SAFE_TEXT, description=(
-        "Where to write the script (default with submit: <workdir>/<job_name>.sbatch)."))
+        "Where to write the script (default with submit: <workdir>/<job_name>.sbatch). Refused if it is a "
+        "symlink, FIFO or device, already exists (unless overwrite), or its directory is missing."))
+    overwrite: bool = Field(False, description="Replace the script file if it already exists (default: refuse).")
 
     @field_validator("tool_args", "extra_sbatch")
     @classmethod
@@ -183,9 +186,9 @@ def run(params: LaunchScriptParams, progress) -> LaunchScriptResult:
         result.script = result.commands[0] + "\n"
     path = params.script_path or (os.path.join(workdir, f"{params.job_name}.sbatch") if params.submit else None)
     if path and params.mode == "sbatch":
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text(result.script)
-        result.script_path = path
+        target = write_output(output_path(path, "scripts", f"{params.job_name}.sbatch"), result.script,
+                              overwrite=params.overwrite, field="script_path")
+        result.script_path = path = str(target)
         findings.append(f"Script written to {path}.")
     if params.mode == "sbatch":  # SLURM opens --output before the script runs: the directory must exist
         if params.submit or params.script_path:
@@ -225,6 +228,6 @@ SPEC = ToolSpec(
         "script', 'torchrun multi-node command'. Instant and read-only by default (a dry run); submit=true "
         "writes the script and runs sbatch, returning the job id. Not for diagnosing a job (slurm_job_diagnose)."),
     Params=LaunchScriptParams, Result=LaunchScriptResult, run=run,
-    runs="subprocess", read_only=False, destructive=False, idempotent=False, open_world=True,
+    runs="subprocess", read_only=False, destructive=True, idempotent=False, open_world=True,
     timeout_s=90, store=False,
 )

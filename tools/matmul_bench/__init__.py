@@ -368,14 +368,15 @@ TEMPERATURE = Figure("temperature_c", "°C", "lower", per_gpu=True)
 
 
 def _sweep_figures(res: MatmulBenchResult) -> list[Measured]:
-    """Per GPU: burst and sustained MAMF (against the published MAMF); clocks, power and temperature
+    """Per GPU: burst MAMF (against the published MAMF, a burst figure) and sustained MAMF (fleet-relative:
+    healthy H200s settle 3-7% below the published figure); clocks, power and temperature
     under load from the NVML samples of the first GPU measured (the sweep compares them across nodes)."""
     rows = res.gpus or [GpuRow(device=int((res.device or "cuda:0").rpartition(":")[2] or 0), name=res.device_name or "",
                                mamf_tflops=res.mamf_tflops, sustained_tflops=res.sustained_tflops)]
     out = []
     for g in rows:
         out += [Measured(MAMF, g.mamf_tflops, gpu=g.device, expected=res.published_mamf_tflops, group=g.name),
-                Measured(SUSTAINED, g.sustained_tflops, gpu=g.device, expected=res.published_mamf_tflops, group=g.name)]
+                Measured(SUSTAINED, g.sustained_tflops, gpu=g.device, group=g.name)]
     tel, first = res.telemetry, rows[0]
     for fig, value in ((SM_CLOCK, tel.get("sm_clock_median_mhz")), (POWER, tel.get("power_mean_w")),
                        (TEMPERATURE, tel.get("temperature_max_c"))):

@@ -1,19 +1,31 @@
 """Culprit naming for the distributed tools: from the last state of every rank to plain findings.
 
-Order of evidence: a culprit the ranks named themselves (e.g. a tensor of the wrong size); ranks that
+Order of evidence: a node srun could not start its task on (srun's own "Task launch ... failed on node
+X"); a culprit the ranks named themselves (e.g. a tensor of the wrong size); a rank whose heartbeat
+stopped while the others' went on (frozen: SIGSTOP, a cgroup freezer, a stalled node); ranks that
 crashed (gone without a report, or a Python error that was not a wait on a peer); then, when ranks
 timed out or the run stalled, the ranks that were behind them. Ranks stopped afterwards (torchrun
 SIGTERMs the rest when one rank exits) are listed as bystanders, never as the cause.
 """
 
 from .launch import LaunchOutcome, RankState
+from .ranks import HEARTBEAT_S
 
 # A rank whose last stage lasted at least this share of the process-group timeout was waiting on a
 # peer (timed out), not failing on its own.
 WAITED_SHARE = 0.8
+# A rank is frozen when its beats stopped this long before another rank's last beat: ten missed beats
+# (a thread on a loaded host is late by seconds, not tens); a crashed peer ends the others within seconds.
+FROZEN_GAP_S = 10 * HEARTBEAT_S
 
 
 def diagnose(outcome: LaunchOutcome, timeout_s: float) -> tuple[list[int], list[str]]:
+    """(culprit ranks, findings), and a finding for side-channel lines that were not believed."""
+    culprits, findings = _diagnose(outcome, timeout_s)
+    return culprits, findings + [f"Side channel: {note}." for note in outcome.skipped_lines[:5]]
+
+
+def _diagnose(outcome: LaunchOutcome, timeout_s: float) -> tuple[list[int], list[str]]:
     """(culprit ranks, findings) from the last state of every rank; empty when every rank finished.
 
     Order of evidence: a culprit the ranks named themselves (e.g. a tensor of the wrong size); ranks
@@ -25,6 +37,12 @@ def diagnose(outcome: LaunchOutcome, timeout_s: float) -> tuple[list[int], list[
         return [], []
     findings: list[str] = []
     culprits: list[int] = []
+    if outcome.launch_failures:
+        findings += [f"srun could not start the task on node {node}: {why} (srun: \"Task launch ... failed on node "
+                     f"{node}\"). That node is the culprit (frozen, slurmd down or unreachable); the other nodes' "
+                     "ranks waited for it." for node, why in outcome.launch_failures.items()]
+        culprits = sorted(s.rank for s in states if s.host and s.host.split(".")[0] in outcome.launch_failures)
+        return culprits, findings
     if all(s.status == "not_started" for s in states):
         said = [line.strip() for line in outcome.stderr_tail.splitlines() if line.strip()][-3:]
         return [], [f"No rank reported anything: the launcher failed before any rank ran (exit code "
@@ -41,6 +59,16 @@ def diagnose(outcome: LaunchOutcome, timeout_s: float) -> tuple[list[int], list[
     def waited_on_peer(s: RankState) -> bool:
         return s.waited_s() >= WAITED_SHARE * timeout_s or "timed out" in (s.error or "").lower() \
             or "timeout" in (s.error or "").lower()
+
+    frozen = frozen_ranks(states)
+    if frozen:
+        newest = max(s.last_beat for s in states if s.last_beat)
+        for s in frozen:
+            findings.append(f"{s.where()} stopped sending heartbeats {newest - s.last_beat:.0f} s before the other "
+                            f"ranks, which kept running, in stage {s.stage}: the process was frozen (SIGSTOP, a cgroup "
+                            "freezer, or its node stalled), not waiting on a peer. The others waited for it.")
+            culprits.append(s.rank)
+        return culprits, findings + _bystanders(states, culprits)
 
     crashed = [s for s in states if s.status == "vanished" and not waited_on_peer(s)]
     crashed += [s for s in states if s.status == "error" and not waited_on_peer(s)
@@ -81,6 +109,17 @@ def diagnose(outcome: LaunchOutcome, timeout_s: float) -> tuple[list[int], list[
     return [], findings
 
 
+def frozen_ranks(states: list[RankState]) -> list[RankState]:
+    """Ranks that did not finish and whose heartbeats stopped FROZEN_GAP_S or more before another rank's last."""
+    beats = [s.last_beat for s in states if s.last_beat is not None]
+    if len(beats) < 2:
+        return []
+    newest = max(beats)
+    # not a rank that raised or exited on its own (its beats end with it): killed at the end (-9, -15) or alive
+    return [s for s in states if s.status not in ("done", "error") and s.exitcode in (None, -9, -15, 137, 143)
+            and s.last_beat is not None and newest - s.last_beat >= FROZEN_GAP_S]
+
+
 def _peer_went_away(error: str | None) -> bool:
     text = (error or "").lower()
     return any(k in text for k in ("connection closed by peer", "connection reset", "broken pipe",
@@ -89,8 +128,8 @@ def _peer_went_away(error: str | None) -> bool:
 
 def _rank_list(states: list[RankState]) -> str:
     ranks = [s.rank for s in states]
-    if len(ranks) > 6:
-        return f"{len(ranks)} ranks ({ranks[0]}..{ranks[-1]})"
+    if len(ranks) > 6:  # "7 ranks (0..7)" hid that rank 4 was missing (review F5)
+        return f"{len(ranks)} ranks ({rank_list(ranks)})"
     return "rank " + ", ".join(map(str, ranks)) if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
 
 

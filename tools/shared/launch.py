@@ -18,11 +18,13 @@ import socket
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
 from . import slurm as _slurm
-from .ranks import EVENT_PREFIX
+from . import sidechannel
+from .ranks import check_event
 from ..engine.data import IMPORT_ROOT, PACKAGE
 from ..engine.spec import Field, Params
 from ..engine.processes import Supervised, local_gpu_count, torchrun_command
@@ -41,6 +43,7 @@ class RankState:
     error: str | None = None
     exitcode: int | None = None
     stage_seconds: dict = field(default_factory=dict)
+    last_beat: float | None = None   # launcher's monotonic clock when its last heartbeat arrived
 
     def where(self) -> str:
         return f"rank {self.rank} ({self.host or 'unknown host'}, pid {self.pid or '?'})"
@@ -63,6 +66,8 @@ class LaunchOutcome:
     elapsed_s: float
     stderr_tail: str
     output_tail: str              # rank output that was not an event
+    launch_failures: dict = field(default_factory=dict)  # node -> srun's "Task launch ... failed" reason
+    skipped_lines: list[str] = field(default_factory=list)   # side-channel lines not believed, and why
 
 
 class RankLayout(Params):
@@ -79,22 +84,24 @@ class RankLayout(Params):
         "auto: NCCL when the ranks see GPUs, else gloo."))
 
 
-def parse_event(line: str) -> dict | None:
-    """The event in one output line, or None for ordinary output."""
-    at = line.find(EVENT_PREFIX)
-    if at < 0:
-        return None
-    try:
-        event = json.loads(line[at + len(EVENT_PREFIX):])
-    except json.JSONDecodeError:
-        return None
-    return event if isinstance(event, dict) and "ev" in event and "rank" in event else None
+def rank_reader(reader: sidechannel.Reader | None = None) -> Callable[[str], dict | None]:
+    """parse_line for a launch: the side channel's reader with the rank events' check (malformed
+    lines are skipped and counted in the reader, never raised)."""
+    reader = reader or sidechannel.Reader(check_event)
+
+    def parse(line: str) -> dict | None:
+        event = reader.parse(line)
+        return event.data if event else None
+    return parse
 
 
 def apply_event(ranks: dict[int, RankState], event: dict) -> None:
     state = ranks.setdefault(int(event["rank"]), RankState(rank=int(event["rank"])))
     state.host, state.local_rank, state.pid = event.get("host"), event.get("local_rank"), event.get("pid")
     kind, t = event["ev"], float(event.get("t", time.time()))
+    if kind == "beat":  # alive, nothing more: its stage and status stay as they were
+        state.last_beat = time.monotonic()
+        return
     if state.status == "not_started":
         state.status, state.stage_entered_t = "running", t
     state.stage = event.get("stage", state.stage)
@@ -200,12 +207,14 @@ def launch_ranks(command: list[str], world_size: int, *, timeout_s: float, stall
     run_env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
                "PYTHONUNBUFFERED": "1", **(env or {})}
     # A killed torchrun leaves its torchelastic_* log directory behind: give a local launch a scratch
-    # TMPDIR of its own and remove it afterwards. Not for srun: other nodes would not have that path.
+    # TMPDIR of its own and remove it afterwards. Through srun each task makes and removes its own
+    # (slurm.srun_torchrun_command): other nodes would not have a path made here.
     scratch = None if command[0] == "srun" else tempfile.mkdtemp(prefix="mleng-ranks-")
     if scratch:
         run_env["TMPDIR"] = scratch
     t0 = time.monotonic()
-    child = Supervised(command, parse_line=parse_event, env=run_env)
+    reader = sidechannel.Reader(check_event)
+    child = Supervised(command, parse_line=rank_reader(reader), env=run_env)
     ranks = {r: RankState(rank=r) for r in range(world_size)}
     data: list[dict] = []
     last_progress, stalled, overran, reported_world = time.monotonic(), False, False, world_size
@@ -220,6 +229,8 @@ def launch_ranks(command: list[str], world_size: int, *, timeout_s: float, stall
                 return
             apply_event(ranks, event)
             reported_world = max(reported_world, int(event.get("world_size") or 0))
+            if event["ev"] == "beat":
+                continue  # alive is not progress: a hung run still beats
             last_progress = time.monotonic()
             if event["ev"] == "data":
                 data.append(event)
@@ -245,6 +256,7 @@ def launch_ranks(command: list[str], world_size: int, *, timeout_s: float, stall
     end = time.time()
     stderr_tail = child.stderr_text()
     codes = torchrun_exitcodes(stderr_tail)
+    failed_nodes = _slurm.launch_failures(stderr_tail) if command[0] == "srun" else {}
     for state in ranks.values():
         state.exitcode = codes.get(state.rank)
         if state.status == "running":  # alive when we stopped it, or gone without a word
@@ -253,7 +265,10 @@ def launch_ranks(command: list[str], world_size: int, *, timeout_s: float, stall
     return LaunchOutcome(command=command, world_size=max([reported_world, *(r + 1 for r in ranks)]),
                          ranks=ranks, data=data, returncode=child.proc.returncode, stalled=stalled,
                          overran=overran, elapsed_s=round(time.monotonic() - t0, 2),
-                         stderr_tail=stderr_tail[-4000:], output_tail="\n".join(child.output_tail)[-2000:])
+                         stderr_tail=stderr_tail[-4000:], output_tail="\n".join(child.output_tail)[-2000:],
+                         skipped_lines=reader.notes(lambda task: "the ranks") + [
+                             f"{n} line(s) skipped: {why}" for why, n in child.skipped.items()],
+                         launch_failures=failed_nodes)
 
 
 def _mark_gone(ranks: dict[int, RankState]) -> None:

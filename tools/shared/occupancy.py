@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 GPU_UTIL_BUSY_PCT = 10       # a GPU nobody should be using that shows more than this is in use
+UTIL_SETTLE_S = 1.5          # NVML's utilisation covers the last 1/6 to 1 s: past that, it is someone else's
 FREE_CORES_NEEDED = 0.75     # a single-thread probe needs most of one core to itself
 MEMORY_PRESSURE_PCT = 10.0   # PSI "some avg10": share of the last 10 s some task stalled on memory
 TOP_HOLDERS = 3              # the busiest other processes named when the CPU was busy
@@ -93,8 +94,10 @@ def _describe(pid: int, gpu: int | None, used_bytes: int | None) -> Holder:
     return h
 
 
-def gpu_occupancy(devices: list[int] | None = None, ours: Callable[[object], bool] | None = None) -> Occupancy:
-    """Other processes on the GPUs (NVML) and their utilisation; not busy when NVML is absent."""
+def gpu_occupancy(devices: list[int] | None = None, ours: Callable[[object], bool] | None = None,
+                  count_utilisation: bool = True) -> Occupancy:
+    """Other processes on the GPUs (NVML) and their utilisation; not busy when NVML is absent.
+    count_utilisation=False: only other processes count (right after our own work on the GPU)."""
     try:
         import pynvml as nv
 
@@ -116,7 +119,10 @@ def gpu_occupancy(devices: list[int] | None = None, ours: Callable[[object], boo
             # Utilisation with no process visible is another container's; with one of ours on the GPU it
             # may be our own previous benchmark (NVML averages over up to a second), so it needs others.
             ours_on_it = any(p.pid in mine for p in procs)
-            if others or (util > GPU_UTIL_BUSY_PCT and not ours_on_it):
+            if count_utilisation and not others and not ours_on_it and util > GPU_UTIL_BUSY_PCT:
+                time.sleep(UTIL_SETTLE_S)   # a benchmark of ours that just ended still shows: read again
+                util = nv.nvmlDeviceGetUtilizationRates(handle).gpu
+            if others or (count_utilisation and util > GPU_UTIL_BUSY_PCT and not ours_on_it):
                 reasons.append(f"GPU {index} {util}% utilised" + (f" by {len(others)} other process(es)" if others else ""))
         return Occupancy(busy=bool(reasons), why="; ".join(reasons), holders=holders)
     finally:

@@ -8,10 +8,39 @@ or the MCP server would otherwise show up as a rank stuck in py-spy.
 import os
 import re
 
+from ..engine.redact import redact
 from ..engine.spec import ToolFailure
 
 RANK_VARS = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
 LOCAL_RANK_VARS = ("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK")
+
+
+def frozen_reason(pid: int) -> str:
+    """Why the process cannot run at all, or "" when it can: stopped (state T: SIGSTOP, SIGTSTP, a debugger's
+    stop) or frozen by a cgroup freezer (v1 freezer.state FROZEN, v2 cgroup.freeze 1). Such a process is not
+    waiting on a peer: it is the one the others wait for."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0].decode()  # the name may hold spaces and ')'
+        with open(f"/proc/{pid}/cgroup") as f:
+            cgroups = [line.rstrip("\n").split(":", 2) for line in f if line.count(":") >= 2]
+    except (OSError, IndexError):
+        return ""
+    if state in ("T", "t"):
+        return (f"pid {pid} is stopped (state {state}: SIGSTOP/SIGTSTP, or a debugger's stop), not waiting on "
+                "a peer: nothing in it runs until SIGCONT")
+    for _, controllers, path in cgroups:
+        for probe in ([f"/sys/fs/cgroup/freezer{path}/freezer.state"] if "freezer" in controllers.split(",") else
+                      [f"/sys/fs/cgroup{path}/cgroup.freeze", f"/sys/fs/cgroup/unified{path}/cgroup.freeze"]
+                      if controllers == "" else []):
+            try:
+                with open(probe) as f:
+                    value = f.read().strip()
+            except OSError:
+                continue
+            if value in ("FROZEN", "FREEZING", "1"):
+                return f"pid {pid} is frozen by its cgroup ({probe} = {value}): nothing in it runs until thawed"
+    return ""
 
 
 def env_int(env: dict, names) -> int | None:
@@ -150,7 +179,7 @@ def describe(pid: int) -> tuple[str, int, int | None, int | None]:
 
     try:
         p = psutil.Process(pid)
-        command, ppid = " ".join(p.cmdline())[:300], p.ppid()
+        command, ppid = redact(" ".join(p.cmdline()))[:300], p.ppid()   # --db-password X on a command line
     except psutil.Error:
         return "", 0, None, None
     try:

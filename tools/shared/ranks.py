@@ -2,16 +2,18 @@
 
 Every rank is started by torchrun as `python -m tools.<tool>.rank '<params json>'`, a tool's own
 rank module whose `__main__` calls `rank_main(job)`. It reports what it
-is doing on a side channel: one JSON line per event on its stdout, prefixed with EVENT_PREFIX, written
-with a single os.write so lines from several ranks never interleave. torchrun passes worker stdout
+is doing on mleng's one side channel (tools/shared/sidechannel.py: JSON lines on its stdout, each one
+os.write, so lines from several ranks never interleave). torchrun passes worker stdout
 through (and srun forwards it from every node), so the launcher (tools/shared/launch.py) sees each rank's
 last stage even when the rank then hangs, dies or is killed: exit codes alone cannot say which rank
 hung (torchrun reports every rank it killed as -15, the hung one included).
 
 Events: start (rank, host, pid), stage (entering a named stage), data (a job's payload), error
 (a Python exception, with the stage it was raised in), terminated (SIGTERM from torchrun/the
-launcher: this rank was a bystander), done. A rank that vanishes without done/error/terminated crashed
-(abort, segfault, os._exit, OOM kill) at its last stage.
+launcher: this rank was a bystander), done, and beat (every HEARTBEAT_S from a thread of its own, while
+the main thread may sit in a collective): a rank whose beats stop while the others' go on is frozen
+(SIGSTOP, a cgroup freezer, a stalled node), not waiting on a peer. A rank that vanishes without
+done/error/terminated crashed (abort, segfault, os._exit, OOM kill) at its last stage.
 
 Only the standard library is imported at module level; torch is imported inside the jobs, after
 the start event, so that a rank stuck importing torch is visible as such.
@@ -25,7 +27,10 @@ import sys
 import threading
 import time
 
-EVENT_PREFIX = "@@mleng-rank "
+from .sidechannel import Refused, emit
+
+EVENTS = ("start", "stage", "data", "error", "terminated", "done", "beat")
+HEARTBEAT_S = 1.0  # gloo and NCCL waits release the GIL, so the beat thread runs while a collective waits
 
 
 class RankReporter:
@@ -44,11 +49,7 @@ class RankReporter:
         record = {"ev": event, "rank": self.rank, "local_rank": self.local_rank,
                   "world_size": self.world_size, "host": self.host, "pid": os.getpid(),
                   "stage": self.stage_name, "t": time.time(), **data}
-        line = (EVENT_PREFIX + json.dumps(record, default=str) + "\n").encode()
-        try:
-            os.write(1, line)
-        except OSError:
-            pass  # the launcher went away; nothing useful left to do with the event
+        emit(record)
 
     def stage(self, name: str) -> None:
         """Close the current stage (recording its seconds) and enter `name`."""
@@ -60,6 +61,23 @@ class RankReporter:
     def finish(self) -> None:
         self.stage("done")
         self.emit("done", stage_seconds=self.stage_seconds)
+
+
+def check_event(event: dict) -> dict:
+    """The launcher's check of one rank event (the side channel's `check`): the fields the launcher
+    reads have their types; anything else raises Refused and the line is skipped."""
+    if event.get("ev") not in EVENTS:
+        raise Refused(f"ev must be one of {', '.join(EVENTS)}")
+    for name in ("rank", "world_size", "local_rank", "pid"):
+        value = event.get(name, 0)
+        if type(value) is not int or not 0 <= value < 1 << 31:
+            raise Refused(f"{name} must be a whole number >= 0")
+    for name in ("host", "stage", "error"):
+        if not isinstance(event.get(name, ""), (str, type(None))):
+            raise Refused(f"{name} must be text")
+    if type(event.get("t", 0.0)) not in (int, float) or not isinstance(event.get("stage_seconds", {}), dict):
+        raise Refused("t must be a number, stage_seconds an object")
+    return event
 
 
 def _watch_sigterm(reporter: RankReporter) -> None:
@@ -79,11 +97,22 @@ def _watch_sigterm(reporter: RankReporter) -> None:
     threading.Thread(target=wait_for_term, name="mleng-sigterm", daemon=True).start()
 
 
+def _beat(reporter: RankReporter) -> None:
+    """A heartbeat on the side channel until the process ends (a daemon thread)."""
+    def beat():
+        while True:
+            time.sleep(HEARTBEAT_S)
+            reporter.emit("beat")
+
+    threading.Thread(target=beat, name="mleng-beat", daemon=True).start()
+
+
 def run_rank(job, params: dict) -> int:
     """Run `job(reporter, params)` as this rank, reporting start, errors and done on the side channel."""
     reporter = RankReporter()
     _watch_sigterm(reporter)
     reporter.emit("start", argv=sys.argv[1:2])
+    _beat(reporter)
     try:
         job(reporter, params)
     except BaseException as exc:  # report everything, including SystemExit from a library

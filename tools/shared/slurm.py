@@ -33,10 +33,12 @@ import re
 import shlex
 import shutil
 import subprocess
+from dataclasses import dataclass
 
 __all__ = [
     "SlurmError", "failures_as_tool_failure", "in_allocation", "allocation_nodes", "allocation_head_address", "job_allocation_env", "expand_hostlist",
-    "srun_torchrun_command", "split_labelled_output", "client_configured", "run_cmd", "json_or_none", "parse_kv_line",
+    "hostlist_size", "MAX_HOSTS", "SrunTasks", "srun_tasks_line",
+    "srun_torchrun_command", "rdzv_is_host", "launch_failures", "split_labelled_output", "client_configured", "run_cmd", "json_or_none", "parse_kv_line",
     "parse_exit_code", "decode_wait_status", "parse_duration_s", "format_duration",
     "explain_pending_reason", "explain_state", "signal_name",
 ]
@@ -71,25 +73,62 @@ def in_allocation(env: dict | None = None) -> bool:
     return bool(env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID"))
 
 
-def expand_hostlist(hostlist: str) -> list[str]:
-    """'gpu-[01-03,07],login1' -> ['gpu-01', 'gpu-02', 'gpu-03', 'gpu-07', 'login1'].
+MAX_HOSTS = 100_000   # names one host list may expand to (the largest fleets are ~10^4-10^5 nodes)
 
-    Pure Python, same result as `scontrol show hostnames` for the forms SLURM prints (one bracket
-    group per name, zero-padded ranges kept padded)."""
-    names: list[str] = []
+
+def _items(hostlist: str) -> list[tuple[str, list[tuple[int, int, int]], str] | str]:
+    """Each comma-separated item: a plain name, or (prefix, [(lo, hi, width)...], suffix)."""
+    out = []
     for item in re.findall(r"[^,\[]+(?:\[[^\]]*\][^,\[]*)*", hostlist):
         item = item.strip()
         m = re.fullmatch(r"([^\[]*)\[([^\]]*)\](.*)", item)
         if not m:
             if item:
-                names.append(item)
+                out.append(item)
             continue
         prefix, ranges, suffix = m.groups()
-        tails = expand_hostlist(suffix) if "[" in suffix else [suffix]
+        spans = []
         for part in ranges.split(","):
-            lo, _, hi = part.partition("-")
-            width = len(lo)
-            for i in range(int(lo), int(hi or lo) + 1):
+            lo, _, hi = part.strip().partition("-")
+            if not lo.isdigit() or not (hi or lo).isdigit() or int(hi or lo) < int(lo):
+                raise ValueError(f"bad range {part!r} in {item[:80]!r}: give lo-hi with lo <= hi, e.g. gpu-[01-16]")
+            spans.append((int(lo), int(hi or lo), len(lo)))
+        out.append((prefix, spans, suffix))
+    return out
+
+
+def hostlist_size(hostlist: str) -> int:
+    """How many names `hostlist` expands to, counted without expanding it."""
+    total = 0
+    for item in _items(hostlist):
+        if isinstance(item, str):
+            total += 1
+            continue
+        prefix, spans, suffix = item
+        tails = hostlist_size(suffix) if "[" in suffix else 1
+        total += sum(hi - lo + 1 for lo, hi, _ in spans) * tails
+    return total
+
+
+def expand_hostlist(hostlist: str, limit: int = MAX_HOSTS) -> list[str]:
+    """'gpu-[01-03,07],login1' -> ['gpu-01', 'gpu-02', 'gpu-03', 'gpu-07', 'login1'].
+
+    Pure Python, same result as `scontrol show hostnames` for the forms SLURM prints (one bracket
+    group per name, zero-padded ranges kept padded). The size is counted before anything is expanded:
+    more than `limit` names, or a malformed range, raises ValueError saying so (the 14 characters
+    'n[0-99999999]' once grew a sweep to 4 GB)."""
+    size = hostlist_size(hostlist)
+    if size > limit:
+        raise ValueError(f"{hostlist[:80]!r} expands to {size} names; at most {limit} are accepted")
+    names: list[str] = []
+    for item in _items(hostlist):
+        if isinstance(item, str):
+            names.append(item)
+            continue
+        prefix, spans, suffix = item
+        tails = expand_hostlist(suffix, limit) if "[" in suffix else [suffix]
+        for lo, hi, width in spans:
+            for i in range(lo, hi + 1):
                 names.extend(f"{prefix}{i:0{width}d}{t}" for t in tails)
     return names
 
@@ -131,15 +170,37 @@ def allocation_head_address(env: dict | None = None) -> str:
 RDZV_IS_HOST = "--rdzv-conf=is_host=$(( SLURM_PROCID == 0 ))"
 
 
+def rdzv_is_host(node: str) -> str:
+    """torchrun option, expanded by each task's shell: the task on `node` (the node whose address every
+    task dials) hosts the c10d store. Not SLURM_PROCID 0: SLURM starts task 0 on the first node in ITS
+    order, which for a --nodelist step need not be the node we chose (a bisect group [mln8, mln3] put
+    the store on mln3 while everyone dialled mln8, hung, and a healthy node was named)."""
+    if not re.fullmatch(r"[A-Za-z0-9_.\-]+", node):
+        raise ValueError(f"rdzv node: {node!r} is not a SLURM node name (letters, digits, '_', '.', '-')")
+    # SLURMD_NODENAME is set in every task's environment (srun(1), OUTPUT ENVIRONMENT VARIABLES)
+    return f'--rdzv-conf=is_host=$([ "${{SLURMD_NODENAME:-}}" = {node} ] && echo 1 || echo 0)'
+
+
+# Each task's torchrun gets a private TMPDIR, removed when the task ends (normally or on srun's SIGTERM):
+# torchelastic writes a torchelastic_* folder there per run and never removes it (56 per 8-node pairwise
+# run were left in the nodes' /tmp). A SIGKILLed task still leaves it: nothing runs after SIGKILL.
+_SCRATCH = ('d=$(mktemp -d "${TMPDIR:-/tmp}/mleng-ranks-XXXXXX") || exit 1; '
+            'trap \'rm -rf "$d"\' EXIT; trap \'exit 143\' TERM INT HUP; export TMPDIR="$d"; ')
+
+
 def srun_torchrun_command(module_args: list[str], nnodes: int, nproc_per_node: int,
                           rdzv_port: int = 29500, *, rdzv_host: str | None = None,
                           python: str | None = None, extra_srun: list[str] | None = None,
-                          env: dict | None = None, job_id: str | None = None) -> list[str]:
+                          env: dict | None = None, job_id: str | None = None,
+                          rdzv_node: str | None = None) -> list[str]:
     """argv for srun that starts one torchrun per node running `python -m <module_args...>`.
 
     `module_args` is ["tools.dist_smoke_test", "--json", ...] (module first). The rendezvous is c10d
     at `rdzv_host` (default: the first allocation node's address) : `rdzv_port`, id = the job id.
-    The per-node part runs under `bash -c` so `$SLURM_PROCID` expands in each task, not here.
+    `rdzv_node`: the SLURM name of the node at `rdzv_host`; its task hosts the store (default: the
+    task with SLURM_PROCID 0, which is the first allocation node when the step spans the allocation).
+    The per-node part runs under `bash -c` so `$SLURM_PROCID` expands in each task, not here, inside
+    a scratch TMPDIR of its own that is removed when the task ends.
     `job_id`: run inside that (running) job's allocation instead of our own (`srun --jobid --overlap`,
     so it shares the nodes with the job's own steps).
     """
@@ -160,9 +221,58 @@ def srun_torchrun_command(module_args: list[str], nnodes: int, nproc_per_node: i
     if python:
         cmd[0] = python
     split = cmd.index("-m", 3)  # the tool's "-m module" (the first -m is torch.distributed.run)
-    per_node = shlex.join(cmd[:split]) + f" {RDZV_IS_HOST} " + shlex.join(cmd[split:])
+    is_host = rdzv_is_host(rdzv_node) if rdzv_node else RDZV_IS_HOST
+    per_node = _SCRATCH + shlex.join(cmd[:split]) + f" {is_host} " + shlex.join(cmd[split:])
     return ["srun", f"--nodes={nnodes}", f"--ntasks={nnodes}", "--ntasks-per-node=1",
             "--kill-on-bad-exit=1", "--label", *(extra_srun or []), "bash", "-c", per_node]
+
+
+_LAUNCH_FAILED = re.compile(r"[Tt]ask launch for \S+ failed on node ([A-Za-z0-9_.\-]+):\s*([^\n]*)")
+
+
+def launch_failures(stderr: str) -> dict[str, str]:
+    """{node: srun's reason} from srun's own "Task launch for StepId=53.0 failed on node mln5: Socket timed
+    out on send/recv operation": the node srun could not start a task on (frozen, slurmd dead, unreachable)."""
+    return {m.group(1): m.group(2).strip() or "task launch failed" for m in _LAUNCH_FAILED.finditer(stderr)}
+
+
+@dataclass(frozen=True)
+class SrunTasks:
+    """What srun itself (never a task) said about tasks on a node: where it launched them (`srun -v`),
+    or how they ended ("Completed", "Killed", "Out Of Memory", "Exited with exit code 1")."""
+    kind: str              # launched | ended
+    node: str
+    tasks: tuple[int, ...]
+    how: str = ""
+
+
+# srun 22.05 with -v, as printed on the namespace cluster (task numbers follow SLURM's node order,
+# not the order of --nodelist: mln4,mln2,mln1,mln3 gave task 0 to mln1):
+#   srun: launching StepId=1.0 on host mln1, 1 tasks: 0
+#   srun: launch/slurm: _task_finish: mln4: task 3: Completed
+#   srun: error: mln2: task 1: Killed
+_SRUN_LAUNCHING = re.compile(r"srun: launching StepId=\S+ on host (\S+), \d+ tasks?: ([\d,\-]{1,200})")
+_SRUN_ENDED = re.compile(r"srun: (?:error: )?(?:launch/slurm: _task_finish: )?([^\s:]+): tasks? ([\d,\-]{1,200}): (.{1,200})")
+
+
+def srun_tasks_line(line: str) -> SrunTasks | None:
+    """The task placement or ending in one line of srun's stderr, else None. Task output is labelled
+    ("3: ...") under --label, so a task cannot print a line that starts like srun's own."""
+    if m := _SRUN_LAUNCHING.fullmatch(line.rstrip()):
+        return SrunTasks("launched", m.group(1), _task_ids(m.group(2)))
+    if m := _SRUN_ENDED.fullmatch(line.rstrip()):
+        return SrunTasks("ended", m.group(1), _task_ids(m.group(2)), m.group(3).strip())
+    return None
+
+
+def _task_ids(text: str) -> tuple[int, ...]:
+    """'0', '0-3,7' -> task numbers (at most MAX_HOSTS)."""
+    ids: list[int] = []
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        if lo.isdigit() and (hi or lo).isdigit():
+            ids.extend(range(int(lo), min(int(hi or lo), int(lo) + MAX_HOSTS) + 1))
+    return tuple(ids[:MAX_HOSTS])
 
 
 def split_labelled_output(text: str) -> dict[int, str]:

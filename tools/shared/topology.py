@@ -31,7 +31,7 @@ class GpuInfo(Record):
 
 class NicInfo(Record):
     name: str = Field(description="Device (mlx5_0) or interface (eth0) name.")
-    kind: str = Field(description="infiniband | roce | ethernet | efa.")
+    kind: str = Field(description="infiniband | roce | ethernet | efa; rdma when read from pasted text (IB or RoCE unknown).")
     pci: str = Field(description="PCI address.")
     numa_node: int | None = Field(None, description="NUMA node.")
     rate_gbits: float | None = Field(None, description="Link rate, Gb/s.")
@@ -79,11 +79,15 @@ def nvml_busid_to_sysfs(bus_id: str) -> str:
     return f"{int(domain, 16):04x}:{rest}"
 
 
-def _read(path: Path) -> str | None:
+def read_attr(path: Path) -> str | None:
+    """One sysfs attribute, stripped; None when it is absent or unreadable (EINVAL on a link that is down)."""
     try:
-        return path.read_text().strip()
+        return path.read_text(errors="replace").strip()
     except OSError:
         return None
+
+
+_read = read_attr
 
 
 def _numa(pci: str) -> int | None:

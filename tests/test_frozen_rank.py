@@ -1,0 +1,74 @@
+"""A rank frozen mid-collective (SIGSTOP) is named, not "the communication path" (review 2026-12-01 F3, 5a/5b).
+
+Real gloo runs on this machine: torchrun with 3 ranks; the test stops one rank's process from outside
+(SIGSTOP, the signal a cgroup freezer or a debugger's stop amounts to) once the sweep is under way.
+A rank's heartbeat thread stops with it while the others keep beating as they wait.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from tools.collective_bench import CollectiveBenchParams, build_result
+from tools.shared.culprits import diagnose
+from tools.shared.launch import LaunchOutcome, RankState, launch_ranks, plan_command
+
+JOB = {"backend": "gloo", "timeout_s": 15, "dtype": "float32", "ops": ["all_reduce"], "min_bytes": 1 << 15,
+       "max_bytes": 1 << 22, "factor": 2, "iters": 200, "warmup": 1, "blocking": False, "plant_error_rank": None}
+
+
+def freeze_after_first_row(victim: int):
+    """on_event that SIGSTOPs rank `victim` when rank 0 has reported its first measured size."""
+    pids, frozen = {}, []
+
+    def on_event(event):
+        if event.get("pid"):
+            pids[event["rank"]] = event["pid"]
+        if event["ev"] == "data" and event.get("kind") == "row" and not frozen and victim in pids:
+            os.kill(pids[victim], signal.SIGSTOP)
+            frozen.append(pids[victim])
+
+    return on_event, frozen
+
+
+@pytest.mark.timeout(240)
+def test_collective_bench_names_the_rank_frozen_mid_sweep():
+    on_event, frozen = freeze_after_first_row(victim=1)
+    outcome = launch_ranks(plan_command("collective_bench.rank", JOB, 3, 1, None), 3, timeout_s=15,
+                           stall_s=75, deadline_s=180, on_event=on_event)
+    assert frozen, "the sweep ended before the rank could be frozen"
+    params = CollectiveBenchParams(backend="gloo", nproc_per_node=3, pg_timeout_s=15, plot=False)
+    result = build_result(outcome, params, 1, outcome.elapsed_s)
+    text = " ".join(result.findings)
+    assert result.verdict == "fail" and result.culprit_ranks == [1], result.findings
+    assert "frozen" in text and "communication path" not in text
+    with pytest.raises(ProcessLookupError):  # SIGKILL reaches a stopped process: nothing left
+        os.kill(frozen[0], 0)
+
+
+def _outcome(*states, failures=None):
+    return LaunchOutcome(command=["srun"], world_size=len(states), ranks={s.rank: s for s in states}, data=[],
+                         returncode=1, stalled=False, overran=False, elapsed_s=1.0, stderr_tail="", output_tail="",
+                         launch_failures=failures or {})
+
+
+def test_a_rank_that_raised_is_not_called_frozen():
+    """Its beats end with its process; the others then wait out their timeout: the error is the reason."""
+    raised = RankState(1, host="b", status="error", stage="shape_check", stages_seen=4, error="size mismatch",
+                       last_beat=100.0, stage_entered_t=0, end_t=1)
+    waiter = RankState(0, host="a", status="error", stage="all_reduce", stages_seen=5, last_beat=130.0,
+                       error="Timed out waiting 30000ms", stage_entered_t=0, end_t=31)
+    culprits, findings = diagnose(_outcome(waiter, raised), timeout_s=30)
+    assert culprits == [1] and "frozen" not in " ".join(findings)
+
+
+def test_srun_launch_failure_names_the_node_not_the_healthy_ones():
+    """Review 5g: a node frozen before the run; srun's own line names it, and it comes first."""
+    waiting = [RankState(r, host=f"mln{r + 1}", status="stuck", stage="init") for r in range(3)]
+    culprits, findings = diagnose(_outcome(*waiting, failures={"mln5": "Socket timed out on send/recv operation"}),
+                                  timeout_s=30)
+    assert "node mln5" in findings[0] and "Socket timed out" in findings[0]
+    assert not any("mln1" in f or "mln2" in f for f in findings) and culprits == []

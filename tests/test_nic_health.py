@@ -1,0 +1,245 @@
+"""nic_health on sysfs trees of real RDMA devices (tests/fixtures/nic_sysfs, sources in SOURCE.md) and on real
+network interfaces in private network namespaces. Faults are made on a copy of a tree WHILE the tool samples,
+so the window logic is the one a node runs. The namespace-cluster test (a flap during a fleet_sweep) is
+tests/test_nic_health_cluster.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tools import nic_health
+from tools.engine.runner import execute
+from tools.shared import topology
+
+FIXTURES = Path(__file__).parent / "fixtures" / "nic_sysfs"
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def tree(tmp_path, monkeypatch):
+    """A copy of a fixture tree as this process's sysfs root (the tool's seam: MLENG_SYSFS)."""
+    def use(name: str) -> Path:
+        root = tmp_path / name
+        shutil.copytree(FIXTURES / name, root, symlinks=True)
+        monkeypatch.setenv("MLENG_SYSFS", str(root))
+        monkeypatch.setattr(topology, "SYSFS", root)
+        return root
+    return use
+
+
+def port_dir(root: Path, device: str, port: int = 1) -> Path:
+    return root / "class" / "infiniband" / device / "ports" / str(port)
+
+
+def run(sample_s: float = 0, during=None):
+    """nic_health's run(); `during(…)` changes the tree half way through the window."""
+    if during:
+        timer = threading.Timer(sample_s / 2, during)
+        timer.start()
+    try:
+        return nic_health.run(nic_health.NicHealthParams(sample_s=sample_s), lambda f, m: None)
+    finally:
+        if during:
+            timer.join()
+
+
+def by_subject(result) -> dict:
+    return {p.subject: p for p in result.rdma_ports}
+
+
+def test_roce_node_from_a_real_report_is_healthy_through_the_runner(tree):
+    tree("roce_mlx5_nccl1866")
+    result = execute(nic_health.SPEC, nic_health.NicHealthParams(sample_s=0.5), timeout_s=60)
+    assert result.verdict == "ok" and result.action == "none", result.findings
+    assert [(p.device, p.port, p.state, p.rate_gbits, p.link_layer, p.gids) for p in result.rdma_ports] == [
+        ("mlx5_0", 1, "ACTIVE", 100.0, "Ethernet", 1), ("mlx5_1", 1, "ACTIVE", 100.0, "Ethernet", 1)]
+    assert result.rdma_ports[0].pci == "0000:17:00.0" and result.result_id
+    present = {p.component: p for p in result.present}
+    assert present["rdma_devices"].present and "mlx5_0, mlx5_1" in present["rdma_devices"].detail
+    assert not present["perftest"].present and "not present" in present["perftest"].detail
+
+
+def test_an_unused_disabled_ib_port_is_not_a_culprit_but_one_that_carried_traffic_is(tree):
+    root = tree("ib_mlx4_rdmacore847")
+    result = run()
+    ports = by_subject(result)
+    assert ports["mlx4_0 port 2"].verdict == "ok" and ports["mlx4_0 port 2"].rate == "56 Gb/sec (4X FDR)"
+    assert ports["mlx4_0 port 1"].action == "none" and "unused" in ports["mlx4_0 port 1"].problems[0].text
+    assert result.verdict == "ok" and ports["mlx4_0 port 1"].fw_ver == "2.42.5000"
+    (port_dir(root, "mlx4_0", 1) / "counters" / "port_xmit_data").write_text("123456\n")
+    ports = by_subject(run())
+    assert ports["mlx4_0 port 1"].action == "drain_node", ports["mlx4_0 port 1"].problems
+
+
+def test_link_downed_rising_in_the_window_drains_the_node_and_names_the_port(tree):
+    root = tree("roce_mlx5_nccl1866")
+    result = run(1.0, during=lambda: (port_dir(root, "mlx5_1") / "counters" / "link_downed").write_text("2\n"))
+    ports = by_subject(result)
+    assert ports["mlx5_0 port 1"].verdict == "ok"
+    bad = ports["mlx5_1 port 1"]
+    assert bad.action == "drain_node" and bad.window == {"link_downed": 2}
+    assert "link_downed rose by 2 in the 1" in bad.problems[0].text
+    assert result.actions == {"drain_node": ["mlx5_1 port 1"]}
+
+
+def test_symbol_errors_rising_are_monitored_and_totals_alone_are_not_judged(tree):
+    root = tree("roce_mlx5_nccl1866")
+    (port_dir(root, "mlx5_0") / "counters" / "symbol_error").write_text("40\n")
+    assert run(0.6).verdict == "ok"  # an old total: history, reported in counters, not judged
+    result = run(1.0, during=lambda: (port_dir(root, "mlx5_0") / "counters" / "symbol_error").write_text("47\n"))
+    port = by_subject(result)["mlx5_0 port 1"]
+    assert port.action == "monitor" and port.counters["symbol_error"] == 47 and port.window == {"symbol_error": 7}
+
+
+def test_a_counter_cleared_during_the_window_is_reported_as_a_reset_not_an_error(tree):
+    root = tree("roce_mlx5_nccl1866")
+    (port_dir(root, "mlx5_0") / "counters" / "symbol_error").write_text("40\n")
+    result = run(1.0, during=lambda: (port_dir(root, "mlx5_0") / "counters" / "symbol_error").write_text("0\n"))
+    port = by_subject(result)["mlx5_0 port 1"]
+    assert port.verdict == "ok" and port.resets == ["symbol_error 40 -> 0"]
+    assert any("went back during the window" in f for f in result.findings)
+
+
+def test_a_saturated_counter_says_its_true_count_is_at_least_the_maximum(tree):
+    root = tree("roce_mlx5_nccl1866")
+    (port_dir(root, "mlx5_0") / "counters" / "symbol_error").write_text("65535\n")
+    port = by_subject(run())["mlx5_0 port 1"]
+    assert port.saturated == ["symbol_error"] and port.action == "monitor"
+    assert "perfquery -R" in port.problems[0].text
+
+
+def test_a_port_slower_than_its_peers_and_a_roce_port_without_gid_drain(tree):
+    root = tree("roce_mlx5_nccl1866")
+    (port_dir(root, "mlx5_1") / "rate").write_text("25 Gb/sec (1X EDR)\n")
+    (port_dir(root, "mlx5_0") / "gids" / "0").write_text("0000:0000:0000:0000:0000:0000:0000:0000\n")
+    ports = by_subject(run())
+    assert [p.code for p in ports["mlx5_1 port 1"].problems] == ["ib_rate_degraded"]
+    assert "25 Gb/sec (1X EDR)" in ports["mlx5_1 port 1"].problems[0].text
+    assert [p.code for p in ports["mlx5_0 port 1"].problems] == ["roce_no_gid"]
+    assert {p.action for p in ports.values()} == {"drain_node"}
+
+
+def test_a_node_without_rdma_says_not_present(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLENG_SYSFS", str(tmp_path))
+    monkeypatch.setattr(topology, "SYSFS", tmp_path)
+    result = run()
+    assert result.verdict == "ok" and result.rdma_ports == [] and result.netdevs == []
+    present = {p.component: p for p in result.present}
+    assert not present["rdma_devices"].present and present["rdma_devices"].detail.startswith("not present")
+    assert any(f.startswith("rdma_devices: not present") for f in result.findings)
+
+
+@pytest.mark.parametrize("sample_s", [-1, 301, "x"])
+def test_bad_sample_window_names_the_field(sample_s):
+    with pytest.raises(ValueError, match="sample_s"):
+        nic_health.NicHealthParams(sample_s=sample_s)
+
+
+# Real interfaces: a private pair of network namespaces per test; the node's end is veth0 in A, its "switch
+# port" is veth1 in B, flapped from B as a cable pull would be.
+
+def _ns_available() -> str | None:
+    if os.geteuid() != 0 or not shutil.which("ip") or not shutil.which("nsenter"):
+        return "needs root, iproute2 and nsenter"
+    return None
+
+
+@pytest.fixture
+def veth_pair():
+    why = _ns_available()
+    if why:
+        pytest.skip(why)
+    tag = uuid.uuid4().hex[:6]
+    a, b = f"nict{tag}a", f"nict{tag}b"
+    ip = lambda *args: subprocess.run(["ip", *args], check=True, capture_output=True, timeout=10)  # noqa: E731
+    ip("netns", "add", a)
+    try:
+        ip("netns", "add", b)
+        ip("-n", a, "link", "add", "veth0", "type", "veth", "peer", "name", "veth1", "netns", b)
+        ip("-n", a, "link", "set", "veth0", "up")
+        ip("-n", b, "link", "set", "veth1", "up")
+        yield a, b
+    finally:
+        for ns in (a, b):
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=10)
+
+
+def _tool_in(namespace: str, how: str, sample_s: float) -> dict:
+    """nic_health --json inside a namespace: `ip netns exec` remounts /sys (the sysfs path), `nsenter --net`
+    keeps the host's /sys (the netlink path, as on a namespace-cluster node)."""
+    enter = (["ip", "netns", "exec", namespace] if how == "sysfs" else ["nsenter", f"--net=/run/netns/{namespace}"])
+    env = {k: v for k, v in os.environ.items() if k != "MLENG_SYSFS"}
+    out = subprocess.run([*enter, sys.executable, "-m", "tools.nic_health", "--sample-s", str(sample_s), "--json"],
+                         capture_output=True, text=True, timeout=120, cwd=REPO, env=env)
+    result = json.loads(out.stdout or "{}")
+    assert out.returncode == (3 if result.get("verdict") == "fail" else 0), out.stderr[-800:]  # the CLI's exit codes
+    return result
+
+
+@pytest.mark.parametrize("how", ["sysfs", "netlink"])
+def test_a_real_link_flap_is_seen_and_a_quiet_link_is_not(veth_pair, how):
+    a, b = veth_pair
+    quiet = _tool_in(a, how, 1.0)
+    assert [(n["name"], n["source"], n["verdict"]) for n in quiet["netdevs"]] == [("veth0", how, "ok")], quiet
+    stop = threading.Event()
+
+    def flap():
+        while not stop.wait(0.5):
+            subprocess.run(["ip", "-n", b, "link", "set", "veth1", "down"], check=True, timeout=10)
+            time.sleep(0.1)
+            subprocess.run(["ip", "-n", b, "link", "set", "veth1", "up"], check=True, timeout=10)
+
+    flapper = threading.Thread(target=flap)
+    flapper.start()
+    try:
+        result = _tool_in(a, how, 3.0)
+    finally:
+        stop.set()
+        flapper.join()
+    veth0 = result["netdevs"][0]
+    assert veth0["verdict"] == "fail" and veth0["window"]["carrier_changes"] >= 2, veth0
+    assert result["action"] == "drain_node" and "carrier changes in the 3" in " ".join(result["findings"])
+
+
+# Pasted output (tests/fixtures/nic_text, sources in SOURCE.md).
+
+TEXTS = Path(__file__).parent / "fixtures" / "nic_text"
+
+
+def pasted(text: str):
+    return nic_health.run(nic_health.NicHealthParams(text=text), lambda f, m: None)
+
+
+def test_pasted_ibstat_from_a_real_report_reads_both_ports():
+    result = pasted((TEXTS / "ibstat_rdmacore847.txt").read_text())
+    ports = by_subject(result)
+    assert (ports["mlx4_0 port 2"].state, ports["mlx4_0 port 2"].rate_gbits, ports["mlx4_0 port 2"].fw_ver) == \
+        ("ACTIVE", 56.0, "2.42.5000")
+    assert ports["mlx4_0 port 1"].state == "DOWN" and ports["mlx4_0 port 1"].action == "none"
+    assert result.verdict == "ok" and "Read pasted ibstat output: 2 port(s)" in result.findings[1]
+
+
+def test_pasted_perfquery_reads_counters_and_names_a_nonzero_error_counter():
+    text = (TEXTS / "perfquery_x_infinibanddiags16.txt").read_text()
+    clean = pasted(text)
+    assert clean.verdict == "ok" and clean.rdma_ports[0].counters["link_downed"] == 0
+    flapped = pasted(text.replace("LinkDownedCounter:...............0", "LinkDownedCounter:...............14"))
+    port = flapped.rdma_ports[0]
+    assert port.subject == "lid 10 port 1" and port.counters["link_downed"] == 14
+    assert port.action == "monitor" and "link_downed = 14" in port.problems[0].text
+
+
+@pytest.mark.parametrize("text", ["", "hello world", "+-----+\n| GPU | Name |\n"])
+def test_text_in_another_format_names_the_formats_expected(text):
+    with pytest.raises(Exception, match=r"text: not a format nic_health reads; expected `ibstat` output .* `perfquery`"):
+        pasted(text)

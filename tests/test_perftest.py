@@ -1,0 +1,91 @@
+"""perftest runner and parsers (tools/shared/perftest.py). The parser reads a real ib_write_bw report
+(tests/fixtures/perftest/SOURCE.md); the pair runner's plumbing (server first, client's output parsed, both
+killed at the deadline) is checked with local processes standing in for the two srun steps. A real RDMA pair
+needs two nodes with RDMA devices and perftest: not on this machine (say so), not on the H200 box either."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tools.shared import perftest
+
+FIXTURES = Path(__file__).parent / "fixtures" / "perftest"
+
+LAT_TABLE = """---------------------------------------------------------------------------------------
+ #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec]
+ 2       1000          1.10           2.05         1.11              1.12            0.00            1.19                   2.05
+---------------------------------------------------------------------------------------
+"""
+
+
+def test_bw_table_from_a_real_report():
+    rows = perftest.parse_bw((FIXTURES / "ib_write_bw_perftest273.txt").read_text())
+    assert rows == [perftest.BwRow(8, 224958464, 0.0, 0.48, 7.498617)]
+
+
+def test_bw_in_megabytes_and_other_text_are_refused_naming_the_format():
+    with pytest.raises(ValueError, match=r"run with --report_gbits"):
+        perftest.parse_bw(" #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]\n"
+                          " 65536      5000             3293.63            3293.56             0.052697\n")
+    with pytest.raises(ValueError, match=r"expected an ib_write_bw table"):
+        perftest.parse_bw("Couldn't connect to 10.0.0.1:18515\n")
+
+
+def test_lat_table_every_column():
+    (row,) = perftest.parse_lat(LAT_TABLE)
+    assert (row.size_bytes, row.t_typical_us, row.p99_us, row.p999_us) == (2, 1.11, 1.19, 2.05)
+
+
+def test_command_lines_server_and_client():
+    assert perftest.argv("bw", "mlx5_0", 18515) == ["ib_write_bw", "-d", "mlx5_0", "-p", "18515", "-s", "1048576",
+                                                    "-n", "2000", "-F", "--report_gbits"]
+    assert perftest.argv("lat", "mlx5_1", 18516, server="10.0.0.7", gid_index=3)[-3:] == ["-x", "3", "10.0.0.7"]
+
+
+def _local_launch(client_text: str | None, client_sleep_s: float = 0):
+    """Stand-ins for the two srun steps: the server waits like ib_write_bw does; the client prints a report."""
+    started = []
+
+    def launch(node, argv):
+        if argv[-1].startswith("10."):  # the client names the server
+            code = f"import time,sys; time.sleep({client_sleep_s}); sys.stdout.write({client_text!r})"
+        else:
+            code = "import time; time.sleep(60)"
+        proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+        started.append(proc)
+        return proc
+    return launch, started
+
+
+def test_pair_runner_reads_the_client_and_leaves_nothing_running(monkeypatch):
+    monkeypatch.setattr(perftest, "SERVER_START_S", 0.1)
+    launch, started = _local_launch((FIXTURES / "ib_write_bw_perftest273.txt").read_text())
+    result = perftest.run_pair("n1", "n2", launch, test="bw", device="mlx5_0", port=18515, server_addr="10.0.0.1",
+                               deadline_s=20)
+    assert (result.value, result.unit, result.detail) == (0.48, "Gb/s", "ok")
+    time.sleep(0.2)
+    assert not [p.pid for p in started if psutil.pid_exists(p.pid) and p.poll() is None]
+
+
+def test_pair_runner_names_a_hung_pair_at_the_deadline(monkeypatch):
+    monkeypatch.setattr(perftest, "SERVER_START_S", 0.1)
+    launch, started = _local_launch("", client_sleep_s=30)
+    t0 = time.monotonic()
+    result = perftest.run_pair("n1", "n2", launch, test="lat", device="mlx5_0", port=18515,
+                               server_addr="10.0.0.1", deadline_s=1)
+    assert result.value is None and "hung" in result.detail and time.monotonic() - t0 < 10
+    time.sleep(0.2)
+    assert all(p.poll() is not None for p in started)
+
+
+def test_absent_perftest_says_not_present(monkeypatch):
+    monkeypatch.setenv("PATH", "/nonexistent")
+    ok, detail = perftest.available()
+    assert not ok and detail == "not present (ib_write_bw, ib_write_lat not on PATH)"

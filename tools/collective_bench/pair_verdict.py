@@ -1,0 +1,147 @@
+"""What a pairwise run may name: the one verdict rule, the measured spread, confirmation, the expected gate.
+
+The rule (tools/shared/judging.py, knowledge/data/verdict_rules.toml): a pair is slow when its busbw is
+worse than a healthy pair's by more than max(margin, k x spread). The healthy pair is the 75th percentile
+of all pairs (pair_matrix.py: one bad node among 4 is in half the pairs and would drag a median to
+itself). The spread is measured in this run, over the pairs of nodes not suspected on the first pass:
+on a quiet GPU fabric it is a few percent, on gloo over shared CPU cores it can pass 30%.
+
+1. First pass at the rule's stated spread: which nodes look slow (to leave them out of the spread).
+2. The spread of the other pairs. When k x spread passes the widest threshold the check can answer
+   (`FigureRule.widest`), the answer is "inconclusive", with the spread: nothing is named for being
+   slow. A pair that failed or hung is not noise: those are still confirmed and named.
+3. Second pass at max(margin, k x measured spread): slow nodes, slow links, undetermined pairs.
+4. Confirmation: every suspect is measured again, a node with a partner measured healthy, a link or
+   pair alone; only what is slow again is named. The rest is listed as unconfirmed.
+5. Expected gate: where the link has an expected figure, a healthy pair worse than it by more than the
+   threshold makes the whole set the suspect (a uniformly degraded fleet is not "ok").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Callable
+
+from ..shared.expected_busbw import expected_busbw
+from ..shared.judging import FigureRule, compare, is_inconclusive, relative_spread, rule_for, threshold
+from .node_groups import GroupRun
+from .pair_matrix import PairFigure, PairVerdict, analyse_pairs, slow_rule
+
+CONFIRM_ROUNDS = 3   # at most this many rounds of re-measurement; suspects beyond stay unconfirmed
+MIN_PAIRS_FOR_SPREAD = 6  # the spread of fewer healthy pairs is no measurement (4 nodes, one bad: 3 pairs)
+                          # and the rule's stated spread is used instead
+MAX_MARGIN = 0.99    # analyse_pairs takes a fraction below 1
+
+
+def rule_for_backend(backend: str | None, margin: float | None = None) -> FigureRule:
+    """busbw_gbps for NCCL; pair_busbw_gbps_gloo for gloo (TCP through CPU cores that the ranks share);
+    `margin` (the caller's slow_margin) replaces the stated margin."""
+    rule = rule_for("pair_busbw_gbps_gloo" if backend == "gloo" else "busbw_gbps")
+    return dataclasses.replace(rule, margin=margin) if margin is not None else rule
+
+
+BIG_ENOUGH_BYTES = 256 << 20  # below this (and without a measured point) busbw is not judged against expected
+
+
+def expected_pair_gbps(setup: dict, rows: list[dict]) -> tuple[float | None, str]:
+    """(expected all_reduce busbw of a two-node pair at the largest size measured, note) from rank 0's setup."""
+    from ..shared.accelerators import match_accelerator
+
+    gpu = (setup.get("versions") or {}).get("device_name")
+    if not gpu or gpu == "cpu" or not rows:
+        return None, "no expected figure for a pair of CPU (gloo) nodes: pairs are judged against each other only"
+    accel = match_accelerator(gpu)
+    record, note = expected_busbw(accel["id"] if accel else None, int(setup.get("local_world_size") or 1), 2,
+                                  "all_reduce", setup.get("nccl_env"), setup.get("rdma_ports"))
+    if not record:
+        return None, note
+    peak = max(r["bytes"] for r in rows)
+    point = next((p for p in record.get("points", []) if p["bytes"] == peak), None)
+    if point:
+        return point["busbw_gbps"], record["id"]
+    if peak >= BIG_ENOUGH_BYTES:
+        return record["busbw_gbps"], record["id"]
+    return None, f"largest size {peak >> 20} MiB is too small to judge pairs against the expected figure ({record['id']})"
+
+
+@dataclass
+class Confirmation:
+    kind: str                       # node | link | pair
+    nodes: list[int]                # the suspect node, or the two ends
+    first: PairFigure | None        # the slowest first measurement (links, pairs) or None (nodes)
+    again: GroupRun | None = None   # the second measurement (None: no round left, or no healthy partner)
+    slow_again: bool = False
+
+
+@dataclass
+class PairJudgement:
+    rule: FigureRule
+    spread: float                   # relative spread of the pairs of unsuspected nodes (scaled MAD / median)
+    healthy_pairs: int              # how many pairs that spread was measured over
+    threshold: float                # the deficit a pair had to exceed
+    inconclusive: bool
+    verdict: PairVerdict            # analyse_pairs at that threshold
+    confirmations: list[Confirmation] = field(default_factory=list)
+    fleet_below_expected: str | None = None   # the gate's sentence when the healthy pair is below expected
+
+
+def judge_pairs(n: int, figures: list[PairFigure], rule: FigureRule, run_round: Callable, *,
+                latency_factor: float = 5.0, expected_gbps: float | None = None) -> PairJudgement:
+    """Steps 1-5 of the module doc; run_round(groups) -> [GroupRun] re-measures suspects."""
+    lat = latency_factor - 1
+    first = analyse_pairs(n, figures, margin=min(threshold(rule), MAX_MARGIN), latency_margin=lat)
+    left_out = set() if first.fleet_wide else {s.node for s in first.slow_nodes}
+    healthy = [f.busbw_gbps for f in figures
+               if f.ok and f.busbw_gbps is not None and f.a not in left_out and f.b not in left_out]
+    measured = len(healthy) >= MIN_PAIRS_FOR_SPREAD
+    spread = relative_spread(healthy) if measured else rule.spread
+    limit = threshold(rule, spread)
+    if measured and is_inconclusive(healthy, rule):
+        # slowness cannot be judged, failure can: only pairs that failed or hung (or read 1% of a healthy
+        # pair) stay suspects, and are measured again like any other
+        failing = analyse_pairs(n, figures, margin=MAX_MARGIN, latency_margin=1e9)
+        judged = PairJudgement(rule, spread, len(healthy), limit, True, failing)
+        judged.confirmations = [] if failing.fleet_wide else confirm(n, failing, run_round)
+        return judged
+    final = analyse_pairs(n, figures, margin=min(limit, MAX_MARGIN), latency_margin=lat)
+    judged = PairJudgement(rule, spread, len(healthy), limit, False, final)
+    if expected_gbps and final.reference_busbw_gbps:
+        breach = compare(final.reference_busbw_gbps, rule, {"expected figure of the link": expected_gbps}, spread)
+        judged.fleet_below_expected = breach[0].sentence(rule.unit) if breach else None
+    if not final.fleet_wide:
+        judged.confirmations = confirm(n, final, run_round)
+    return judged
+
+
+def suspects_of(verdict: PairVerdict) -> list[Confirmation]:
+    """Every suspect of a verdict, to be measured again."""
+    out = [Confirmation("node", [s.node], None) for s in verdict.slow_nodes]
+    out += [Confirmation("link", [f.a, f.b], f) for f in verdict.slow_links]
+    out += [Confirmation("pair", [f.a, f.b], f) for f in verdict.undetermined]
+    return out
+
+
+def confirm(n: int, verdict: PairVerdict, run_round: Callable) -> list[Confirmation]:
+    """Measure every suspect again (up to CONFIRM_ROUNDS rounds of disjoint groups); mark what is slow again."""
+    todo = suspects_of(verdict)
+    suspected = {m for c in todo for m in c.nodes}
+    healthy = [i for i in range(n) if i not in suspected]
+    slow = slow_rule(verdict.busbw_floor_gbps, verdict.latency_ceiling_us)
+    waiting = list(todo)
+    for _ in range(CONFIRM_ROUNDS):
+        groups, planned, busy, free = [], [], set(), list(healthy)
+        for c in waiting:
+            if busy & set(c.nodes) or (c.kind == "node" and not free):
+                continue
+            group = [c.nodes[0], free.pop()] if c.kind == "node" else list(c.nodes)
+            busy.update(group)
+            groups.append(sorted(group))
+            planned.append(c)
+        if not groups:
+            break
+        for c, run in zip(planned, run_round(groups)):
+            c.again = run
+            c.slow_again = slow(PairFigure(run.nodes[0], run.nodes[1], run.busbw_gbps, run.latency_us, ok=run.ok))
+        waiting = [c for c in waiting if c.again is None]
+    return todo

@@ -1,0 +1,129 @@
+"""nic_health — is each NIC of this node healthy (RDMA ports, Ethernet/RoCE links), and what to do about it.
+
+Every RDMA device and port under /sys/class/infiniband (state, physical state, rate, link layer, GID table,
+the IB error counters and their change over a sampling window); every network interface that carries the
+node's traffic (carrier changes, speed, MTU, kernel and `ethtool -S` error counters and their change); the
+PCIe path from each GPU to its closest NIC. Each problem carries an action (none / monitor / drain_node);
+thresholds and their sources are in knowledge/data/nic_health.toml. What is absent (RDMA devices, ethtool,
+perftest, NVML) is a plain "not present" row, never an error. Runs in a child: a wedged driver can hang a
+counter read, and the runner's timeout then kills it.
+
+By hand:
+    python -m tools.nic_health                         # this node, 2 s window
+    python -m tools.nic_health --sample-s 30           # watch longer for a flapping link
+    srun --ntasks-per-node=1 python -m tools.nic_health --json > nic-$SLURM_JOB_ID.json   # every node
+"""
+
+from __future__ import annotations
+
+import time
+
+from ..engine.figures import Figure, Measured, SweepContract
+from ..engine.spec import Field, Params, Result, ToolFailure, ToolSpec, worst
+from ..shared.actions import ACTION_FIELD, Action, by_action, worst_action
+from . import pasted, sample
+from .assess import judge_peers, judge_port, judge_totals
+from .models import NetdevReading, NicAffinity, PortReading, Presence
+
+__all__ = ["SPEC", "NicHealthParams", "NicHealthResult", "run"]
+
+
+class NicHealthParams(Params):
+    sample_s: float = Field(2.0, ge=0, le=300, description=(
+        "Sampling window, seconds: counters and carrier changes are read at its start and end and the change "
+        "is judged. 0: one reading, totals only (nothing is judged on change). Not used with text."))
+    text: str | None = Field(None, max_length=1_000_000, description=(
+        "Pasted `ibstat` or `perfquery` output to judge instead of reading this node (one reading: error "
+        "counters above zero are named, state and rate judged as on a node)."))
+
+
+class NicHealthResult(Result):
+    action: Action = Field("none", description="The node's action: the worst of its ports' and interfaces'. " + ACTION_FIELD)
+    actions: dict[str, list[str]] = Field(default_factory=dict, description="{action: [ports / interfaces]} worst first (for fleet summaries).")
+    rdma_ports: list[PortReading] = Field(default_factory=list, description="One reading per RDMA device port.")
+    netdevs: list[NetdevReading] = Field(default_factory=list, description="One reading per network interface judged.")
+    affinity: list[NicAffinity] = Field(default_factory=list, description="Each GPU's closest NIC and the PCIe path to it.")
+    present: list[Presence] = Field(default_factory=list, description="RDMA devices, ethtool, perftest: found or not present.")
+    window_s: float = Field(0.0, description="Length of the sampling window, s.")
+
+
+def run(params: NicHealthParams, progress) -> NicHealthResult:
+    if params.text is not None:
+        return read_pasted(params.text)
+    progress(0.05, "first reading")
+    first = sample.snapshot()
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < params.sample_s:
+        time.sleep(min(0.5, max(0.0, params.sample_s - (time.monotonic() - t0))))
+        progress(0.1 + 0.8 * min(1.0, (time.monotonic() - t0) / max(params.sample_s, 1e-9)), "sampling")
+    second = sample.snapshot(list(first["netdevs"])) if params.sample_s > 0 else first
+    window_s = round(time.monotonic() - t0, 2) if params.sample_s > 0 else 0.0
+    ports, netdevs = sample.judge(first, second, window_s)
+    return summarise(ports, netdevs, sample.affinity(), sample.presence(), window_s)
+
+
+def read_pasted(text: str) -> NicHealthResult:
+    try:
+        kind, raw = pasted.parse(text)
+    except ValueError as e:
+        raise ToolFailure(str(e)) from None
+    ports = [judge_totals(judge_port(p, p, 0.0)) for p in raw]
+    judge_peers(ports)
+    result = summarise(ports, [], [], [], 0.0)
+    result.findings.insert(1, f"Read pasted {kind} output: {len(ports)} port(s); one reading, so totals only.")
+    return result
+
+
+def summarise(ports: list[PortReading], netdevs: list[NetdevReading], affinity: list[NicAffinity],
+              present: list[Presence], window_s: float) -> NicHealthResult:
+    result = NicHealthResult(rdma_ports=ports, netdevs=netdevs, affinity=affinity, present=present, window_s=window_s)
+    every = [p for r in [*ports, *netdevs] for p in r.problems]
+    result.action, result.actions = worst_action(f.action for f in every), by_action(every)
+    result.verdict = worst([r.verdict for r in [*ports, *netdevs]] or ["ok"])
+    up = sum(1 for p in ports if p.state == "ACTIVE")
+    result.findings = [
+        (f"{len(ports)} RDMA port(s), {up} active; " if ports else "")
+        + f"{len(netdevs)} interface(s) judged ({', '.join(n.name for n in netdevs) or 'none'}); "
+        + (f"sampled {window_s:g} s" if window_s else "one reading, no window")
+        + f"; action for the node: {result.action}."]
+    result.findings += [f"{f.subject}: {f.text} [{f.action}]." for f in every if f.action != "none"]
+    result.findings += [f"{f.subject}: {f.text}." for f in every if f.action == "none"]
+    result.findings += [f"{r.subject}: {', '.join(r.resets)} went back during the window (counters cleared, driver "
+                        "reloaded or wrapped); not judged." for r in [*ports, *netdevs] if r.resets]
+    result.findings += [f"{p.component}: {p.detail}." for p in present if not p.present]
+    result.findings += [f"GPU {a.gpu} -> {a.nic}: {a.path}." for a in affinity if a.path in ("NODE", "SYS")]
+    result.next = (["knowledge://network/link-health.md", "collective_bench"] if result.verdict != "ok"
+                   else ["collective_bench", "gpu_topology"])
+    return result
+
+
+def _sweep_figures(res: NicHealthResult) -> list[Measured]:
+    """The slowest active RDMA port: one degraded rail among 64 nodes stands out against the fleet."""
+    rates = [p.rate_gbits for p in res.rdma_ports if p.state == "ACTIVE" and p.rate_gbits]
+    return [Measured(MIN_RATE, min(rates))] if rates else []
+
+
+def _sweep_evidence(res: NicHealthResult) -> list[str]:
+    return [f"{f.subject}: {f.text} (action: {f.action})" for r in [*res.rdma_ports, *res.netdevs]
+            for f in r.problems if f.action != "none"]
+
+
+SWEEP = SweepContract(figures=(MIN_RATE := Figure("min_rdma_rate_gbits", "Gb/s", "higher"),), read=_sweep_figures,
+                      evidence=_sweep_evidence)
+
+SPEC = ToolSpec(
+    name="nic_health",
+    summary="Per-NIC health and what to do: RDMA port state/rate/GIDs/error counters, link flaps, Ethernet errors.",
+    description=(
+        "Check whether each network port of this node is healthy and say what to do (an action per problem: none, "
+        "monitor, drain_node). RDMA (InfiniBand/RoCE) ports from /sys/class/infiniband: state, physical state, rate "
+        "(a port slower than its peers), link layer, GID table (RoCE without a GID), the IB error counters (symbol "
+        "errors, link error recovery, link downed, receive errors, discards...) and their change over a sampling "
+        "window, saturated counters; network interfaces: carrier changes (link flaps) during the window and since "
+        "boot, speed, MTU, kernel and `ethtool -S` error counters; each GPU's closest NIC and PCIe path. Use for a "
+        "flapping or degraded link, 'NET/IB : Got completion with error', one node slower in every collective, "
+        "before blaming NCCL; pasted `ibstat` / `perfquery` output (text=). ~1 s plus sample_s (default 2 s), read-only, no GPU needed. Not for bandwidth between "
+        "nodes (collective_bench) or GPU faults (gpu_health)."),
+    Params=NicHealthParams, Result=NicHealthResult, run=run, runs="subprocess", timeout_s=360,
+    doctor=lambda ctx: {"sample_s": 1}, doctor_order=16, sweep=SWEEP,
+)
