@@ -126,7 +126,7 @@ def _cap_old_rows(conn: sqlite3.Connection) -> None:
         (MAX_STORED_PARAMS_CHARS + 3000, MAX_STORED_PARAMS_CHARS + 3000, MAX_RESULT_CHARS + 3000))]
     for row_id in big:
         params, result = conn.execute("SELECT params, result FROM results WHERE id = ?", (row_id,)).fetchone()
-        params, result = (_bounded(_loads(text), limit, is_params) for text, limit, is_params in
+        params, result = (redact_data(_bounded(_loads(text), limit, is_params)) for text, limit, is_params in
                           ((params, MAX_STORED_PARAMS_CHARS, True), (result, MAX_RESULT_CHARS, False)))
         conn.execute("UPDATE results SET params = ?, params_key = ?, result = ? WHERE id = ?",
                      (json.dumps(params, default=str), params_key(params), json.dumps(result, default=str), row_id))
