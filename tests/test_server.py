@@ -17,6 +17,7 @@ from mcp import Client, StdioServerParameters
 import fault_tools
 from tools.engine.mcp_server import build_server
 from tools.engine.registry import registry
+from tools.engine.spec import SELF_TEST
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytestmark = pytest.mark.anyio
@@ -37,8 +38,9 @@ async def test_tools_listed_with_schemas_and_annotations(mode):
         assert tool.description == spec.description
         assert tool.output_schema and "verdict" in tool.output_schema["properties"], name
         props = tool.input_schema.get("properties", {})
-        assert set(spec.Params.model_fields) <= set(props), name
-        for field in spec.Params.model_fields:
+        public = {f for f, info in spec.Params.model_fields.items() if info.json_schema_extra != SELF_TEST}
+        assert set(props) & set(spec.Params.model_fields) == public, name   # self-test switches stay out
+        for field in public:
             assert props[field].get("description"), f"{name}.{field} has no description in the schema"
         assert tool.annotations.read_only_hint == spec.read_only
         assert tool.annotations.destructive_hint == spec.destructive

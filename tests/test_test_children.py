@@ -24,6 +24,12 @@ def test_a_marked_test_runs_in_a_child_pytest():
     assert "pytest" in " ".join(open(f"/proc/{os.getpid()}/cmdline").read().split("\0"))
 
 
+@pytest.mark.gpu_child
+@pytest.mark.parametrize("micro_batch, seq_len", [(1, 4096)])    # a node id with brackets, as the GPU tests have
+def test_a_parametrized_marked_test_runs_in_a_child_pytest(micro_batch, seq_len):
+    assert os.environ.get(CHILD_ENV) == "1" and (micro_batch, seq_len) == (1, 4096)
+
+
 def test_a_child_that_fails_fails_its_parent(tmp_path):
     (tmp_path / "test_probe.py").write_text(FAILING)
     env = {k: v for k, v in os.environ.items() if k != CHILD_ENV}

@@ -36,7 +36,8 @@ def main() -> int:
     from .bounds import bound_result
     from .registry import load_spec
     from .spec import ToolFailure
-    from .store import torch_provenance
+    from .on_node import NODE_ENV
+    from .store import host_provenance, torch_provenance
 
     spec = load_spec(*sys.argv[1:])
     params = spec.Params.model_validate_json(sys.stdin.read())
@@ -55,7 +56,10 @@ def main() -> int:
         data = attachments.read(getattr(result, field, None) or "")
         if data is not None:
             emit({"event": "image", "field": field, "png": base64.b64encode(data).decode()})
-    emit({"event": "result", "result": result.model_dump(mode="json"), "provenance": torch_provenance()})
+    provenance = torch_provenance()
+    if os.environ.get(NODE_ENV):   # started on a named node: the node's host, GPUs and driver, not the caller's
+        provenance = {**host_provenance(), **provenance}
+    emit({"event": "result", "result": result.model_dump(mode="json"), "provenance": provenance})
     return 0
 
 
