@@ -85,9 +85,13 @@ def execute(spec: ToolSpec, params: Params, progress: Progress | None = None, *,
 
 
 def _printable(spec: ToolSpec, result: Result) -> Result:
-    """`result` with control characters escaped in every string; the same object when there were none."""
+    """`result` with control characters escaped in every string; the same object when there were none.
+    A finding or a `next` entry is one line: a newline in it (a node name carrying one, then a forged
+    line) is escaped too, so nothing on screen looks like a finding the tool did not make."""
     data = result.model_dump(mode="json")
     clean = printable_data(data)
+    for key in ("findings", "next"):
+        clean[key] = [line.replace("\n", "\\n") for line in clean.get(key) or []]
     if clean == data:
         return result
     try:
