@@ -56,7 +56,7 @@ def test_version_mismatch_names_the_odd_host():
     versions = {0: {"torch": "2.4.0", "nccl": "2.21.5"}, 1: {"torch": "2.4.0", "nccl": "2.21.5"},
                 2: {"torch": "2.3.1", "nccl": "2.21.5"}}
     found = version_mismatches(versions, {0: "a", 1: "a", 2: "b"})
-    assert found == ["torch differs across ranks: 2.4.0 on 2 ranks (0..1) on a; 2.3.1 on rank 2 on b."]
+    assert found == ["torch differs across ranks: 2.4.0 on 2 ranks (0, 1) on a; 2.3.1 on rank 2 on b."]
 
 
 def test_event_and_torchrun_summary_parsing():

@@ -68,7 +68,7 @@ def test_the_run_limit_refuses_with_busy_and_job_status_still_answers(tmp_path):
     manager = JobManager(max_runs=1)
     first = manager.start(fault_tools.SLEEPER, fault_tools.FaultParams(pid_file=str(tmp_path / "pids")))
     try:
-        with pytest.raises(Busy, match=r"busy: 1 runs are in progress \(test_sleeper"):
+        with pytest.raises(Busy, match=r"busy: 1 runs are in progress \(1 of this session.*yours: test_sleeper"):
             manager.start(fault_tools.SLEEPER, fault_tools.FaultParams(pid_file=str(tmp_path / "pids2")))
         in_process = manager.start(fault_tools.SPINNER, fault_tools.FaultParams(seconds=0))  # never counted
         assert jobs.wait(in_process, 5).verdict == "ok"

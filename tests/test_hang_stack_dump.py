@@ -377,3 +377,34 @@ def test_one_busy_process_without_a_collective_says_what_it_does():
     rank = StackGroup(ranks=[0, 1], pids=[1, 2], where="wait (torch/distributed/distributed_c10d.py:4100)",
                       in_collective=True, stack=["wait (torch/distributed/distributed_c10d.py:4100)"])
     assert "the collective itself is stuck" in findings_for([rank], [])[0]
+
+
+def test_a_stopped_rank_is_named_with_the_true_reason_and_its_stack():
+    """Review 5e: a SIGSTOPped rank read as 'another tracer is attached'; it is stopped (state T), and its
+    stack is still read (py-spy --nonblocking: a stopped process cannot be paused again)."""
+    code = "import time\ndef load_next_batch():\n    time.sleep(300)\nprint('ready', flush=True)\nload_next_batch()\n"
+    proc = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "RANK": "5"}, stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout.readline().strip() == b"ready"
+        os.kill(proc.pid, 19)  # SIGSTOP
+        time.sleep(0.2)
+        result = _run(pids=[proc.pid])
+    finally:
+        proc.kill()
+        proc.wait()
+    assert result.frozen_ranks == [5] and result.verdict == "warn", result.findings
+    assert "rank 5" in result.findings[0] and "stopped (state T" in result.findings[0]
+    assert "another tracer" not in " ".join(result.findings)
+    assert "load_next_batch" in result.groups[0].where  # read although stopped
+
+
+def test_every_job_node_without_a_report_is_named_with_what_it_or_srun_said():
+    """Review 5e/5f: a node whose dump failed (stderr only) or that srun could not reach was silently missing."""
+    report = json.dumps({"processes": [{"pid": 7, "host": "n1", "rank": 0, "stack": ["f (a.py:1)"]}]})
+    fake_srun = ["bash", "-c", f"echo '0: {report}'; echo '1: no stack could be read: pid 9 is stopped' >&2; "
+                               "echo 'srun: error: Task launch for StepId=5.0 failed on node n3: Socket timed out "
+                               "on send/recv operation' >&2; exit 1"]
+    procs, problems, silent = stacks.run_all_nodes("5", fake_srun, 5, nodes=["n1", "n2", "n3"])
+    assert [p.host for p in procs] == ["n1"] and silent == ["n2", "n3"]
+    assert problems[0].startswith("n3: srun could not start the dump there: Socket timed out")
+    assert any(p.startswith("n2: no report; it said: no stack could be read") for p in problems)

@@ -95,7 +95,7 @@ def test_pairwise_names_the_rate_limited_node(healed):
     t0 = time.monotonic()
     result = bench(healed, FOUR, "--pattern", "pairwise", "--group-deadline-s", "90")
     iso = result["isolation"]
-    assert suspects(result) == [("node", ["mln3"])], iso["suspects"]
+    assert suspects(result) == [("node", ["mln3"])], result["findings"]
     assert iso["rounds"] == 4 and len(iso["groups"]) == 7  # 3 rounds, then mln3 measured again with a healthy node
     assert "slow again" in iso["suspects"][0]["evidence"]
     bw = iso["busbw_matrix"]

@@ -20,6 +20,7 @@ from pydantic import ValidationError
 
 from tests.slurm_cluster import slurm_cluster  # noqa: F401  (the fixture)
 from tools import launch_script
+from tools.launch_script import render
 
 P = launch_script.LaunchScriptParams
 
@@ -159,3 +160,48 @@ def test_real_sbatch_accepts_every_generated_script(slurm_cluster, tmp_path, cas
     out = subprocess.run(["sbatch", "--test-only", r.script_path], capture_output=True, text=True, timeout=60,
                          cwd=tmp_path, env={**os.environ, "SLURM_CONF": slurm_cluster.conf})
     assert out.returncode == 0 and "to start at" in out.stderr, (out.stderr, r.script)
+
+
+def _first_node_lines(script: str) -> str:
+    """The generated lines that find the first node and MASTER_ADDR, as the script runs them."""
+    lines = script.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("head_node="))
+    end = next(i for i, line in enumerate(lines) if line.startswith("export MASTER_ADDR="))
+    return "\n".join(lines[start:end + 1])
+
+
+def test_the_first_node_lookup_survives_pipefail_with_a_thousand_nodes(tmp_path):
+    """`scontrol show hostnames ... | head -n 1` under `set -euo pipefail`: head exits after one line, a
+    scontrol still writing gets SIGPIPE, and the job dies with 141 before training (10 of 20 runs with
+    1000 names, issue 23). Every generated lookup must read the whole list."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text(
+        "#!/bin/bash\n"
+        'if [ "$2" = hostnames ]; then for i in $(seq -w 1 1000); do echo "gpu-node-$i"; done\n'   # a write per name
+        'else echo "NodeName=$3 Arch=x86_64 NodeAddr=10.1.0.1 NodeHostName=$3"; fi\n')
+    (bin_dir / "scontrol").chmod(0o755)
+    lookup = _first_node_lines(script_for(command="train.py", nnodes=1000))
+    srun_line = launch_script.run(P(command="train.py", nnodes=1000, mode="srun", pass_nccl_env=False), noop).commands[0]
+    inner = shlex.split(srun_line)[-1]     # what each task's bash -c runs
+    first_node = render.FIRST_NODE
+    assert f"--rdzv-endpoint={first_node}:" in inner
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_NODELIST": "gpu-node-[0001-1000]", "SLURM_JOB_ID": "7"}
+    assert "| head" not in lookup + inner
+    for _ in range(20):
+        done = subprocess.run(["bash", "-c", f"set -euo pipefail\n{lookup}\necho \"$MASTER_ADDR\""], env=env,
+                              capture_output=True, text=True, timeout=30)
+        assert (done.returncode, done.stdout.strip()) == (0, "10.1.0.1"), done.stderr
+        first = subprocess.run(["bash", "-c", f"set -euo pipefail\necho {first_node}"],
+                               env=env, capture_output=True, text=True, timeout=30)
+        assert (first.returncode, first.stdout.strip()) == (0, "gpu-node-0001"), first.stderr
+
+
+def test_every_template_names_no_early_exit_reader_after_a_pipe():
+    """The scan of issue 23: no generated script or documented launcher pipes into `head`."""
+    import re
+
+    root = Path(__file__).resolve().parent.parent
+    texts = {p: p.read_text() for p in [*root.glob("tools/launch_script/*.py"), *root.glob("knowledge/orchestration/*.md")]}
+    offenders = [str(p) for p, text in texts.items() if re.search(r"scontrol show hostnames[^\n|]*\|\s*head\b", text)]
+    assert not offenders

@@ -255,6 +255,7 @@ GPU_ARCH = dict(layers=8, hidden=2048, heads=16, kv_heads=8, ffn=5632, vocab=320
 
 
 @pytest.mark.gpu
+@pytest.mark.gpu_child   # its peak is measured alone, and what it reserves is not left to the next test
 @pytest.mark.parametrize("micro_batch, seq_len", [(1, 4096), (4, 4096)])
 def test_training_peak_memory_on_gpu(micro_batch, seq_len):
     """torch AMP recipe (fp32 weights, bf16 autocast, fused AdamW) = precision amp_bf16. Prints the measured
@@ -341,3 +342,14 @@ def test_hand_computed_total_for_a_small_architecture():
     assert parts["logits"] == 4_096_000
     assert parts["backward_working"] == 31_555_584
     assert sum(parts.values()) == pytest.approx(596_961_280 * 1.05 + 0.5 * GIB)
+
+
+def test_the_defaults_it_assumed_are_named_and_given_ones_are_not():
+    from tools.memory_estimate import MemoryParams, run
+
+    bare = run(MemoryParams(model="llama-3-8b", accelerator="h100"), lambda *a: None)
+    assert any("Assumed (not given): seq_len 4096, micro_batch 1, activation_checkpointing none" in f
+               for f in bare.findings), bare.findings
+    given = run(MemoryParams(model="llama-3-8b", accelerator="h100", seq_len=2048, micro_batch=2,
+                             activation_checkpointing="full"), lambda *a: None)
+    assert not any("Assumed" in f for f in given.findings), given.findings

@@ -241,5 +241,14 @@ def test_pasted_perfquery_reads_counters_and_names_a_nonzero_error_counter():
 
 @pytest.mark.parametrize("text", ["", "hello world", "+-----+\n| GPU | Name |\n"])
 def test_text_in_another_format_names_the_formats_expected(text):
-    with pytest.raises(Exception, match=r"text: not a format nic_health reads; expected `ibstat` output .* `perfquery`"):
+    with pytest.raises(Exception, match=r"text: not a format nic_health reads; expected `ibv_devinfo` output .* `ibstat` output .* `perfquery`"):
         pasted(text)
+
+
+def test_pasted_ibv_devinfo_reads_state_firmware_and_link_layer():
+    down = pasted((TEXTS / "ibv_devinfo_deepep60.txt").read_text())
+    (port,) = down.rdma_ports
+    assert (port.device, port.state, port.link_layer, port.fw_ver) == ("mlx5_12", "DOWN", "Ethernet", "22.38.1900")
+    assert port.action == "none"  # one reading of a down port with no traffic counters: an unused port
+    up = pasted((TEXTS / "ibv_devinfo_azhpc44.txt").read_text())
+    assert [(p.device, p.state) for p in up.rdma_ports] == [("rdmaP23800p0s2", "ACTIVE")] and up.verdict == "ok"

@@ -122,3 +122,11 @@ class DeadNode(Fleet):
 def test_a_node_that_hangs_is_named_even_when_the_healthy_pairs_are_too_noisy_to_judge(seed):
     report = pairwise(names(8), DeadNode(8, 7, jitter=0.8, seed=seed))
     assert report.inconclusive and named(report) == [("node", ["n7"])]
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_four_nodes_leave_too_few_healthy_pairs_to_measure_a_spread(seed):
+    """One bad node among 4 leaves 3 healthy pairs: their spread is no measurement, the stated one is used."""
+    report = pairwise(names(4), Fleet(4, bad_nodes={2}, jitter=0.5, seed=seed))
+    assert named(report) == [("node", ["n2"])] and not report.inconclusive
+    assert report.spread == rule_for("pair_busbw_gbps_gloo").spread and "too few" in report.rule

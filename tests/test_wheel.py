@@ -135,3 +135,16 @@ anyio.run(main)
     assert seen["tools"] >= 24 and seen["index_lines"] >= 40
     assert not seen["search_error"] and seen["hits"] >= 1
     assert not seen["specs_error"] and seen["bf16"] > 900
+
+
+def test_launch_script_from_the_wheel_names_a_module_the_wheel_has(installed):
+    """Review 2026-12-01 F21: the script ran `python -m tools.dist_smoke_test`, which the wheel does not
+    have (or a stranger's `tools` package would have run)."""
+    out = _run(installed, str(installed["bin"] / "mleng"), "run", "launch_script", "--tool", "dist_smoke_test",
+               "--nnodes", "2", "--gpus-per-node", "8", "--json")
+    assert out.returncode == 0, out.stderr[-3000:]
+    script = json.loads(out.stdout)["script"]
+    assert " -m mleng.dist_smoke_test " in script and " -m tools." not in script
+    found = _run(installed, str(installed["python"]), "-c",
+                 "import importlib.util; print(importlib.util.find_spec('mleng.dist_smoke_test') is not None)")
+    assert found.stdout.strip() == "True", found.stderr

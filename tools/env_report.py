@@ -19,6 +19,7 @@ import subprocess
 import sys
 from importlib import metadata
 
+from .engine.redact import redact_data
 from .engine.spec import Field, Params, Result, ToolSpec
 from .shared import netstack
 
@@ -91,7 +92,8 @@ class EnvReportResult(Result):
     driver: str | None = Field(None, description="NVIDIA driver version (NVML).")
     driver_max_cuda: str | None = Field(None, description="Newest CUDA version this driver supports (NVML).")
     packages: dict[str, str] = Field(default_factory=dict, description="Versions of key ML packages present.")
-    env: dict[str, str] = Field(default_factory=dict, description="NCCL_*, TORCH_*, CUDA_*, PYTORCH_* and related variables.")
+    env: dict[str, str] = Field(default_factory=dict, description=(
+        "NCCL_*, TORCH_*, CUDA_*, PYTORCH_* and related variables; secret ones (tokens, keys, passwords) as [REDACTED]."))
     nccl_libraries: list[str] = Field(default_factory=list, description="libnccl copies found (pip packages, LD_LIBRARY_PATH, LD_PRELOAD).")
     dev_shm_gib: float | None = Field(None, description="Size of /dev/shm, GiB (binary); None when absent.")
     nccl_net_plugin: str | None = Field(None, description="The NCCL net plugin NCCL would load (NCCL_NET_PLUGIN, then libnccl-net*.so in the loader's search order) with its sha256 prefix, or why none.")
@@ -219,7 +221,7 @@ def run(params: EnvReportParams, progress) -> EnvReportResult:
         python=platform.python_version(), torch=probe.get("torch") or packages.get("torch"),
         torch_cuda=probe.get("cuda"), torch_hip=probe.get("hip"), cudnn=probe.get("cudnn"), nccl=probe.get("nccl"),
         cuda_available=probe.get("cuda_available"), gpu_count=probe.get("device_count"), driver=driver,
-        driver_max_cuda=driver_cuda, packages=packages, env=env, nccl_libraries=libs, dev_shm_gib=shm_gib,
+        driver_max_cuda=driver_cuda, packages=packages, env=redact_data(env), nccl_libraries=libs, dev_shm_gib=shm_gib,
         warnings=warnings, **_network_stack(vbios))
     stack = f"torch {result.torch or 'not installed'}"
     if result.torch_cuda:
@@ -246,16 +248,13 @@ SPEC = ToolSpec(
     name="env_report",
     summary="Python/torch/CUDA/cuDNN/NCCL/driver versions and NCCL_/TORCH_/CUDA_ env vars, with warnings.",
     description=(
-        "Report the software stack of this machine: Python, torch and the CUDA/ROCm, cuDNN and NCCL it was built "
-        "with, the NVIDIA driver and the newest CUDA it supports, key packages (deepspeed, accelerate, transformers, "
-        "flash-attn, megatron-core, vllm), and every NCCL_*, TORCH_*, CUDA_*, PYTORCH_* variable. Warns on mismatches "
-        "(torch built for a newer CUDA than the driver, two NCCL copies) and settings that hurt (CUDA_LAUNCH_BLOCKING=1, "
-        "NCCL_P2P_DISABLE=1, NCCL_DEBUG=INFO left on, deprecated variable names). Use first for 'CUDA not available', "
-        "'driver too old', version questions, or to compare nodes. ~3-5 s, read-only, no GPU needed. Not for GPU "
-        "hardware faults (gpu_health) or performance (benchmarks)."
-        " Also the size of /dev/shm (bus error, 'insufficient shared memory (shm)' in docker). Typical errors:"
-        " 'undefined symbol' from flash_attn or another extension, 'The detected CUDA version mismatches the"
-        " version that was used to compile PyTorch', 'FlashAttention is only supported on CUDA 11 and above'."),
+        "Software stack of this machine: Python, torch and its CUDA/ROCm, cuDNN, NCCL, the driver and the "
+        "newest CUDA it supports, key packages (deepspeed, transformers, flash-attn, vllm), every "
+        "NCCL_/TORCH_/CUDA_/PYTORCH_ variable, /dev/shm size. Warns on mismatches (torch built for a newer "
+        "CUDA than the driver, two NCCL copies) and settings that hurt (NCCL_P2P_DISABLE=1, NCCL_DEBUG=INFO "
+        "left on, deprecated names). Use for 'CUDA not available', 'driver too old', 'undefined symbol' from "
+        "flash_attn, 'The detected CUDA version mismatches', bus error or 'insufficient shared memory (shm)' "
+        "in docker, comparing nodes. ~3-5 s. Not for GPU faults (gpu_health)."),
     Params=EnvReportParams, Result=EnvReportResult, run=run,
     doctor=lambda ctx: {}, doctor_order=10,
 )

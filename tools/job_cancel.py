@@ -8,7 +8,8 @@ from .engine.jobs import MANAGER
 
 
 class JobCancelParams(Params):
-    job_id: str = Field(min_length=1, max_length=64, description="Job id from a tool result's `job.job_id`.")
+    job_id: str = Field(min_length=1, max_length=64, description=(
+        "Job id from a tool result's `job.job_id`; only this session's jobs can be cancelled."))
 
 
 class JobCancelResult(Result):
@@ -16,9 +17,10 @@ class JobCancelResult(Result):
 
 
 def run(params: JobCancelParams, progress) -> JobCancelResult:
-    job = MANAGER.get(params.job_id)
+    job = MANAGER.find(params.job_id)
     if job is None:
-        return JobCancelResult(verdict="warn", findings=[f"No job {params.job_id!r} in this server process."],
+        return JobCancelResult(verdict="warn", findings=[f"No job {params.job_id!r} of this session in this server "
+                                                         "process."],
                                next=["job_status"])
     if job.finished.is_set():
         return JobCancelResult(verdict="info", state=job.state,
@@ -38,9 +40,10 @@ def run(params: JobCancelParams, progress) -> JobCancelResult:
 
 SPEC = ToolSpec(
     name="job_cancel", summary="Cancel a long run started by another tool; nothing is left running.",
-    description=("Stop a long-running diagnostic or benchmark that returned a job handle: kills its whole "
-                 "process tree (all ranks) and frees its GPUs. Use when a benchmark was started with the wrong "
-                 "arguments or takes too long. Not for SLURM jobs (scancel) or the user's own training processes."),
+    description=((
+        "Stop (kill) a long-running mleng diagnostic or benchmark that returned a job handle, e.g. started with "
+        "the wrong arguments or taking too long: kills its whole process tree and ranks, frees its GPUs. Not for "
+        "SLURM jobs (scancel) or the user's own training processes.")),
     Params=JobCancelParams, Result=JobCancelResult, run=run, store=False,
     read_only=False, destructive=True, idempotent=True,
 )

@@ -5,15 +5,18 @@ By hand: jobs live inside the MCP server process, so this tool is useful through
 Finished runs are also in the results store: `python -m tools.results_history --tool NAME`.
 """
 
+from collections import Counter
 from typing import Any
 
 from .engine.spec import Field, Params, Record, Result, ToolSpec
-from .engine.jobs import MANAGER
+from .engine.jobs import ANONYMOUS, CALLER, MANAGER
 
 
 class JobStatusParams(Params):
-    job_id: str = Field("", max_length=64,
-                        description="Job id from a tool result's `job.job_id`. Empty: list every job of this server.")
+    job_id: str = Field("", max_length=64, description=(
+        "Job id from a tool result's `job.job_id` (this session's jobs only). Empty: list this session's jobs."))
+    all_sessions: bool = Field(False, description=(
+        "Operator view: also count the jobs of other sessions, per tool and state (never their ids or results)."))
 
 
 class JobInfo(Record):
@@ -25,8 +28,16 @@ class JobInfo(Record):
     message: str = Field(description="Last progress message.")
 
 
+class OtherJobs(Record):
+    tool: str = Field(description="Tool the jobs run.")
+    state: str = Field(description="running | done | failed | cancelled")
+    count: int = Field(description="How many jobs of other sessions.")
+
+
 class JobStatusResult(Result):
-    jobs: list[JobInfo] = Field(default_factory=list, description="The job asked for, or all jobs.")
+    jobs: list[JobInfo] = Field(default_factory=list, description="The job asked for, or this session's jobs.")
+    other_sessions: list[OtherJobs] = Field(default_factory=list, description=(
+        "With all_sessions: other sessions' jobs, counted per tool and state."))
     recent_progress: list[str] = Field(default_factory=list, description="Last progress messages of the job.")
     error: str | None = Field(None, description="Why the job failed or was cancelled.")
     result: dict[str, Any] | None = Field(None, description="The tool's full result once the job is done.")
@@ -37,17 +48,31 @@ def _info(job) -> JobInfo:
                    fraction_done=round(job.fraction, 3), message=job.message)
 
 
+def _others() -> list[OtherJobs]:
+    mine = {j.id for j in MANAGER.visible()}
+    counts = Counter((j.spec.name, j.state) for j in MANAGER.all() if j.id not in mine)
+    return [OtherJobs(tool=t, state=s, count=n) for (t, s), n in sorted(counts.items())]
+
+
 def run(params: JobStatusParams, progress) -> JobStatusResult:
     if not params.job_id:
-        jobs = sorted(MANAGER.all(), key=lambda j: j.started, reverse=True)
+        jobs = sorted(MANAGER.visible(), key=lambda j: j.started, reverse=True)
         running = sum(j.state == "running" for j in jobs)
-        return JobStatusResult(verdict="info", jobs=[_info(j) for j in jobs],
-                               findings=[f"{len(jobs)} job(s) known to this server, {running} running."])
-    job = MANAGER.get(params.job_id)
+        out = JobStatusResult(verdict="info", jobs=[_info(j) for j in jobs],
+                              findings=[f"{len(jobs)} job(s) of this session, {running} running."])
+        if CALLER.get() == ANONYMOUS:
+            out.findings = ["This HTTP connection has no session, so no jobs are listed: follow a run with the "
+                            "job_id its call returned (job.job_id)."]
+        if params.all_sessions:
+            out.other_sessions = _others()
+            out.findings.append(f"{sum(o.count for o in out.other_sessions)} job(s) of other sessions, "
+                                f"{sum(o.count for o in out.other_sessions if o.state == 'running')} running.")
+        return out
+    job = MANAGER.find(params.job_id)
     if job is None:
         return JobStatusResult(
-            verdict="warn", findings=[f"No job {params.job_id!r} in this server process. Jobs are lost when the"
-                                      " server restarts; finished results stay in the results store."],
+            verdict="warn", findings=[f"No job {params.job_id!r} of this session in this server process. Jobs are "
+                                      "lost when the server restarts; finished results stay in the results store."],
             next=["results_history"])
     out = JobStatusResult(jobs=[_info(job)], error=job.error,
                           recent_progress=[f"{t:.1f}s {f:.0%} {m}" for t, f, m in job.progress_log[-10:]])
@@ -69,10 +94,10 @@ def run(params: JobStatusParams, progress) -> JobStatusResult:
 
 SPEC = ToolSpec(
     name="job_status", summary="Progress and result of a long run that returned a job handle.",
-    description=("Check on a long-running diagnostic or benchmark that returned a job handle "
-                 "(`job.job_id` in its result) instead of finishing within its wait budget: state, progress, "
-                 "and the full result once done. Without job_id, lists every job of this server. Instant, read-only. "
-                 "Not for SLURM jobs (use slurm_job_diagnose) or past results (use results_history)."),
+    description=(
+        "Check on a long-running mleng diagnostic or benchmark that returned a job handle (job.job_id) instead of "
+        "finishing: is it done, its state, progress and the full result once done; without job_id this "
+        "session's jobs. Instant. Not for SLURM jobs (slurm_job_diagnose) or past results (results_history)."),
     Params=JobStatusParams, Result=JobStatusResult, run=run, store=False, idempotent=False,
 )
 

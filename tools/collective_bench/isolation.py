@@ -20,7 +20,7 @@ from ..engine.spec import Field, Record
 from .node_groups import GroupRun
 from ..shared.judging import statement
 from .pair_matrix import PairFigure
-from .pair_verdict import PairJudgement, expected_pair_gbps, judge_pairs, rule_for_backend, suspects_of
+from .pair_verdict import MIN_PAIRS_FOR_SPREAD, PairJudgement, expected_pair_gbps, judge_pairs, rule_for_backend
 from .pair_schedule import Bisection, full_round_count, pair_rounds
 
 RunRound = Callable[[list[list[int]]], list[GroupRun]]
@@ -117,7 +117,9 @@ def pairwise(names: list[str], run_round: RunRound, *, rounds: int | None = None
     report.reference_busbw_gbps, report.busbw_floor_gbps = verdict.reference_busbw_gbps, verdict.busbw_floor_gbps
     report.latency_ceiling_us = verdict.latency_ceiling_us
     report.spread, report.threshold, report.inconclusive = judged.spread, judged.threshold, judged.inconclusive
-    report.rule = statement(rule, judged.spread) + f" (spread over {judged.healthy_pairs} pairs of unsuspected nodes)"
+    report.rule = statement(rule, judged.spread) + (
+        f" (spread over {judged.healthy_pairs} pairs of unsuspected nodes)" if judged.healthy_pairs >= MIN_PAIRS_FOR_SPREAD
+        else f" (the stated spread: {judged.healthy_pairs} healthy pairs are too few to measure one)")
     report.suspects, report.unconfirmed = _pair_suspects(judged, names)
     if n <= MATRIX_MAX_NODES:
         report.busbw_matrix, report.latency_matrix = _matrices(n, figures)
@@ -229,7 +231,7 @@ def _bisect_evidence(finding, failed_detail: dict[tuple[int, ...], str]) -> str:
     return finding.evidence + (f"; last failing group: {last}" if last else "")
 
 
-def draw_heatmap(report: IsolationReport, path: str, title: str) -> str:
+def draw_heatmap(report: IsolationReport, path, title: str, overwrite: bool = False) -> str:
     """The busbw matrix as a heat map (PNG), suspects in the title; needs matplotlib."""
     import matplotlib
 
@@ -253,8 +255,6 @@ def draw_heatmap(report: IsolationReport, path: str, title: str) -> str:
     named = "; ".join(f"{s.kind} {'-'.join(s.nodes)}" for s in report.suspects) or "no suspect"
     ax.set_title(f"{title}\n{named}", fontsize=9)
     fig.tight_layout()
-    from pathlib import Path
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    from ..shared.safe_write import write_figure
+
+    return write_figure(fig, path, overwrite=overwrite)

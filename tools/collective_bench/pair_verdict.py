@@ -29,6 +29,8 @@ from .node_groups import GroupRun
 from .pair_matrix import PairFigure, PairVerdict, analyse_pairs, slow_rule
 
 CONFIRM_ROUNDS = 3   # at most this many rounds of re-measurement; suspects beyond stay unconfirmed
+MIN_PAIRS_FOR_SPREAD = 6  # the spread of fewer healthy pairs is no measurement (4 nodes, one bad: 3 pairs)
+                          # and the rule's stated spread is used instead
 MAX_MARGIN = 0.99    # analyse_pairs takes a fraction below 1
 
 
@@ -92,9 +94,10 @@ def judge_pairs(n: int, figures: list[PairFigure], rule: FigureRule, run_round: 
     left_out = set() if first.fleet_wide else {s.node for s in first.slow_nodes}
     healthy = [f.busbw_gbps for f in figures
                if f.ok and f.busbw_gbps is not None and f.a not in left_out and f.b not in left_out]
-    spread = relative_spread(healthy)
+    measured = len(healthy) >= MIN_PAIRS_FOR_SPREAD
+    spread = relative_spread(healthy) if measured else rule.spread
     limit = threshold(rule, spread)
-    if is_inconclusive(healthy, rule):
+    if measured and is_inconclusive(healthy, rule):
         # slowness cannot be judged, failure can: only pairs that failed or hung (or read 1% of a healthy
         # pair) stay suspects, and are measured again like any other
         failing = analyse_pairs(n, figures, margin=MAX_MARGIN, latency_margin=1e9)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 import os
 import random
-import time
 from typing import Annotated, Literal
 
 from ..engine.spec import Field, Params, ToolFailure
@@ -151,14 +150,15 @@ def pattern_findings(report: IsolationReport) -> tuple[str, list[str], list[str]
     return "fail", findings, nxt
 
 
-def heatmap(report: IsolationReport, path: str | None) -> str | None:
-    from ..engine.store import mleng_home
+def heatmap(report: IsolationReport, params) -> str | None:
+    from ..shared.safe_write import output_path, unique_name
 
     if not report.busbw_matrix:
         return None
-    path = path or str(mleng_home() / "plots" / f"collective_bench-pairs-{time.strftime('%Y%m%d-%H%M%S')}.png")
+    target = output_path(params.plot_path, "plots", unique_name("collective_bench-pairs"))
     try:
-        return draw_heatmap(report, path, f"pair busbw, {len(report.nodes)} nodes, {report.rounds} rounds")
+        return draw_heatmap(report, target, f"pair busbw, {len(report.nodes)} nodes, {report.rounds} rounds",
+                            overwrite=params.overwrite)
     except ImportError:
         return None
 
@@ -170,7 +170,7 @@ def pattern_result(params, job: dict, nproc: int, progress, result_cls):
         return result_cls(verdict="info", nnodes=len(params.hosts or []), findings=notes)
     verdict, findings, nxt = pattern_findings(report)
     if params.plot:
-        report.heatmap_png = heatmap(report, params.plot_path)
+        report.heatmap_png = heatmap(report, params)
     return result_cls(verdict=verdict, findings=findings, next=nxt, nnodes=len(report.nodes),
                       world_size=len(report.nodes) * nproc, backend=job.get("backend"), isolation=report,
                       heatmap_png=report.heatmap_png, sweep_wall_s=report.wall_s)

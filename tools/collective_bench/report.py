@@ -2,7 +2,7 @@
 human table and the PNG plot. Pure apart from reading knowledge data and writing the plot file.
 """
 
-from ..shared.safe_write import open_output
+from ..shared.safe_write import write_figure
 from .models import BenchRow, OpSummary
 
 
@@ -65,9 +65,4 @@ def draw_plot(rows: list[BenchRow], expected: dict[str, float], path, title: str
     ax.grid(True, which="major", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    try:
-        with open_output(path, overwrite=overwrite, field="plot_path") as f:
-            fig.savefig(f, format="png")
-    finally:
-        plt.close(fig)
-    return str(path)
+    return write_figure(fig, path, overwrite=overwrite)

@@ -5,6 +5,8 @@ it for fault-injection tools that must not be in the registry.
 
 Protocol (JSON lines on stdout, nothing else there):
     {"event": "progress", "fraction": 0.25, "message": "..."}     zero or more
+    {"event": "image", "field": "plot_png", "png": "<base64>"}      per image field, read from the descriptor
+                                                                    it was written through (attachments.py)
     {"event": "result", "result": {...}, "provenance": {...}}      exactly one on success
     {"event": "error", "message": "..."}                            on a ToolFailure
 Anything the tool (or a library, or C code) prints goes to stderr: file descriptor 1 is pointed at
@@ -12,6 +14,7 @@ stderr before the tool runs, and the protocol writes to a private duplicate of t
 Exit status 0 after a result or error event; anything else is a crash the parent reports.
 """
 
+import base64
 import json
 import os
 import sys
@@ -29,10 +32,12 @@ def main() -> int:
         wire.write(json.dumps(event, default=str) + "\n")
         wire.flush()
 
+    from . import attachments
     from .bounds import bound_result
     from .registry import load_spec
     from .spec import ToolFailure
-    from .store import torch_provenance
+    from .on_node import NODE_ENV
+    from .store import host_provenance, torch_provenance
 
     spec = load_spec(*sys.argv[1:])
     params = spec.Params.model_validate_json(sys.stdin.read())
@@ -40,13 +45,21 @@ def main() -> int:
     def progress(fraction: float, message: str) -> None:
         emit({"event": "progress", "fraction": float(fraction), "message": str(message)})
 
+    attachments.collect()
     try:
         result = spec.run(params, progress)
     except ToolFailure as e:
         emit({"event": "error", "message": str(e)})
         return 0
     result = bound_result(spec, result)   # a huge result is cut here, before it crosses the pipe
-    emit({"event": "result", "result": result.model_dump(mode="json"), "provenance": torch_provenance()})
+    for field in type(result).image_fields:   # one line each: a line is at most processes.MAX_LINE_BYTES
+        data = attachments.read(getattr(result, field, None) or "")
+        if data is not None:
+            emit({"event": "image", "field": field, "png": base64.b64encode(data).decode()})
+    provenance = torch_provenance()
+    if os.environ.get(NODE_ENV):   # started on a named node: the node's host, GPUs and driver, not the caller's
+        provenance = {**host_provenance(), **provenance}
+    emit({"event": "result", "result": result.model_dump(mode="json"), "provenance": provenance})
     return 0
 
 

@@ -1,21 +1,33 @@
-"""Who may talk to the HTTP server: a bearer token, or, on loopback without one, loopback pages only.
+"""Who may talk to the HTTP server: whoever holds its bearer token.
 
-These tools read logs and occupy GPUs, so:
-- Bound beyond loopback, the server refuses to start without MLENG_HTTP_TOKEN (at least 32
-  characters), and every request must carry `Authorization: Bearer <token>` (401 otherwise).
-- On loopback without a token, a web page the user visits could still reach the server through DNS
-  rebinding (its own name resolving to 127.0.0.1). So every request's Host, and Origin when sent,
-  must name a loopback address (compared as parsed addresses: `[0:0:0:0:0:0:0:1]`, `127.0.0.2` and
-  `::1` are all loopback) or `localhost`; anything else gets 403 before it reaches MCP.
+These tools read the owner's files, write files, occupy GPUs and submit SLURM jobs as the owner, and a
+loopback port is reachable by every user of the host (login nodes are shared). So, as Jupyter does:
+- every request must carry `Authorization: Bearer <token>` (401 otherwise), on loopback too;
+- the token is MLENG_HTTP_TOKEN (at least 32 characters) or, when none is given, a random one made at
+  start, printed once with the URL and written 0600 to $MLENG_HOME/http-<port>.token (removed at exit);
+- `--no-auth` (loopback only, said out loud at start) serves without a token for a single-user machine.
+  A web page the user visits could then still reach the server through DNS rebinding (its own name
+  resolving to 127.0.0.1), so every request's Host, and Origin when sent, must name a loopback address
+  (compared as parsed addresses: `[0:0:0:0:0:0:0:1]`, `127.0.0.2` and `::1` are all loopback) or
+  `localhost`; anything else gets 403 before it reaches MCP.
+- A connection must complete its request headers within HEADER_TIMEOUT_S of opening (or of its last
+  answer): uvicorn alone kept half-sent requests open forever, and ~1,000 of them, sent without any
+  token, used up a 1,024-descriptor limit and shut every token holder out (review 2026-12-01, F17). The
+  descriptor limit is also raised to its hard limit at start.
 """
 
+import argparse
 import hmac
 import ipaddress
 import os
+import secrets
+import sys
+from pathlib import Path
 from urllib.parse import urlsplit
 
 TOKEN_ENV = "MLENG_HTTP_TOKEN"
 MIN_TOKEN_CHARS = 32
+HEADER_TIMEOUT_S = 10.0   # a real client sends its headers in milliseconds
 
 
 def is_loopback(host: str) -> bool:
@@ -78,15 +90,116 @@ class LoopbackOnlyMiddleware:
         await self.app(scope, receive, send)
 
 
-def http_app(server, host: str):
-    """The streamable-HTTP ASGI app, guarded by a token when one is set and by Host/Origin checks otherwise."""
+NO_AUTH_WARNING = ("--no-auth: this server answers anyone who can open a connection to it, and on a loopback "
+                   "address that is every user of this host and every program they run: they can read your files, "
+                   "write files as you, use your GPUs and submit SLURM jobs as you. Use it only on a machine no one "
+                   "else logs into.")
+
+
+def check_token(host: str, no_auth: bool) -> str | None:
+    """The token the caller set (None with --no-auth); SystemExit with the reason when the choice is unsafe."""
     token = os.environ.get(TOKEN_ENV, "")
     if token and len(token) < MIN_TOKEN_CHARS:
         raise SystemExit(f"{TOKEN_ENV} is {len(token)} characters long; use at least {MIN_TOKEN_CHARS} random "
-                         "characters (e.g. `python -c 'import secrets; print(secrets.token_urlsafe(32))'`).")
-    if not is_loopback(host) and not token:
-        raise SystemExit(f"refusing to serve HTTP on {host} without a token: these tools read logs and occupy "
-                         f"GPUs. Set {TOKEN_ENV} to a long random secret (clients send 'Authorization: Bearer "
-                         "<token>'), or bind to 127.0.0.1.")
+                         "characters (e.g. `python -c 'import secrets; print(secrets.token_urlsafe(32))'`), or "
+                         "leave it unset and a random token is made at start.")
+    if no_auth and token:
+        raise SystemExit(f"--no-auth and {TOKEN_ENV} both given: choose one.")
+    if no_auth and not is_loopback(host):
+        raise SystemExit(f"--no-auth serves only loopback addresses (127.0.0.1, ::1, localhost); {host} is not one. "
+                         f"Leave --no-auth out: a token is then required (set {TOKEN_ENV} or use the one printed).")
+    return None if no_auth else token
+
+
+class TokenFile:
+    """A token made at start: printed once with the URL, kept 0600 under $MLENG_HOME while the server runs."""
+
+    def __init__(self, url: str, port: int):
+        from .store import private_dir
+
+        self.token = secrets.token_urlsafe(32)      # 256 random bits, 43 characters
+        self.path = private_dir() / f"http-{port}.token"
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(self.token + "\n")
+        print(f"mleng: serving MCP at {url}\n"
+              f"mleng: every request needs the header  Authorization: Bearer {self.token}\n"
+              f"mleng: (a new random token at every start; also in {self.path}, mode 0600, removed at exit. "
+              f"Set {TOKEN_ENV} to choose your own.)", file=sys.stderr, flush=True)
+
+    def remove(self) -> None:
+        Path(self.path).unlink(missing_ok=True)
+
+
+def http_app(server, host: str, token: str | None):
+    """The streamable-HTTP ASGI app: the bearer token checked on every request, or, with no token
+    (--no-auth, loopback only), Host/Origin checks against DNS rebinding."""
     app = server.streamable_http_app(host=host)
     return BearerTokenMiddleware(app, token) if token else LoopbackOnlyMiddleware(app)
+
+
+def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
+    """--http and --no-auth, for `python server.py` and `mleng serve` alike."""
+    parser.add_argument("--http", metavar="HOST:PORT", help=(
+        "serve streamable HTTP at http://HOST:PORT/mcp; every request needs a bearer token ($MLENG_HTTP_TOKEN, "
+        "or a random one printed at start)"))
+    parser.add_argument("--no-auth", action="store_true", help=(
+        "loopback only: serve HTTP without a token. Every user of this host can then call every tool as you "
+        "(read your files, use your GPUs, submit jobs); only for a machine no one else logs into"))
+
+
+def header_deadline_protocol():
+    """uvicorn's h11 protocol, closing a connection whose request headers are late (see the module doc)."""
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class HeaderDeadline(H11Protocol):
+        _deadline = None
+
+        def connection_made(self, transport):
+            super().connection_made(transport)
+            self._arm()
+
+        def _arm(self) -> None:
+            self._disarm()
+            self._deadline = self.loop.call_later(HEADER_TIMEOUT_S, self._headers_late)
+
+        def _disarm(self) -> None:
+            if self._deadline is not None:
+                self._deadline.cancel()
+                self._deadline = None
+
+        def _headers_late(self) -> None:
+            in_flight = self.cycle is not None and not self.cycle.response_complete
+            if not in_flight and not self.transport.is_closing():
+                self.transport.close()
+
+        def handle_events(self) -> None:
+            super().handle_events()
+            if self.cycle is not None and not self.cycle.response_complete:
+                self._disarm()      # headers are in: the app owns the request now
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if not self.transport.is_closing():
+                self._arm()         # the next request on this connection gets the same deadline
+
+        def connection_lost(self, exc) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+    return HeaderDeadline
+
+
+def raise_descriptor_limit() -> int:
+    """The soft limit on open descriptors raised to the hard one (often 1,024 -> 524,288); returns it."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or hard > soft:
+        target = 1_048_576 if hard == resource.RLIM_INFINITY else hard
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            return target
+        except (ValueError, OSError):
+            pass
+    return soft

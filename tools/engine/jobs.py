@@ -8,16 +8,24 @@ the same wait-or-hand-back behaviour. Jobs live in the process that started them
 are also in the results store.
 
 At most `max_runs` subprocess runs go at once per process (MLENG_MAX_RUNS, default 4): beyond that a
-call is refused with a "busy" answer naming the runs in progress, rather than letting twenty smoke
-tests take the host's memory. In-process calls are short and never count, so job_status and
-job_cancel always answer.
+call is refused with a "busy" answer naming the caller's own runs in progress and counting the others,
+rather than letting twenty smoke tests take the host's memory. In-process calls are short and never
+count, so job_status and job_cancel always answer.
+
+Sessions own their jobs: a job records the caller that started it (an HTTP session; ANONYMOUS for a
+sessionless HTTP request; None for stdio and the CLI, the process's one client), and `visible` / `find`
+give a caller only its own. An HTTP server has many clients; one must not read another's results (env
+values, log evidence) or cancel its runs. An ANONYMOUS caller lists nothing: it follows a job by the
+id its call returned, 128 random bits, so the id itself is the capability.
 """
 
+import contextvars
 import os
 import threading
 import time
 import uuid
 
+from .printable import printable
 from .runner import Cancelled, DeadlineExceeded, deadline_message, execute
 from .spec import JobRef, Params, Progress, Result, ToolFailure, ToolSpec
 
@@ -29,11 +37,20 @@ class Busy(ToolFailure):
     """Too many runs in progress: the call was refused, nothing was started."""
 
 
+# Who is calling: set on each job's thread to the job's owner, so job_status and job_cancel (in-process
+# tools, run on that thread) see the jobs of the session that called them.
+CALLER: contextvars.ContextVar[str | None] = contextvars.ContextVar("mleng_caller", default=None)
+ANONYMOUS = "anonymous"   # sessionless HTTP callers: each holds only the ids it was given
+
+
 class Job:
-    def __init__(self, spec: ToolSpec, params: Params, timeout_s: float | None):
-        self.id = uuid.uuid4().hex[:12]
+    def __init__(self, spec: ToolSpec, params: Params, timeout_s: float | None, owner: str | None = None,
+                 node: str | None = None):
+        self.id = uuid.uuid4().hex   # 128 random bits: with no session, holding the id is owning the job
+        self.owner = owner
         self.spec = spec
         self.params = params
+        self.node = node
         self.timeout_s = timeout_s or spec.timeout_s
         self.started = time.time()
         self.deadline = time.monotonic() + self.timeout_s
@@ -52,7 +69,7 @@ class Job:
     def _progress(self, fraction: float, message: str) -> None:
         # Progress notifications must increase: keep the running maximum.
         self.fraction = max(self.fraction, min(max(fraction, 0.0), 1.0))
-        self.message = message
+        self.message = message = printable(str(message))
         self.progress_log.append((round(time.time() - self.started, 2), self.fraction, message))
         del self.progress_log[:-50]  # bounded: the last 50 events are enough to see where it is
 
@@ -61,15 +78,16 @@ class Job:
         with self._end_lock:
             if self.finished.is_set():
                 return False
-            self.state, self.result, self.error = state, result, error
+            self.state, self.result, self.error = state, result, printable(error) if error else error
             self.ended = time.time()
             self.finished.set()
             return True
 
     def _work(self) -> None:
+        CALLER.set(self.owner)
         try:
             result = execute(self.spec, self.params, self._progress, timeout_s=self.timeout_s,
-                             cancel=self.cancel_event, job_id=self.id)
+                             cancel=self.cancel_event, job_id=self.id, node=self.node)
             self._end("done", result=result)
         except Cancelled as e:
             self._end("cancelled", error=str(e))
@@ -125,16 +143,14 @@ class JobManager:
         self._lock = threading.Lock()
         self.max_runs = max_runs or int(os.environ.get("MLENG_MAX_RUNS", "4"))
 
-    def start(self, spec: ToolSpec, params: Params, timeout_s: float | None = None) -> Job:
-        job = Job(spec, params, timeout_s)
+    def start(self, spec: ToolSpec, params: Params, timeout_s: float | None = None, owner: str | None = None,
+              node: str | None = None) -> Job:
+        job = Job(spec, params, timeout_s, owner, node)
         with self._lock:
             if spec.runs == "subprocess":
                 running = [j for j in self._jobs.values() if j.spec.runs == "subprocess" and not j.finished.is_set()]
                 if len(running) >= self.max_runs:
-                    names = ", ".join(f"{j.spec.name} ({j.id}, {j.elapsed_s():.0f} s)" for j in running)
-                    raise Busy(f"busy: {len(running)} runs are in progress ({names}), the most this server runs at "
-                               f"once (MLENG_MAX_RUNS={self.max_runs}). Wait for one with job_status, stop one with "
-                               "job_cancel, or try again later; nothing was started.")
+                    raise Busy(_busy_message(running, owner, self.max_runs))
             self._jobs[job.id] = job
             finished = [j for j in self._jobs.values() if j.finished.is_set()]
             for old in sorted(finished, key=lambda j: j.started)[:-MAX_FINISHED_KEPT]:
@@ -146,6 +162,16 @@ class JobManager:
         with self._lock:
             return self._jobs.get(job_id)
 
+    def find(self, job_id: str) -> Job | None:
+        """The caller's own job with this id (CALLER); another session's job is as unknown as a wrong id."""
+        job = self.get(job_id)
+        return job if job is not None and job.owner == CALLER.get() else None
+
+    def visible(self) -> list[Job]:
+        """The caller's own jobs (CALLER)."""
+        caller = CALLER.get()
+        return [] if caller == ANONYMOUS else [j for j in self.all() if j.owner == caller]
+
     def all(self) -> list[Job]:
         with self._lock:
             return list(self._jobs.values())
@@ -154,6 +180,14 @@ class JobManager:
         for job in self.all():
             if not job.finished.is_set():
                 job.cancel()
+
+
+def _busy_message(running: list[Job], owner: str | None, max_runs: int) -> str:
+    mine = [j for j in running if j.owner == owner and owner != ANONYMOUS]
+    listed = "".join(f"; yours: {j.spec.name} ({j.id}, {j.elapsed_s():.0f} s)" for j in mine)
+    return (f"busy: {len(running)} runs are in progress ({len(mine)} of this session, {len(running) - len(mine)} of "
+            f"other sessions{listed}), the most this server runs at once (MLENG_MAX_RUNS={max_runs}). Wait for one "
+            "with job_status, stop one of yours with job_cancel, or try again later; nothing was started.")
 
 
 def wait(job: Job, wait_s: float, progress: Progress | None = None, poll_s: float = 0.1) -> Result:
@@ -173,4 +207,4 @@ def wait(job: Job, wait_s: float, progress: Progress | None = None, poll_s: floa
 # One manager per process: tool calls and the job_status / job_cancel tools share it.
 MANAGER = JobManager()
 
-__all__ = ["Busy", "Cancelled", "DeadlineExceeded", "Job", "JobManager", "MANAGER", "wait"]
+__all__ = ["ANONYMOUS", "Busy", "CALLER", "Cancelled", "DeadlineExceeded", "Job", "JobManager", "MANAGER", "wait"]

@@ -1,8 +1,9 @@
 """The MCP wiring: every tool in the registry, the knowledge tree as resources, a diagnose prompt.
 
     mleng serve                              # stdio (what MCP hosts launch); also `python server.py`
-    mleng serve --http 127.0.0.1:8765        # streamable HTTP at /mcp
-    MLENG_HTTP_TOKEN=... mleng serve --http 0.0.0.0:8765   # beyond loopback a bearer token is required
+    mleng serve --http 127.0.0.1:8765        # streamable HTTP at /mcp; prints a random bearer token
+    MLENG_HTTP_TOKEN=... mleng serve --http 0.0.0.0:8765   # your own token (>= 32 characters)
+    mleng serve --http 127.0.0.1:8765 --no-auth   # no token: only where no other user logs in
 
 Generic: one loop over `registry()` builds the tool list, and every call goes through the same path
 (validate off the event loop -> JobManager.start -> wait up to wait_s -> result or job handle).
@@ -32,21 +33,29 @@ from mcp.types import Tool as MCPTool
 from pydantic import Field, ValidationError
 
 from .data import PACKAGE_DIR
-from .jobs import MANAGER, Busy, Cancelled, Job
+from .jobs import ANONYMOUS, MANAGER, Busy, Cancelled, Job
 from .registry import registry
+from .schemas import compact
 from .rendering import format_result, validation_message
-from .spec import Params, ToolFailure, ToolSpec
+from .on_node import NODE_MAX_CHARS, NODE_PATTERN
+from .spec import Params, ToolFailure, ToolSpec, takes_node
 
 log = logging.getLogger("mleng")
 
 INSTRUCTIONS = """mleng runs real diagnostics and benchmarks on this machine's GPUs, network, storage and
 SLURM cluster, and reads the answers against known-good figures. Measure before guessing; start with
 cheap read-only probes (env_report, gpu_health, log_triage) before GPU-heavy benchmarks. Each result
-has a verdict, findings with units, and `next`: tools or knowledge:// pages to go to next. Long runs
-return a job handle: follow it with job_status. Read knowledge://index for the reference shelf."""
+has a verdict, findings with units, and `next`: tools or knowledge:// pages to go to next. Read
+knowledge://index for the reference shelf.
+Execution options, accepted by every tool that takes them in its schema:
+- wait_s (seconds, default 60): how long the call waits. A longer run answers with a job handle
+  (result.job.job_id) and goes on: follow it with job_status, stop it with job_cancel.
+- timeout_s (seconds): hard limit; past it every process of the run is killed and the call fails.
+- node (a SLURM node name): run the tool on that node through srun (inside the allocation that
+  holds it, else in a one-node job of its own) and return that node's result.
+Optional fields may be left out; null means the same."""
 
 TEXT_JSON_LIMIT = 12_000  # characters of JSON in the text copy; structuredContent always has everything
-IMAGE_LIMIT_BYTES = 5_000_000
 
 
 def version() -> str:
@@ -63,29 +72,32 @@ def version() -> str:
 class CallOptions(Params):
     """How long a subprocess tool's call waits and how long its run may take (not the tool's own inputs)."""
 
-    wait_s: float = Field(60.0, ge=0, le=3600, description=(
-        "Seconds to wait for the result. If the run takes longer, the call returns a job handle "
-        "(result.job.job_id) and the run continues: follow it with job_status."))
-    timeout_s: float | None = Field(None, ge=1, le=86400, description=(
-        "Hard limit in seconds: past it every process of the run is killed and the call fails."))
+    # Described once, in INSTRUCTIONS: 17 copies of the same two sentences cost every agent ~4 KB.
+    wait_s: float = Field(60.0, ge=0, le=3600, description="Seconds the call waits (server instructions).")
+    timeout_s: float | None = Field(None, ge=1, le=86400, description="Hard limit, seconds (server instructions).")
+    node: str | None = Field(None, max_length=NODE_MAX_CHARS, pattern=NODE_PATTERN,
+                             description="SLURM node to run on (server instructions).")
 
 
 @functools.cache
 def input_schema(spec: ToolSpec) -> dict:
-    """The tool's Params schema, plus wait_s / timeout_s on subprocess tools (built once per tool)."""
-    schema = spec.Params.model_json_schema()
+    """The tool's Params schema, compacted (schemas.py), plus wait_s / timeout_s on subprocess tools,
+    without descriptions: the server instructions say what they do (built once per tool)."""
+    schema = compact(spec.Params.model_json_schema())
     schema.setdefault("additionalProperties", False)
     if spec.runs == "subprocess":
-        options = CallOptions.model_json_schema()["properties"]
-        options["timeout_s"] = {"type": "number", "minimum": 1, "maximum": 86400, "default": spec.timeout_s,
-                                "description": options["timeout_s"]["description"]}
-        schema["properties"] = {**schema.get("properties", {}), **options}
+        schema["properties"] = {**schema.get("properties", {}),
+                                "wait_s": {"type": "number", "minimum": 0, "maximum": 3600, "default": 60.0},
+                                "timeout_s": {"type": "number", "minimum": 1, "maximum": 86400,
+                                              "default": spec.timeout_s}}
+        if takes_node(spec):
+            schema["properties"]["node"] = {"type": "string", "maxLength": NODE_MAX_CHARS, "pattern": NODE_PATTERN}
     return schema
 
 
 @functools.cache
 def output_schema(spec: ToolSpec) -> dict:
-    return spec.Result.model_json_schema(mode="serialization")
+    return compact(spec.Result.model_json_schema(mode="serialization"), inputs=False)
 
 
 def _annotations(spec: ToolSpec) -> ToolAnnotations:
@@ -96,7 +108,8 @@ def _annotations(spec: ToolSpec) -> ToolAnnotations:
 def _split_arguments(spec: ToolSpec, arguments: dict) -> tuple[Params, CallOptions]:
     """Validate a call's arguments (on a worker thread: a model validator may be slow on a bad input)."""
     arguments = dict(arguments or {})
-    allowed = set(spec.Params.model_fields) | (set(CallOptions.model_fields) if spec.runs == "subprocess" else set())
+    options = set(CallOptions.model_fields) - ({"node"} if not takes_node(spec) else set())
+    allowed = set(spec.Params.model_fields) | (options if spec.runs == "subprocess" else set())
     unknown = sorted(set(arguments) - allowed)
     if unknown:
         raise ToolError(f"unknown argument(s) for {spec.name}: {', '.join(unknown)[:300]}; "
@@ -118,17 +131,17 @@ def _split_arguments(spec: ToolSpec, arguments: dict) -> tuple[Params, CallOptio
 
 def to_call_result(spec: ToolSpec, result) -> CallToolResult:
     """Text: the human summary, then the result's JSON, bounded. Structured content: the whole result.
-    PNGs the result declares (Result.image_fields) are attached as images."""
+    PNGs the result declares (Result.image_fields) are attached as images: the bytes the run wrote, read
+    back from its own descriptor (attachments.py); a path is never re-opened here."""
     data = json.dumps(result.model_dump(mode="json", exclude_none=True), separators=(",", ":"))
     if len(data) > TEXT_JSON_LIMIT:
         data = (data[:TEXT_JSON_LIMIT] + f"… [truncated: {len(data)} characters in all; the structured result "
                 "holds everything]")
     content: list[Any] = [TextContent(type="text", text=f"{format_result(spec, result)}\n\nResult JSON:\n{data}")]
     for field in type(result).image_fields:
-        path = getattr(result, field, None)
-        if path and Path(path).is_file() and Path(path).stat().st_size < IMAGE_LIMIT_BYTES:
-            content.append(ImageContent(type="image", mime_type="image/png",
-                                        data=base64.b64encode(Path(path).read_bytes()).decode()))
+        png = result._images.get(field)
+        if png and getattr(result, field, None):
+            content.append(ImageContent(type="image", mime_type="image/png", data=base64.b64encode(png).decode()))
     return CallToolResult(content=content, structured_content=result.model_dump(mode="json"))
 
 
@@ -151,11 +164,26 @@ async def _follow(ctx: Context | None, job: Job, wait_s: float):
     return job.outcome()
 
 
+def session_owner(ctx: Context | None) -> str | None:
+    """Who owns the jobs this call starts (jobs.py). An HTTP client with a session (the handshake era's
+    Mcp-Session-Id) owns its jobs; a sessionless HTTP request (the 2026 era is stateless) is ANONYMOUS:
+    it reaches a job only through the unguessable id its call returned. stdio and in-process clients are
+    the server's one client (None)."""
+    connection = getattr(getattr(ctx, "session", None), "_connection", None) if ctx is not None else None
+    session_id = getattr(connection, "session_id", None)
+    if session_id:
+        return f"session:{session_id}"
+    return ANONYMOUS if _SERVING_HTTP else None
+
+
+_SERVING_HTTP = False   # set by _serve_http: many clients share this process
+
+
 async def call_tool(spec: ToolSpec, arguments: dict, ctx: Context | None = None) -> CallToolResult:
     """One tool call, start to answer. Every failure becomes a ToolError with a message for the agent."""
     params, options = await anyio.to_thread.run_sync(_split_arguments, spec, arguments)
     try:
-        job = MANAGER.start(spec, params, options.timeout_s)
+        job = MANAGER.start(spec, params, options.timeout_s, owner=session_owner(ctx), node=options.node)
         wait_s = options.wait_s if spec.runs == "subprocess" else float("inf")
         result = await _follow(ctx, job, wait_s)
     except (Busy, Cancelled, ToolFailure) as e:
@@ -171,42 +199,73 @@ def tool_entry(spec: ToolSpec) -> dict:
 
 
 def _source_key() -> str:
-    """Changes whenever any module of the package or the installed version changes."""
+    """A digest of what the tool list is built from: the version, every module of the package and every
+    data table (a new model preset in knowledge/data/*.toml changes a schema's choices). Contents, not
+    sizes and mtimes: an edit that keeps both, or a copied tree, still changes the key (~25 ms for 1 MB)."""
     import hashlib
 
+    from .data import KNOWLEDGE_DIR
+
     digest = hashlib.sha256(version().encode())
-    for path in sorted(PACKAGE_DIR.rglob("*.py")):
-        st = path.stat()
-        digest.update(f"{path.relative_to(PACKAGE_DIR)}:{st.st_size}:{st.st_mtime_ns}".encode())
-    return digest.hexdigest()[:16]
+    files = sorted(PACKAGE_DIR.rglob("*.py")) + sorted((KNOWLEDGE_DIR / "data").glob("*.toml"))
+    for path in files:
+        digest.update(f"{path.relative_to(path.parents[1])}\0".encode())
+        digest.update(hashlib.sha256(path.read_bytes()).digest())
+    return digest.hexdigest()
+
+
+def _trusted_cache(path: Path, key: str) -> list[dict] | None:
+    """The cached list, only if it is ours, writable by nobody else, and built from this exact code and
+    data: whoever can write the cache rewrites what every agent is told about every tool."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(f.fileno())
+        if info.st_uid != os.geteuid() or info.st_mode & 0o022:
+            log.warning("ignoring the cached tool list %s: not owned by this user or writable by others", path)
+            return None
+        try:
+            cached = json.loads(f.read())
+        except ValueError:
+            return None
+    if not isinstance(cached, dict) or cached.get("key") != key or not isinstance(cached.get("tools"), list):
+        return None
+    return cached["tools"]
 
 
 def cached_tool_list() -> list[dict]:
-    """tools/list for the registry, from $MLENG_HOME/cache when the package is unchanged since it was
-    written; otherwise every tool module is imported, and the list is built and saved.
+    """tools/list for the registry, from $MLENG_HOME/cache when it was built from the code and data
+    installed now; otherwise every tool module is imported, and the list is built and saved.
 
     Importing every tool module and building their JSON schemas is most of what the server adds to a
     bare SDK server's start-up. With the list cached, a tool's module is imported on its first call.
-    The key covers every .py file of the package (size and mtime) and the version, so an edit or an
-    upgrade rebuilds it; a broken tool module is never cached.
+    A broken tool module is never cached.
     """
     from .registry import BROKEN
-    from .store import mleng_home
+    from .store import private_dir
 
-    path = mleng_home() / "cache" / f"tools-{_source_key()}.json"
+    key = _source_key()
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        pass
+        folder = private_dir("cache")
+    except OSError as e:   # a read-only home costs start-up time, nothing else
+        log.info("tool list not cached (%s)", e)
+        return [tool_entry(spec) for spec in registry().values()]
+    path = folder / f"tools-{key[:16]}.json"
+    tools = _trusted_cache(path, key)
+    if tools is not None:
+        return tools
     tools = [tool_entry(spec) for spec in registry().values()]
     if not BROKEN:
+        tmp = folder / f".tools-{os.getpid()}.tmp"
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(tools))
+            with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600), "w") as f:
+                f.write(json.dumps({"key": key, "tools": tools}))
             tmp.replace(path)
-        except OSError as e:  # a read-only home costs start-up time, nothing else
+        except OSError as e:
             log.info("tool list not cached (%s)", e)
+            tmp.unlink(missing_ok=True)
     return tools
 
 
@@ -293,14 +352,10 @@ def build_server(specs: list[ToolSpec] | None = None) -> ToolServer:
 
     @server.prompt(name="diagnose", title="Diagnose a GPU-cluster problem")
     def diagnose(symptom: str) -> str:
-        """Turn a symptom into an ordered plan of mleng tool calls."""
-        tools = "\n".join(f"- {t.name}: {t.title}" for t in server._tools)
-        return (f"A user reports: {symptom}\n\nWork out the cause with measurements, not guesses. Plan first: "
-                "list the 2-4 tools below that bear on this symptom, cheapest and read-only first (version and "
-                "health checks, log triage) before GPU-heavy benchmarks or multi-rank runs, and say what each "
-                "result would rule in or out. Search the knowledge tree (knowledge_search) for what the numbers "
-                "should be. Then run the first tool, read its verdict, findings and `next`, and continue. "
-                f"Finish with the named culprit (rank, node, link, setting) and the fix.\n\nTools:\n{tools}")
+        """Turn a symptom into an ordered plan of mleng tool calls (the tools that match it, best first)."""
+        from .plan import plan_text
+
+        return plan_text(symptom[:4000], server._entries)
 
     return server
 
@@ -311,13 +366,15 @@ def build_server(specs: list[ToolSpec] | None = None) -> ToolServer:
 SHUTDOWN_GRACE_S = 1.0   # time for the error answers of cancelled calls to reach the client
 
 
-async def _exit_on_signal() -> None:
+async def _exit_on_signal(token_file=None) -> None:
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async for signum in signals:
             log.info("signal %d: stopping every run and exiting", signum)
             await anyio.to_thread.run_sync(MANAGER.cancel_all)   # calls in flight now answer with an error
             await anyio.sleep(SHUTDOWN_GRACE_S)
             sys.stdout.flush()
+            if token_file is not None:
+                token_file.remove()         # os._exit skips every finally
             # The stdio transport blocks a worker thread on reading stdin, which no cancellation reaches;
             # every child is already dead, so leave without waiting for it.
             os._exit(0)
@@ -330,22 +387,41 @@ async def _serve_stdio(server: ToolServer) -> None:
         tg.cancel_scope.cancel()
 
 
-async def _serve_http(server: ToolServer, host: str, port: int) -> None:
+async def _serve_http(server: ToolServer, host: str, port: int, no_auth: bool) -> None:
     import uvicorn
 
-    from .http_guard import http_app
+    from .http_guard import (NO_AUTH_WARNING, TokenFile, check_token, header_deadline_protocol, http_app,
+                             raise_descriptor_limit)
 
-    config = uvicorn.Config(http_app(server, host), host=host, port=port, log_level="warning")
-    web = uvicorn.Server(config)
-    web.install_signal_handlers = lambda: None   # our handler answers calls in flight first
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(_exit_on_signal)
-        await web.serve()
-        tg.cancel_scope.cancel()
+    global _SERVING_HTTP
+    _SERVING_HTTP = True
+    token = check_token(host, no_auth)
+    url = f"http://{f'[{host}]' if ':' in host else host}:{port}/mcp"
+    made = TokenFile(url, port) if token == "" else None
+    if no_auth:
+        print(f"mleng: serving MCP at {url} WITHOUT authentication.\nmleng: {NO_AUTH_WARNING}", file=sys.stderr,
+              flush=True)
+    elif made is None:
+        print(f"mleng: serving MCP at {url} (Authorization: Bearer ${{MLENG_HTTP_TOKEN}})", file=sys.stderr, flush=True)
+    try:
+        raise_descriptor_limit()
+        config = uvicorn.Config(http_app(server, host, made.token if made else token), host=host, port=port,
+                                log_level="warning", http=header_deadline_protocol())
+        web = uvicorn.Server(config)
+        web.install_signal_handlers = lambda: None   # our handler answers calls in flight first
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_exit_on_signal, made)
+            await web.serve()
+            tg.cancel_scope.cancel()
+    finally:
+        if made:
+            made.remove()
 
 
-def serve(http: str | None = None) -> None:
+def serve(http: str | None = None, no_auth: bool = False) -> None:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
+    if no_auth and not http:
+        raise SystemExit("--no-auth applies to --http only (stdio is private to the program that started it).")
     server = build_server()
     try:
         if not http:
@@ -354,13 +430,16 @@ def serve(http: str | None = None) -> None:
         host, _, port = http.rpartition(":")
         if not host or not port.isdigit():
             raise SystemExit(f"--http wants HOST:PORT, e.g. 127.0.0.1:8765; got {http!r}")
-        anyio.run(_serve_http, server, host.strip("[]"), int(port))
+        anyio.run(_serve_http, server, host.strip("[]"), int(port), no_auth)
     finally:
         MANAGER.cancel_all()  # nothing outlives the server: no orphan ranks holding GPUs
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python server.py", description="mleng MCP server (stdio by default)")
-    parser.add_argument("--http", metavar="HOST:PORT", help="serve streamable HTTP at http://HOST:PORT/mcp")
+    from .http_guard import add_serve_arguments
+
+    add_serve_arguments(parser)
     args = parser.parse_args(argv)
-    serve(args.http)
+    serve(args.http, args.no_auth)
+

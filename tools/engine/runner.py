@@ -3,12 +3,14 @@
 `execute()` is synchronous and thread-safe; jobs.py runs it on a job thread for the server and the
 CLI alike. Subprocess tools run as `python -m PACKAGE.engine.child` under processes.Supervised: on a
 deadline, a cancel, a crash or an exception in the caller the child's whole process tree is killed
-before execute returns. Every result is cut to bounds.MAX_RESULT_CHARS, and stored with its secrets
-redacted. In-process tools are short pure computations; they run on the calling
-thread, and their progress callback raises at once when the call is cancelled or past its deadline
-(jobs.py stops waiting for one that never calls it). Every result that comes back is stored.
+before execute returns. Every result is cut to bounds.MAX_RESULT_CHARS, and stored (store.save redacts).
+In-process tools are short pure computations; they run on the calling thread, and their progress
+callback raises at once when the call is cancelled or past its deadline (jobs.py stops waiting for
+one that never calls it). Every result that comes back is stored.
 """
 
+import base64
+import binascii
 import contextlib
 import fcntl
 import json
@@ -19,10 +21,11 @@ import time
 
 from . import store
 from .bounds import bound_result
-from .redact import redact_data
+from .on_node import NodeUnavailable, node_command
+from .printable import printable_data
 from .processes import Supervised, python_module_command
 from .registry import module_of
-from .spec import Params, Progress, Result, ToolFailure, ToolSpec
+from .spec import Params, Progress, Result, ToolFailure, ToolSpec, takes_node
 
 
 class Cancelled(ToolFailure):
@@ -41,8 +44,10 @@ def deadline_message(spec: ToolSpec, timeout_s: float, killed: bool) -> str:
 
 def execute(spec: ToolSpec, params: Params, progress: Progress | None = None, *,
             timeout_s: float | None = None, cancel: threading.Event | None = None,
-            job_id: str | None = None, save: bool = True) -> Result:
+            job_id: str | None = None, node: str | None = None, save: bool = True) -> Result:
     """Run `spec` with validated `params`; returns its Result (with result_id) or raises ToolFailure.
+
+    `node`: run the child on that SLURM node through srun (on_node.py); subprocess tools only.
     save=False: the caller stores the result itself (a fleet sweep's node runs: the sweep stores them
     under the node srun ran them on)."""
     progress = progress or (lambda fraction, message: None)
@@ -50,24 +55,51 @@ def execute(spec: ToolSpec, params: Params, progress: Progress | None = None, *,
     timeout_s = timeout_s or spec.timeout_s
     started = time.time()
     provenance = store.host_provenance() if spec.store else {}
+    if node and not takes_node(spec):
+        raise ToolFailure(f"{spec.name} does not run on a named node (node=): "
+                          + ("it reaches other nodes itself" if spec.spans_nodes else "it runs in the server"))
     if spec.runs == "in_process":
         result = spec.run(params, _checked_progress(spec, progress, cancel, time.monotonic() + timeout_s, timeout_s))
     else:
-        devices = sorted(set(spec.gpu_devices(params))) if spec.gpu_devices else []
+        # GPU locks are this host's files: a run on another node does not take this host's GPUs.
+        devices = sorted(set(spec.gpu_devices(params))) if spec.gpu_devices and not node else []
         with gpu_locks(devices, cancel, progress):
-            data, child_prov = _run_child(spec, params, progress, timeout_s, cancel)
+            data, child_prov, images = _run_child(spec, params, progress, timeout_s, cancel, node)
         provenance.update(child_prov)
         try:
             result = spec.Result.model_validate(data)
         except ValueError as e:
             raise ToolFailure(f"{spec.name} returned a result that does not match its schema: {e}") from None
+        if node:
+            result.findings.append(f"Ran on node {node} (host {child_prov.get('host', node)}) through srun.")
     result = bound_result(spec, result)   # what is answered and what is stored have one size limit
+    result = _printable(spec, result)     # no ESC, CR or bidi override reaches a terminal, answered or stored
+    if spec.runs == "subprocess":
+        result._images = _decode_images(spec, images)
     if spec.store and save:
         result.result_id = store.save(
-            spec.name, redact_data(params.model_dump(mode="json")), redact_data(result.model_dump(mode="json")),
+            spec.name, params.model_dump(mode="json"), result.model_dump(mode="json"),
             started=started, ended=time.time(), provenance=provenance, metric_name=spec.metric,
             job_id=job_id)
     return result
+
+
+def _printable(spec: ToolSpec, result: Result) -> Result:
+    """`result` with control characters escaped in every string; the same object when there were none.
+    A finding or a `next` entry is one line: a newline in it (a node name carrying one, then a forged
+    line) is escaped too, so nothing on screen looks like a finding the tool did not make."""
+    data = result.model_dump(mode="json")
+    clean = printable_data(data)
+    for key in ("findings", "next"):
+        clean[key] = [line.replace("\n", "\\n") for line in clean.get(key) or []]
+    if clean == data:
+        return result
+    try:
+        out = spec.Result.model_validate(clean)
+    except ValueError:   # an escaped string broke a pattern or a length bound: keep the judgement only
+        out = spec.Result(verdict=result.verdict, findings=clean.get("findings", []), next=clean.get("next", []))
+    out._images = result._images
+    return out
 
 
 def _checked_progress(spec: ToolSpec, progress: Progress, cancel: threading.Event, deadline: float,
@@ -90,13 +122,31 @@ def _parse_wire(line: str) -> dict | None:
     return event if isinstance(event, dict) else None
 
 
+def _decode_images(spec: ToolSpec, images) -> dict[str, bytes]:
+    """The PNGs the child read back from what it wrote, for the fields the Result declares."""
+    out = {}
+    for field, text in images.items():
+        if field in spec.Result.image_fields and isinstance(text, str):
+            with contextlib.suppress(binascii.Error, ValueError):
+                out[field] = base64.b64decode(text, validate=True)
+    return out
+
+
 def _run_child(spec: ToolSpec, params: Params, progress: Progress, timeout_s: float,
-               cancel: threading.Event) -> tuple[dict, dict]:
+               cancel: threading.Event, node: str | None = None) -> tuple[dict, dict, dict]:
     module = module_of(spec)
     cmd = python_module_command("engine.child", spec.name, *([module] if module else []))
+    env = None
+    if node:
+        try:
+            cmd, env = node_command(node, cmd, timeout_s, job_name=f"mleng-{spec.name}")
+        except NodeUnavailable as e:
+            raise ToolFailure(str(e)) from None
+        progress(0.0, f"starting on node {node} through srun")
     deadline = time.monotonic() + timeout_s
-    outcome = None
-    child = Supervised(cmd, parse_line=_parse_wire, stdin_bytes=params.model_dump_json().encode(), tail_lines=60)
+    outcome, images = None, {}
+    child = Supervised(cmd, parse_line=_parse_wire, env=env, stdin_bytes=params.model_dump_json().encode(),
+                       tail_lines=60)
     try:
         while outcome is None:
             if cancel.is_set():
@@ -110,6 +160,8 @@ def _run_child(spec: ToolSpec, params: Params, progress: Progress, timeout_s: fl
                 outcome = ("crash", None)
             elif event.get("event") == "progress":
                 progress(event.get("fraction", 0.0), event.get("message", ""))
+            elif event.get("event") == "image" and isinstance(event.get("field"), str):
+                images[event["field"]] = event.get("png")
             elif event.get("event") in ("result", "error"):
                 outcome = (event["event"], event)
     finally:
@@ -117,9 +169,12 @@ def _run_child(spec: ToolSpec, params: Params, progress: Progress, timeout_s: fl
         returncode = child.stop(grace_s=2.0, exit_wait_s=3.0 if outcome is not None else 0.0)
     kind, event = outcome
     if kind == "result":
-        return event["result"], event.get("provenance") or {}
+        return event["result"], event.get("provenance") or {}, images
     if kind == "error":
         raise ToolFailure(event["message"])
+    if node:   # srun's own refusal (unknown node, down, not in the partition) is in its stderr
+        raise ToolFailure(f"{spec.name} on node {node} did not answer: srun {_describe_exit(returncode)}."
+                          f"{_tail_note(child)}")
     raise ToolFailure(f"{spec.name} crashed: {_describe_exit(returncode)}.{_tail_note(child)}")
 
 
@@ -147,14 +202,15 @@ def _describe_exit(code: int | None) -> str:
 
 # ---------------------------------------------------------------------------------------------------
 # Per-GPU locks: two GPU benchmarks never share a device. File locks, so they hold across the server,
-# the CLI and other users' processes on the host; the kernel drops them if a holder dies.
+# the CLI and every process of this user; the kernel drops them if a holder dies. They live in the
+# user's own 0700 $MLENG_HOME, so another user's benchmarks do not see them (a home shared between users
+# would let each of them rewrite the other's results and tool list: review 2026-12-01, F19).
 
 @contextlib.contextmanager
 def gpu_locks(devices: list[int], cancel: threading.Event, progress: Progress):
     # Per host: $MLENG_HOME may be a home directory shared by every node, and flock on NFS locks
     # cluster-wide; GPU 0 of one node is not GPU 0 of another.
-    lock_dir = store.mleng_home() / "locks" / socket.gethostname()
-    lock_dir.mkdir(parents=True, exist_ok=True)
+    lock_dir = store.private_dir("locks", socket.gethostname())
     held = []
     try:
         for device in devices:  # sorted by the caller: a fixed order cannot deadlock

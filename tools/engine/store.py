@@ -13,11 +13,13 @@ import os
 import platform
 import socket
 import sqlite3
+import stat
 import sys
 from importlib import metadata
 from pathlib import Path
 
 from .bounds import MAX_RESULT_CHARS, bound_data
+from .redact import redact_data
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS results (
@@ -63,14 +65,86 @@ def mleng_home() -> Path:
     return Path(base) / "mleng"
 
 
+def _tighten(path: Path, mode: int) -> None:
+    """Our own file or folder gets `mode`; one another user owns is left alone (and not trusted by callers)."""
+    info = os.lstat(path)
+    if info.st_uid == os.geteuid() and stat.S_IMODE(info.st_mode) != mode and not stat.S_ISLNK(info.st_mode):
+        os.chmod(path, mode)
+
+
+def private_dir(*parts: str) -> Path:
+    """$MLENG_HOME (or a folder under it), created 0700; an existing one of ours is tightened to 0700.
+
+    Everything under it (results with log evidence and params, tokens, plots, dumps) is the owner's
+    only: on a shared login node the process umask (usually 022) would make it world-readable."""
+    path = mleng_home()
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)   # parents (~/.local/share) keep the umask's mode
+    _tighten(path, 0o700)
+    for part in parts:
+        path = path / part
+        path.mkdir(exist_ok=True, mode=0o700)
+        _tighten(path, 0o700)
+    return path
+
+
+def private_file(path: Path) -> Path:
+    """Create `path` empty with mode 0600 if missing (so a library that opens it later inherits the
+    mode: SQLite gives its -wal and -shm files the database's mode); an existing one of ours is tightened."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    os.close(fd)
+    _tighten(path, 0o600)
+    return path
+
+
 def connect() -> sqlite3.Connection:
-    home = mleng_home()
-    home.mkdir(parents=True, exist_ok=True)
-    conn = sqlite3.connect(home / "results.sqlite3", timeout=30)
+    home = private_dir()
+    db = private_file(home / "results.sqlite3")
+    for side in ("-wal", "-shm"):          # left by an older version with the umask's mode
+        if os.path.lexists(f"{db}{side}"):
+            _tighten(Path(f"{db}{side}"), 0o600)
+    conn = sqlite3.connect(db, timeout=30)
     conn.row_factory = sqlite3.Row
     conn.execute("PRAGMA journal_mode=WAL")
     conn.executescript(SCHEMA)
+    if conn.execute("PRAGMA user_version").fetchone()[0] < CAPPED_VERSION:
+        _cap_old_rows(conn)
     return conn
+
+
+CAPPED_VERSION = 1   # PRAGMA user_version from which every row is within the caps below
+
+
+def _cap_old_rows(conn: sqlite3.Connection) -> None:
+    """Once per database: rows stored before the caps (a 45 MB pasted log in params) are cut to them.
+    Reading any column after a big one walks its overflow pages, so one such row slowed every query."""
+    conn.execute("BEGIN IMMEDIATE")       # one connection caps; the others wait, then find it done
+    if conn.execute("PRAGMA user_version").fetchone()[0] >= CAPPED_VERSION:
+        conn.rollback()
+        return
+    big = [r[0] for r in conn.execute(
+        "SELECT id FROM results WHERE length(params) > ? OR length(params_key) > ? OR length(result) > ?",
+        (MAX_STORED_PARAMS_CHARS + 3000, MAX_STORED_PARAMS_CHARS + 3000, MAX_RESULT_CHARS + 3000))]
+    for row_id in big:
+        params, result = conn.execute("SELECT params, result FROM results WHERE id = ?", (row_id,)).fetchone()
+        params, result = (redact_data(_bounded(_loads(text), limit, is_params)) for text, limit, is_params in
+                          ((params, MAX_STORED_PARAMS_CHARS, True), (result, MAX_RESULT_CHARS, False)))
+        conn.execute("UPDATE results SET params = ?, params_key = ?, result = ? WHERE id = ?",
+                     (json.dumps(params, default=str), params_key(params), json.dumps(result, default=str), row_id))
+    conn.execute(f"PRAGMA user_version = {CAPPED_VERSION}")
+    conn.commit()
+
+
+def _loads(text) -> dict:
+    value = _parsed(text)
+    return value if isinstance(value, dict) else {"unreadable": str(text)[:1000]}
+
+
+def _parsed(text):
+    """JSON text as stored, or None where it is not JSON (a row written by hand or cut by an old bug)."""
+    try:
+        return json.loads(text) if isinstance(text, str) else None
+    except (ValueError, RecursionError):
+        return None
 
 
 def _version(dist: str) -> str | None:
@@ -133,11 +207,13 @@ def params_key(params: dict) -> str:
 
 def save(tool: str, params: dict, result: dict, *, started: float, ended: float, provenance: dict,
          metric_name: str | None = None, job_id: str | None = None) -> int:
-    """Insert one result; returns its row id."""
+    """Insert one result, its secrets redacted here for every writer (the runner, fleet_sweep's node rows);
+    returns its row id."""
     metric_value = result.get(metric_name) if metric_name else None
     if not isinstance(metric_value, (int, float)) or isinstance(metric_value, bool):
         metric_value = None
     params, result = _bounded(params, MAX_STORED_PARAMS_CHARS, True), _bounded(result, MAX_RESULT_CHARS, False)
+    params, result = redact_data(params), redact_data(result)   # after the cap: a 45 MB paste is not scanned whole
     with connect() as conn:
         cur = conn.execute(
             "INSERT INTO results (tool, verdict, host, gpu_names, gpu_uuids, gpu_serials, driver, torch,"
@@ -215,10 +291,7 @@ def count_bad_times(tool: str | None = None, host: str | None = None, gpu: str |
 
 
 def _json_list(text) -> list:
-    try:
-        value = json.loads(text) if isinstance(text, str) else None
-    except (ValueError, RecursionError):
-        return []
+    value = _parsed(text)
     return value if isinstance(value, list) else []
 
 

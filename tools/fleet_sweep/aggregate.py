@@ -25,10 +25,10 @@ Memory and time are linear in the rows: fine at thousands of nodes (tested at 40
 from __future__ import annotations
 
 import dataclasses
-import shlex
 import statistics
 from collections import defaultdict
 
+from ..engine.printable import shell_word
 from ..shared.judging import FigureRule, compare, is_inconclusive, relative_spread, rule_for, threshold
 
 MIN_PEERS = 3
@@ -151,7 +151,7 @@ def version_drift(versions_by_node: dict[str, dict]) -> list[dict]:
 
 def drain_command(node: str, reason: str) -> str:
     """The scontrol line an operator can run to drain the node (fleet_sweep never runs it)."""
-    return f"scontrol update nodename={shlex.quote(node)} state=drain reason={shlex.quote('fleet_sweep: ' + reason[:200])}"
+    return f"scontrol update nodename={shell_word(node)} state=drain reason={shell_word('fleet_sweep: ' + reason[:200])}"
 
 
 def outlier_reason(o: dict) -> str:

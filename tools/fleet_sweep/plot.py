@@ -7,8 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def draw(figures: list[dict], stats: dict[tuple[str, str], dict], outliers: list[dict], path: str,
-         title: str) -> str | None:
+def draw(figures: list[dict], stats: dict[tuple[str, str], dict], outliers: list[dict], path: Path,
+         title: str, overwrite: bool = False) -> str | None:
     """One panel per figure and group; returns the path, or None when there is nothing to draw."""
     panels = list(stats.items())   # busy-only groups too: their bars (gray) are the evidence
     if not panels:
@@ -41,7 +41,6 @@ def draw(figures: list[dict], stats: dict[tuple[str, str], dict], outliers: list
             ax.legend(fontsize=7, loc="lower right")
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    from ..shared.safe_write import write_figure
+
+    return write_figure(fig, path, overwrite=overwrite)

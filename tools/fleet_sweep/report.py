@@ -159,18 +159,30 @@ def build_result(params, target, got, stored: dict, wall_s: float, confirm=None,
                   *channel_findings(got)],
         next=["results_history", "gpu_health", "collective_bench", "knowledge://orchestration/fleet-sweeps.md"])
     if params.plot and rows:
-        result.plot_png = _plot(rows, agg, params, len(target.nodes))
+        result.plot_png, note = _plot(rows, agg, params, len(target.nodes))
+        result.findings += [note] if note else []
     return result
 
 
-def _plot(rows: list[dict], agg: dict, params, total: int) -> str | None:
-    from ..engine.store import mleng_home
+def plot_target(params):
+    """Where the PNG goes, checked (links, FIFOs, existing files, missing folders refused): called before
+    the sweep so a bad plot_path fails in a millisecond, and again at the write."""
+    from ..shared.safe_write import check_output, output_path, unique_name
+
+    return check_output(output_path(params.plot_path, "plots", unique_name("fleet_sweep")),
+                        overwrite=params.overwrite, field="plot_path")
+
+
+def _plot(rows: list[dict], agg: dict, params, total: int) -> tuple[str | None, str | None]:
+    """(the PNG's path, or None; why there is none when the write was refused)."""
+    from ..engine.spec import ToolFailure
     from .aggregate import flatten_figures
     from .plot import draw
 
-    path = params.plot_path or str(mleng_home() / "plots" / f"fleet_sweep-{time.strftime('%Y%m%d-%H%M%S')}.png")
     try:
-        return draw(flatten_figures(rows), agg["stats"], agg["outliers"], path,
-                    f"fleet_sweep: {total} nodes, outliers in red")
+        return draw(flatten_figures(rows), agg["stats"], agg["outliers"], plot_target(params),
+                    f"fleet_sweep: {total} nodes, outliers in red", overwrite=params.overwrite), None
     except ImportError:
-        return None
+        return None, None
+    except ToolFailure as e:   # a link planted during the sweep: its answer outweighs its picture
+        return None, f"No plot: {e}"

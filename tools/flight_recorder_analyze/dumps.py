@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from ..engine.spec import ToolFailure
-from ..shared.safe_read import open_regular
+from ..shared.safe_read import kind_of, open_regular
 
 DEFAULT_PREFIX_ENV = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
 TORCH_DEFAULT_PREFIX = "/tmp/nccl_trace_rank_"
@@ -193,6 +193,9 @@ def find_dump_files(path: str, prefix: str) -> tuple[Path, str]:
         raise ToolFailure(f"{root} does not exist. Give the directory the ranks dumped into (the directory "
                           f"part of TORCH_FR_DUMP_TEMP_FILE; torch's default prefix is {TORCH_DEFAULT_PREFIX}). "
                           "On several nodes, copy every node's dumps into one directory first.")
+    if not root.is_dir() and not root.is_file():   # a FIFO would block the read, a device never ends
+        raise ToolFailure(f"path: {root} is {kind_of(root.stat().st_mode)}; give a dump file or the directory "
+                          "of per-rank dumps (regular files only).")
     return root, prefix
 
 

@@ -13,6 +13,7 @@ import sys
 
 from ..shared import slurm as _slurm
 from ..engine.data import IMPORT_ROOT as REPO_ROOT
+from ..engine.data import PACKAGE
 from ..engine.processes import torchrun_command
 
 q = shlex.quote
@@ -49,11 +50,14 @@ def torchrun_line(p, nproc: int, endpoint: str, rdzv_id: str, is_host: str, log_
 
 
 def tool_line(p, nproc: int) -> str:
-    return shlex.join([interpreter(p), "-m", f"tools.{p.tool}", "--nnodes", str(p.nnodes),
+    return shlex.join([interpreter(p), "-m", f"{PACKAGE}.{p.tool}", "--nnodes", str(p.nnodes),
                        "--nproc-per-node", str(nproc), *p.tool_args, "--json"])
 
 
-HEAD_LOOKUP = """head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+# The first node: `awk 'NR==1'` reads every line, where `head -n 1` would exit after one and, with many
+# nodes, scontrol dies of SIGPIPE: under `set -o pipefail` that is exit 141 and the job ends before training.
+FIRST_NODE = """$(scontrol show hostnames "$SLURM_JOB_NODELIST" | awk 'NR==1')"""
+HEAD_LOOKUP = """head_node=""" + FIRST_NODE + """
 # NodeAddr is how SLURM itself reaches the node; node names need not resolve everywhere.
 head_addr=$(scontrol show node "$head_node" -o | tr ' ' '\\n' | sed -n 's/^NodeAddr=//p')
 export MASTER_ADDR=${head_addr:-$head_node} MASTER_PORT=%s"""
@@ -103,7 +107,7 @@ def srun_line(p, nproc: int) -> str:
         inner = torchrun_line(p, nproc, "", "", "", None)
     else:
         port = p.rdzv_port or JOB_PORT
-        inner = torchrun_line(p, nproc, f"$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1):{port}",
+        inner = torchrun_line(p, nproc, f"{FIRST_NODE}:{port}",
                               "$SLURM_JOB_ID", _slurm.RDZV_IS_HOST, None)
     return (f"srun --nodes={p.nnodes} --ntasks-per-node=1 --kill-on-bad-exit=1 --export=ALL "
             f"--cpus-per-task=\"{CPUS}\" bash -c {q(inner)}")
@@ -115,7 +119,7 @@ def torchrun_lines(p, nproc: int, env: dict[str, str]) -> list[str]:
     if p.tool:
         if p.nnodes == 1:
             return [tool_line(p, nproc)]
-        same_everywhere = shlex.join([interpreter(p), "-m", f"tools.{p.tool}", "--nnodes", str(p.nnodes),
+        same_everywhere = shlex.join([interpreter(p), "-m", f"{PACKAGE}.{p.tool}", "--nnodes", str(p.nnodes),
                                       "--nproc-per-node", str(nproc), "--rdzv-endpoint", f"{host}:{port}", *p.tool_args])
         return [same_everywhere] * p.nnodes
     prefix = " ".join(f"{k}={q(v)}" for k, v in env.items())

@@ -33,7 +33,7 @@ class NicHealthParams(Params):
         "Sampling window, seconds: counters and carrier changes are read at its start and end and the change "
         "is judged. 0: one reading, totals only (nothing is judged on change). Not used with text."))
     text: str | None = Field(None, max_length=1_000_000, description=(
-        "Pasted `ibstat` or `perfquery` output to judge instead of reading this node (one reading: error "
+        "Pasted `ibstat`, `ibv_devinfo` or `perfquery` output to judge instead of reading this node (one reading: error "
         "counters above zero are named, state and rate judged as on a node)."))
 
 
@@ -122,8 +122,9 @@ SPEC = ToolSpec(
         "window, saturated counters; network interfaces: carrier changes (link flaps) during the window and since "
         "boot, speed, MTU, kernel and `ethtool -S` error counters; each GPU's closest NIC and PCIe path. Use for a "
         "flapping or degraded link, 'NET/IB : Got completion with error', one node slower in every collective, "
-        "before blaming NCCL; pasted `ibstat` / `perfquery` output (text=). ~1 s plus sample_s (default 2 s), read-only, no GPU needed. Not for bandwidth between "
-        "nodes (collective_bench) or GPU faults (gpu_health)."),
+        "before blaming NCCL; pasted `ibstat` / `ibv_devinfo` / `perfquery` output (text=). ~1 s plus sample_s "
+        "(default 2 s), read-only, no GPU needed. Not for bandwidth between nodes (collective_bench) or GPU faults "
+        "(gpu_health)."),
     Params=NicHealthParams, Result=NicHealthResult, run=run, runs="subprocess", timeout_s=360,
     doctor=lambda ctx: {"sample_s": 1}, doctor_order=16, sweep=SWEEP,
 )

@@ -20,7 +20,7 @@ class PortReading(Judged):
     rate: str | None = Field(None, description="Rate as the kernel writes it, e.g. '400 Gb/sec (4X NDR)'.")
     rate_gbits: float | None = Field(None, description="Link rate, Gb/s.")
     link_layer: str | None = Field(None, description="InfiniBand or Ethernet (RoCE).")
-    gids: int = Field(0, description="Non-zero entries in the port's GID table (RoCE needs one to be used at all).")
+    gids: int | None = Field(0, description="Non-zero entries in the port's GID table (RoCE needs one to be used at all); None: not read (pasted text).")
     pci: str = Field("", description="PCI address of the device.")
     fw_ver: str | None = Field(None, description="Firmware version of the device (sysfs fw_ver).")
     counters: dict[str, int] = Field(default_factory=dict, description="Error counters at the end of the window (totals since they were last cleared).")

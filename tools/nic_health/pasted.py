@@ -1,6 +1,6 @@
-"""Pasted `ibstat` and `perfquery` output -> the same port records nic_health reads from sysfs, judged by
-the same rules (one reading: totals only, no window). Formats: rdma-core infiniband-diags ibstat(8) and
-perfquery(8) as they print them."""
+"""Pasted `ibstat`, `ibv_devinfo` and `perfquery` output -> the same port records nic_health reads from sysfs, judged by
+the same rules (one reading: totals only, no window). Formats: rdma-core infiniband-diags ibstat(8),
+perfquery(8) and libibverbs' ibv_devinfo(1) as they print them."""
 
 from __future__ import annotations
 
@@ -17,13 +17,14 @@ PERFQUERY_NAMES = {
     "ExcessiveBufferOverrunErrors": "excessive_buffer_overrun_errors", "VL15Dropped": "VL15_dropped",
     "PortXmitData": "port_xmit_data", "PortRcvData": "port_rcv_data", "PortXmitWait": "port_xmit_wait",
 }
-EXPECTED = ("`ibstat` output (\"CA 'mlx5_0'\" then \"Port 1:\" blocks with State / Physical state / Rate / Link layer) "
+EXPECTED = ("`ibv_devinfo` output (\"hca_id: mlx5_0\" blocks with \"port: 1\", state, link_layer), "
+            "`ibstat` output (\"CA 'mlx5_0'\" then \"Port 1:\" blocks with State / Physical state / Rate / Link layer) "
             "or `perfquery` output (\"# Port counters: Lid L port P\" then \"SymbolErrorCounter:....N\" lines)")
 
 
 def _port(device: str, number: int) -> dict:
     return {"device": device, "port": number, "pci": "", "fw_ver": None, "state": None, "phys_state": None,
-            "rate": None, "rate_gbits": None, "link_layer": None, "gids": 0, "counters": {}, "hw_counters": {}}
+            "rate": None, "rate_gbits": None, "link_layer": None, "gids": None, "counters": {}, "hw_counters": {}}
 
 
 def parse_ibstat(text: str) -> list[dict]:
@@ -51,6 +52,24 @@ def parse_ibstat(text: str) -> list[dict]:
     return ports
 
 
+def parse_ibv_devinfo(text: str) -> list[dict]:
+    ports, device, fw, current = [], None, None, None
+    for line in text.splitlines():
+        if m := re.match(r"\s*hca_id:\s*(\S+)", line):
+            device, fw, current = m.group(1), None, None
+        elif m := re.match(r"\s*fw_ver:\s*(\S+)", line):
+            fw = m.group(1)
+        elif device and (m := re.match(r"\s*port:\s*(\d+)\s*$", line)):
+            current = _port(device, int(m.group(1)))
+            current["fw_ver"] = fw
+            ports.append(current)
+        elif current and (m := re.match(r"\s*state:\s*PORT_(\w+)", line)):
+            current["state"] = m.group(1)
+        elif current and (m := re.match(r"\s*link_layer:\s*(\S+)", line)):
+            current["link_layer"] = m.group(1)
+    return ports
+
+
 def parse_perfquery(text: str) -> list[dict]:
     ports, current = [], None
     for line in text.splitlines():
@@ -65,7 +84,7 @@ def parse_perfquery(text: str) -> list[dict]:
 
 def parse(text: str) -> tuple[str, list[dict]]:
     """(format, ports); ValueError naming the formats accepted when the text is neither."""
-    for name, reader in (("ibstat", parse_ibstat), ("perfquery", parse_perfquery)):
+    for name, reader in (("ibstat", parse_ibstat), ("ibv_devinfo", parse_ibv_devinfo), ("perfquery", parse_perfquery)):
         ports = reader(text)
         if ports:
             return name, ports

@@ -128,8 +128,8 @@ def _peer_went_away(error: str | None) -> bool:
 
 def _rank_list(states: list[RankState]) -> str:
     ranks = [s.rank for s in states]
-    if len(ranks) > 6:
-        return f"{len(ranks)} ranks ({ranks[0]}..{ranks[-1]})"
+    if len(ranks) > 6:  # "7 ranks (0..7)" hid that rank 4 was missing (review F5)
+        return f"{len(ranks)} ranks ({rank_list(ranks)})"
     return "rank " + ", ".join(map(str, ranks)) if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
 
 

@@ -8,6 +8,7 @@ or the MCP server would otherwise show up as a rank stuck in py-spy.
 import os
 import re
 
+from ..engine.redact import redact
 from ..engine.spec import ToolFailure
 
 RANK_VARS = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
@@ -178,7 +179,7 @@ def describe(pid: int) -> tuple[str, int, int | None, int | None]:
 
     try:
         p = psutil.Process(pid)
-        command, ppid = " ".join(p.cmdline())[:300], p.ppid()
+        command, ppid = redact(" ".join(p.cmdline()))[:300], p.ppid()   # --db-password X on a command line
     except psutil.Error:
         return "", 0, None, None
     try:

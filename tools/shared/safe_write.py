@@ -1,7 +1,8 @@
 """Writing a file a caller named, safely: the one way every tool writes a user-named file.
 
 A path in tool arguments may come from a prompt-injected agent. So:
-- no path: the file goes under $MLENG_HOME (`default_dir`), created as needed;
+- no path: the file goes under $MLENG_HOME (`default_dir`), created as needed, 0700;
+- a file we create is 0600 (the owner reads it; a shared login node's other users do not);
 - a relative path is resolved against the caller's working directory (children inherit it);
 - a symlink, a FIFO, a device, a directory or a socket at the path is refused (a FIFO would block
   the run, a device such as /dev/full fails in odd ways, a symlink points the write elsewhere);
@@ -14,22 +15,29 @@ and the write is refused too.
 import contextlib
 import errno
 import os
+import secrets
 import stat
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
+from ..engine import attachments
 from ..engine.spec import ToolFailure
-from ..engine.store import mleng_home
+from ..engine.store import private_dir
+
+
+def unique_name(stem: str, suffix: str = ".png") -> str:
+    """A default file name no other run picks: the second, the pid and 24 random bits (two sweeps ending in
+    the same second once shared one PNG, and each answer showed the other's plot)."""
+    return f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{secrets.token_hex(3)}{suffix}"
 
 
 def output_path(path: str | None, default_dir: str, default_name: str) -> Path:
     """Where a write goes: `path` (~ expanded, relative to the working directory), else
     $MLENG_HOME/<default_dir>/<default_name> (the directory is created)."""
     if not path:
-        folder = mleng_home() / default_dir
-        folder.mkdir(parents=True, exist_ok=True)
-        return folder / default_name
+        return private_dir(default_dir) / default_name
     target = Path(path).expanduser()
     return target if target.is_absolute() else Path.cwd() / target
 
@@ -65,9 +73,9 @@ def open_output(target: Path, *, overwrite: bool = False, field: str = "path") -
     """A binary file object for writing `target`, after the checks above; every OS error becomes a
     ToolFailure naming `field` and the path."""
     check_output(target, overwrite=overwrite, field=field)
-    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | (os.O_TRUNC if overwrite else os.O_EXCL)
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | (os.O_TRUNC if overwrite else os.O_EXCL)
     try:
-        fd = os.open(target, flags, 0o644)
+        fd = os.open(target, flags, 0o600)   # plots and dumps carry hosts and stacks: the owner's only
     except OSError as e:
         raise ToolFailure(_os_message(field, target, e)) from None
     written = False
@@ -77,6 +85,7 @@ def open_output(target: Path, *, overwrite: bool = False, field: str = "path") -
         os.set_blocking(fd, True)
         with os.fdopen(fd, "wb", closefd=False) as f:
             yield f
+        attachments.keep(target, fd)    # an answer attaching this file reads it from here, not by name
         written = True
     except OSError as e:
         raise ToolFailure(_os_message(field, target, e)) from None
@@ -100,3 +109,16 @@ def write_output(target: Path, data: str | bytes, *, overwrite: bool = False, fi
     with open_output(target, overwrite=overwrite, field=field) as f:
         f.write(data.encode() if isinstance(data, str) else data)
     return target
+
+
+def write_figure(fig, target: Path, *, overwrite: bool = False, field: str = "plot_path") -> str:
+    """Save a matplotlib figure as PNG through open_output (never `savefig(path)`, which follows links and
+    replaces files); returns the path written. The figure is closed either way."""
+    import matplotlib.pyplot as plt
+
+    try:
+        with open_output(target, overwrite=overwrite, field=field) as f:
+            fig.savefig(f, format="png")
+    finally:
+        plt.close(fig)
+    return str(target)
