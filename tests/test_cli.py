@@ -53,6 +53,20 @@ def test_doctor_summarises_this_machine(mleng_home):
     assert "Overall:" in out.stdout
 
 
+def test_doctor_checks_the_server_runs_the_smoke_test_and_says_what_it_skipped(mleng_home):
+    from tools.engine.processes import local_gpu_count
+    from tools.engine.registry import registry
+
+    out = run("-m", "tools", "doctor", "--json", env_home=mleng_home)
+    report = json.loads(out.stdout)
+    assert report["results"]["mcp_server"] == {"verdict": "ok", "finding": f"answers tools/list with {len(registry())} tools"}
+    assert report["results"]["dist_smoke_test"]["verdict"] == "ok", report["results"]["dist_smoke_test"]
+    hooked = {n for n, s in registry().items() if s.doctor}
+    assert set(report["ran"]) | set(report["skipped"]) == hooked | {"mcp server (stdio)"}
+    if local_gpu_count() == 0:
+        assert "matmul_bench" in report["skipped"]   # a CPU machine says so instead of "nothing to check"
+
+
 def test_readme_tool_table_lists_every_registered_tool():
     import re
 
