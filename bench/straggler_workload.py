@@ -21,9 +21,9 @@ import time
 def parse_args():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=200)
-    ap.add_argument("--dim", type=int, default=192, help="matrix size of the compute (CPU matmuls)")
+    ap.add_argument("--dim", type=int, default=384, help="matrix size of the compute (CPU matmuls)")
     ap.add_argument("--matmuls", type=int, default=8, help="matmuls per step")
-    ap.add_argument("--grad-floats", type=int, default=262144, help="floats all_reduced per step (1 MiB)")
+    ap.add_argument("--grad-floats", type=int, default=65536, help="floats all_reduced per step (256 KiB)")
     ap.add_argument("--slow-loader-rank", type=int, default=-1, help="this rank sleeps in its loader")
     ap.add_argument("--loader-sleep-s", type=float, default=0.2)
     ap.add_argument("--master", default="127.0.0.1", help="first node's address (srun; torchrun gives its own)")

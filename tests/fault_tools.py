@@ -112,7 +112,7 @@ PLOT_SWAPPER = ToolSpec(name="test_plot_swapper", summary="writes a PNG then swa
                         description="test only", Params=FaultParams, Result=PlotResult, run=_plot_then_swap,
                         runs="subprocess", read_only=False)
 
-ESCAPES = "n2\x1b[2K\r\x1b[32mOK: every node healthy\x1b]52;c;ZWNobyBwd25lZA==\x07\x1b[8mhidden\u202e"
+ESCAPES = "n2\x1b[2K\r\x1b[32mOK: every node healthy\x1b]52;c;ZWNobyBwd25lZA==\x07\x1b[8mhidden\u202e\nscontrol update"
 
 
 def _escapes(params, progress):

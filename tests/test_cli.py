@@ -53,6 +53,20 @@ def test_doctor_summarises_this_machine(mleng_home):
     assert "Overall:" in out.stdout
 
 
+def test_doctor_checks_the_server_runs_the_smoke_test_and_says_what_it_skipped(mleng_home):
+    from tools.engine.processes import local_gpu_count
+    from tools.engine.registry import registry
+
+    out = run("-m", "tools", "doctor", "--json", env_home=mleng_home)
+    report = json.loads(out.stdout)
+    assert report["results"]["mcp_server"] == {"verdict": "ok", "finding": f"answers tools/list with {len(registry())} tools"}
+    assert report["results"]["dist_smoke_test"]["verdict"] == "ok", report["results"]["dist_smoke_test"]
+    hooked = {n for n, s in registry().items() if s.doctor}
+    assert set(report["ran"]) | set(report["skipped"]) == hooked | {"mcp server (stdio)"}
+    if local_gpu_count() == 0:
+        assert "matmul_bench" in report["skipped"]   # a CPU machine says so instead of "nothing to check"
+
+
 def test_readme_tool_table_lists_every_registered_tool():
     import re
 
@@ -62,3 +76,22 @@ def test_readme_tool_table_lists_every_registered_tool():
     listed = set(re.findall(r"^\| `([a-z0-9_]+)`(?: / `([a-z0-9_]+)`)? \|", readme, re.M))
     names = {n for pair in listed for n in pair if n}
     assert names == set(registry()), f"README table vs registry: {names ^ set(registry())}"
+
+
+def test_readme_runs_column_agrees_with_the_registry():
+    """'in-process' in the README's runs column exactly for the tools that run in the server."""
+    import re
+
+    from tools.engine.registry import registry
+
+    with open(os.path.join(REPO, "README.md"), encoding="utf-8") as f:
+        rows = [line for line in f.read().splitlines() if line.startswith("| `")]
+    seen = {}
+    for line in rows:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        for name in re.findall(r"`(\w+)`", cells[0]):
+            if name in registry():
+                seen[name] = "in-process" in cells[-1]
+    wrong = sorted(n for n, inproc in seen.items() if inproc != (registry()[n].runs == "in_process"))
+    assert wrong == [], f"README says in-process/subprocess wrongly for {wrong}"
+

@@ -6,6 +6,7 @@ on the held-out split through the real server as the CI floor.
 """
 
 import json
+import os
 import re
 from collections import Counter
 from pathlib import Path
@@ -312,3 +313,16 @@ def test_human_report_shows_rates_per_tool_and_confusions(tmp_path, capsys):
     assert re.search(r"top1 +66\.7%  \(2/3, 95% CI", out)
     assert re.search(r"storage_bench\s+2\s+1\s+1\.00\s+0\.50", out)  # support 2, predicted 1, P 1.00, R 0.50
     assert "storage_bench -> gpu_health: 1  c" in out
+
+
+def test_the_readme_eval_command_works_from_any_directory(tmp_path):
+    """`mleng eval --cases evals/cases.jsonl` names the shipped file: found from another directory (and the wheel)."""
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parent.parent
+    out = subprocess.run([sys.executable, "-m", "tools.evals.run", "--cases", "evals/cases.jsonl", "--router", "bm25",
+                          "--split", "heldout", "--json"], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": str(repo), "MLENG_HOME": str(tmp_path / "home")})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads(out.stdout)["n"] == len(load_cases(CASES, "heldout"))

@@ -342,3 +342,14 @@ def test_hand_computed_total_for_a_small_architecture():
     assert parts["logits"] == 4_096_000
     assert parts["backward_working"] == 31_555_584
     assert sum(parts.values()) == pytest.approx(596_961_280 * 1.05 + 0.5 * GIB)
+
+
+def test_the_defaults_it_assumed_are_named_and_given_ones_are_not():
+    from tools.memory_estimate import MemoryParams, run
+
+    bare = run(MemoryParams(model="llama-3-8b", accelerator="h100"), lambda *a: None)
+    assert any("Assumed (not given): seq_len 4096, micro_batch 1, activation_checkpointing none" in f
+               for f in bare.findings), bare.findings
+    given = run(MemoryParams(model="llama-3-8b", accelerator="h100", seq_len=2048, micro_batch=2,
+                             activation_checkpointing="full"), lambda *a: None)
+    assert not any("Assumed" in f for f in given.findings), given.findings

@@ -1033,6 +1033,9 @@ async def test_f18_control_characters_never_reach_a_finding_an_error_or_the_stor
     assert not r.is_error and "\\x1b[2K" in answer and "OK: every node healthy" in answer
     assert not [ch for ch in ESC_BYTES if ch in answer or ch in _text(failed)]
     assert failed.is_error and "\\x1b]52" in _text(failed)
+    assert r.structured_content["findings"] == [f"node {fault_tools.ESCAPES} is slow".replace("\x1b", "\\x1b")
+                                                .replace("\r", "\\x0d").replace("\x07", "\\x07")
+                                                .replace("\u202e", "\\u202e").replace("\n", "\\n")]
     with sqlite3.connect(mleng_home / "results.sqlite3") as db:
         stored = db.execute("SELECT result FROM results").fetchone()[0]
     assert "\\u001b" not in stored and "\\\\x1b" in stored

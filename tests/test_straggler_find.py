@@ -147,6 +147,18 @@ def test_rule_names_a_cpu_throttled_rank_and_not_healthy_noise():
     assert "throttled in 90%" in v.stragglers[0].evidence[1]
 
 
+def test_rule_names_only_a_rank_slow_in_every_third_of_the_window():
+    def parts(*collective):
+        return {"part_fractions": [{"collective": c} for c in collective], "part_samples": [130] * len(collective)}
+
+    others = [_rank(i, 0.6, **parts(0.6, 0.6, 0.6)) for i in range(3)]
+    steady = _rank(3, 0.1, **parts(0.1, 0.1, 0.1))
+    blip = _rank(3, 0.1, **parts(0.6, 0.6, 0.1))           # its lead in one third only
+    assert [s.rank for s in judge(_reports(others + [steady]), Rules.load()).stragglers] == [3]
+    v = judge(_reports(others + [blip]), Rules.load())
+    assert v.stragglers == [] and "not in every third" in v.findings[0]
+
+
 def test_rule_says_inconclusive_when_healthy_ranks_scatter():
     ranks = [_rank(0, 0.1), _rank(1, 0.6), _rank(2, 0.35), _rank(3, 0.8), _rank(4, 0.2)]
     v = judge(_reports(ranks), Rules.load())

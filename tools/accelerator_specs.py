@@ -18,8 +18,7 @@ DTYPES = ("fp64", "fp32", "tf32", "bf16", "fp16", "fp8", "fp4")
 class AcceleratorSpecsParams(Params):
     names: list[str] = Field(
         default_factory=list, max_length=12,
-        description=("Accelerators to show, as people write them: 'h100', 'H100-SXM5-80GB', 'mi300x', 'b200'. "
-                     "Empty: the GPUs NVML sees on this machine."))
+        description=("Accelerators as people write them ('h100', 'H100-SXM5-80GB', 'mi300x'). Empty: this machine's GPUs."))
     list_all: bool = Field(False, description="List every accelerator in the table (id and name only).")
 
 
@@ -110,14 +109,11 @@ SPEC = ToolSpec(
     name="accelerator_specs",
     summary="Datasheet TFLOPS per dtype, memory, bandwidth and interconnect of accelerators; compare them.",
     description=(
-        "Look up the theoretical (datasheet) figures of GPUs and AI accelerators: dense TFLOPS per dtype "
-        "(fp64, fp32, tf32, bf16/fp16, fp8, fp4), memory size and bandwidth, interconnect (NVLink, Infinity Fabric) "
-        "and the published measured max achievable matmul TFLOPS; compare two or more side by side with ratios "
-        "(e.g. 'H100 vs H200 vs MI300X', 'how many TFLOPS does a B200 have'). Forgiving names ('h100', "
-        "'H100-SXM5-80GB'). Without names: this machine's GPUs. Instant, read-only, no GPU needed. Not a "
-        "measurement: use matmul_bench for what a card actually achieves, upgrade_roi for cost questions."
-        " Which peak to divide by: the dense bf16 figure (H100 989 TFLOPS), not the 'with sparsity' one"
-        " (1979)."),
+        "Datasheet figures of GPUs and accelerators: dense TFLOPS per dtype (fp64 to fp4), memory size and "
+        "bandwidth, interconnect (NVLink), published max achievable matmul TFLOPS; several side by side with "
+        "ratios ('H100 vs H200 vs MI300X', 'how many TFLOPS does a B200 have'). No names: this machine's "
+        "GPUs. Instant. Divide by the dense peak (H100 bf16 989), not the sparse one. Not a measurement "
+        "(matmul_bench) nor cost (upgrade_roi)."),
     Params=AcceleratorSpecsParams, Result=AcceleratorSpecsResult, run=run, store=False,
     doctor=lambda ctx: {} if ctx["gpu_count"] else None, doctor_order=20,
 )

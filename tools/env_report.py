@@ -248,16 +248,13 @@ SPEC = ToolSpec(
     name="env_report",
     summary="Python/torch/CUDA/cuDNN/NCCL/driver versions and NCCL_/TORCH_/CUDA_ env vars, with warnings.",
     description=(
-        "Report the software stack of this machine: Python, torch and the CUDA/ROCm, cuDNN and NCCL it was built "
-        "with, the NVIDIA driver and the newest CUDA it supports, key packages (deepspeed, accelerate, transformers, "
-        "flash-attn, megatron-core, vllm), and every NCCL_*, TORCH_*, CUDA_*, PYTORCH_* variable. Warns on mismatches "
-        "(torch built for a newer CUDA than the driver, two NCCL copies) and settings that hurt (CUDA_LAUNCH_BLOCKING=1, "
-        "NCCL_P2P_DISABLE=1, NCCL_DEBUG=INFO left on, deprecated variable names). Use first for 'CUDA not available', "
-        "'driver too old', version questions, or to compare nodes. ~3-5 s, read-only, no GPU needed. Not for GPU "
-        "hardware faults (gpu_health) or performance (benchmarks)."
-        " Also the size of /dev/shm (bus error, 'insufficient shared memory (shm)' in docker). Typical errors:"
-        " 'undefined symbol' from flash_attn or another extension, 'The detected CUDA version mismatches the"
-        " version that was used to compile PyTorch', 'FlashAttention is only supported on CUDA 11 and above'."),
+        "Software stack of this machine: Python, torch and its CUDA/ROCm, cuDNN, NCCL, the driver and the "
+        "newest CUDA it supports, key packages (deepspeed, transformers, flash-attn, vllm), every "
+        "NCCL_/TORCH_/CUDA_/PYTORCH_ variable, /dev/shm size. Warns on mismatches (torch built for a newer "
+        "CUDA than the driver, two NCCL copies) and settings that hurt (NCCL_P2P_DISABLE=1, NCCL_DEBUG=INFO "
+        "left on, deprecated names). Use for 'CUDA not available', 'driver too old', 'undefined symbol' from "
+        "flash_attn, 'The detected CUDA version mismatches', bus error or 'insufficient shared memory (shm)' "
+        "in docker, comparing nodes. ~3-5 s. Not for GPU faults (gpu_health)."),
     Params=EnvReportParams, Result=EnvReportResult, run=run,
     doctor=lambda ctx: {}, doctor_order=10,
 )

@@ -199,11 +199,11 @@ SPEC = ToolSpec(
     name="gpu_topology",
     summary="GPU<->GPU links (NVLink/PCIe/NUMA), GPU<->NIC<->CPU affinity, and rank binding advice.",
     description=(
-        "Use when inter-GPU or inter-node bandwidth is lower than expected, when setting up CPU/NIC binding for "
-        "a launcher, or to compare nodes: maps NVLink counts and PCIe paths between GPUs, each GPU's NUMA node "
-        "and CPUs, NICs (InfiniBand/RoCE/EFA/Ethernet) and their distance to each GPU, then says which CPUs and "
-        "NIC each local rank should use and what a mismatch costs. Reads NVML and sysfs only (seconds, no GPU "
-        "work, no torch); or pasted `nvidia-smi topo -m` output (text=). Does not measure bandwidth: follow with p2p_bandwidth or collective_bench."),
+        "GPU-GPU links (NVLink count or PCIe path), each GPU's NUMA node and CPUs, NICs (InfiniBand, RoCE, "
+        "EFA) and their distance to each GPU, and which CPUs and NIC each local rank should use; or pasted "
+        "`nvidia-smi topo -m` output (text=). Use when inter-GPU or inter-node bandwidth is low, to set CPU/NIC "
+        "binding, or to compare nodes. Seconds, NVML and sysfs only. Measures nothing: p2p_bandwidth or "
+        "collective_bench next."),
     Params=GpuTopologyParams, Result=GpuTopologyResult, run=run, runs="subprocess",
     read_only=True, destructive=False, idempotent=True, open_world=False, timeout_s=60,
 )

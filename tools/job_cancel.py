@@ -40,9 +40,10 @@ def run(params: JobCancelParams, progress) -> JobCancelResult:
 
 SPEC = ToolSpec(
     name="job_cancel", summary="Cancel a long run started by another tool; nothing is left running.",
-    description=("Stop a long-running diagnostic or benchmark that returned a job handle: kills its whole "
-                 "process tree (all ranks) and frees its GPUs. Use when a benchmark was started with the wrong "
-                 "arguments or takes too long. Not for SLURM jobs (scancel) or the user's own training processes."),
+    description=((
+        "Stop (kill) a long-running mleng diagnostic or benchmark that returned a job handle, e.g. started with "
+        "the wrong arguments or taking too long: kills its whole process tree and ranks, frees its GPUs. Not for "
+        "SLURM jobs (scancel) or the user's own training processes.")),
     Params=JobCancelParams, Result=JobCancelResult, run=run, store=False,
     read_only=False, destructive=True, idempotent=True,
 )

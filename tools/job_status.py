@@ -94,10 +94,10 @@ def run(params: JobStatusParams, progress) -> JobStatusResult:
 
 SPEC = ToolSpec(
     name="job_status", summary="Progress and result of a long run that returned a job handle.",
-    description=("Check on a long-running diagnostic or benchmark that returned a job handle "
-                 "(`job.job_id` in its result) instead of finishing within its wait budget: state, progress, "
-                 "and the full result once done. Without job_id, lists this session's jobs. Instant, read-only. "
-                 "Not for SLURM jobs (use slurm_job_diagnose) or past results (use results_history)."),
+    description=(
+        "Check on a long-running mleng diagnostic or benchmark that returned a job handle (job.job_id) instead of "
+        "finishing: is it done, its state, progress and the full result once done; without job_id this "
+        "session's jobs. Instant. Not for SLURM jobs (slurm_job_diagnose) or past results (results_history)."),
     Params=JobStatusParams, Result=JobStatusResult, run=run, store=False, idempotent=False,
 )
 

@@ -122,19 +122,15 @@ SPEC = ToolSpec(
     name="knowledge_search",
     summary="Search the knowledge tree (cheatsheets and insights); returns sections with resource URIs.",
     description=(
-        "Search mleng's knowledge tree for explanations and known-good figures: why/how questions ('why is busbw "
-        "higher than algbw', 'what does Xid 79 mean', 'how much memory does Adam need per parameter', 'which NCCL "
-        "variables matter'), what a measured number should be, how to fix a known problem. Returns the best "
-        "sections with knowledge:// URIs to read in full and short snippets. Instant, read-only. Use it to "
-        "interpret tool results or answer conceptual questions; use a measuring tool when the user needs a "
-        "figure from their own machines."
-        " Answers explanation questions without running anything: why, how does X work, what is, difference "
-        "between, best practice, should I, what should the number be. Covers hangs and NCCL debugging, NCCL "
-        "and TORCH_ environment variables, algbw vs busbw, NVLink/NVLS, InfiniBand, RoCE, EFA, GPUDirect "
-        "RDMA, Xid/ECC, MAMF, ZeRO/FSDP and parallelism, mixed precision (fp16/bf16/fp8), loss spikes and "
-        "NaNs, memory fragmentation (expandable_segments), /dev/shm, pinned memory, NUMA, checkpointing to "
-        "shared filesystems, SLURM and Kubernetes, fault tolerance, serving metrics (TTFT, TPOT), KV cache, "
-        "batching, tiny test models."),
+        "Answers explanation questions from mleng's knowledge tree without running anything: why, how does X "
+        "work, what is, difference between, best practice, should I, is it worth, what should the number be "
+        "('why is busbw higher than algbw', 'what does Xid 79 mean', 'how much memory does Adam need per "
+        "parameter', 'what is MAMF'). Returns sections with knowledge:// URIs. Covers NCCL and TORCH_ "
+        "variables, hangs and NCCL debugging, NVLink/NVLS, InfiniBand, RoCE, EFA, GPUDirect RDMA, Xid/ECC, "
+        "MAMF vs datasheet, ZeRO/FSDP and parallelism, mixed precision (fp16/bf16/fp8), loss spikes and NaNs, "
+        "memory fragmentation (expandable_segments), /dev/shm, pinned memory, NUMA, checkpointing to shared "
+        "filesystems, SLURM and Kubernetes, fault tolerance, serving metrics (TTFT, TPOT), KV cache, "
+        "batching, tiny test models. Instant. A figure from the user's own machines needs a measuring tool."),
     Params=KnowledgeSearchParams, Result=KnowledgeSearchResult, run=run, store=False,
 )
 

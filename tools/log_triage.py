@@ -48,20 +48,15 @@ SPEC = ToolSpec(
     name="log_triage",
     summary="Find known failure signatures in training / job logs and name the first failure, per rank.",
     description=(
-        "Use when a run crashed, died or failed and there is output to read (what killed my job, what is the real "
-        "cause in this traceback): a torchrun / srun / SLURM output file, per-rank log files, a directory of them, "
-        "or pasted text. Matches 70+ known signatures (NCCL watchdog timeouts "
-        "with op and SeqNum, NCCL error classes, CUDA OOM with a fragmentation call, illegal memory access, "
-        "device-side asserts, XID / ECC, NaN loss, fp16 overflow, OOM killer / exit 137, segfaults, torchrun "
-        "ChildFailedError, rendezvous failures, SLURM time limit / node failure, disk full, stale NFS handles, "
-        "dataloader deaths, version mismatches) and reports the chronologically first *cause* rather than the "
-        "cascade on the other ranks, with per-rank counts and evidence lines. Streams files of any size in "
-        "bounded memory (~30 MB/s per core; plain files over 96 MiB are split over up to 8 processes). Not for "
-        "NCCL_DEBUG=INFO setup logs (use nccl_log_analyze), for flight-recorder dumps (flight_recorder_analyze) "
-        "or for a job that hangs with nothing in its log (hang_stack_dump). Read-only; needs no GPU."
-        " Also reads pasted watchdog lines ('Watchdog caught collective operation timeout ... SeqNum', 'last"
-        " enqueued NCCL work', 'last completed NCCL work'), 'Bus error' and 'Killed' / oom-kill lines; after a"
-        " watchdog timeout its next step is flight_recorder_analyze on the dump directory."),
+        "Use when a run crashed, died or failed and there is output to read (a torchrun / srun / SLURM output "
+        "file, per-rank logs, a directory, or pasted text): matches 70+ signatures (NCCL watchdog timeouts: "
+        "'Watchdog caught collective operation timeout' with op and SeqNum, 'last enqueued / last completed "
+        "NCCL work', NCCL errors, CUDA OOM, illegal memory access, device-side assert, Xid / ECC, NaN loss, "
+        "OOM killer / exit 137 / Killed, Segmentation fault with no Python traceback, torchrun "
+        "ChildFailedError and its Root Cause rank, rendezvous failures, SLURM time limit, disk full, stale "
+        "NFS handle, Bus error, dataloader deaths, version mismatches) and names the chronologically first "
+        "cause, not the cascade, per rank with evidence. Files of any size. Not for NCCL_DEBUG=INFO logs "
+        "(nccl_log_analyze), dumps (flight_recorder_analyze) or a hang with a silent log (hang_stack_dump)."),
     Params=LogTriageParams, Result=LogTriageResult, run=run,
     runs="subprocess", read_only=True, destructive=False, idempotent=True, open_world=False,
     timeout_s=600, store=True,

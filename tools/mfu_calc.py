@@ -35,35 +35,30 @@ class MfuParams(ModelParams):
         MODEL_DESCRIBED, {"oneOf": [present(k) for k in THROUGHPUTS]},
         needs("step_time_s", "global_batch"), needs("global_batch", "step_time_s")]})
 
-    tokens_per_s: float | None = Field(None, gt=0, le=1e12, description="Measured training throughput in tokens/s "
-                                       "(steady state, after warm-up). One of tokens_per_s, step_time_s + "
-                                       "global_batch, samples_per_s or achieved_tflops_per_gpu.")
+    tokens_per_s: float | None = Field(None, gt=0, le=1e12, description=(
+        "Measured steady-state training tokens/s. One of tokens_per_s, step_time_s + global_batch, samples_per_s, "
+        "achieved_tflops_per_gpu."))
     tokens_per_s_scope: Literal["total", "per_gpu"] = Field(
-        "total", description="Whether tokens_per_s / samples_per_s is for the whole job (total) or one GPU (per_gpu).")
+        "total", description="tokens_per_s / samples_per_s are for the whole job (total) or one GPU (per_gpu).")
     step_time_s: float | None = Field(None, gt=0, le=1e6, description="Seconds per optimizer step (with global_batch).")
-    global_batch: int | None = Field(None, ge=1, le=1e9, description="Sequences per optimizer step for the whole job "
-                                     "(with step_time_s), each seq_len tokens.")
+    global_batch: int | None = Field(None, ge=1, le=1e9, description="Sequences per optimizer step, whole job (with step_time_s).")
     samples_per_s: float | None = Field(None, gt=0, le=1e12, description="Sequences (samples) per second, each "
                                         "seq_len tokens.")
-    achieved_tflops_per_gpu: float | None = Field(None, gt=0, le=1e6, description="Model TFLOPS per GPU a framework "
-                                                  "printed; MFU and tokens/s follow from it.")
+    achieved_tflops_per_gpu: float | None = Field(None, gt=0, le=1e6, description="Model TFLOPS per GPU a framework printed.")
     num_gpus: int = Field(1, ge=1, le=1_000_000, description="GPUs in the job.")
     seq_len: int = Field(4096, ge=1, le=10_000_000, description="Training sequence length (tokens).")
-    accelerator: str | None = Field(None, max_length=100, description="GPU model (h100, h200, a100, mi300x, "
-                                    "...); default: the first GPU of this machine.")
+    accelerator: str | None = Field(None, max_length=100, description="GPU model (h100, h200, a100, mi300x...); default: this machine's.")
     dtype: Literal["bf16", "fp16", "fp8", "tf32", "fp32"] = Field(
         "bf16", description="Matmul dtype the run uses; selects the datasheet peak.")
     activation_checkpointing: Recompute = Field(
-        "none", description="none | selective | full: recomputation adds hardware FLOPs (HFU) but not model FLOPs.")
+        "none", description="Recomputation: adds hardware FLOPs (HFU), not model FLOPs.")
     attention_flops: AttentionFlops = Field(
-        "causal", description="causal (default): half the score matrix, what a causal kernel computes and Megatron-"
-        "Bridge's / torchtitan's tables count; full: the whole seq x seq matrix (PaLM, Megatron-LM paper); none: the "
-        "bare 6N rule. MFU is reported both ways.")
+        "causal", description=(
+            "causal (default: half the score matrix, Megatron-Bridge/torchtitan), full (PaLM) or none (bare 6N); "
+            "MFU is reported both ways."))
     embedding_flops: Literal["exclude", "include"] = Field(
-        "exclude", description="Count the input embedding as 6 x vocab x hidden FLOPs per token (include, as 6N over "
-        "all parameters does) or not (exclude: it is a lookup; the output head is counted either way).")
-    peak_tflops: float | None = Field(None, gt=0, le=1e6, description="Override the dense peak TFLOPS per GPU "
-                                      "(e.g. a power-capped part).")
+        "exclude", description="Count the input embedding in 6N (include) or not (exclude: a lookup).")
+    peak_tflops: float | None = Field(None, gt=0, le=1e6, description="Override the dense peak TFLOPS per GPU (e.g. power-capped).")
 
     @model_validator(mode="after")
     def _one_throughput(self):
@@ -246,17 +241,12 @@ SPEC = ToolSpec(
     name="mfu_calc",
     summary="Achieved TFLOPS per GPU, MFU (causal and full attention), HFU and MAMF utilisation of a training run.",
     description=(
-        "Use when a user asks how efficient a training run is ('what is my MFU', 'is 3000 tokens/s per GPU good "
-        "for a 8B model on H100'). Needs one measured throughput (tokens/s total or per GPU, step time with global "
-        "batch, samples/s, or the TFLOPS a framework printed), the model (preset incl. MoE, params_b or architecture), "
-        "the sequence length, GPU count and GPU model. Reports FLOPs per token (6N + attention, causal by default, "
-        "both conventions shown; embedding counted or not), "
-        "achieved TFLOPS per GPU, MFU vs the dense datasheet peak, HFU with recomputation, and utilisation vs "
-        "the measured max achievable matmul TFLOPS (from matmul_bench results on this GPU model, else published), "
-        "and flags common traps (total vs per-GPU tokens, sparse datasheet peaks, fp8 vs bf16 peaks). Pure "
-        "arithmetic, instant, no GPU. Not a benchmark: run matmul_bench to measure the GPU itself."
-        " Also when an MFU figure looks wrong: above 100%, computed against the sparse peak, or from a"
-        " framework's TFLOPS-per-GPU log line."),
+        "Use for 'what is my MFU', 'is 3000 tokens/s per GPU good for an 8B model on H100': from one measured "
+        "throughput (tokens/s total or per GPU, step time with global batch, samples/s, or a framework's "
+        "TFLOPS), the model, sequence length, GPU count and model: FLOPs per token (causal and full "
+        "attention), achieved TFLOPS per GPU, MFU vs the dense peak, HFU, utilisation vs measured MAMF; flags "
+        "total vs per-GPU tokens, sparse peaks, an MFU above 100%. Instant arithmetic. Measuring the GPU "
+        "itself: matmul_bench."),
     Params=MfuParams, Result=MfuResult, run=run, runs="in_process", store=False,
 )
 

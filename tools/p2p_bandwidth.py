@@ -228,14 +228,12 @@ SPEC = ToolSpec(
     name="p2p_bandwidth",
     summary="GPU-pair copy bandwidth (one way and both ways) and latency within a node; flags slow pairs.",
     description=(
-        "Use when one GPU or one pair is suspected slow, after gpu_topology shows an odd link, or when "
-        "collective_bench is low inside a node and you need to know which pair is to blame: measures every "
-        "ordered GPU pair's copy bandwidth, bidirectional bandwidth and small-copy latency, plus the peer-access "
-        "matrix, and flags pairs below 70% of the median pair or of their link's line rate. One node only "
-        "(no network). Cost: seconds for 8 GPUs at the default 256 MiB. Needs >= 2 NVIDIA GPUs and torch with "
-        "CUDA; with one GPU it reports the local copy rate only."
-        " The check for consumer and PCIe cards (RTX 3090/4090/5090, RTX 6000 Ada): does peer access work"
-        " between each pair (simpleP2P 'Peer access: No'), NCCL hangs unless NCCL_P2P_DISABLE=1."),
+        "Copy bandwidth (one way and both ways) and latency of every GPU pair in one node, and the "
+        "peer-access matrix; flags slow pairs (below 70% of the median or of their link). Use when one GPU or "
+        "pair is suspected slow, to know which pairs are fastest (tensor-parallel groups), after gpu_topology "
+        "shows an odd link, when collective_bench is low inside a node, and on consumer or PCIe cards (RTX "
+        "3090/4090/5090, RTX 6000 Ada) where peer access fails ('Peer access: No') or NCCL hangs unless "
+        "NCCL_P2P_DISABLE=1. Seconds; >= 2 GPUs. No network."),
     Params=P2pBandwidthParams, Result=P2pBandwidthResult, run=run, runs="subprocess",
     read_only=True, destructive=False, idempotent=True, open_world=False, timeout_s=600,
     gpu_devices=lambda params: list(range(local_gpu_count())), metric="median_unidir_gbps", higher_is_better=True, sweep=SWEEP,

@@ -1,6 +1,6 @@
 """results_history — past results from the store; flags outlier nodes/GPUs and regressions.
 
-Every tool run is stored with its host, GPUs, driver and versions (tools/store.py). Runs are
+Every tool run is stored with its host, GPUs, driver and versions (tools/engine/store.py). Runs are
 comparable when they come from the same tool with the same parameters (ignoring ones like
 timeouts). Among comparable runs this tool flags, by the one verdict rule (tools/shared/judging.py:
 worse than the reference by more than max(margin, k x spread), margins in verdict_rules.toml):
@@ -187,14 +187,12 @@ SPEC = ToolSpec(
     name="results_history",
     summary="Past results by tool, host or GPU; flags outlier nodes/GPUs and regressions against their own past.",
     description=(
-        "Query the results store of past mleng runs (every benchmark and diagnostic is stored with host, GPU "
-        "serial/UUID, driver, torch/CUDA/NCCL versions): by tool, host, GPU and time window. Flags the node or GPU "
-        "whose latest figure is worse than the others' (fleet outlier) and figures that regressed against their own "
-        "past ('was this node faster last week?', 'which node is the slow one', 'did the driver update slow us "
-        "down'). Instant, read-only. Only knows runs made with mleng on this store."
-        " Trends over days and weeks of any tool's figure (busbw from collective_bench, TFLOPS from "
-        "matmul_bench, storage throughput, health verdicts): 'was it better last week', 'history of runs on "
-        "/lustre', before vs after a driver or NCCL upgrade."),
+        "Earlier mleng results (stored with host, GPU serial, driver, torch/CUDA/NCCL versions) by tool, "
+        "host, GPU and time window: history and trends of any tool's runs (busbw from collective_bench, "
+        "TFLOPS from matmul_bench, storage_bench throughput on /lustre, health verdicts), the outlier node or "
+        "GPU whose latest figure is worse than the others', figures that regressed against their own past. "
+        "Use for 'was all-reduce better last week', 'which node is the slow one', 'did the driver or NCCL "
+        "upgrade slow us down'. Instant. Knows only runs made with mleng."),
     Params=ResultsHistoryParams, Result=ResultsHistoryResult, run=run, store=False,
 )
 

@@ -288,6 +288,7 @@ SPEC = ToolSpec(
     runs="subprocess", read_only=True, destructive=False, idempotent=True, open_world=True,
     timeout_s=120, store=False,
     doctor=lambda ctx: {} if _slurm.client_configured() else None, doctor_order=60,  # only where SLURM is
+    spans_nodes=True,  # reaches the cluster itself: the engine's node= option does not apply
 )
 
 if __name__ == "__main__":

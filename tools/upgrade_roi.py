@@ -24,9 +24,7 @@ class RoiParams(Params):
         needs("candidate_tokens_per_s_per_gpu", "current_tokens_per_s_per_gpu"),
         not_both("speedup", "candidate_tokens_per_s_per_gpu")]})
 
-    current: str | None = Field("h100", max_length=100, description="Accelerator in use now (id, name or alias); "
-                                "null or 'none' for a first purchase (no current GPU: the candidate's own cost and "
-                                "time; then no current tokens/s, speedup or current price).")
+    current: str | None = Field("h100", max_length=100, description="Accelerator now (id, name or alias); null or 'none' for a first purchase.")
     candidate: str = Field("b200", max_length=100, description="Accelerator considered (id, name or alias).")
     current_price_per_gpu_hour: float | None = Field(None, gt=0, le=1e6, description="Price of one current "
                                                      "GPU for one hour (any currency, same for both).")
@@ -34,34 +32,25 @@ class RoiParams(Params):
                                                        "candidate GPU for one hour.")
     current_tokens_per_s_per_gpu: float | None = Field(None, gt=0, le=1e12, description="Measured throughput "
                                                        "per GPU on the current accelerator (tokens/s).")
-    candidate_tokens_per_s_per_gpu: float | None = Field(None, gt=0, le=1e12, description="Measured throughput "
-                                                         "per GPU on the candidate, same workload (tokens/s); needs "
-                                                         "current_tokens_per_s_per_gpu, and not with speedup.")
-    speedup: float | None = Field(None, gt=0, le=1000, description="Measured candidate/current throughput "
-                                  "per GPU, when tokens/s are not given for both (not with "
-                                  "candidate_tokens_per_s_per_gpu).")
+    candidate_tokens_per_s_per_gpu: float | None = Field(None, gt=0, le=1e12, description=(
+        "Measured tokens/s per GPU on the candidate, same workload (with current_tokens_per_s_per_gpu; not with "
+        "speedup)."))
+    speedup: float | None = Field(None, gt=0, le=1000, description="Measured candidate/current throughput per GPU (not with candidate_tokens_per_s_per_gpu).")
     workload: Literal["compute_bound", "memory_bound"] = Field(
-        "compute_bound", description="For a datasheet estimate: compute_bound (training, prefill: TFLOPS "
-        "ratio) or memory_bound (decode, small batches: memory bandwidth ratio).")
+        "compute_bound", description="For a datasheet estimate: compute_bound (training, prefill) or memory_bound (decode).")
     dtype: Dtype = Field("bf16", description="Matmul dtype on the current accelerator (datasheet estimate).")
-    candidate_dtype: Dtype | None = Field(None, description="Matmul dtype on the candidate (e.g. fp8 where the "
-                                          "current GPU has none); default: same as dtype.")
-    params_b: float | None = Field(None, gt=0, le=100000, description="Model size in billions, to estimate "
-                                   "current tokens/s (6N FLOPs per token at assumed_mfu) when not measured.")
+    candidate_dtype: Dtype | None = Field(None, description="Matmul dtype on the candidate (e.g. fp8); default dtype.")
+    params_b: float | None = Field(None, gt=0, le=100000, description="Model size, billions, to estimate tokens/s (6N at assumed_mfu) when not measured.")
     assumed_mfu: float = Field(0.4, gt=0, le=1, description="MFU assumed for that estimate (0..1).")
-    candidate_tokens_per_s_estimate: bool = Field(True, description="First purchase without a measured candidate "
-                                                  "tokens/s: estimate it from params_b at assumed_mfu.")
-    break_even_tolerance: float = Field(0.1, ge=0, le=1, description="Speedups within this fraction of the "
-                                        "break-even speedup are called too close to call (measurement noise, "
-                                        "software differences): 0.1 = +-10%.")
+    candidate_tokens_per_s_estimate: bool = Field(True, description="First purchase: estimate candidate tokens/s from params_b at assumed_mfu.")
+    break_even_tolerance: float = Field(0.1, ge=0, le=1, description="Speedups within this fraction of break-even are too close to call (0.1 = +-10%).")
     train_tokens: float | None = Field(None, gt=0, le=1e18, description="Tokens to train, for the time and "
                                        "cost to train.")
     num_gpus: int = Field(8, ge=1, le=1_000_000, description="GPUs used on the current accelerator.")
     candidate_num_gpus: int | None = Field(None, ge=1, le=1_000_000, description="GPUs on the candidate; "
                                            "default: same as num_gpus.")
     gpus_per_node: int = Field(8, ge=1, le=1024, description="GPUs per node, current.")
-    candidate_gpus_per_node: int | None = Field(None, ge=1, le=1024, description="GPUs per node, candidate "
-                                                "(e.g. 4 on GB200 trays); default: same as gpus_per_node.")
+    candidate_gpus_per_node: int | None = Field(None, ge=1, le=1024, description="Candidate GPUs per node (GB200 trays: 4); default gpus_per_node.")
 
     @model_validator(mode="after")
     def _check(self):
@@ -282,14 +271,12 @@ SPEC = ToolSpec(
     name="upgrade_roi",
     summary="Cost per token, time to train, break-even speedup and price for moving to another accelerator.",
     description=(
-        "Use for 'is the new GPU worth it', 'H100 vs B200 cost per token', 'what price makes H200 pay off', or a "
-        "first purchase (current=none). Compares a current and a candidate accelerator: throughput ratio from the "
-        "user's measured tokens/s or speedup, else the published MAMF ratio (compute-bound) or the datasheet memory "
-        "bandwidth ratio (memory-bound); with prices per GPU-hour it gives cost per million tokens, the speedup "
-        "needed to break even (too close to call within a stated tolerance, default +-10%) and the candidate price "
-        "at which it wins; with train_tokens and GPU counts, time and cost to train. Notes when "
-        "fp8/fp4 or memory size change the answer beyond throughput, and what to hold equal when measuring. "
-        "Pure arithmetic, instant, no GPU. Prices are the user's: this tool knows none."),
+        "Use for 'is the new GPU worth it', 'H100 vs B200 cost per token', 'what price makes H200 pay off', "
+        "renting or a first purchase with no GPUs yet (current=none): throughput ratio from the user's "
+        "tokens/s or speedup, else the published MAMF ratio (compute-bound) or memory bandwidth ratio "
+        "(memory-bound); with the user's prices per GPU-hour, cost per million tokens, the break-even speedup "
+        "(+-10% too close to call) and price; with train_tokens and GPU counts, time and cost to train "
+        "(pretraining). Instant arithmetic; prices are the user's."),
     Params=RoiParams, Result=RoiResult, run=run, runs="in_process", store=False,
 )
 

@@ -28,13 +28,14 @@ from pydantic import BeforeValidator, WithJsonSchema
 
 from .rank import OPS, size_sweep
 from ..shared.culprits import diagnose
+from ..shared.nccl_env import echo_nccl_env
 from ..shared.launch import RankLayout, launch_ranks, layout, manual_start, plan_command, visible_gpus
 from .isolation import IsolationReport
 from .models import BenchRow, OpSummary
 from .patterns import PatternFields, pattern_result
 from .report import draw_plot, format_table, gbps, human_size, judge, point_at
 from ..shared.expected_busbw import expected_busbw
-from ..engine.spec import Field, Result, ToolSpec, worst
+from ..engine.spec import SELF_TEST, Field, Result, ToolSpec, worst
 from ..engine.processes import local_gpu_count
 from ..shared.safe_write import check_output, output_path, unique_name
 
@@ -78,10 +79,12 @@ class CollectiveBenchParams(RankLayout, PatternFields):
         "refused if it is a symlink, FIFO or device, or exists (unless overwrite), or its directory is missing."))
     overwrite: bool = Field(False, description="Replace plot_path if it already exists (default: refuse).")
     plant_error_rank: int | None = Field(None, ge=0, description=(
-        "Self-test: this rank corrupts one output element after each checked call; #wrong must count it."))
+        "Self-test: this rank corrupts one output element after each checked call; #wrong must count it."),
+        json_schema_extra=SELF_TEST)
 
 
 class CollectiveBenchResult(Result):
+    nccl_env: dict[str, str] = Field(default_factory=dict, description="NCCL variables this run set (nccl_env).")
     world_size: int = Field(0, description="Ranks.")
     nnodes: int = Field(1, description="Nodes.")
     backend: str | None = Field(None, description="nccl or gloo.")
@@ -139,7 +142,7 @@ def run(params: CollectiveBenchParams, progress) -> CollectiveBenchResult:
     job = {"backend": params.backend, "timeout_s": params.pg_timeout_s, "dtype": params.dtype,
            "ops": params.ops, "min_bytes": params.min_bytes, "max_bytes": max_bytes, "factor": params.factor,
            "iters": params.iters, "warmup": params.warmup, "blocking": params.blocking,
-           "plant_error_rank": params.plant_error_rank}
+           "plant_error_rank": params.plant_error_rank, "nccl_env": params.nccl_env}
     if params.pattern != "all":
         return pattern_result(params, job, nproc, progress, CollectiveBenchResult)
     steps = len(params.ops) * len(size_sweep(params.min_bytes, max_bytes, params.factor))
@@ -269,20 +272,16 @@ SPEC = ToolSpec(
     summary="algbw and busbw of all_reduce / all_gather / reduce_scatter / all_to_all / broadcast over sizes, "
             "checked, against expected.",
     description=(
-        "Use when collectives or data-parallel steps seem slow, to check a new node or cluster, or to compare "
-        "nodes: measures time, algbw and busbw (nccl-tests conventions) per message size, counts wrong "
-        "elements, and compares peak busbw with the expected figure for the detected GPUs (NVLink generation, "
-        "NVLS or Ring) from knowledge data. Returns a table, JSON rows and a PNG plot. Start with "
-        "dist_smoke_test if ranks cannot even connect. One rank cannot measure busbw. Cost: seconds for the "
-        "default all_reduce 32K..1G on GPUs; a 32K..16G sweep of all five ops takes a few minutes. Needs "
-        "torch, NCCL on GPUs (gloo on CPU, slow), matplotlib for the plot."
-        " Also answers 'inter-node / InfiniBand bandwidth per GPU is lower than NDR or HDR should give', "
-        "all_to_all (alltoall) speed for MoE, and whether an NCCL upgrade changed throughput."
-        " Which node or link is bad among N: pattern='pairwise' (rounds of N/2 two-node runs at once, a node x "
-        "node busbw/latency matrix and heat map; a slow node is slow with every partner, a slow link with one) "
-        "or pattern='bisect' (halves of a failing or hanging set, each under group_deadline_s, ceil(log2 N)+1 "
-        "rounds for one bad node); in a SLURM allocation or with hosts/node_rank on every node."),
-    Params=CollectiveBenchParams, Result=CollectiveBenchResult, run=run, runs="subprocess",
+        "Use when all-reduce, collectives or data-parallel steps seem slow, to check new nodes, or for "
+        "inter-node / InfiniBand bandwidth per GPU lower than NDR or HDR should give: algbw and busbw per "
+        "message size (nccl-tests conventions) for all_reduce, all_gather, reduce_scatter, all_to_all (MoE), "
+        "broadcast, wrong elements counted, peak busbw vs the expected figure for the hardware; table, JSON "
+        "rows, PNG. Also whether an NCCL upgrade changed throughput. Which node or link is bad among N: "
+        "pattern='pairwise' (node x node matrix: a slow node is slow with every partner, a slow link with "
+        "one) or 'bisect' (one bad node in a set that fails or hangs). Seconds to minutes; NCCL on GPUs, gloo "
+        "on CPU. Ranks cannot connect: dist_smoke_test first."),
+    Params=CollectiveBenchParams, Result=CollectiveBenchResult, run=echo_nccl_env(run), runs="subprocess",
     read_only=False, destructive=False, idempotent=True, open_world=False, timeout_s=900,
     gpu_devices=_gpus, metric="busbw_gbps", higher_is_better=True,
+    spans_nodes=True,  # reaches the cluster itself: the engine's node= option does not apply
 )

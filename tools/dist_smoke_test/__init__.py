@@ -2,7 +2,7 @@
 
 Every rank: init the process group (short timeout), barrier, compare tensor sizes, all_reduce known
 values checked exactly, a small allocation on its device; reports host, device, versions and seconds
-per stage. Each rank writes its stage to a side channel (tools/_ranks.py) so a rank that never
+per stage. Each rank writes its stage to a side channel (tools/shared/ranks.py) so a rank that never
 joins, dies or stalls is named within the timeout plus a few seconds, and every rank process is
 killed afterwards. NCCL on GPUs, gloo on CPU-only machines.
 
@@ -20,9 +20,10 @@ from typing import Literal
 
 from ..shared import slurm as _slurm
 from ..shared.culprits import diagnose, rank_list
+from ..shared.nccl_env import echo_nccl_env
 from ..shared.launch import RankLayout, launch_ranks, layout, manual_start, plan_command
 from .rank import FAULTS
-from ..engine.spec import Field, Record, Result, ToolSpec
+from ..engine.spec import SELF_TEST, Field, Record, Result, ToolSpec
 from ..engine.processes import local_gpu_count
 
 STAGES = ["import_torch", "init", "barrier", "shape_check", "all_reduce", "verify", "alloc", "destroy", "done"]
@@ -36,8 +37,8 @@ class DistSmokeTestParams(RankLayout):
     alloc_mib: int = Field(64, ge=1, le=65536, description="MiB each rank allocates and fills on its device.")
     inject_fault: Literal[FAULTS] = Field("none", description=(
         "Self-test: make fault_rank misbehave to see the tool name it (exit_in_init, "
-        "sleep_before_all_reduce, wrong_size)."))
-    fault_rank: int = Field(1, ge=0, le=1 << 20, description="Rank that injects the fault.")
+        "sleep_before_all_reduce, wrong_size)."), json_schema_extra=SELF_TEST)
+    fault_rank: int = Field(1, ge=0, le=1 << 20, description="Rank that injects the fault.", json_schema_extra=SELF_TEST)
     nccl_diagnostics: bool = Field(False, description=(
         "Set NCCL_RUN_DIAGNOSTICS=1 on every rank: NCCL >= 2.31 then exercises the paths it will use (P2P between "
         "GPU pairs, network bandwidth across nodes) during init and prints 'NCCL DIAG' reports (a few seconds "
@@ -59,6 +60,7 @@ class RankReport(Record):
 
 
 class DistSmokeTestResult(Result):
+    nccl_env: dict[str, str] = Field(default_factory=dict, description="NCCL variables this run set (nccl_env).")
     world_size: int = Field(0, description="Ranks expected.")
     nnodes: int = Field(1, description="Nodes.")
     backend: str | None = Field(None, description="Process-group backend the ranks used.")
@@ -104,7 +106,8 @@ def run(params: DistSmokeTestParams, progress) -> DistSmokeTestResult:
                       "Or run inside salloc/sbatch, where the tool starts one torchrun per node through srun."],
             next=["launch_script", "knowledge://orchestration/launchers.md"])
     job = {"backend": params.backend, "timeout_s": params.pg_timeout_s, "numel": params.numel,
-           "alloc_mib": params.alloc_mib, "fault": params.inject_fault, "fault_rank": params.fault_rank}
+           "alloc_mib": params.alloc_mib, "fault": params.inject_fault, "fault_rank": params.fault_rank,
+           "nccl_env": params.nccl_env}
     command = plan_command("dist_smoke_test.rank", job, nproc, nnodes, params.rdzv_endpoint)
 
     def on_event(event):
@@ -236,18 +239,19 @@ SPEC = ToolSpec(
     name="dist_smoke_test",
     summary="Can every rank talk to every other? Names the rank, host and stage that fails or hangs.",
     description=(
-        "Use first when a multi-GPU or multi-node job hangs at start, dies in init_process_group, or one "
-        "node seems broken: starts ranks with torchrun (srun per node inside a SLURM allocation), each does "
-        "init, barrier, an exact all_reduce check and a small allocation, and reports host, device, versions "
-        "and seconds per stage. A rank that never joins, crashes or stalls is named with its host and stage "
-        "within pg_timeout_s plus a few seconds; every rank process is killed afterwards. Flags torch/CUDA/"
-        "NCCL/driver mismatches across ranks. Not a bandwidth test (use collective_bench). Cost: ~5-15 s when "
-        "healthy; up to pg_timeout_s + 10 s when a rank hangs. Needs torch; NCCL on GPUs, gloo on CPU."
-        " Symptoms: stuck in init_process_group or at the first barrier, RendezvousConnectionError, 'The"
-        " client socket has timed out while trying to connect', TCPStore connect hangs, gloo works but the"
-        " nccl backend never starts, multi-node training hangs at accelerator.prepare or before step 1, on"
-        " SLURM, Kubernetes, mpirun or ray."),
-    Params=DistSmokeTestParams, Result=DistSmokeTestResult, run=run, runs="subprocess",
+        "Use first when a multi-GPU or multi-node job hangs at start, dies in init_process_group or one node "
+        "seems broken: torchrun ranks (srun per node under SLURM) each do init, barrier, an exact all_reduce "
+        "check and an allocation; names the rank, host and stage that fails or hangs, and "
+        "torch/CUDA/NCCL/driver mismatches across ranks. Symptoms: stuck at the first barrier, "
+        "RendezvousConnectionError, 'The client socket has timed out while trying to connect', TCPStore "
+        "hangs, gloo works but nccl never starts, multi-node training hangs at accelerator.prepare or before "
+        "step 1, init_process_group hangs on all machines (SLURM, Kubernetes, mpirun, ray). ~5-15 s. Not a "
+        "bandwidth test (collective_bench)."),
+    Params=DistSmokeTestParams, Result=DistSmokeTestResult, run=echo_nccl_env(run), runs="subprocess",
     read_only=True, destructive=False, idempotent=True, open_world=False, timeout_s=900,
     gpu_devices=_gpus, metric=None,
+    # doctor: a one-node smoke test, on CPU too (2 gloo ranks, ~6 s): the launcher, torchrun and the
+    # rank side channel work here.
+    doctor=lambda ctx: {"pg_timeout_s": 30, "numel": 4096, "alloc_mib": 1, "nnodes": 1}, doctor_order=40,
+    spans_nodes=True,  # reaches the cluster itself: the engine's node= option does not apply
 )

@@ -1,4 +1,4 @@
-"""Child side of a subprocess tool: `python -m tools.child TOOL [MODULE]`, params as JSON on stdin.
+"""Child side of a subprocess tool: `python -m tools.engine.child TOOL [MODULE]`, params as JSON on stdin.
 
 MODULE (a dotted name or a .py path) is where the spec lives when it is not `tools.TOOL`: tests use
 it for fault-injection tools that must not be in the registry.
@@ -22,7 +22,7 @@ import sys
 
 def main() -> int:
     if len(sys.argv) not in (2, 3):
-        print("usage: python -m tools.child TOOL_NAME [MODULE] < params.json", file=sys.stderr)
+        print("usage: python -m tools.engine.child TOOL_NAME [MODULE] < params.json", file=sys.stderr)
         return 2
     wire = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # stray prints, C libraries and NCCL logs must not corrupt the wire
@@ -36,7 +36,8 @@ def main() -> int:
     from .bounds import bound_result
     from .registry import load_spec
     from .spec import ToolFailure
-    from .store import torch_provenance
+    from .on_node import NODE_ENV
+    from .store import host_provenance, torch_provenance
 
     spec = load_spec(*sys.argv[1:])
     params = spec.Params.model_validate_json(sys.stdin.read())
@@ -55,7 +56,10 @@ def main() -> int:
         data = attachments.read(getattr(result, field, None) or "")
         if data is not None:
             emit({"event": "image", "field": field, "png": base64.b64encode(data).decode()})
-    emit({"event": "result", "result": result.model_dump(mode="json"), "provenance": torch_provenance()})
+    provenance = torch_provenance()
+    if os.environ.get(NODE_ENV):   # started on a named node: the node's host, GPUs and driver, not the caller's
+        provenance = {**host_provenance(), **provenance}
+    emit({"event": "result", "result": result.model_dump(mode="json"), "provenance": provenance})
     return 0
 
 

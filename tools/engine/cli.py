@@ -23,7 +23,7 @@ from pydantic import ValidationError
 from .data import PACKAGE
 from .processes import interrupt_on_sigterm, local_gpu_count
 from .rendering import VERDICT_MARK, format_result, validation_problems
-from .spec import ToolFailure, ToolSpec, worst
+from .spec import ToolFailure, ToolSpec, takes_node, worst
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -59,6 +59,9 @@ def tool_parser(spec: ToolSpec, prog: str) -> argparse.ArgumentParser:
     parser.add_argument("--json", action="store_true", help="print the result as JSON (for machines)")
     parser.add_argument("--timeout-s", type=float, default=None,
                         help=f"stop the run after this many seconds [default: {spec.timeout_s:g}]")
+    if takes_node(spec):
+        parser.add_argument("--node", default=None, help="run on this SLURM node through srun (inside the "
+                            "allocation that holds it, else a one-node job of its own)")
     parser.add_argument("--wait-s", type=float, default=None,
                         help="print the job handle (what an MCP caller gets) if the run is still going after this "
                              "many seconds, then keep following it: a job cannot outlive this command")
@@ -89,7 +92,7 @@ def run_tool_cli(spec: ToolSpec, argv: list[str], prog: str) -> int:
     progress = ProgressBar() if (sys.stderr.isatty() and not args.json) else None
     interrupt_on_sigterm()  # `timeout 60 mleng run ...` must not leave ranks behind
     try:
-        job = MANAGER.start(spec, params, args.timeout_s)
+        job = MANAGER.start(spec, params, args.timeout_s, node=getattr(args, "node", None))
         if args.wait_s is not None:
             interim = wait(job, args.wait_s, progress)
             if interim.job is not None:
@@ -147,10 +150,12 @@ def doctor(as_json: bool) -> int:
     prov = host_provenance()
     context = {"gpu_count": local_gpu_count(), "gpu_names": prov["gpu_names"]}
     specs = sorted((s for s in registry().values() if s.doctor), key=lambda s: (s.doctor_order, s.name))
-    rows, results = [], {}
+    rows, results, skipped = [], {}, []
+    rows.append(_server_check(as_json, results))
     for spec in specs:
         overrides = spec.doctor(context)
         if overrides is None:
+            skipped.append(spec.name)
             continue
         if not as_json:
             print(f"… {spec.name}", file=sys.stderr)
@@ -164,7 +169,8 @@ def doctor(as_json: bool) -> int:
             results[spec.name] = {"verdict": "fail", "error": str(e)}
         rows.append((spec.name, verdict, time.monotonic() - started, first))
     if as_json:
-        print(json.dumps({"host": prov["host"], "gpus": prov["gpu_names"], "results": results}, indent=1))
+        print(json.dumps({"host": prov["host"], "gpus": prov["gpu_names"], "ran": [r[0] for r in rows],
+                          "skipped": skipped, "results": results}, indent=1))
     else:
         print(f"\nmleng doctor on {prov['host']}: {len(prov['gpu_names'])} NVIDIA GPU(s)"
               + (f" ({', '.join(sorted(set(prov['gpu_names'])))})" if prov["gpu_names"] else ""))
@@ -172,9 +178,42 @@ def doctor(as_json: bool) -> int:
             print(f"  {VERDICT_MARK[verdict]}  {name:<22} {seconds:5.1f}s  {first[:110]}")
         for name in BROKEN:
             print(f"  FAIL  {PACKAGE}/{name} does not import: run `python -m {PACKAGE}.{name} --help` to see why")
+        if skipped:
+            print(f"  Skipped here (no GPU, no SLURM client, or nothing of theirs to check): {', '.join(skipped)}")
         overall = worst(r[1] for r in rows)
         print(f"\nOverall: {overall.upper()}. Details: mleng run <tool> (add --json for machines).")
     return 3 if any(r[1] == "fail" for r in rows) else 0
+
+
+def _server_check(as_json: bool, results: dict) -> tuple[str, str, float, str]:
+    """Start the MCP server as a host would (a new process over stdio) and ask it for tools/list."""
+    import anyio
+    from mcp import Client, StdioServerParameters
+
+    from .processes import child_env
+    from .registry import registry
+
+    if not as_json:
+        print("… mcp server", file=sys.stderr)
+    started = time.monotonic()
+    params = StdioServerParameters(command=sys.executable, args=["-m", f"{PACKAGE}.engine.cli", "serve"],
+                                   env=child_env())
+
+    async def tools_list() -> list[str]:
+        with anyio.fail_after(60):
+            async with Client(params) as client:
+                return [t.name for t in (await client.list_tools()).tools]
+
+    try:
+        names = anyio.run(tools_list)
+        missing = sorted(set(registry()) - set(names))
+        verdict = "fail" if missing else "ok"
+        first = (f"answers tools/list with {len(names)} tools" if not missing
+                 else f"tools/list lacks {', '.join(missing)}")
+    except Exception as e:  # noqa: BLE001 - any way the server fails to start is the finding
+        verdict, first = "fail", f"the server did not answer tools/list: {type(e).__name__}: {str(e)[:200]}"
+    results["mcp_server"] = {"verdict": verdict, "finding": first}
+    return "mcp server (stdio)", verdict, time.monotonic() - started, first
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -44,11 +44,13 @@ ANONYMOUS = "anonymous"   # sessionless HTTP callers: each holds only the ids it
 
 
 class Job:
-    def __init__(self, spec: ToolSpec, params: Params, timeout_s: float | None, owner: str | None = None):
+    def __init__(self, spec: ToolSpec, params: Params, timeout_s: float | None, owner: str | None = None,
+                 node: str | None = None):
         self.id = uuid.uuid4().hex   # 128 random bits: with no session, holding the id is owning the job
         self.owner = owner
         self.spec = spec
         self.params = params
+        self.node = node
         self.timeout_s = timeout_s or spec.timeout_s
         self.started = time.time()
         self.deadline = time.monotonic() + self.timeout_s
@@ -85,7 +87,7 @@ class Job:
         CALLER.set(self.owner)
         try:
             result = execute(self.spec, self.params, self._progress, timeout_s=self.timeout_s,
-                             cancel=self.cancel_event, job_id=self.id)
+                             cancel=self.cancel_event, job_id=self.id, node=self.node)
             self._end("done", result=result)
         except Cancelled as e:
             self._end("cancelled", error=str(e))
@@ -141,8 +143,9 @@ class JobManager:
         self._lock = threading.Lock()
         self.max_runs = max_runs or int(os.environ.get("MLENG_MAX_RUNS", "4"))
 
-    def start(self, spec: ToolSpec, params: Params, timeout_s: float | None = None, owner: str | None = None) -> Job:
-        job = Job(spec, params, timeout_s, owner)
+    def start(self, spec: ToolSpec, params: Params, timeout_s: float | None = None, owner: str | None = None,
+              node: str | None = None) -> Job:
+        job = Job(spec, params, timeout_s, owner, node)
         with self._lock:
             if spec.runs == "subprocess":
                 running = [j for j in self._jobs.values() if j.spec.runs == "subprocess" and not j.finished.is_set()]

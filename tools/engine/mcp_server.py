@@ -35,16 +35,25 @@ from pydantic import Field, ValidationError
 from .data import PACKAGE_DIR
 from .jobs import ANONYMOUS, MANAGER, Busy, Cancelled, Job
 from .registry import registry
+from .schemas import compact
 from .rendering import format_result, validation_message
-from .spec import Params, ToolFailure, ToolSpec
+from .on_node import NODE_MAX_CHARS, NODE_PATTERN
+from .spec import Params, ToolFailure, ToolSpec, takes_node
 
 log = logging.getLogger("mleng")
 
 INSTRUCTIONS = """mleng runs real diagnostics and benchmarks on this machine's GPUs, network, storage and
 SLURM cluster, and reads the answers against known-good figures. Measure before guessing; start with
 cheap read-only probes (env_report, gpu_health, log_triage) before GPU-heavy benchmarks. Each result
-has a verdict, findings with units, and `next`: tools or knowledge:// pages to go to next. Long runs
-return a job handle: follow it with job_status. Read knowledge://index for the reference shelf."""
+has a verdict, findings with units, and `next`: tools or knowledge:// pages to go to next. Read
+knowledge://index for the reference shelf.
+Execution options, accepted by every tool that takes them in its schema:
+- wait_s (seconds, default 60): how long the call waits. A longer run answers with a job handle
+  (result.job.job_id) and goes on: follow it with job_status, stop it with job_cancel.
+- timeout_s (seconds): hard limit; past it every process of the run is killed and the call fails.
+- node (a SLURM node name): run the tool on that node through srun (inside the allocation that
+  holds it, else in a one-node job of its own) and return that node's result.
+Optional fields may be left out; null means the same."""
 
 TEXT_JSON_LIMIT = 12_000  # characters of JSON in the text copy; structuredContent always has everything
 
@@ -63,29 +72,32 @@ def version() -> str:
 class CallOptions(Params):
     """How long a subprocess tool's call waits and how long its run may take (not the tool's own inputs)."""
 
-    wait_s: float = Field(60.0, ge=0, le=3600, description=(
-        "Seconds to wait for the result. If the run takes longer, the call returns a job handle "
-        "(result.job.job_id) and the run continues: follow it with job_status."))
-    timeout_s: float | None = Field(None, ge=1, le=86400, description=(
-        "Hard limit in seconds: past it every process of the run is killed and the call fails."))
+    # Described once, in INSTRUCTIONS: 17 copies of the same two sentences cost every agent ~4 KB.
+    wait_s: float = Field(60.0, ge=0, le=3600, description="Seconds the call waits (server instructions).")
+    timeout_s: float | None = Field(None, ge=1, le=86400, description="Hard limit, seconds (server instructions).")
+    node: str | None = Field(None, max_length=NODE_MAX_CHARS, pattern=NODE_PATTERN,
+                             description="SLURM node to run on (server instructions).")
 
 
 @functools.cache
 def input_schema(spec: ToolSpec) -> dict:
-    """The tool's Params schema, plus wait_s / timeout_s on subprocess tools (built once per tool)."""
-    schema = spec.Params.model_json_schema()
+    """The tool's Params schema, compacted (schemas.py), plus wait_s / timeout_s on subprocess tools,
+    without descriptions: the server instructions say what they do (built once per tool)."""
+    schema = compact(spec.Params.model_json_schema())
     schema.setdefault("additionalProperties", False)
     if spec.runs == "subprocess":
-        options = CallOptions.model_json_schema()["properties"]
-        options["timeout_s"] = {"type": "number", "minimum": 1, "maximum": 86400, "default": spec.timeout_s,
-                                "description": options["timeout_s"]["description"]}
-        schema["properties"] = {**schema.get("properties", {}), **options}
+        schema["properties"] = {**schema.get("properties", {}),
+                                "wait_s": {"type": "number", "minimum": 0, "maximum": 3600, "default": 60.0},
+                                "timeout_s": {"type": "number", "minimum": 1, "maximum": 86400,
+                                              "default": spec.timeout_s}}
+        if takes_node(spec):
+            schema["properties"]["node"] = {"type": "string", "maxLength": NODE_MAX_CHARS, "pattern": NODE_PATTERN}
     return schema
 
 
 @functools.cache
 def output_schema(spec: ToolSpec) -> dict:
-    return spec.Result.model_json_schema(mode="serialization")
+    return compact(spec.Result.model_json_schema(mode="serialization"), inputs=False)
 
 
 def _annotations(spec: ToolSpec) -> ToolAnnotations:
@@ -96,7 +108,8 @@ def _annotations(spec: ToolSpec) -> ToolAnnotations:
 def _split_arguments(spec: ToolSpec, arguments: dict) -> tuple[Params, CallOptions]:
     """Validate a call's arguments (on a worker thread: a model validator may be slow on a bad input)."""
     arguments = dict(arguments or {})
-    allowed = set(spec.Params.model_fields) | (set(CallOptions.model_fields) if spec.runs == "subprocess" else set())
+    options = set(CallOptions.model_fields) - ({"node"} if not takes_node(spec) else set())
+    allowed = set(spec.Params.model_fields) | (options if spec.runs == "subprocess" else set())
     unknown = sorted(set(arguments) - allowed)
     if unknown:
         raise ToolError(f"unknown argument(s) for {spec.name}: {', '.join(unknown)[:300]}; "
@@ -170,7 +183,7 @@ async def call_tool(spec: ToolSpec, arguments: dict, ctx: Context | None = None)
     """One tool call, start to answer. Every failure becomes a ToolError with a message for the agent."""
     params, options = await anyio.to_thread.run_sync(_split_arguments, spec, arguments)
     try:
-        job = MANAGER.start(spec, params, options.timeout_s, owner=session_owner(ctx))
+        job = MANAGER.start(spec, params, options.timeout_s, owner=session_owner(ctx), node=options.node)
         wait_s = options.wait_s if spec.runs == "subprocess" else float("inf")
         result = await _follow(ctx, job, wait_s)
     except (Busy, Cancelled, ToolFailure) as e:
@@ -339,14 +352,10 @@ def build_server(specs: list[ToolSpec] | None = None) -> ToolServer:
 
     @server.prompt(name="diagnose", title="Diagnose a GPU-cluster problem")
     def diagnose(symptom: str) -> str:
-        """Turn a symptom into an ordered plan of mleng tool calls."""
-        tools = "\n".join(f"- {t.name}: {t.title}" for t in server._tools)
-        return (f"A user reports: {symptom}\n\nWork out the cause with measurements, not guesses. Plan first: "
-                "list the 2-4 tools below that bear on this symptom, cheapest and read-only first (version and "
-                "health checks, log triage) before GPU-heavy benchmarks or multi-rank runs, and say what each "
-                "result would rule in or out. Search the knowledge tree (knowledge_search) for what the numbers "
-                "should be. Then run the first tool, read its verdict, findings and `next`, and continue. "
-                f"Finish with the named culprit (rank, node, link, setting) and the fix.\n\nTools:\n{tools}")
+        """Turn a symptom into an ordered plan of mleng tool calls (the tools that match it, best first)."""
+        from .plan import plan_text
+
+        return plan_text(symptom[:4000], server._entries)
 
     return server
 

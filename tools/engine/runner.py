@@ -21,10 +21,11 @@ import time
 
 from . import store
 from .bounds import bound_result
+from .on_node import NodeUnavailable, node_command
 from .printable import printable_data
 from .processes import Supervised, python_module_command
 from .registry import module_of
-from .spec import Params, Progress, Result, ToolFailure, ToolSpec
+from .spec import Params, Progress, Result, ToolFailure, ToolSpec, takes_node
 
 
 class Cancelled(ToolFailure):
@@ -43,8 +44,10 @@ def deadline_message(spec: ToolSpec, timeout_s: float, killed: bool) -> str:
 
 def execute(spec: ToolSpec, params: Params, progress: Progress | None = None, *,
             timeout_s: float | None = None, cancel: threading.Event | None = None,
-            job_id: str | None = None, save: bool = True) -> Result:
+            job_id: str | None = None, node: str | None = None, save: bool = True) -> Result:
     """Run `spec` with validated `params`; returns its Result (with result_id) or raises ToolFailure.
+
+    `node`: run the child on that SLURM node through srun (on_node.py); subprocess tools only.
     save=False: the caller stores the result itself (a fleet sweep's node runs: the sweep stores them
     under the node srun ran them on)."""
     progress = progress or (lambda fraction, message: None)
@@ -52,17 +55,23 @@ def execute(spec: ToolSpec, params: Params, progress: Progress | None = None, *,
     timeout_s = timeout_s or spec.timeout_s
     started = time.time()
     provenance = store.host_provenance() if spec.store else {}
+    if node and not takes_node(spec):
+        raise ToolFailure(f"{spec.name} does not run on a named node (node=): "
+                          + ("it reaches other nodes itself" if spec.spans_nodes else "it runs in the server"))
     if spec.runs == "in_process":
         result = spec.run(params, _checked_progress(spec, progress, cancel, time.monotonic() + timeout_s, timeout_s))
     else:
-        devices = sorted(set(spec.gpu_devices(params))) if spec.gpu_devices else []
+        # GPU locks are this host's files: a run on another node does not take this host's GPUs.
+        devices = sorted(set(spec.gpu_devices(params))) if spec.gpu_devices and not node else []
         with gpu_locks(devices, cancel, progress):
-            data, child_prov, images = _run_child(spec, params, progress, timeout_s, cancel)
+            data, child_prov, images = _run_child(spec, params, progress, timeout_s, cancel, node)
         provenance.update(child_prov)
         try:
             result = spec.Result.model_validate(data)
         except ValueError as e:
             raise ToolFailure(f"{spec.name} returned a result that does not match its schema: {e}") from None
+        if node:
+            result.findings.append(f"Ran on node {node} (host {child_prov.get('host', node)}) through srun.")
     result = bound_result(spec, result)   # what is answered and what is stored have one size limit
     result = _printable(spec, result)     # no ESC, CR or bidi override reaches a terminal, answered or stored
     if spec.runs == "subprocess":
@@ -76,9 +85,13 @@ def execute(spec: ToolSpec, params: Params, progress: Progress | None = None, *,
 
 
 def _printable(spec: ToolSpec, result: Result) -> Result:
-    """`result` with control characters escaped in every string; the same object when there were none."""
+    """`result` with control characters escaped in every string; the same object when there were none.
+    A finding or a `next` entry is one line: a newline in it (a node name carrying one, then a forged
+    line) is escaped too, so nothing on screen looks like a finding the tool did not make."""
     data = result.model_dump(mode="json")
     clean = printable_data(data)
+    for key in ("findings", "next"):
+        clean[key] = [line.replace("\n", "\\n") for line in clean.get(key) or []]
     if clean == data:
         return result
     try:
@@ -120,12 +133,20 @@ def _decode_images(spec: ToolSpec, images) -> dict[str, bytes]:
 
 
 def _run_child(spec: ToolSpec, params: Params, progress: Progress, timeout_s: float,
-               cancel: threading.Event) -> tuple[dict, dict, dict]:
+               cancel: threading.Event, node: str | None = None) -> tuple[dict, dict, dict]:
     module = module_of(spec)
     cmd = python_module_command("engine.child", spec.name, *([module] if module else []))
+    env = None
+    if node:
+        try:
+            cmd, env = node_command(node, cmd, timeout_s, job_name=f"mleng-{spec.name}")
+        except NodeUnavailable as e:
+            raise ToolFailure(str(e)) from None
+        progress(0.0, f"starting on node {node} through srun")
     deadline = time.monotonic() + timeout_s
     outcome, images = None, {}
-    child = Supervised(cmd, parse_line=_parse_wire, stdin_bytes=params.model_dump_json().encode(), tail_lines=60)
+    child = Supervised(cmd, parse_line=_parse_wire, env=env, stdin_bytes=params.model_dump_json().encode(),
+                       tail_lines=60)
     try:
         while outcome is None:
             if cancel.is_set():
@@ -151,6 +172,9 @@ def _run_child(spec: ToolSpec, params: Params, progress: Progress, timeout_s: fl
         return event["result"], event.get("provenance") or {}, images
     if kind == "error":
         raise ToolFailure(event["message"])
+    if node:   # srun's own refusal (unknown node, down, not in the partition) is in its stderr
+        raise ToolFailure(f"{spec.name} on node {node} did not answer: srun {_describe_exit(returncode)}."
+                          f"{_tail_note(child)}")
     raise ToolFailure(f"{spec.name} crashed: {_describe_exit(returncode)}.{_tail_note(child)}")
 
 

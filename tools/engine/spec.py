@@ -17,8 +17,8 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
-__all__ = ["Field", "Params", "present", "needs", "not_both", "Record", "Result", "JobRef", "ToolSpec", "Progress", "ToolFailure", "Verdict",
-           "worst", "VERDICT_ORDER"]
+__all__ = ["Field", "Params", "SELF_TEST", "present", "needs", "not_both", "Record", "Result", "JobRef", "ToolSpec", "Progress", "ToolFailure", "Verdict",
+           "worst", "VERDICT_ORDER", "takes_node"]
 
 Verdict = Literal["ok", "warn", "fail", "info"]
 IN_PROCESS_MAX_S = 60.0
@@ -27,6 +27,11 @@ RunsIn = Literal["in_process", "subprocess"]
 
 # Verdicts from least to most severe: `worst` of several is the one furthest along.
 VERDICT_ORDER: tuple[str, ...] = ("info", "ok", "warn", "fail")
+
+
+def takes_node(spec: "ToolSpec") -> bool:
+    """Whether the `node` call option applies: a subprocess tool that stays on the node it runs on."""
+    return spec.runs == "subprocess" and not spec.spans_nodes
 
 
 def worst(verdicts: Iterable[str], default: str = "ok") -> str:
@@ -52,6 +57,11 @@ class Params(BaseModel):
     # str_max_length: every free string has a bound, stated in the schema as maxLength (a field's own
     # max_length wins): no argument can carry megabytes into a tool that never asked for them.
     model_config = ConfigDict(extra="forbid", validate_assignment=True, str_max_length=STR_MAX_CHARS)
+
+
+# A self-test switch (fault injection that proves a tool names a culprit): Field(..., json_schema_extra=SELF_TEST).
+# Accepted like any field, but left out of the published schema (engine/schemas.py): agents never need it.
+SELF_TEST: dict[str, Any] = {"x-self-test": True}
 
 
 # Cross-field rules as JSON Schema, for a Params model's `json_schema_extra`: the schema an agent reads
@@ -133,6 +143,10 @@ class ToolSpec:
     doctor_order: int = 50
     # The figures it contributes to a fleet sweep, read from its own Result (engine/figures.py).
     sweep: Any = None
+    # The tool reaches other nodes or the cluster itself (srun, torchrun across nodes, slurmctld): the
+    # `node` call option, which runs a one-node subprocess tool on a named SLURM node (engine/on_node.py),
+    # is not offered.
+    spans_nodes: bool = False
 
     def __post_init__(self):
         if not self.name.isidentifier() or self.name != self.name.lower():

@@ -79,6 +79,14 @@ def format_report(report: dict) -> str:
     return "\n".join(lines)
 
 
+def cases_path(given: str) -> Path:
+    """`given` when it is a file; else the shipped file of that name, so the README's
+    `mleng eval --cases evals/cases.jsonl` works from the wheel and from any directory."""
+    path = Path(given)
+    shipped = EVAL_CASES_DIR / path.name
+    return path if path.is_file() or not shipped.is_file() else shipped
+
+
 def with_descriptions(tools: list[ToolText], overrides: dict) -> list[ToolText]:
     """`tools` with the descriptions in `overrides` ({name: text}) swapped in."""
     unknown = sorted(set(overrides) - {t.name for t in tools})
@@ -95,7 +103,10 @@ def check_names(cases: list[dict], tools: list[ToolText]) -> list[str]:
 
 def main(argv: list[str] | None = None, tools: list[ToolText] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="mleng eval", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--cases", required=True, help="JSON-lines cases file (schema in evals/metrics.py)")
+    parser.add_argument("--cases", default="cases.jsonl",
+                        help="JSON-lines cases file (schema in tools/evals/metrics.py); a name the package ships "
+                             "(cases.jsonl, public_cases.jsonl, or evals/<name> as in a checkout) is found in it "
+                             "[default: the shipped cases.jsonl]")
     parser.add_argument("--router", choices=ROUTERS, default="bm25", help="baseline router (default bm25)")
     parser.add_argument("--split", default="all",
                         help="which cases of the file to score: tune, heldout or all (default all)")
@@ -106,6 +117,7 @@ def main(argv: list[str] | None = None, tools: list[ToolText] | None = None) -> 
     args = parser.parse_args(argv)
 
     started = time.monotonic()
+    args.cases = str(cases_path(args.cases))
     try:
         cases = load_cases(args.cases, args.split)
         tune = [c for path in TUNE_CASES for c in load_cases(path, "tune")]

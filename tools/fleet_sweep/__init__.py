@@ -134,15 +134,14 @@ SPEC = ToolSpec(
     summary="Checks on every node at once (one srun step): outlier nodes/GPUs vs the fleet median, drift, "
             "silent nodes, drain list.",
     description=(
-        "Use to find which node (or GPU) of a SLURM allocation, running job, partition or host list is bad before "
-        "or during a large run: runs env_report, gpu_health, nic_health, a CPU throughput probe and, on GPU nodes, "
-        "matmul_bench quick, memory_bandwidth_bench and p2p_bandwidth (storage_bench on a path) on every node at once, then "
-        "returns one row per node and GPU, medians per GPU model / node type, outliers by one stated rule (worse than "
-        "the median or expected figure by more than max(margin, k x run-to-run spread), re-run before draining), "
-        "busy GPUs/CPUs with their holders (never drained), version and inventory drift, nodes that did not answer "
-        "by the deadline, and the scontrol commands to drain the bad ones (never run). Cost: about the slowest "
-        "node's checks (1-2 min on 8-GPU nodes), not their sum; it occupies the nodes while it runs. "
-        "Not for one node (use the single tools) or for network links between nodes (collective_bench)."),
+        "Use to find which node or GPU of many is bad (SLURM allocation, running job, partition or host "
+        "list), before or during a large run: env_report, gpu_health, nic_health, a CPU probe and on GPU nodes "
+        "matmul_bench, memory_bandwidth_bench and p2p_bandwidth on every node at once; one row per node and "
+        "GPU, outliers vs the median per GPU model or the expected figure by one stated rule (re-run before "
+        "drain), busy GPUs/CPUs with their holders (never drained), version and inventory drift, silent nodes, "
+        "scontrol drain commands (never run). About the slowest node's time (1-2 min). Not for one node (the "
+        "single tools) or links between nodes (collective_bench pattern='pairwise')."),
     Params=FleetSweepParams, Result=FleetSweepResult, run=run, runs="subprocess",
     read_only=False, destructive=True, idempotent=False, open_world=True, timeout_s=3700,
+    spans_nodes=True,  # reaches the cluster itself: the engine's node= option does not apply
 )

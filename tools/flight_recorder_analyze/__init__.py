@@ -42,18 +42,15 @@ NEXT_ON_STUCK = ["nccl_log_analyze", "collective_bench", "gpu_health", "knowledg
 
 class FlightRecorderParams(Params):
     path: str = Field("", max_length=4096, description=(
-        "A directory of per-rank dumps (walked recursively) or one dump file. Empty: only the files named "
-        "by $TORCH_FR_DUMP_TEMP_FILE / $TORCH_NCCL_DEBUG_INFO_TEMP_FILE, else torch's default "
-        "/tmp/nccl_trace_rank_<rank>, in that one directory (it is not walked)."))
+        "A directory of per-rank dumps (walked) or one file. Empty: $TORCH_FR_DUMP_TEMP_FILE's files, else "
+        "torch's default /tmp/nccl_trace_rank_<rank>."))
     prefix: str = Field("", max_length=256, description=(
-        "Only read files whose name starts with this (e.g. 'nccl_trace_rank_'); the rank is the number "
-        "at the end of the name. Empty: every file that ends in a number (optionally .json/.pkl)."))
+        "Only files whose name starts with this (e.g. 'nccl_trace_rank_'); default: names ending in a rank "
+        "number."))
     max_groups: int = Field(20, ge=1, le=1000, description="Report at most this many process groups.")
     detail: bool = Field(False, description="Also return each rank's last collectives per group.")
     torch_analyser: bool = Field(False, description=(
-        "Also run PyTorch's own analyser (torch.distributed.flight_recorder.fr_trace) on the same dumps, "
-        "with the gloo pg_config it cannot read rebuilt; its lines come back in torch_analyser_output. "
-        "Needs torch; 2-10 s."))
+        "Also run PyTorch's fr_trace on the same dumps (needs torch; 2-10 s)."))
 
 
 class GroupReport(Record):
@@ -297,14 +294,11 @@ SPEC = ToolSpec(
     name="flight_recorder_analyze",
     summary="PyTorch flight-recorder dumps → the first mismatched or missing collective per process group, culprit ranks.",
     description=(
-        "Reads the per-rank flight-recorder dumps PyTorch writes when a NCCL collective times out "
-        "(TORCH_NCCL_DUMP_ON_TIMEOUT=1 with TORCH_FR_BUFFER_SIZE or the older TORCH_NCCL_TRACE_BUFFER_SIZE; pickle "
-        "or JSON, any torch version) and, "
-        "per process group, finds the first collective where ranks disagree: ranks that never issued the "
-        "collective the others wait in (e.g. 'ranks 0-6 wait in all_reduce #812 from train.py:212; rank 7 last "
-        "issued #811'), a different op / size / dtype, ranks still inside an earlier collective, ranks that left "
-        "no dump. Use after a 'Watchdog caught collective operation timeout' or a desync; when the job is still "
-        "hanging and no dumps exist, use hang_stack_dump instead. Seconds, read-only, no GPU or torch needed; "
-        "needs the dump files gathered into one directory."),
+        "Reads PyTorch flight-recorder dumps written at an NCCL watchdog timeout (pickle or JSON, any torch) "
+        "and names, per process group, the first collective where ranks disagree: ranks that never issued it "
+        "('ranks 0-6 wait in all_reduce #812; rank 7 last issued #811'), a different op, size or dtype, ranks "
+        "with no dump. Use after 'Watchdog caught collective operation timeout' or a desync: call it with no "
+        "path first (torch's default dump location), else path= the dump directory. Seconds, no GPU. Still "
+        "hanging with no dumps: hang_stack_dump."),
     Params=FlightRecorderParams, Result=FlightRecorderResult, run=run, runs="subprocess",
 )

@@ -38,17 +38,15 @@ __all__ = ["SPEC", "GpuHealthParams", "GpuReading", "GpuHealthResult", "XidSeen"
 class GpuHealthParams(Params):
     read_kernel_log: bool = Field(True, description="Look for NVIDIA Xid / NVSwitch SXid events in the kernel log.")
     sample_s: float = Field(2.0, ge=0, le=60, description=(
-        "Sampling window, seconds: NVLink error counters and clock-event times are compared between its start "
-        "and end, PCIe links read several times in it. 0: one reading, totals only."))
+        "Window, seconds, over which NVLink counters and clock events are compared and PCIe read (0: one "
+        "reading)."))
     load: bool = Field(True, description=(
-        "Keep a small matmul load on each GPU during the window (needs torch), so that idle power saving is not "
-        "taken for a downtrained PCIe link. Off: PCIe generation is not judged."))
+        "Keep a small matmul load on each GPU in the window, so idle power saving is not taken for a "
+        "downtrained PCIe link."))
     dcgm_level: int = Field(0, ge=0, le=4, description=(
-        "Also run `dcgmi diag -r N -j` where DCGM is installed: 1 seconds, 2 about 2 minutes, 3 about 15 minutes, "
-        "4 longer (up to hours). 3 and 4 occupy every GPU fully: only on a node with no jobs. 0: not run."))
+        "Also run dcgmi diag -r N: 1 seconds, 2 ~2 min, 3 ~15 min, 4 hours; 3-4 occupy every GPU. 0: not run."))
     dcgm_file: str | None = Field(None, max_length=4096, description=(
-        "Read a saved `dcgmi diag -j` output from this file instead of running DCGM (a regular file of at most "
-        "16 MiB; FIFOs and devices are refused)."))
+        "Read a saved dcgmi diag -j output (a regular file, <= 16 MiB) instead of running DCGM."))
 
 
 class GpuReading(Record):
@@ -272,19 +270,15 @@ SPEC = ToolSpec(
     name="gpu_health",
     summary="Per-GPU health and what to do about it: ECC, row remapping, Xids, NVLink/PCIe links, clocks, modes, DCGM.",
     description=(
-        "Check whether each GPU of this node is healthy and say what to do (an action per problem: none, monitor, "
-        "reset_gpu, reboot_node, drain_node, replace). Reads NVML and sysfs: uncorrectable ECC, remapped rows "
-        "(pending / failed), Xid and NVSwitch SXid events from the kernel log (actions from NVIDIA's Xid catalog), "
-        "NVLink CRC/replay/recovery counters per link and their change over a short window, PCIe width and "
-        "generation per hop of the PCI tree under a small load (a Gen5 GPU behind a Gen4 port is not downtrained; "
-        "flapping is caught), PCIe replays, clock-event reasons with durations (hardware power brake, hardware "
-        "slowdown, thermal), persistence / ECC / MIG modes, NVSwitch fabric state, who holds GPU memory (yours, "
-        "another user's, a zombie), and optionally DCGM diagnostics (dcgm_level 1-4; 3 and 4 take the GPUs for "
-        "15 minutes to hours) or a saved `dcgmi diag -j` output. Use for 'is this GPU healthy', Xid messages, a "
-        "node slower than its peers, ECC errors, before blaming software or returning a node. ~5-15 s without "
-        "DCGM (most of it starting the small load on every GPU), read-only apart from that load; NVIDIA GPUs. Not a performance test (matmul_bench, p2p_bandwidth)."
-        " Typical messages: 'uncorrectable ECC error encountered', 'GPU has fallen off the bus', 'Unable to"
-        " determine the device handle', nvidia-smi no longer lists a GPU, a GPU lost during training."),
+        "Is each GPU of this node healthy, and what to do (none, monitor, reset_gpu, reboot_node, drain_node, "
+        "replace): uncorrectable ECC, remapped rows, Xid / SXid events from the kernel log (NVIDIA's Xid "
+        "catalog), NVLink CRC and replay counters, PCIe width and generation per hop under load (a Gen5 GPU "
+        "behind a Gen4 switch is not downtrained), PCIe replays and AER errors, clock-event reasons (power "
+        "brake, thermal), modes, NVSwitch fabric state, who holds GPU memory (yours, another user's, a "
+        "zombie), DCGM diagnostics (dcgm_level) or a saved dcgmi diag -j file. Use for 'is this GPU ok', Xid "
+        "messages, 'GPU has fallen off the bus', 'Unable to determine the device handle', 'uncorrectable ECC "
+        "error encountered', a GPU lost in training, a node slower than its peers. ~5-15 s. Not a performance "
+        "test (matmul_bench)."),
     Params=GpuHealthParams, Result=GpuHealthResult, run=run, runs="subprocess", timeout_s=1800,
     gpu_devices=_gpus_used, doctor=lambda ctx: {}, doctor_order=15,
 )

@@ -42,21 +42,19 @@ class HangStackDumpParams(Params):
     pids: list[Annotated[int, Field(ge=1)]] = Field(default_factory=list, max_length=MAX_PROCESSES,
                                                     description="Process ids to dump.")
     launcher_pid: int | None = Field(None, ge=1, description=(
-        "A launcher's pid (torchrun, deepspeed, a python parent): dump its descendants. For an srun pid, "
-        "the local tasks of its job are dumped (srun's tasks are children of slurmstepd, not srun)."))
+        "A launcher's pid (torchrun, deepspeed, python parent): dump its descendants; an srun pid: its job's "
+        "local tasks."))
     pattern: str = Field("", max_length=200, description="Regex on the command line, e.g. 'train.py'.")
     gpu_processes: bool = Field(False, description="Dump every process holding GPU memory (NVML).")
     slurm_job_id: str = Field("", max_length=32, pattern=r"^[0-9_]*$", description=(
-        "A SLURM job: dump its processes on this node; with all_nodes, on every node of the job."))
+        "A SLURM job: its processes on this node (every node with all_nodes)."))
     all_nodes: bool = Field(False, description=(
-        "With slurm_job_id: run `srun --overlap --jobid` to dump every node and merge the reports. "
-        "Without it the command is only returned."))
+        "With slurm_job_id: srun --overlap to every node, reports merged."))
     native: bool = Field(False, description="Add C/C++ frames (py-spy --native; ~1 s per torch process).")
     save_path: str = Field("", max_length=4096, description=(
-        "Write every full dump (all threads) to this file; '{host}' in it becomes the host name. With "
-        "all_nodes each node writes its own file (a '.{host}' suffix is added when '{host}' is missing). "
-        "Relative to the caller's working directory; refused if it is a symlink, FIFO or device, or "
-        "exists (unless overwrite), or its directory is missing."))
+        (
+            "Write every full dump here ('{host}' becomes the host name); relative to the caller's directory, no "
+            "overwrite unless overwrite, no symlink/FIFO/device.")))
     overwrite: bool = Field(False, description="Replace save_path if it already exists (default: refuse).")
     max_frames: int = Field(12, ge=1, le=200, description="Frames kept per stack in the report.")
     max_groups: int = Field(8, ge=1, le=200, description="Stack groups reported (largest and odd ones first).")
@@ -299,15 +297,14 @@ SPEC = ToolSpec(
     name="hang_stack_dump",
     summary="py-spy stacks of a hung job's ranks, grouped by identical stack; names the ranks that are elsewhere.",
     description=(
-        "For a job that is stuck right now ('training hangs at step 300', 'GPU util 0%, no progress'): reads "
-        "every rank's Python stack with py-spy (no restart, the job keeps running), groups identical stacks and "
-        "names the odd ranks, e.g. 'ranks 0-6 wait in all_reduce called from train.py:212; rank 7 is in "
-        "data.py:88'. Targets: pids, a launcher pid (torchrun) and its workers, a command-line regex, every "
-        "process holding GPU memory, or a SLURM job (every node with all_nodes, via srun --overlap). Needs "
-        "py-spy and ptrace permission (same user or root; explains how to fix it otherwise). Seconds per "
-        "node. After the job died use flight_recorder_analyze or log_triage instead."
-        " The process is still alive but frozen: deadlock, stuck dataloader, eval loop or torch.save that "
-        "never returns, one rank lagging while the others wait."),
+        "For a job that is stuck right now while its processes are still alive ('training hangs at step 300', "
+        "'GPU util 0%, no progress', frozen, deadlock, an eval loop, dataloader or torch.save that never "
+        "returns, one rank lagging while the others wait, 'where is it stuck'): reads every rank's Python "
+        "stack with py-spy without stopping the job, groups identical stacks and names the odd ranks ('ranks "
+        "0-6 wait in all_reduce at train.py:212; rank 7 is in data.py:88'). Targets: pids, a torchrun or "
+        "deepspeed launcher pid, a command regex, GPU processes, or a SLURM job (all_nodes). Needs ptrace "
+        "permission (says how). Seconds per node. The job already died: log_triage or "
+        "flight_recorder_analyze."),
     Params=HangStackDumpParams, Result=HangStackDumpResult, run=run, runs="subprocess",
     read_only=False, destructive=False, idempotent=True, open_world=False, timeout_s=300, store=False,
 )

@@ -45,50 +45,44 @@ CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 class LaunchScriptParams(Params):
     command: str | None = Field(None, max_length=2000, pattern=SAFE_TEXT, description=(
-        "The training program and its arguments, as given to torchrun: 'train.py --cfg a.yaml' or "
-        "'-m mypkg.train --lr 3e-4'; split like a shell line (quote arguments with spaces). Exactly one of "
-        "command / tool."))
+        "Training program and arguments as given to torchrun ('train.py --cfg a.yaml', '-m pkg.train'), split "
+        "like a shell line. Exactly one of command / tool."))
     tool: Literal[MLENG_DIST_TOOLS] | None = Field(None, description=(
-        "An mleng distributed tool to run across the nodes instead of a training command."))
+        "An mleng distributed tool to run instead of a training command."))
     tool_args: list[str] = Field(default_factory=list, max_length=40, description=(
-        "Extra command-line arguments for the tool, e.g. ['--pg-timeout-s', '30']."))
+        "Extra CLI arguments for the tool, e.g. ['--pg-timeout-s', '30']."))
     nnodes: int = Field(2, ge=1, le=4096, description="Nodes.")
     gpus_per_node: int = Field(8, ge=0, le=64, description="GPUs per node to request (0: CPU only, gloo).")
     nproc_per_node: int | None = Field(None, ge=1, le=256, description=(
         "Ranks per node (default: gpus_per_node, or 1 without GPUs)."))
     mode: Literal["sbatch", "srun", "torchrun"] = Field("sbatch", description=(
-        "sbatch: a batch script; srun: one line for inside salloc; torchrun: per-node commands, no SLURM."))
+        "sbatch script, srun line for inside salloc, or per-node torchrun commands (no SLURM)."))
     job_name: str = Field("mleng", pattern=r"^[A-Za-z0-9_.\-]{1,64}$", description="SLURM job name.")
     partition: str | None = Field(None, pattern=r"^[A-Za-z0-9_.\-,]{1,200}$", description="Partition (-p).")
     account: str | None = Field(None, pattern=r"^[A-Za-z0-9_.\-]{1,100}$", description="Account (-A).")
     time_limit: str = Field("00:30:00", pattern=r"^(\d+-)?\d+(:\d+){0,2}$", description=(
         "Time limit in SLURM form: 'MM', 'HH:MM:SS' or 'D-HH:MM:SS'."))
     gpu_option: Literal["gpus-per-node", "gres"] = Field("gpus-per-node", description=(
-        "How to ask for GPUs: --gpus-per-node=G (select/cons_tres, SLURM 19.05+) or --gres=gpu:G (older "
-        "clusters, select/cons_res)."))
+        "--gpus-per-node=G (cons_tres) or --gres=gpu:G (older clusters)."))
     cpus_per_task: int | None = Field(None, ge=1, le=1024, description=(
-        "CPUs for each node's torchrun task (default: all of the node's, with exclusive). srun gets it either way."))
-    exclusive: bool = Field(True, description="Whole nodes (#SBATCH --exclusive): no other job's ranks share the "
-                            "GPUs, CPUs or the rendezvous port.")
+        "CPUs per node's torchrun task (default: all, with exclusive)."))
+    exclusive: bool = Field(True, description="Whole nodes (#SBATCH --exclusive).")
     extra_sbatch: list[str] = Field(default_factory=list, max_length=20, description=(
-        "More #SBATCH options, each starting with '-', e.g. ['--qos=high', '--constraint=h100']. On the command "
-        "line: --extra-sbatch=--qos=high, repeated."))
+        "More #SBATCH options, each starting with '-', e.g. ['--qos=high']."))
     env: dict[str, str] = Field(default_factory=dict, max_length=100, description=(
         "Variables to export on every node, e.g. {'NCCL_DEBUG': 'WARN'}."))
     pass_nccl_env: bool = Field(True, description=(
-        "Also export the NCCL_*, TORCH_NCCL_*, TORCH_DISTRIBUTED_*, FI_*, UCX_* variables set here now."))
+        "Export the NCCL_*, TORCH_NCCL_*, TORCH_DISTRIBUTED_*, FI_*, UCX_* variables set now."))
     rdzv_port: int | None = Field(None, ge=1024, le=65535, description=(
-        "Rendezvous port on the first node (default: 20000 + job id % 20000 under SLURM, 29500 for torchrun mode)."))
+        "Rendezvous port (default: 20000 + job id % 20000 under SLURM, 29500 for torchrun)."))
     rdzv_host: str | None = Field(None, pattern=r"^[A-Za-z0-9_.\-:]{1,255}$", description=(
-        "torchrun mode: the first node's address (sbatch/srun find it themselves)."))
+        "torchrun mode: the first node's address."))
     python: str | None = Field(None, max_length=500, pattern=SAFE_TEXT, description=(
-        "Python interpreter on the nodes (default for a command: python3 from the job's PATH, i.e. the environment "
-        "you submit from; for an mleng tool: mleng's interpreter)."))
+        "Python on the nodes (default: python3 from the job's PATH; mleng's interpreter for a tool)."))
     workdir: str | None = Field(None, max_length=1000, pattern=SAFE_TEXT, description=(
-        "Directory the job runs in and logs go under (default: the current one)."))
+        "Directory the job runs and logs in (default: the current one)."))
     log_dir: str = Field("logs", pattern=PATH_TEXT, description=(
-        "Log directory, relative to workdir (letters, digits and _ . / % + @ , : = -): per-node files "
-        "%x-%j-node<N>.out, per-rank files under <job id>/."))
+        "Log directory under workdir (letters, digits and _ . / % + @ , : = -)."))
     submit: bool = Field(False, description="Write the script and submit it with sbatch (sbatch mode only).")
     script_path: str | None = Field(None, max_length=1000, pattern=SAFE_TEXT, description=(
         "Where to write the script (default with submit: <workdir>/<job_name>.sbatch). Refused if it is a "
@@ -218,16 +212,15 @@ SPEC = ToolSpec(
     name="launch_script",
     summary="Write an sbatch script / srun line / per-node torchrun commands for a training or mleng tool over N nodes.",
     description=(
-        "Generate a correct multi-node launcher: an sbatch script (default), an srun line for inside salloc, or "
-        "per-node torchrun commands without SLURM, for a training command or an mleng distributed tool "
-        "(dist_smoke_test, collective_bench, hang_stack_dump) over N nodes x G GPUs. One torchrun per node, c10d "
-        "rendezvous on the first node at a port from the job id, $SLURM_PROCID expanded per task, --kill-on-bad-exit, "
-        "--cpus-per-task passed to srun, whole nodes (--exclusive) by default, the nodes' own python3, NCCL variables "
-        "exported, per-node and per-rank log files; every value quoted for the shell, control characters refused. "
-        "Use for 'how do I launch on 4 nodes', 'write me an sbatch "
-        "script', 'torchrun multi-node command'. Instant and read-only by default (a dry run); submit=true "
-        "writes the script and runs sbatch, returning the job id. Not for diagnosing a job (slurm_job_diagnose)."),
+        "Writes a multi-node launcher for a training command or an mleng tool (dist_smoke_test, "
+        "collective_bench) over N nodes x G GPUs: an sbatch script (default), an srun line for inside salloc, "
+        "or per-node torchrun commands without SLURM; one torchrun per node, c10d rendezvous, "
+        "--kill-on-bad-exit, partition and NCCL variables, per-rank logs, every value quoted. Use for 'how do "
+        "I launch on 4 nodes', 'write me an sbatch script', 'torchrun multi-node command', 'submit the smoke "
+        "test to 8 nodes'. A dry run unless submit=true (runs sbatch, returns the job id). Not for diagnosing "
+        "a job (slurm_job_diagnose)."),
     Params=LaunchScriptParams, Result=LaunchScriptResult, run=run,
     runs="subprocess", read_only=False, destructive=True, idempotent=False, open_world=True,
     timeout_s=90, store=False,
+    spans_nodes=True,  # reaches the cluster itself: the engine's node= option does not apply
 )

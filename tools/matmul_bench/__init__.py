@@ -7,8 +7,8 @@ small, medium and large shapes alike, and measures the finalists of every class 
 (mean of 100 iterations after 50 warm-up), each from full clock (after a light load: the MAMF) and
 again once it has run a while at its own load (the sustained figure). On power-capped cards (H100/H200
 at 700 W) the two differ by 4-7%, and a shape measured the published way without a defined start
-measures mostly the clock its predecessor left. See tools/_matmul_search.py for the search and
-tools/_matmul_measure.py for how a shape is timed.
+measures mostly the clock its predecessor left. See tools/matmul_bench/search.py for the search and
+tools/matmul_bench/measure.py for how a shape is timed.
 
 By hand:
     python -m tools.matmul_bench                                  # GPU 0, bf16, quick (~30 s)
@@ -64,28 +64,25 @@ class MatmulBenchParams(Params):
     model_config = ConfigDict(json_schema_extra=_shape_rules())
 
     dtype: Literal["bf16", "fp16", "tf32", "fp32", "fp8"] = Field(
-        "bf16", description="Input dtype. fp8 = float8_e4m3fn (NVIDIA, MI350) or e4m3fnuz (MI300) via torch._scaled_mm; "
-                            "tf32 = fp32 tensors with TF32 tensor cores; fp32 = TF32 off.")
+        "bf16", description="Input dtype (fp8: e4m3 via torch._scaled_mm; tf32: fp32 on TF32 tensor cores; fp32: TF32 off).")
     mode: Literal["quick", "thorough", "shapes", "grid"] = Field(
-        "quick", description="quick: the search (about half a minute); thorough: wider search (about 5 min); shapes: "
-                             "exactly the M/N/K given (each of M, N, K needs values or a range); grid: every M x N x K combination "
-                             "(default 2048..14336 step 2048), at most 100000 shapes. quick/thorough take no m/n/k.")
+        "quick", description=(
+            "quick (~30 s search), thorough (~5 min), shapes (exactly m/n/k given), grid (every M x N x K, "
+            "default 2048..14336 step 2048, <= 100000 shapes)."))
     m: list[Dim] = Field(default_factory=list, max_length=512, description="Explicit M values (rows of A and C), for mode shapes/grid.")
     n: list[Dim] = Field(default_factory=list, max_length=512, description="Explicit N values (columns of B and C), for mode shapes/grid.")
     k: list[Dim] = Field(default_factory=list, max_length=512, description="Explicit K values (the reduction dimension), for mode shapes/grid.")
     m_range: list[RangeValue] = Field(default_factory=list, max_length=3, json_schema_extra=RANGE_SHAPE, description=(
-        "M as START STOP STEP (STOP included, 0 skipped), like the classic finder's --m_range: empty or exactly "
-        f"three integers, 0 <= START <= STOP <= {MAX_DIM}, STEP >= 1; only with mode shapes/grid, and at most "
-        f"{MAX_SHAPES} M x N x K shapes in all."))
+        "shapes/grid: M as [START, STOP, STEP] (STOP included), 0..65536."))
     n_range: list[RangeValue] = Field(default_factory=list, max_length=3, json_schema_extra=RANGE_SHAPE, description=(
-        "N as START STOP STEP (STOP included, 0 skipped); same shape and limits as m_range."))
+        "N as [START, STOP, STEP]; as m_range."))
     k_range: list[RangeValue] = Field(default_factory=list, max_length=3, json_schema_extra=RANGE_SHAPE, description=(
-        "K as START STOP STEP (STOP included, 0 skipped); same shape and limits as m_range."))
+        "K as [START, STOP, STEP]; as m_range."))
     device: int | Literal["cpu"] = Field(
-        0, description="GPU index as torch numbers them (after CUDA_VISIBLE_DEVICES), or 'cpu' to exercise the search on tiny shapes.")
-    all_gpus: bool = Field(False, description="Measure every local GPU in turn (the search on the first, its finalists on the rest) and flag any more than 5% below the node median.")
+        0, description="GPU index (after CUDA_VISIBLE_DEVICES), or 'cpu' to exercise the search on tiny shapes.")
+    all_gpus: bool = Field(False, description="Every local GPU in turn; flags any >5% below the node median.")
     time_budget_s: float | None = Field(
-        None, ge=5, le=7200, description="Target wall time. Default: quick 30 s, thorough 300 s; shapes/grid: no limit (stops early when set).")
+        None, ge=5, le=7200, description="Target wall time (default quick 30 s, thorough 300 s).")
     iterations: int = Field(100, ge=1, le=10000, description="Timed iterations per final shape; MAMF is the best mean over these.")
     warmup: int = Field(50, ge=0, le=10000, description="Untimed iterations before each final shape's timed ones.")
 
@@ -402,14 +399,12 @@ SPEC = ToolSpec(
     name="matmul_bench",
     summary="Maximum achievable matmul TFLOPS (MAMF) of a GPU, its best shape, and efficiency vs datasheet and published MAMF.",
     description=(
-        "Measure what a GPU really achieves on matmul (the ceiling for training/inference FLOPS): the best per-shape "
-        "mean TFLOPS (MAMF) for bf16/fp16/tf32/fp32/fp8, the shape that reaches it, efficiency vs the datasheet peak "
-        "and vs the published MAMF for that card, with clocks, power, temperature and throttle reasons sampled "
-        "during the run. Use for 'is my GPU as fast as it should be', 'what MFU ceiling should I expect', a slow or "
-        "throttling card, or comparing GPUs of a node (all_gpus flags any >5% below the median). Needs one NVIDIA "
-        "(CUDA) or AMD (ROCm) GPU, locked for the run; quick ~1 min, thorough ~5 min, all_gpus adds ~15 s per GPU. "
-        "Not for datasheet look-ups (accelerator_specs), memory bandwidth (memory_bandwidth_bench) or multi-GPU "
-        "communication (collective_bench)."),
+        "Measures what a GPU really achieves on matmul: maximum achievable TFLOPS (MAMF) for "
+        "bf16/fp16/tf32/fp32/fp8, the shape that reaches it, efficiency vs the datasheet and the published "
+        "MAMF, clocks, power and throttle reasons during the run; all_gpus flags a card >5% below its peers. "
+        "Use for 'is my GPU as fast as it should be', the MFU ceiling, a slow or throttling card. One GPU "
+        "locked; quick ~1 min, thorough ~5. Not for datasheet figures (accelerator_specs), memory bandwidth "
+        "(memory_bandwidth_bench) or communication (collective_bench)."),
     Params=MatmulBenchParams, Result=MatmulBenchResult, run=run, runs="subprocess", timeout_s=900,
     gpu_devices=_gpu_devices, metric="mamf_tflops", higher_is_better=True,
     doctor=lambda ctx: {"time_budget_s": 30, "iterations": 50, "warmup": 10} if ctx["gpu_count"] else None,

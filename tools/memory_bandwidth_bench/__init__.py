@@ -4,7 +4,7 @@ Device: copy (counted as bytes read + bytes written), read-only (a sum) and writ
 buffers far larger than L2 (1 GiB by default). Host link: host->device and device->host copies from
 pinned and from pageable memory, judged against the PCIe link NVML reports (generation x width),
 with the likely causes when they fall short (downtrained link, wrong NUMA node, pageable memory).
-See tools/_membw_measure.py for how each figure is timed and how its bytes are counted.
+See tools/memory_bandwidth_bench/measure.py for how each figure is timed and how its bytes are counted.
 
 By hand:
     python -m tools.memory_bandwidth_bench                      # GPU 0
@@ -48,8 +48,8 @@ class MemoryBandwidthParams(Params):
         {"required": ["tests"],
          "properties": {"tests": {"items": {"enum": ["copy", "read", "write"]}}, "size_mib": {"maximum": 1024}}}]})
 
-    device: int | Literal["cpu"] = Field(0, description="GPU index as torch numbers them, or 'cpu' (host-memory copy only, for tests: then give tests from copy/read/write and size_mib <= 1024).")
-    size_mib: int = Field(1024, ge=1, le=65536, description="Device buffer size, MiB (2**20 bytes); keep it far above the L2 cache (tens of MiB).")
+    device: int | Literal["cpu"] = Field(0, description="GPU index, or 'cpu' (host copies, for tests: tests from copy/read/write, size_mib <= 1024).")
+    size_mib: int = Field(1024, ge=1, le=65536, description="Device buffer, MiB; far above the L2 cache.")
     host_size_mib: int = Field(256, ge=1, le=16384, description="Host<->device transfer size, MiB.")
     tests: list[Literal["copy", "read", "write", "h2d", "d2h"]] = Field(
         default_factory=lambda: list(TESTS), min_length=1, description="Which measurements to run.")
@@ -220,11 +220,11 @@ SPEC = ToolSpec(
     name="memory_bandwidth_bench",
     summary="Device memory bandwidth (copy/read/write) and host<->device copy bandwidth, pinned and pageable, vs spec.",
     description=(
-        "Measure a GPU's memory bandwidth (HBM/GDDR: copy, read-only, write-only over 1 GiB buffers, TB/s) against "
-        "its datasheet, and host->device / device->host copy bandwidth from pinned and pageable memory against the "
-        "PCIe link NVML reports (generation x width). Use for 'is HBM as fast as it should be', slow data loading or "
-        "CPU offload, a suspected downtrained PCIe link or wrong NUMA binding. One GPU, locked for the run, ~10 s. "
-        "Not for GPU-to-GPU links (p2p_bandwidth, collective_bench) or matmul speed (matmul_bench)."),
+        "Measures a GPU's memory bandwidth and speed (HBM/GDDR copy, read, write over 1 GiB buffers, TB/s, "
+        "like STREAM) against its datasheet, and host<->device copies from pinned and pageable memory against "
+        "the PCIe link. Use for 'is HBM as fast as it should be', slow data loading or CPU offload, a "
+        "downtrained PCIe link, wrong NUMA binding. One GPU, ~10 s. Not for GPU-to-GPU links (p2p_bandwidth) "
+        "or matmul speed (matmul_bench)."),
     Params=MemoryBandwidthParams, Result=MemoryBandwidthResult, run=run, runs="subprocess", timeout_s=300,
     gpu_devices=lambda p: [] if p.device == "cpu" else [p.device], metric="copy_tbps", higher_is_better=True, sweep=SWEEP,
     doctor=lambda ctx: {} if ctx["gpu_count"] else None, doctor_order=65,

@@ -39,83 +39,63 @@ class MemoryParams(ModelParams):
         {"anyOf": [{"not": present("offload", const="optimizer_and_params")}, present("sharding", enum=SHARDED)]},
         {"anyOf": [{"not": present("gpu_memory_utilization")}, present("mode", const="inference")]}]})
 
-    mode: Literal["train", "inference"] = Field("train", description="train (model states + activations) "
-                                                "or inference (weights + KV cache).")
+    mode: Literal["train", "inference"] = Field("train", description="train (model states + activations) or inference (weights + KV cache).")
     precision: Literal["fp32", "bf16_mixed", "fp16_mixed", "fp8", "amp_bf16", "amp_fp8"] = Field(
-        "bf16_mixed", description="Training: fp32; bf16/fp16_mixed (Megatron/DeepSpeed: 16-bit weights + fp32 "
-        "master); fp8 (Transformer Engine: bf16 weights + fp8 copy); amp_bf16 (fp32 weights, bf16 compute: "
-        "torch.autocast, FSDP2 MixedPrecisionPolicy, torchtitan); amp_fp8 (amp_bf16 + torchao float8 linears, "
-        "fp8 all-gather under FSDP). Inference: weight dtype (fp8/amp_fp8 = 1 byte).")
+        "bf16_mixed", description=(
+            "fp32; bf16/fp16_mixed (16-bit weights + fp32 master: Megatron, DeepSpeed); fp8 (Transformer Engine); "
+            "amp_bf16 (fp32 weights, bf16 compute: autocast, FSDP2, torchtitan); amp_fp8 (+ torchao float8). "
+            "Inference: the weight dtype."))
     optimizer: Literal["adamw", "adam", "adam_8bit", "sgd_momentum", "adafactor"] = Field(
-        "adamw", description="Optimizer; states per parameter: Adam/AdamW 8 B, 8-bit Adam 2 B, "
-        "SGD with momentum 4 B, Adafactor ~0 (factored).")
-    fp32_grads: bool = Field(True, description="16-bit precisions: fp32 gradients (Megatron-LM main_grad: 18 "
-                             "B/param with Adam; DeepSpeed ZeRO-1/2 also keep the 16-bit ones: 2P + 18P/N) rather "
-                             "than 16-bit only (the ZeRO paper's K=12 accounting, 16 B/param).")
+        "adamw", description="States per parameter: Adam/AdamW 8 B, adam_8bit 2 B, sgd_momentum 4 B, adafactor ~0.")
+    fp32_grads: bool = Field(True, description=(
+        "16-bit precisions: fp32 gradients (Megatron main_grad, 18 B/param with Adam) rather than 16-bit (ZeRO "
+        "paper, 16 B/param)."))
     sharding: Literal["none", "zero1", "zero2", "zero3", "fsdp_full_shard", "fsdp_hybrid_shard"] = Field(
-        "none", description="ZeRO stage / FSDP strategy; shards over dp x cp ranks (hybrid: within "
-        "shard_group_size ranks; experts over dp x cp / ep).")
+        "none", description="ZeRO stage / FSDP strategy, over dp x cp ranks (hybrid: within shard_group_size).")
     shard_group_size: int = Field(8, ge=1, le=100000, description="fsdp_hybrid_shard: GPUs per shard "
                                   "group (usually GPUs per node).")
     reshard_after_forward: Literal["auto", "after_forward", "never"] = Field(
-        "auto", description="ZeRO-3/FSDP: free gathered layers after forward (after_forward) or keep the whole "
-        "model unsharded to backward (never); auto: never with pp > 1 (torchtitan, FSDP2 under pipelining).")
+        "auto", description="ZeRO-3/FSDP: free gathered layers after forward, or never; auto: never with pp > 1.")
     tp: int = Field(1, ge=1, le=1024, description="Tensor-parallel size (must divide heads).")
     pp: int = Field(1, ge=1, le=1024, description="Pipeline-parallel stages.")
     pp_microbatches: int | None = Field(None, ge=1, le=100000, description="Micro batches per step with pp > 1 "
                                         "(default: pp, torchtitan's default).")
     pipeline_schedule: Literal["1f1b", "gpipe", "interleaved_1f1b"] = Field(
-        "1f1b", description="1f1b: the first stage holds min(pp, micro batches) in flight; gpipe: all of them; "
-        "interleaved_1f1b (virtual stages): not modelled, said so.")
+        "1f1b", description="1f1b: first stage holds min(pp, micro batches) in flight; gpipe: all; interleaved: not modelled.")
     dp: int = Field(1, ge=1, le=1_000_000, description="Data-parallel replicas (FSDP/ZeRO shard over dp x cp).")
     cp: int = Field(1, ge=1, le=1024, description="Context-parallel size (sequence split across GPUs).")
-    ep: int = Field(1, ge=1, le=100000, description="MoE expert-parallel size: experts split over ep GPUs of the "
-                    "dp x cp group (must divide experts and dp x cp).")
-    seq_len: int = Field(4096, ge=1, le=10_000_000, description="Training: sequence length. Inference: "
-                         "context length per sequence held in the KV cache (max_model_len for paged KV).")
-    micro_batch: int = Field(1, ge=1, le=1_000_000, description="Training: sequences per micro batch per "
-                             "GPU. Inference: concurrent sequences (KV cache batch).")
+    ep: int = Field(1, ge=1, le=100000, description="MoE expert-parallel size (divides experts and dp x cp).")
+    seq_len: int = Field(4096, ge=1, le=10_000_000, description="Training: sequence length. Inference: context per sequence (max_model_len). Default 4096.")
+    micro_batch: int = Field(1, ge=1, le=1_000_000, description="Training: sequences per micro batch per GPU. Inference: concurrent sequences. Default 1.")
     activation_checkpointing: Literal["none", "selective", "op_selective", "full"] = Field(
-        "none", description="none; selective (Megatron: recompute attention scores; nothing more under flash "
-        "attention); op_selective (torchtitan per-op SAC: keep every other matmul output and attention's); "
-        "full (keep layer inputs only).")
-    flash_attention: bool | None = Field(None, description="Fused attention that never stores the seq x seq "
-                                         "score matrix. Default: on, except with precision=fp32 (on NVIDIA GPUs "
-                                         "the flash kernels take fp16/bf16 only, and fp32 attention stores the "
-                                         "scores: measured on an H200). CPU runs have an fp32 flash kernel: set true.")
+        "none", description=(
+            "none; selective (Megatron: attention scores only); op_selective (torchtitan per-op SAC); full (layer "
+            "inputs only)."))
+    flash_attention: bool | None = Field(None, description="Fused attention (no seq x seq scores). Default: on, off with fp32 (GPU flash kernels are 16-bit).")
     kernels: Literal["fused", "eager"] = Field(
-        "eager", description="eager: plain PyTorch / Hugging Face modules and DTensor tensor parallelism (eager "
-        "RMSNorm keeps fp32 copies, SwiGLU keeps silu output, TP keeps gathered linear inputs); fused: Megatron / "
-        "Transformer Engine kernels and fused cross-entropy (Korthikanti's formula).")
+        "eager", description=(
+            "eager: PyTorch / Hugging Face modules and DTensor TP (more saved tensors); fused: Megatron / "
+            "Transformer Engine."))
     compile: Literal["none", "blocks", "full"] = Field(
-        "none", description="torch.compile: blocks (each transformer block, the loss stays eager: torchtitan "
-        "2024) or full (the loss too: its 16-bit logits and gradient only).")
-    loss_parallel: bool = Field(True, description="With tp > 1 and eager kernels: DTensor vocab-parallel "
-                                "cross-entropy (torchtitan's default), which holds three fp32 logit tensors.")
-    sequence_parallel: bool = Field(True, description="With tp > 1, also split norm/dropout activations "
-                                    "(Megatron sequence parallelism).")
+        "none", description="torch.compile: blocks (loss eager, torchtitan) or full.")
+    loss_parallel: bool = Field(True, description="tp > 1, eager: DTensor vocab-parallel loss (three fp32 logit tensors).")
+    sequence_parallel: bool = Field(True, description="tp > 1: also split norm/dropout activations.")
     dropout: bool = Field(False, description="Dropout on (stores 1-byte masks); most LLM pretraining runs "
                           "without it.")
     finetune: Literal["full", "lora", "qlora"] = Field(
-        "full", description="full training, LoRA (frozen 16-bit base, adapters on every linear layer) or QLoRA "
-        "(4-bit NF4 base with double quantisation, arXiv 2305.14314).")
+        "full", description="full, lora (frozen 16-bit base) or qlora (4-bit NF4 base).")
     lora_rank: int = Field(16, ge=1, le=65536, description="LoRA/QLoRA adapter rank r.")
     offload: Literal["none", "optimizer", "optimizer_and_params"] = Field(
-        "none", description="ZeRO-Offload / FSDP CPU offload: optimizer states + master weights + gradients, "
-        "and with optimizer_and_params (ZeRO-3) the weights too; reports host RAM per node.")
-    offload_device: Literal["cpu", "nvme"] = Field("cpu", description="Where offloaded states live (nvme: "
-                                                   "ZeRO-Infinity; host RAM then holds only the model load).")
+        "none", description="CPU offload of optimizer states + master + gradients; optimizer_and_params (ZeRO-3): weights too.")
+    offload_device: Literal["cpu", "nvme"] = Field("cpu", description="cpu, or nvme (ZeRO-Infinity).")
     gpus_per_node: int = Field(8, ge=1, le=1024, description="GPUs per node, for host RAM per node.")
     kv_dtype: Literal["bf16", "fp16", "fp8", "fp32"] = Field("bf16", description="Inference: KV cache dtype.")
     gpu_memory_utilization: float | None = Field(
-        None, gt=0, le=1, description="Inference, paged KV like vLLM: the fraction of GPU memory the engine may "
-        "use (vLLM's default 0.9); the KV cache gets what weights and the profiled activations leave.")
+        None, gt=0, le=1, description="Inference, vLLM-style paged KV: fraction of GPU memory the engine may use (vLLM 0.9).")
     max_num_seqs: int | None = Field(None, ge=1, le=1_000_000, description="Paged KV: most sequences scheduled "
                                      "at once (vLLM --max-num-seqs).")
-    max_num_batched_tokens: int = Field(8192, ge=1, le=10_000_000, description="Inference: tokens per prefill "
-                                        "chunk (vLLM --max-num-batched-tokens), sizes the activation peak.")
-    accelerator: str | None = Field(None, max_length=100, description="GPU to check the fit against "
-                                    "(id, name or alias from accelerator_specs, e.g. h100, h200, a100, mi300x).")
+    max_num_batched_tokens: int = Field(8192, ge=1, le=10_000_000, description="Inference: tokens per prefill chunk (vLLM --max-num-batched-tokens).")
+    accelerator: str | None = Field(None, max_length=100, description="GPU to check the fit against (h100, h200, a100, mi300x...).")
     gpu_memory_gib: float | None = Field(None, gt=0, le=10000, description="Usable GPU memory in GiB; "
                                          "overrides the accelerator's datasheet size.")
 
@@ -210,22 +190,34 @@ def run(params: MemoryParams, progress: Progress) -> MemoryResult:
         return paged.run_paged(params, s, res)
     report.fill(params, s, stage, parts, res)
     fit.judge(params, s, sum(parts.values()), res)
+    assumed = assumed_defaults(params)
+    if assumed:
+        res.findings.append(f"Assumed (not given): {assumed}; give them if the run differs.")
     return res
+
+
+# The inputs that move the estimate most and that a question often leaves out: say when a default stood in.
+ASSUMED_IF_MISSING = {"train": ("seq_len", "micro_batch", "activation_checkpointing"),
+                      "inference": ("seq_len", "micro_batch")}
+
+
+def assumed_defaults(params: MemoryParams) -> str:
+    """'seq_len 4096, micro_batch 1, ...' for the defaults the caller did not give, or ''."""
+    missing = [f for f in ASSUMED_IF_MISSING[params.mode] if f not in params.model_fields_set]
+    return ", ".join(f"{f} {getattr(params, f)}" for f in missing)
 
 
 SPEC = ToolSpec(
     name="memory_estimate",
     summary="Per-GPU memory for training or inference of a transformer: breakdown, fit, largest batch.",
     description=(
-        "Use before launching a run or after an OOM to ask 'will it fit?': estimates per-GPU memory from a "
-        "model preset (llama-3-8b, llama-3-70b, mixtral-8x7b, deepseek-v3, qwen3-30b-a3b, ...), an architecture "
-        "(dense or mixture-of-experts) or a parameter count, with precision (incl. torch AMP and fp8), optimizer, "
-        "ZeRO/FSDP sharding and CPU/NVMe offload, TP/PP/DP/CP/EP, sequence length, micro batch, activation "
-        "checkpointing (Megatron selective, torchtitan per-op, full), torch.compile, LoRA/QLoRA; inference mode adds "
-        "a KV cache, and with gpu_memory_utilization the paged KV capacity as vLLM computes it. Returns the "
-        "breakdown, what torch.cuda.max_memory_reserved would show, whether it fits on an accelerator, the largest "
-        "micro batch that fits, changes that make it fit, and host RAM for offload. Checked against 25 published "
-        "measured peaks and estimators (within 0.8-1.25x); setups it cannot model are said so, with no number. "
-        "Pure arithmetic: instant, no GPU."),
+        "Use before a run or after a CUDA OOM to ask 'will it fit', 'how many GPUs do I need': per-GPU memory "
+        "for training or serving a transformer from a preset (llama-3-70b, mixtral-8x7b, deepseek-v3...), an "
+        "architecture (dense or mixture-of-experts: total vs active parameters per token) or a parameter "
+        "count, with precision, optimizer (Adam), ZeRO/FSDP sharding, offload, TP/PP/DP/CP and expert "
+        "parallel, sequence length, micro batch, activation checkpointing, torch.compile, LoRA/QLoRA (frozen "
+        "base); inference adds the KV cache per concurrent user (vLLM paged KV with gpu_memory_utilization). "
+        "Returns the breakdown, what max_memory_reserved would show, whether it fits the GPU, the largest "
+        "micro batch and changes that fit, and the defaults it assumed. Instant arithmetic."),
     Params=MemoryParams, Result=MemoryResult, run=run, runs="in_process", store=False,
 )

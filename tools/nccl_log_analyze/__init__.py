@@ -22,8 +22,8 @@ Then:
     python -m tools.nccl_log_analyze --paths nccl.log
     python -m tools.nccl_log_analyze --paths '/shared/nccl.*' --json
 
-The parsing lives in tools/_nccl_parse.py (line heads, per-process records) and tools/_nccl_messages.py (one
-regex and handler per message kind); the checks that flag problems in tools/_nccl_checks.py.
+The parsing lives in tools/nccl_log_analyze/parse.py (line heads, per-process records) and tools/nccl_log_analyze/messages.py (one
+regex and handler per message kind); the checks that flag problems in tools/nccl_log_analyze/checks.py.
 """
 
 from collections import Counter
@@ -276,22 +276,13 @@ SPEC = ToolSpec(
     name="nccl_log_analyze",
     summary="Read NCCL_DEBUG=INFO output: transports, NICs, GPUDirect RDMA, rings/trees, versions; flag what is wrong.",
     description=(
-        "Use when you have NCCL_DEBUG=INFO output (a training log, NCCL_DEBUG_FILE files, nccl-tests output) and want "
-        "to know how NCCL connected the GPUs and whether that is right (did it fall back to sockets, which NIC or "
-        "interface such as eth0 / ib0 / mlx5_0 did each rank pick, what ring and tree did it build): NCCL version "
-        "per process, rank -> host/GPU/bus id, network (IB, RoCE, Socket, plugin), NICs and speeds, GPUDirect RDMA, "
-        "P2P / SHM / NVLS, channels, ring and tree graphs, TUNING algorithm choices, NCCL_* settings, WARN lines. "
-        "Flags socket fallback where InfiniBand exists, GDR off, hosts with different NICs or bootstrap interfaces, "
-        "idle or slow NICs, P2P disabled, traffic through the CPU, mismatched NCCL versions, ranks whose init never "
-        "completed, RoCE mixed with IB ports, an idle socket interface; settings reported as overrides only when "
-        "they differ from NCCL's default. Also reads pasted nccl-tests output (text table or -J JSON with -I: "
-        "busbw vs the expected figure for the hardware, #wrong, per-process stragglers) and ncclras reports "
-        "(ranks missing or behind in a hang). Best with NCCL_DEBUG_SUBSYS=INIT,GRAPH,ENV,TUNING,NET. Not for finding which rank crashed in a "
-        "training log (log_triage) or for measuring bandwidth (collective_bench). Read-only, reads files only, "
-        "needs no GPU."
-        " Also reads pasted nccl-tests output (all_reduce_perf tables: busbw per size against what the fabric"
-        " should give) and NET/Socket lines such as 'Failed to open libibverbs.so', 'NET/IB : No device"
-        " found'."),
+        "Reads NCCL_DEBUG=INFO output (training log, NCCL_DEBUG_FILE files): NCCL version per process, rank "
+        "-> host/GPU, network (IB, RoCE, Socket, plugin), NICs such as mlx5_0 / ib0 / eth0, GPUDirect RDMA, "
+        "P2P / SHM / NVLS, rings and trees, NCCL_* overrides vs NCCL's defaults, WARN lines; flags socket "
+        "fallback where InfiniBand exists ('NET/IB : No device found', 'Failed to open libibverbs.so'), GDR "
+        "off, mismatched versions or NICs, inits that never completed. Also pasted nccl-tests output "
+        "(all_reduce_perf tables or -J JSON: busbw vs expected, #wrong, stragglers) and ncclras reports. "
+        "Reads files only. Not for which rank crashed (log_triage) or measuring bandwidth (collective_bench)."),
     Params=NcclLogParams, Result=NcclLogResult, run=run,
     runs="subprocess", read_only=True, destructive=False, idempotent=True, open_world=False, timeout_s=300,
 )

@@ -22,8 +22,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
+from pydantic import field_validator
+
 from . import slurm as _slurm
 from . import sidechannel
+from .nccl_env import check_nccl_env, nccl_env_field
 from .ranks import check_event
 from ..engine.data import IMPORT_ROOT, PACKAGE
 from ..engine.spec import Field, Params
@@ -74,14 +77,19 @@ class RankLayout(Params):
     """Where the ranks run: the fields every distributed tool shares."""
 
     nproc_per_node: int | None = Field(None, ge=1, le=64, description=(
-        "Ranks per node. Default: every visible GPU (NCCL); 2 gloo ranks on a machine without GPUs."))
+        "Ranks per node (default: every visible GPU; 2 gloo ranks without GPUs)."))
     nnodes: int | None = Field(None, ge=1, le=4096, description=(
-        "Nodes. Default: all nodes of the SLURM allocation we run in, else 1. Several nodes outside SLURM "
-        "need rdzv_endpoint (or the answer lists the command to run on every node)."))
+        "Nodes (default: the SLURM allocation's, else 1); several outside SLURM need rdzv_endpoint."))
     rdzv_endpoint: str | None = Field(None, pattern=r"^[A-Za-z0-9_.\-\[\]:]+:\d+$", description=(
-        "host:port of the first node's c10d rendezvous, for runs started by hand on every node."))
+        "host:port of the first node's c10d rendezvous, when started by hand on every node."))
     backend: Literal["auto", "nccl", "gloo"] = Field("auto", description=(
         "auto: NCCL when the ranks see GPUs, else gloo."))
+    nccl_env: dict[str, str] = nccl_env_field()
+
+    @field_validator("nccl_env")
+    @classmethod
+    def _allowed_nccl_env(cls, value: dict[str, str]) -> dict[str, str]:
+        return check_nccl_env(value)
 
 
 def rank_reader(reader: sidechannel.Reader | None = None) -> Callable[[str], dict | None]:

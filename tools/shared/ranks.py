@@ -109,6 +109,9 @@ def _beat(reporter: RankReporter) -> None:
 
 def run_rank(job, params: dict) -> int:
     """Run `job(reporter, params)` as this rank, reporting start, errors and done on the side channel."""
+    # The run's NCCL settings (shared/nccl_env.py, checked by the launcher) before any communicator
+    # exists: NCCL reads its environment when the first one is created.
+    os.environ.update(params.get("nccl_env") or {})
     reporter = RankReporter()
     _watch_sigterm(reporter)
     reporter.emit("start", argv=sys.argv[1:2])

@@ -168,36 +168,29 @@ class ModelParams(Params):
 
     model: str | None = Field(
         None, json_schema_extra=_preset_enum, description=(
-            "Preset id of a well-known open model (e.g. llama-3-8b, llama-3-70b, llama-2-7b, mistral-7b, "
-            "qwen2.5-7b, llama-3.1-405b, gpt3-175b, tinyllama-1.1b; MoE: mixtral-8x7b, qwen3-30b-a3b, qwen3-235b-a22b, "
-            "deepseek-v3). Fields given below override it. Describe the model by model, by layers + hidden + heads, "
-            "or by params_b alone; hidden must be a multiple of heads (unless head_dim is given) and heads of "
-            "kv_heads."))
+            "Preset id (enum). Or describe the model by layers + hidden + heads, or by params_b alone; given "
+            "fields override the preset."))
     params_b: float | None = Field(
-        None, gt=0, le=100000, description="Total parameter count in billions, when the architecture is "
-        "unknown. Without an architecture, activations, KV cache and the attention FLOPs cannot be estimated.")
-    layers: int | None = Field(None, ge=1, le=1000, description="Number of transformer layers.")
-    hidden: int | None = Field(None, ge=1, le=1_000_000, description="Hidden size (model width).")
+        None, gt=0, le=100000, description=(
+            "Total parameters, billions, when the architecture is unknown (then no activations, KV cache or "
+            "attention FLOPs)."))
+    layers: int | None = Field(None, ge=1, le=1000, description="Transformer layers.")
+    hidden: int | None = Field(None, ge=1, le=1_000_000, description="Hidden size.")
     heads: int | None = Field(None, ge=1, le=10000, description="Attention (query) heads.")
     kv_heads: int | None = Field(
-        None, ge=1, le=10000, description="Key/value heads (grouped-query attention); default: = heads.")
+        None, ge=1, le=10000, description="Key/value heads (GQA); default heads.")
     ffn: int | None = Field(None, ge=1, le=10_000_000, description="MLP intermediate size; default 4 x hidden.")
     vocab: int | None = Field(None, ge=1, le=10_000_000, description="Vocabulary size; default 32000.")
     tied_embeddings: bool | None = Field(
-        None, description="Input embedding and output head share one matrix; default false.")
+        None, description="Embedding and output head share one matrix; default false.")
     gated_mlp: bool | None = Field(
-        None, description="SwiGLU-style MLP with 3 matrices (Llama, Mistral, Qwen); default true.")
-    head_dim: int | None = Field(None, ge=1, le=4096, description="Attention head size when heads x head_dim "
-                                 "is not hidden (Qwen3: 128); default hidden / heads.")
-    experts: int | None = Field(None, ge=0, le=100000, description="Mixture of experts: routed experts per MoE "
-                                "layer (0 or unset: dense).")
-    top_k: int | None = Field(None, ge=1, le=1024, description="MoE: routed experts each token uses.")
-    shared_experts: int | None = Field(None, ge=0, le=64, description="MoE: experts every token uses "
-                                       "(DeepSeek: 1); default 0.")
-    moe_ffn: int | None = Field(None, ge=1, le=1_000_000, description="MoE: intermediate size of one expert; "
-                                "default ffn.")
-    dense_layers: int | None = Field(None, ge=0, le=1000, description="MoE: leading layers with a dense MLP "
-                                     "(DeepSeek-V3: 3); default 0.")
+        None, description="SwiGLU MLP (3 matrices); default true.")
+    head_dim: int | None = Field(None, ge=1, le=4096, description="Head size when heads x head_dim != hidden (Qwen3: 128).")
+    experts: int | None = Field(None, ge=0, le=100000, description="MoE: routed experts per layer (0: dense).")
+    top_k: int | None = Field(None, ge=1, le=1024, description="MoE: routed experts per token.")
+    shared_experts: int | None = Field(None, ge=0, le=64, description="MoE: always-used experts (DeepSeek: 1); default 0.")
+    moe_ffn: int | None = Field(None, ge=1, le=1_000_000, description="MoE: one expert's intermediate size; default ffn.")
+    dense_layers: int | None = Field(None, ge=0, le=1000, description="MoE: leading dense layers (DeepSeek-V3: 3); default 0.")
 
     @model_validator(mode="after")
     def _check_model(self):

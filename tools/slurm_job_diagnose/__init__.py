@@ -39,11 +39,13 @@ class SlurmJobDiagnoseParams(Params):
     job_id: str = Field(..., pattern=r"^\d+(_\d+)?$", max_length=40,
                         description="Job id ('123456') or array task ('123456_7').")
     log_paths: list[str] = Field(default_factory=list, max_length=20,
-                                 description="Extra log files to triage, e.g. per-rank logs (default: the "
-                                             "job's own stdout/stderr, found automatically).")
+                                 description=(
+                                     "Extra log files to triage (default: the job's stdout/stderr, found "
+                                     "automatically)."))
     search_dirs: list[str] = Field(default_factory=list, max_length=10,
-                                   description="Where to look for slurm-<id>.out when SLURM no longer knows "
-                                               "the job's files (default: the current directory).")
+                                   description=(
+                                       "Where to look for slurm-<id>.out when SLURM forgot the job (default: the "
+                                       "current directory)."))
     triage_logs: bool = Field(True, description="Run log_triage on the job's log files.")
 
 
@@ -255,16 +257,13 @@ SPEC = ToolSpec(
     name="slurm_job_diagnose",
     summary="Why a SLURM job failed: state, exit code/signal, time limit, OOM, node failure, failing step, log triage.",
     description=(
-        "Diagnose one SLURM job or array task by id: its state (FAILED, TIMEOUT, OUT_OF_MEMORY, NODE_FAIL, "
-        "PREEMPTED, CANCELLED...), exit code and signal, elapsed time against the limit, the failing step and "
-        "node, and the causes log_triage finds in its stdout/stderr files (found automatically); ends with what "
-        "to do next. Works without accounting (scontrol while slurmctld remembers the job, then the log files) "
-        "and says what it could not see. Use for 'my job died', 'job killed', 'TIMEOUT', 'exit code 137', "
-        "'NODE_FAIL'. Read-only, a few seconds; needs the SLURM client commands. Not for jobs still pending "
-        "(slurm_status) or hung jobs (hang_stack_dump)."
-        " Reads 'slurmstepd: error: Detected 1 oom-kill event(s) in StepId=...' (host RAM, not GPU memory) and"
-        " DataLoader workers killed under SLURM."),
+        "Why one SLURM job or array task failed: state (FAILED, TIMEOUT, OUT_OF_MEMORY, NODE_FAIL, PREEMPTED, "
+        "CANCELLED), exit code and signal, elapsed vs limit, failing step and node, and the causes log_triage "
+        "finds in its output files; what to do next. Works without accounting. Use for 'my job died', 'job "
+        "killed', 'exit code 137', 'slurmstepd: error: Detected 1 oom-kill event' (host RAM, not GPU memory). "
+        "A few seconds. Not for pending jobs (slurm_status) or hung ones (hang_stack_dump)."),
     Params=SlurmJobDiagnoseParams, Result=SlurmJobDiagnoseResult, run=run,
     runs="subprocess", read_only=True, destructive=False, idempotent=True, open_world=True,
     timeout_s=120, store=False,
+    spans_nodes=True,  # reaches the cluster itself: the engine's node= option does not apply
 )

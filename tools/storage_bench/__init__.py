@@ -36,19 +36,15 @@ MiB = 2**20
 
 
 class StorageParams(Params):
-    path: str = Field("/tmp", min_length=1, max_length=4096, description="Existing, writable directory on the "
-                      "filesystem to test; a temporary directory is made inside it and removed afterwards.")
+    path: str = Field("/tmp", min_length=1, max_length=4096, description="Existing writable directory to test (a temporary directory inside it is removed afterwards).")
     size_mib: int = Field(256, ge=1, le=65536, description="Size of the sequential test file (MiB).")
     block_kib: int = Field(1024, ge=4, le=65536, multiple_of=4, description="Sequential block size (KiB, multiple of 4).")
     random_read_s: float = Field(2.0, ge=0, le=600, description="Seconds of random 4 KiB reads (0 skips).")
     small_files: int = Field(1000, ge=0, le=1_000_000, description="Small files (4 KiB) to create, stat and "
                              "delete (0 skips).")
-    time_budget_s: float = Field(60.0, ge=1, le=3600, description="Whole-run budget; phases stop early and "
-                                 "report what they measured. Above ~250 s also raise the run's timeout_s (300 s).")
-    engine: Literal["auto", "fio", "python"] = Field("auto", description="Data phases: fio when installed "
-                                                     "(auto), fio only, or the Python implementation.")
-    direct_io: Literal["auto", "on", "off"] = Field("auto", description="O_DIRECT (bypass the page cache): "
-                                                    "where supported (auto), required (on), or never (off).")
+    time_budget_s: float = Field(60.0, ge=1, le=3600, description="Whole-run budget; above ~250 s raise timeout_s too.")
+    engine: Literal["auto", "fio", "python"] = Field("auto", description="fio when installed (auto), fio only, or Python.")
+    direct_io: Literal["auto", "on", "off"] = Field("auto", description="O_DIRECT where supported (auto), required (on) or never (off).")
 
 
     @field_validator("block_kib")
@@ -289,17 +285,11 @@ SPEC = ToolSpec(
     name="storage_bench",
     summary="Filesystem sequential/random throughput, small-file metadata rates, free space and inodes at a path.",
     description=(
-        "Use when checkpoints save slowly, data loading stalls, or before trusting a new scratch/shared "
-        "filesystem: measures at a given directory sequential write (fsync) and read with 1 MiB blocks, random "
-        "4 KiB read IOPS, small-file create/stat/delete rates, and reports free space and inodes (warn at 80%, "
-        "fail at 90%). Uses fio when installed, else Python; O_DIRECT where supported. Writes only inside a "
-        "temporary directory under the path (default 256 MiB, about 10 s, bounded by time_budget_s) and always "
-        "removes it. Needs a writable directory, no GPU, no root. One stream: not a parallel-filesystem "
-        "aggregate benchmark."
-        " Compares mounts (local NVMe, Lustre, GPFS, Weka, NFS, /scratch): which is faster for checkpoints or"
-        " shards."
-        " Typical: torch.save or save_checkpoint takes minutes, 'Disk quota exceeded', 'No space left on"
-        " device'."),
+        "Use when checkpoints save slowly (torch.save takes minutes), data loading stalls, or to compare "
+        "mounts (local NVMe, Lustre, GPFS, Weka, NFS, /scratch): sequential write (fsync) and read, random 4 "
+        "KiB reads, small-file create/stat/delete rates, free space and inodes at a path ('No space left on "
+        "device'). fio if installed; writes only a temporary directory under the path (~10 s) and removes it. "
+        "One stream, not an aggregate benchmark; per-user quotas are not visible to it."),
     Params=StorageParams, Result=StorageResult, run=run, runs="subprocess",
     read_only=False, destructive=False, idempotent=True, open_world=False, timeout_s=300,
     metric="seq_write_mbps", higher_is_better=True, sweep=SWEEP,

@@ -4,7 +4,7 @@ The rule, for synchronous data parallel (every rank meets the others in a collec
 ranks run at the pace of the slowest, so the slowest is the rank that waits least while the others wait
 in collectives. Per rank, its own-work share = 1 - (share of samples waiting in a collective). A rank is
 a straggler when its own-work share exceeds the median of the OTHER ranks' by more than
-max(margin, k x spread) (the one verdict rule of issue 24; knowledge/data/straggler_rules.toml), and the
+max(margin, k x spread) (the one verdict rule: shared/judging.py, figure own_work_share), and the
 others wait at least `min_others_wait` of the window (otherwise nobody is held back). When every rank
 waits in collectives most of the time and one node's links are shaped or retransmitting, that node is
 named for the network. When the spread of the healthy ranks is too wide to resolve the margin, the
@@ -17,23 +17,21 @@ from dataclasses import dataclass, field
 
 from .models import GpuSample, NodeReport, NodeSample, RankSample, Straggler
 from ..engine.data import load_data
+from ..shared.judging import FigureRule, deficit, is_inconclusive, relative_spread, rule_for, threshold
 
 MIN_SAMPLES = 10
 
 
 @dataclass(frozen=True)
 class Rules:
-    margin: float
-    k: float
-    spread: float
+    share: FigureRule          # own_work_share in verdict_rules.toml
     min_others_wait: float
     reason: dict
 
     @classmethod
     def load(cls) -> "Rules":
         table = load_data("straggler_rules")
-        share = table["figure"]["own_work_share"]
-        return cls(margin=share["margin"], k=share["k"], spread=share["spread"],
+        return cls(share=rule_for("own_work_share"),
                    min_others_wait=table["figure"]["peer_wait_share"]["min_others_wait"], reason=table["reason"])
 
 
@@ -44,16 +42,6 @@ class Judgement:
     spread: float | None = None
     threshold: float | None = None
     inconclusive: bool = False
-
-
-def relative_spread(values: list[float]) -> float:
-    """Median absolute deviation / median, scaled to a standard deviation (x1.4826): one outlier moves it little."""
-    if len(values) < 2:
-        return 0.0
-    mid = statistics.median(values)
-    if mid <= 0:
-        return 0.0
-    return 1.4826 * statistics.median(abs(v - mid) for v in values) / mid
 
 
 def own_work(r: RankSample) -> float:
@@ -76,8 +64,26 @@ def _stands_out(r: RankSample, ranks: list[RankSample], rules: Rules) -> tuple[f
     others = [own_work(o) for o in _others(ranks, r)]
     ref = statistics.median(others)
     spread = max(relative_spread(others), _sampling_error(ref, min(o.samples for o in _others(ranks, r))))
-    threshold = max(rules.margin, rules.k * spread)
-    return (own_work(r) - ref) / ref if ref > 0 else math.inf, threshold, spread
+    return deficit(own_work(r), ref, "lower") if ref > 0 else math.inf, threshold(rules.share, spread), spread
+
+
+def _in_every_part(r: RankSample, ranks: list[RankSample], rules: Rules) -> bool:
+    """Whether r stands out in each consecutive part of the window too (a steady straggler, not a blip)."""
+    for i, mine in enumerate(r.part_fractions):
+        others = [o for o in _others(ranks, r) if len(o.part_fractions) > i]
+        if not others:
+            return True
+        shares = [1 - o.part_fractions[i].get("collective", 0) for o in others]
+        ref = statistics.median(shares)
+        samples = min([o.part_samples[i] for o in others if len(o.part_samples) > i] or [1])
+        spread = max(relative_spread(shares), _sampling_error(ref, samples))
+        waiting = statistics.median(o.part_fractions[i].get("collective", 0) for o in others)
+        own = 1 - mine.get("collective", 0)
+        # Others that only waited in this part (ref 0) are held back by any rank that worked.
+        short = deficit(own, ref, "lower") if ref > 0 else (math.inf if own > rules.share.margin else 0.0)
+        if waiting < rules.min_others_wait or short <= threshold(rules.share, spread):
+            return False
+    return True
 
 
 def judge(reports: list[NodeReport], rules: Rules) -> Judgement:
@@ -100,13 +106,18 @@ def _compare(ranks, nodes, gpus, rules: Rules, out: Judgement) -> None:
                   and statistics.median(o.fractions.get("collective", 0) for o in _others(ranks, r)) >= rules.min_others_wait]
     healthy = [own_work(r) for r in ranks if r not in [c for c, _ in candidates]]
     out.spread = relative_spread(healthy)
-    out.threshold = max(rules.margin, rules.k * out.spread)
-    if rules.k * out.spread > 2 * rules.margin:
+    out.threshold = threshold(rules.share, out.spread)
+    if is_inconclusive(healthy, rules.share):
         out.inconclusive = True
         return
     if candidates and len(candidates) <= len(ranks) // 2:
-        for r, _ in sorted(candidates, key=lambda c: -c[1]):
+        steady = [(r, d) for r, d in candidates if _in_every_part(r, ranks, rules)]
+        for r, _ in sorted(steady, key=lambda c: -c[1]):
             out.stragglers.append(_named(r, ranks, nodes.get(r.host), gpus, rules))
+        for r, _ in (c for c in candidates if c not in steady):
+            out.findings.append(f"Rank {r.rank} on {r.host} worked longer than the others over the window but not in "
+                                "every third of it: a passing slowdown (another process on the host, a burst of "
+                                "I/O), not named; sample again if it persists.")
         return
     _network(ranks, nodes, rules, out)
 
@@ -209,7 +220,9 @@ def _network(ranks: list[RankSample], nodes: dict[str, NodeSample], rules: Rules
     retrans = {h: n.tcp_retrans_per_s or 0.0 for h, n in nodes.items()}
     for host, node in nodes.items():
         rest = [v for h, v in retrans.items() if h != host]
-        noisy = retrans[host] > 1.0 and retrans[host] > 5 * (statistics.median(rest) if rest else 0)
+        # Retransmits name a node only when they are many and far above the rest: a busy host drops a few.
+        noisy = retrans[host] >= rules.reason["retrans_per_s_min"] and retrans[host] > 5 * max(
+            1.0, statistics.median(rest) if rest else 0)
         if not node.shaped_links and not noisy:
             continue
         for r in (x for x in ranks if x.host == host):

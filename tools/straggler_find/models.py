@@ -13,6 +13,9 @@ class RankSample(Record):
     samples: int = Field(0, description="Stack samples of the main thread read in the window.")
     fractions: dict[str, float] = Field(default_factory=dict, description=(
         "Share of samples per class: collective (waiting on peers), data, h2d, compute, idle; sums to 1."))
+    part_fractions: list[dict[str, float]] = Field(default_factory=list, description=(
+        "The same shares in each consecutive third of the window: a straggler stands out in every one."))
+    part_samples: list[int] = Field(default_factory=list, description="Samples in each third.")
     top_frames: dict[str, str] = Field(default_factory=dict, description=(
         "Per class, the user frame seen most often (function (file:line)): the evidence."))
     cpu_fraction: float | None = Field(None, description="CPU time the rank used per second of the window (1.0 = one core).")
@@ -59,7 +62,8 @@ class NodeSample(Record):
     shaped_links: list[str] = Field(default_factory=list, description=(
         "Interfaces whose queueing discipline limited traffic in the window: 'eth0: tbf, 812 overlimits, 3 drops'."))
     nccl_ras: list[str] = Field(default_factory=list, description="What `ncclras` reported, when it runs on this node.")
-    step_times: list[str] = Field(default_factory=list, description="Step-time lines found in the job's logs (log_paths).")
+    sampler_cpu_s: float | None = Field(None, description=(
+        "CPU seconds this node's sampler (itself and its py-spy children) used: its cost to the node."))
     errors: list[str] = Field(default_factory=list, description="What this node's sampler could not read.")
 
 

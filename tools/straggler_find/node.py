@@ -9,6 +9,7 @@ window (the rank is paused for each read, well under a millisecond); nothing els
 import json
 import os
 import re
+import resource
 import socket
 import subprocess
 import sys
@@ -65,20 +66,33 @@ def summarise(stacks: Counter) -> tuple[int, dict[str, float], dict[str, str]]:
     return total, fractions, top
 
 
-def record(pid: int, window_s: float, rate_hz: int, tmp: str) -> tuple[Counter | None, str]:
-    """Sample one rank's stacks for the window; (stacks, error)."""
-    out = Path(tmp) / f"{pid}.raw"
-    cmd = [py_spy_path(), "record", "--pid", str(pid), "--rate", str(rate_hz), "--duration", str(max(1, round(window_s))),
+PARTS = 3      # the window is sampled in consecutive thirds: a straggler must stand out in each (judge.py)
+
+
+def record_part(pid: int, seconds: int, rate_hz: int, out: Path) -> tuple[Counter | None, str]:
+    """One consecutive stretch of samples of one rank; (stacks, error)."""
+    cmd = [py_spy_path(), "record", "--pid", str(pid), "--rate", str(rate_hz), "--duration", str(seconds),
            "--format", "raw", "--output", str(out), "--threads", "--idle", "--full-filenames"]
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=window_s + 30,
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 30,
                               env=dict(os.environ, RUST_BACKTRACE="0"))
     except subprocess.TimeoutExpired:
-        return None, f"py-spy did not finish sampling pid {pid} within {window_s + 30:.0f} s"
+        return None, f"py-spy did not finish sampling pid {pid} within {seconds + 30} s"
     if proc.returncode != 0 or not out.exists():
-        command = describe(pid)[0]
-        return None, explain_py_spy_error(pid, proc.stderr or proc.stdout, command)
+        return None, explain_py_spy_error(pid, proc.stderr or proc.stdout, describe(pid)[0])
     return parse_raw(out.read_text(errors="replace"), pid), ""
+
+
+def record(pid: int, window_s: float, rate_hz: int, tmp: str) -> tuple[list[Counter] | None, str]:
+    """Sample one rank's stacks for the window, in PARTS consecutive stretches; (stacks per part, error)."""
+    seconds = max(1, round(window_s / PARTS))
+    parts = []
+    for i in range(PARTS):
+        stacks, error = record_part(pid, seconds, rate_hz, Path(tmp) / f"{pid}.{i}.raw")
+        if stacks is None:
+            return (parts or None), error if not parts else ""      # a rank that ended mid-window keeps what it gave
+        parts.append(stacks)
+    return parts, ""
 
 
 def find_ranks(spec: dict) -> list[int]:
@@ -116,7 +130,9 @@ def _rank_sample(pid: int, host: str, before: dict, after: dict, window_s: float
         if periods > 0:
             row.cgroup_throttled_fraction = round((after["throttle"][1] - before["throttle"][1]) / periods, 3)
     if stacks is not None:
-        row.samples, row.fractions, row.top_frames = summarise(stacks)
+        row.samples, row.fractions, row.top_frames = summarise(sum(stacks, Counter()))
+        row.part_fractions = [summarise(part)[1] for part in stacks]
+        row.part_samples = [sum(part.values()) for part in stacks]
         if not row.samples:
             row.error = f"py-spy read no sample of pid {pid}'s main thread (it exited, or it is not a Python rank)"
     return row
@@ -187,6 +203,8 @@ def sample_node(spec: dict, progress=None) -> NodeReport:
         report.ranks.append(_rank_sample(p, host, rank_before[p], after, min(elapsed, window_s + 5), stacks, error))
     report.node = _node_sample(host, node_before, node_after, elapsed)
     report.node.nccl_ras = _ncclras()
+    used = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+    report.node.sampler_cpu_s = round(sum(u.ru_utime + u.ru_stime for u in used), 2)
     report.gpus = gpus.summary({r.pid: r for r in report.ranks})
     if not pids:
         report.node.errors.append("no process of the job found on this node")

@@ -67,14 +67,18 @@ def sample_job(job_id: str, spec: dict, progress) -> tuple[list[NodeReport], lis
     timer.start()
     reports, problems = [], []
     start = time.monotonic()
+    pending: dict[str, str] = {}
     try:
         for line in proc.stdout:
+            # srun --label cuts a long line into pieces, each with its label: a task's report is whole when
+            # its pieces joined parse as JSON.
             task, _, text = line.partition(": ")
+            pending[task] = pending.get(task, "") + text.rstrip("\n")
             try:
-                report = NodeReport(**json.loads(text))
+                report = NodeReport(**json.loads(pending[task]))
             except (ValueError, TypeError):
-                problems.append(f"node task {task.strip()}: unreadable line {text[:160]!r}")
                 continue
+            del pending[task]
             reports.append(report)
             progress(0.1 + 0.8 * len(reports) / nodes, f"{report.host}: " + node_line(report))
         stderr = proc.stderr.read()
@@ -84,6 +88,7 @@ def sample_job(job_id: str, spec: dict, progress) -> tuple[list[NodeReport], lis
     if time.monotonic() - start >= deadline_s:
         problems.append(f"srun did not finish within {deadline_s:.0f} s and was stopped: a node may be unreachable "
                         f"(`scontrol show job {job_id}`, `sinfo -R`)")
+    problems += [f"node task {task.strip()}: unreadable output {text[:160]!r}" for task, text in pending.items()]
     if len(reports) < nodes:
         problems.append(f"{nodes - len(reports)} of {nodes} node(s) sent no report; srun exit {proc.returncode}: "
                         f"{stderr.strip()[-400:] or 'no error text'} (command: {shlex.join(cmd[:9])} ...)")

@@ -1,0 +1,96 @@
+"""straggler_find's cost on a running SLURM job: time to verdict, and the job's step rate with and without sampling.
+
+Needs a SLURM cluster with at least --nodes nodes (here: the namespace cluster). It submits the gloo training
+loop of bench/straggler_workload.py (one rank per node), then alternates: a window unwatched, a window with
+straggler_find sampling (--rounds times), counting the job's steps in each from its output. Overhead is the
+step-rate ratio unwatched / watched - 1, as median over rounds (and its range); time to verdict is the
+tool's wall time (srun start + window + judging).
+
+    scripts/cluster-local.sh start 8      # under the cluster session lock (see tests/multinode_cluster.py)
+    export SLURM_CONF=/tmp/mln-cluster/etc/slurm.conf
+    python bench/straggler_find_bench.py --nodes 4 --rounds 3 --window-s 10
+    python bench/straggler_find_bench.py --nodes 8 --rounds 3 --window-s 10 --json /tmp/sf8.json
+"""
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def steps(out: Path) -> int:
+    return len(re.findall(r"^step \d+", out.read_text(), re.M)) if out.exists() else 0
+
+
+def rate(out: Path, seconds: float) -> float:
+    """Steps per second the job makes over the next `seconds`."""
+    first, t0 = steps(out), time.monotonic()
+    time.sleep(seconds)
+    return (steps(out) - first) / (time.monotonic() - t0)
+
+
+def sampled_rate(out: Path, job: str, window_s: float) -> tuple[float, float, dict]:
+    """(steps/s while straggler_find samples, its wall time to verdict in s, its result)."""
+    env = {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"}
+    first, t0 = steps(out), time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "tools.straggler_find", "--slurm-job-id", job, "--window-s",
+                           str(window_s), "--json"], capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
+    wall = time.monotonic() - t0
+    result = json.loads(proc.stdout[proc.stdout.index("{"):]) if "{" in proc.stdout else {"error": proc.stderr[-500:]}
+    # Only the sampling window counts for the rate: srun start and judging are not a load on the ranks.
+    return (steps(out) - first) / wall, wall, result
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--nodes", type=int, default=4)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--window-s", type=float, default=10)
+    ap.add_argument("--json", default="")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="sfbench-") as tmp:
+        out = Path(tmp) / "job.out"
+        os.chmod(tmp, 0o755)
+        wrap = f"srun {sys.executable} {ROOT / 'bench' / 'straggler_workload.py'} --master mln1 --port 29561 --steps 10000000"
+        job = subprocess.run(["sbatch", "--parsable", f"-N{args.nodes}", "--ntasks-per-node=1", "--time=30",
+                              f"--output={out}", "--wrap", wrap], capture_output=True, text=True, check=True).stdout.strip()
+        try:
+            deadline = time.monotonic() + 180
+            while steps(out) < 20 and time.monotonic() < deadline:
+                time.sleep(1)
+            rows = []
+            for _ in range(args.rounds):
+                off = rate(out, args.window_s + 15)
+                on, wall, result = sampled_rate(out, job, args.window_s)
+                rows.append({"steps_per_s_unwatched": off, "steps_per_s_watched": on, "time_to_verdict_s": wall,
+                             "verdict": result.get("verdict"), "stragglers": len(result.get("stragglers", [])),
+                             "findings": result.get("findings", []),
+                             "sampler_cpu_s": [n.get("sampler_cpu_s") for n in result.get("nodes", [])]})
+                print(f"round: unwatched {off:.2f} steps/s, watched {on:.2f} steps/s, verdict in {wall:.1f} s "
+                      f"({result.get('verdict')}, {len(result.get('stragglers', []))} straggler(s))", flush=True)
+        finally:
+            subprocess.run(["scancel", job], capture_output=True)
+    overhead = [r["steps_per_s_unwatched"] / r["steps_per_s_watched"] - 1 for r in rows if r["steps_per_s_watched"]]
+    summary = {"nodes": args.nodes, "window_s": args.window_s, "rounds": rows,
+               "time_to_verdict_s_median": statistics.median(r["time_to_verdict_s"] for r in rows),
+               "overhead_pct_median": 100 * statistics.median(overhead) if overhead else None,
+               "overhead_pct_range": [100 * min(overhead), 100 * max(overhead)] if overhead else None}
+    print(f"SUMMARY {args.nodes} nodes, window {args.window_s:.0f} s: time to verdict "
+          f"{summary['time_to_verdict_s_median']:.1f} s (median of {len(rows)}); step-rate overhead "
+          f"{summary['overhead_pct_median']:.1f}% (range {summary['overhead_pct_range'][0]:.1f} to "
+          f"{summary['overhead_pct_range'][1]:.1f}%)")
+    if args.json:
+        Path(args.json).write_text(json.dumps(summary, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

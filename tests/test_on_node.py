@@ -1,0 +1,118 @@
+"""The engine's `node` call option (engine/on_node.py): any one-node subprocess tool run on a named SLURM
+node through srun, on the multi-node test cluster (tests/multinode_cluster.py: every node its own
+hostname), inside an allocation that holds the node and as a job of its own; refusals named."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from mcp import Client
+
+from tests.multinode_cluster import multinode_cluster  # noqa: F401  (the fixture)
+from tools.engine import store
+from tools.engine.mcp_server import build_server, input_schema
+from tools.engine.on_node import NODE_ENV, NodeUnavailable, node_command
+from tools.engine.registry import registry
+from tools.engine.runner import execute
+from tools.engine.spec import ToolFailure, takes_node
+
+ENV_REPORT = registry()["env_report"]
+
+
+def _run(node: str, timeout_s: float = 120):
+    return execute(ENV_REPORT, ENV_REPORT.Params(probe_torch=False), timeout_s=timeout_s, node=node)
+
+
+def _jobs_named(cluster, name: str) -> list[str]:
+    out = cluster.cmd("squeue", "-h", "-t", "all", "-n", name, "-o", "%i").stdout
+    return out.split()
+
+
+# ---- without a cluster ---------------------------------------------------------------------------
+
+def test_the_option_is_offered_exactly_to_one_node_subprocess_tools():
+    for name, spec in registry().items():
+        props = input_schema(spec).get("properties", {})
+        assert ("node" in props) == takes_node(spec), name
+    assert takes_node(registry()["gpu_health"]) and not takes_node(registry()["collective_bench"])
+    assert not takes_node(registry()["memory_estimate"])   # in-process: runs in the server
+
+
+def test_a_name_that_is_not_a_node_never_reaches_argv():
+    for bad in ("-w", "a b", "x;rm -rf /", "", "n" * 300):
+        with pytest.raises(NodeUnavailable, match="not a SLURM node name"):
+            node_command(bad, ["true"], 60, "mleng-x", env={"PATH": "/usr/bin:/bin"})
+
+
+def test_outside_an_allocation_a_job_of_its_own_limited_to_the_timeout(monkeypatch):
+    import tools.engine.on_node as on_node
+
+    monkeypatch.setattr(on_node, "_node_partition", lambda node, env: "gpu")
+    monkeypatch.setattr(on_node.shutil, "which", lambda name: "/usr/bin/" + name)
+    argv, env = node_command("gpu-017", ["python", "-m", "x"], 150, "mleng-gpu_health",
+                             env={"PATH": "/bin", "SLURM_CONF": "/etc/slurm.conf", "SLURM_JOB_ID": "7",
+                                  "SLURM_JOB_NODELIST": "other-[1-2]"})
+    assert argv[:6] == ["srun", "--nodes=1", "--ntasks=1", "--nodelist=gpu-017", "--kill-on-bad-exit=1", "--quiet"]
+    assert "--time=4" in argv and "--partition=gpu" in argv and "--overlap" not in argv
+    assert argv[-3:] == ["python", "-m", "x"]
+    assert "SLURM_JOB_ID" not in env and env["SLURM_CONF"] == "/etc/slurm.conf" and env[NODE_ENV] == "gpu-017"
+
+
+@pytest.mark.anyio
+async def test_a_tool_that_spans_nodes_refuses_the_option_by_name():
+    async with Client(build_server()) as c:
+        r = await c.call_tool("dist_smoke_test", {"node": "mln2"})
+        inproc = await c.call_tool("accelerator_specs", {"node": "mln2"})
+    assert r.is_error and "unknown argument" in r.content[0].text and "node" in r.content[0].text
+    assert inproc.is_error and "node" in inproc.content[0].text
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+# ---- on the namespace cluster --------------------------------------------------------------------
+
+@pytest.mark.slurm
+def test_each_named_node_answers_for_itself_in_a_job_of_its_own(multinode_cluster, mleng_home):  # noqa: F811
+    before = set(_jobs_named(multinode_cluster, "mleng-env_report"))
+    for node in ("mln3", "mln2", "mln3"):   # repeated, and two nodes: no answer from the wrong node
+        result = _run(node)
+        assert result.verdict in ("ok", "warn", "info"), result.findings
+        assert f"Ran on node {node} (host {node}) through srun." in result.findings
+        row = store.query(tool="env_report", limit=1)[0]
+        assert row["host"] == node, row["host"]     # stored under the node's host, not this machine's
+    assert len(set(_jobs_named(multinode_cluster, "mleng-env_report")) - before) == 3
+
+
+@pytest.mark.slurm
+def test_inside_an_allocation_the_step_joins_it(multinode_cluster, monkeypatch, mleng_home):  # noqa: F811
+    # --exclusive: no job of our own could start on mln4 while this one holds it, so an answer from mln4
+    # within the timeout can only have come from a step inside this allocation
+    job = multinode_cluster.cmd("sbatch", "--parsable", "-N1", "--exclusive", "-w", "mln4", "-J", "mln-holder",
+                                "--wrap", "sleep 120").stdout.strip()
+    try:
+        deadline = time.monotonic() + 60
+        while "RUNNING" not in multinode_cluster.cmd("squeue", "-h", "-j", job, "-o", "%T").stdout:
+            assert time.monotonic() < deadline, "the holder job did not start"
+            time.sleep(0.5)
+        monkeypatch.setenv("SLURM_JOB_ID", job)
+        monkeypatch.setenv("SLURM_JOB_NODELIST", "mln4")
+        before = set(_jobs_named(multinode_cluster, "mleng-env_report"))
+        result = _run("mln4", timeout_s=60)
+        assert "Ran on node mln4 (host mln4) through srun." in result.findings
+        assert set(_jobs_named(multinode_cluster, "mleng-env_report")) == before   # no job of its own
+    finally:
+        multinode_cluster.cmd("scancel", job, check=False)
+
+
+@pytest.mark.slurm
+def test_an_unknown_node_is_a_clear_failure_and_nothing_is_left(multinode_cluster):  # noqa: F811
+    started = time.monotonic()
+    with pytest.raises(ToolFailure, match="on node mln9 did not answer"):
+        _run("mln9", timeout_s=60)
+    assert time.monotonic() - started < 45
+    assert _jobs_named(multinode_cluster, "mleng-env_report") == [] or all(
+        s.strip() != "RUNNING" for s in multinode_cluster.cmd("squeue", "-h", "-n", "mleng-env_report", "-o", "%T").stdout.splitlines())

@@ -1,0 +1,76 @@
+"""Run a subprocess tool on a named node of a SLURM cluster: the call option `node`.
+
+    mleng run gpu_health --node gpu-017          # CLI
+    gpu_health(node="gpu-017")                    # MCP (any tool whose schema lists `node`)
+
+The runner starts the same child (`python -m <pkg>.engine.child TOOL`, params on stdin, JSON lines on
+stdout) under `srun` on that node instead of here, so every per-node tool gets it with no code of its
+own. Inside an allocation that holds the node, the step joins it (`--overlap`, beside the job's own
+steps); otherwise srun asks for a one-node job of its own on that node, in the first partition that
+node belongs to, limited to the call's timeout. The node must see the same Python and package path
+(a shared filesystem or the same image), as for every multi-node tool.
+
+Trust: the node name is the caller's and is checked against SLURM's node-name characters before it
+reaches argv (no shell is involved); the child's output is read through the same parser as a local one.
+"""
+
+import math
+import os
+import re
+import shutil
+import subprocess
+
+NODE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,254}$"
+NODE_MAX_CHARS = 255
+NODE_ENV = "MLENG_NODE"   # set for the child: it then reports the node's own host provenance
+
+
+class NodeUnavailable(RuntimeError):
+    """No srun here, or the name is not a node name."""
+
+
+def _allocation_nodes(env: dict) -> list[str]:
+    """Nodes of the allocation we run in, expanded by scontrol (SLURM's own hostlist syntax)."""
+    nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
+    if not (env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")) or not nodelist:
+        return []
+    try:
+        out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True,
+                             timeout=10, env=env)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return out.stdout.split() if out.returncode == 0 else []
+
+
+def _node_partition(node: str, env: dict) -> str | None:
+    """The first partition `node` is in (sinfo), so a job of our own can land on it; None if unknown."""
+    try:
+        out = subprocess.run(["sinfo", "-h", "-N", "-n", node, "-o", "%P"], capture_output=True, text=True,
+                             timeout=10, env=env)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    names = [p.rstrip("*") for p in out.stdout.split()] if out.returncode == 0 else []
+    return names[0] if names else None
+
+
+def node_command(node: str, cmd: list[str], timeout_s: float, job_name: str,
+                 env: dict | None = None) -> tuple[list[str], dict]:
+    """(argv, env) that run `cmd` as one task on `node` through srun, and how it was placed."""
+    if not re.fullmatch(NODE_PATTERN, node):
+        raise NodeUnavailable(f"node {node[:80]!r} is not a SLURM node name (letters, digits, _ . -)")
+    if not shutil.which("srun"):
+        raise NodeUnavailable("node= needs SLURM's srun on this machine; it is not on PATH")
+    env = dict(os.environ if env is None else env)
+    srun = ["srun", "--nodes=1", "--ntasks=1", f"--nodelist={node}", "--kill-on-bad-exit=1", "--quiet"]
+    if node in _allocation_nodes(env):
+        srun += ["--overlap"]   # beside the allocation's own steps, on the resources it already holds
+    else:
+        # A job of our own: drop the allocation we may be inside, or srun would try to place the step there.
+        env = {k: v for k, v in env.items() if not k.startswith("SLURM_") or k == "SLURM_CONF"}
+        minutes = max(1, math.ceil(timeout_s / 60) + 1)
+        srun += [f"--job-name={job_name}", f"--time={minutes}"]
+        partition = _node_partition(node, env)
+        if partition:
+            srun += [f"--partition={partition}"]
+    env[NODE_ENV] = node
+    return srun + cmd, env

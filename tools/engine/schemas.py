@@ -1,0 +1,67 @@
+"""The JSON Schemas the server publishes: each tool's own pydantic schema, with what costs an agent
+tokens and tells it nothing taken out.
+
+An agent reads every tool's schema before its first call, so bytes here are paid on every session
+(bench/agent_reading_cost.py measures them). What goes, and why it is safe:
+- pydantic's `title` on every schema object ("Seq Len" beside `seq_len`) repeats the name;
+- `anyOf: [X, {"type": "null"}]` with `default: null` (every optional field) becomes X: leaving the
+  field out means the same, and the validator still accepts an explicit null;
+- `present()`'s `not: {type: null}` goes with it: `required` alone then says "given";
+- a field marked `SELF_TEST` (fault injection that proves a tool names a culprit) is left out of the
+  input schema: tests, the CLI and a caller who knows it still pass it (`Params` accepts it).
+Validation is unchanged: `Params(**arguments)` is the authority, and every bound, enum and cross-field
+rule (`present` / `needs` / `not_both`) stays in the schema.
+"""
+
+from typing import Any
+
+from .spec import SELF_TEST
+
+_MARKER = next(iter(SELF_TEST))
+
+
+def _is_null(schema: Any) -> bool:
+    return isinstance(schema, dict) and schema == {"type": "null"}
+
+
+def compact(schema: Any, inputs: bool = True) -> Any:
+    """`schema` without titles and (inputs) with optional fields shown as their non-null type (a new object).
+
+    Output schemas keep their nulls (`inputs=False`): a result carries its unset fields as null, and
+    clients validate structured content against the output schema."""
+    if isinstance(schema, list):
+        return [compact(item, inputs) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key == "title" and isinstance(value, str):
+            continue
+        if key in ("properties", "$defs", "definitions") and isinstance(value, dict):
+            # mappings of names: their keys are field names, never schema keywords
+            out[key] = {name: compact(sub, inputs) for name, sub in value.items()
+                        if not (isinstance(sub, dict) and sub.get(_MARKER))}
+            continue
+        out[key] = compact(value, inputs)
+    if not inputs:
+        return out
+    if _is_null(out.get("not")):
+        # `present()`'s "and not null": optional fields are published non-null, so `required` says it
+        del out["not"]
+    if isinstance(out.get("properties"), dict):
+        out["properties"] = {k: v for k, v in out["properties"].items() if v != {}}
+        if not out["properties"] and "required" in out:
+            del out["properties"]
+    options = out.get("anyOf")
+    if isinstance(options, list) and any(_is_null(o) for o in options) and out.get("default", 0) is None:
+        rest = [o for o in options if not _is_null(o)]
+        del out["anyOf"], out["default"]
+        if len(rest) == 1 and not set(rest[0]) & set(out):
+            out.update(rest[0])
+        else:
+            out["anyOf"] = rest
+    if "required" in out and "properties" in out:   # a hidden field is never required
+        out["required"] = [r for r in out["required"] if r in out["properties"]]
+        if not out["required"]:
+            del out["required"]
+    return out
