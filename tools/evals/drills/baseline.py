@@ -22,6 +22,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 
+from .faults import DrillError
 from .grade import Diagnosis, grade
 from .scenarios import all_scenarios, load_scenario
 from .session import start, stop
@@ -268,7 +269,10 @@ def main(ids: list[str], ci_only: bool = False, as_json: bool = False) -> int:
     scenarios = [load_scenario(i) for i in ids] if ids else [s for s in all_scenarios() if s.ci or not ci_only]
     attempts = []
     for scenario in scenarios:
-        attempt = run_scenario(scenario.id)
+        try:
+            attempt = run_scenario(scenario.id)
+        except DrillError as e:           # the place could not be set up: say so, go on with the others
+            attempt = Attempt(scenario=scenario.id, ranking=[], reason=f"not run: {e}")
         attempts.append(attempt)
         if not as_json:
             tools = " -> ".join(c.tool for c in attempt.calls) or "(no call)"
