@@ -32,7 +32,7 @@ RECIPES = [("fp32", False), ("fp32", True), ("amp_bf16", False), ("amp_bf16", Tr
 
 
 def build_model(arch: dict, device: str, checkpointing: bool):
-    """(model, which implementation): transformers' Llama when importable, else tools/_tiny_llama."""
+    """(model, which implementation): transformers' Llama when importable, else tools/shared/tiny_llama.py."""
     import torch
 
     try:

@@ -173,8 +173,6 @@ def freeze_when_meshed(cluster, node: str, module: bytes, stopped: list, settle_
     return thread
 
 
-@pytest.mark.xfail(reason="failed 1 run of 1 on the namespace cluster at load ~18 ('communication path'), while the "
-                          "same freeze through srun on the 2-node local SLURM is named: cause not found yet", strict=False)
 def test_collective_bench_names_the_rank_frozen_mid_sweep(multinode_cluster):  # noqa: F811
     """Review 5b: mln3's rank SIGSTOPped mid-sweep was blamed on 'the communication path' (2 runs of 2)."""
     stopped: list[int] = []

@@ -162,8 +162,11 @@ def test_a_running_job_and_the_allocation_are_targets(multinode_cluster, tmp_pat
         by_job = sweep(job_id=job, deadline_s=120)
         nodes = sorted({r.node for r in by_job.rows})
         assert by_job.target == "job (2 nodes)" and len(nodes) == 2 and by_job.nodes_complete == 2
-        assert {r.check for r in by_job.rows} == {"env_report", "gpu_health"}   # no benchmark beside the job
-        assert by_job.findings[0].startswith(f"Beside running job {job}: only env_report, gpu_health")
+        from tools.fleet_sweep.checks import NON_INVASIVE
+
+        assert {r.check for r in by_job.rows} == set(NON_INVASIVE)   # no benchmark beside the job
+        assert not set(NON_INVASIVE) & {"cpu_probe", "matmul_bench", "memory_bandwidth_bench", "p2p_bandwidth"}
+        assert by_job.findings[0].startswith(f"Beside running job {job}: only {', '.join(NON_INVASIVE)}")
         with pytest.raises(ToolFailure, match=r"^checks: cpu_probe would measure the resources job"):
             sweep(job_id=job, checks=["cpu_probe"])
         monkeypatch.setenv("SLURM_JOB_ID", job)

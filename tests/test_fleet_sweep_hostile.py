@@ -84,7 +84,8 @@ def test_a_forging_node_speaks_only_for_itself_and_a_frozen_node_is_not_hidden(m
     assert sum(n for (who, _), n in refused.items() if who == "mln4") == 25, refused
     assert refused[("mln4", "the event names another node ('ghost-00')")] == 1
     median = next(m for m in r["medians"] if m["figure"] == "cpu_probe.matmul_gflops")
-    assert median["count"] == 3 and median["median"] < 1e5
+    # Three real nodes behind the median (busy ones are left out of it on a loaded host), no ghost's 1e6.
+    assert median["count"] + median["busy_excluded"] == 3 and (median["median"] or 0) < 1e5, median
     assert any(f.startswith("REFUSED: 25 ") for f in r["findings"]), r["findings"]
     assert query(host="victim-host") == []
     assert sorted(row["host"] for row in query(tool="env_report")) == ["mln1", "mln2", "mln4"]
@@ -93,7 +94,7 @@ def test_a_forging_node_speaks_only_for_itself_and_a_frozen_node_is_not_hidden(m
 MALFORMED = """
 import base64, json
 nested = b"[" * 100000 + b"]" * 100000
-os.write(1, b"@@mleng " + nested + b"\\n")   # srun cuts it at 1 kB: the first piece is not JSON
+os.write(1, b"@@mleng " + nested + b"\\n")   # srun cuts it at 1 kB: the first piece is 1,000 open brackets
 chunks = [nested[i:i + 600] for i in range(0, len(nested), 600)]
 for i, chunk in enumerate(chunks):   # the same as parts, which do arrive whole: nested too deep
     part = {"part": "deep", "i": i, "n": len(chunks), "data": base64.b64encode(chunk).decode()}
@@ -119,7 +120,8 @@ def test_nested_malformed_and_huge_lines_cost_those_lines_only(multinode_cluster
     assert len(r["rows"]) == 8 and time.monotonic() - t0 < 120
     refused = {(x["source"], x["reason"]): x["count"] for x in r["refused"]}
     assert sum(n for (who, _), n in refused.items() if who == "mln4") == 11, refused
-    assert refused[("mln4", "nested deeper than 64 levels")] == 1
+    # Both: the parts reassembled, and srun's first 1 kB piece of the raw line (unclosed brackets).
+    assert refused[("mln4", "nested deeper than 64 levels")] == 2, refused
 
 
 @contextlib.contextmanager

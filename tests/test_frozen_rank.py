@@ -72,3 +72,15 @@ def test_srun_launch_failure_names_the_node_not_the_healthy_ones():
                                   timeout_s=30)
     assert "node mln5" in findings[0] and "Socket timed out" in findings[0]
     assert not any("mln1" in f or "mln2" in f for f in findings) and culprits == []
+
+
+def test_a_frozen_rank_thawed_by_slurm_before_the_kill_is_still_named():
+    """Namespace cluster: SLURM sends SIGCONT before SIGTERM when it ends a step, so the frozen rank's own wait
+    times out at once and it reports the same timeout as the ranks that waited for it; its beats say which."""
+    waited = [RankState(r, host=f"mln{r + 1}", status="error", stage="all_reduce 2097152", stages_seen=5,
+                        last_beat=53.0, error="Timed out waiting 30000ms for recv operation to complete")
+              for r in (0, 1, 3)]
+    frozen = RankState(2, host="mln3", status="error", stage="all_reduce 2097152", stages_seen=5, last_beat=23.4,
+                       error="Timed out waiting 30000ms for recv operation to complete")
+    culprits, findings = diagnose(_outcome(*waited, frozen), timeout_s=30)
+    assert culprits == [2] and "rank 2 (mln3" in findings[0] and "frozen" in findings[0]

@@ -9,6 +9,7 @@ is torchrun start-up, about 10-20 s a round on 2 cores.
 
 from __future__ import annotations
 
+import re
 import json
 import os
 import subprocess
@@ -85,7 +86,7 @@ def no_ranks_left(cluster) -> list[int]:
                     cmdline = f.read()
             except OSError:
                 continue
-            if b"tools._ranks" in cmdline or b"torch.distributed.run" in cmdline:
+            if re.search(rb"\.\w+\.rank\x00", cmdline) or b"torch.distributed.run" in cmdline:   # a tool's rank module
                 left.append(pid)
     return left
 

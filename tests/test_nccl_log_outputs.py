@@ -74,3 +74,21 @@ def test_pasted_ras_report_goes_to_the_hang_chain():
     assert any("60004" in f for f in r.findings)
     ok = run(NcclLogParams(paths=[str(FIX / "nccl_ras" / "ras_ok_256ranks_2.26.2.txt")]), lambda *_: None)
     assert ok.verdict == "ok" and any("outside NCCL" in f for f in ok.findings)
+
+
+def test_gdr_read_is_judged_against_the_platforms_default():
+    # NCCL env.rst: since 2.4.2 the default is 1 on NVLink-based platforms and 0 otherwise
+    assert is_override("NCCL_NET_GDR_READ", "1", nvlink=True) is False
+    assert is_override("NCCL_NET_GDR_READ", "1", nvlink=False) is True
+    assert is_override("NCCL_NET_GDR_READ", "0", nvlink=False) is False
+    assert is_override("NCCL_NET_GDR_READ", "0", nvlink=None) is None   # the log does not say: no verdict
+    from tools.nccl_log_analyze.checks import nvlink_platform
+    from tools.nccl_log_analyze.parse import parse_text
+
+    nvlink = nvlink_platform(parse_text(HEALTHY))
+    r = _run(_with_env(HEALTHY, ("NCCL_NET_GDR_READ", "1"), ("NCCL_ALGO", "Ring")))
+    text = next(f for f in r.findings if f.startswith("Settings that override"))
+    expected = {True: "NCCL_NET_GDR_READ=1: NCCL's default, no effect",
+                False: "override NCCL's own choices: NCCL_ALGO=Ring, NCCL_NET_GDR_READ=1;",
+                None: "NCCL_NET_GDR_READ=1: NCCL's default depends on whether the GPUs are NVLink-connected"}[nvlink]
+    assert expected in text, (nvlink, text)

@@ -110,11 +110,20 @@ async def test_knowledge_resources_and_traversal_refused():
         assert not (await c.call_tool("knowledge_search", {"query": "nvlink"})).is_error
 
 
-async def test_diagnose_prompt_lists_tools():
+async def test_diagnose_prompt_plans_for_the_symptom_it_was_given():
+    cases = {"training hangs at step 300, GPU util 0%, the processes are still alive": "hang_stack_dump",
+             "CUDA out of memory: will llama-3-70b fit on 8 H100 with ZeRO-3?": "memory_estimate",
+             "SLURM job 812345 failed overnight with exit code 137, why?": "slurm_job_diagnose",
+             "all-reduce busbw between our two nodes is far below what InfiniBand NDR should give":
+                 "collective_bench"}
+    plans = {}
     async with Client(build_server()) as c:
-        prompt = await c.get_prompt("diagnose", {"symptom": "training hangs at step 300"})
-    text = prompt.messages[0].content.text
-    assert "training hangs at step 300" in text and "gpu_health" in text
+        for symptom, expected in cases.items():
+            text = (await c.get_prompt("diagnose", {"symptom": symptom})).messages[0].content.text
+            plan = text.split("best match first:")[1].split("\n\n")[0]
+            assert symptom in text and expected in plan, (symptom, plan)
+            plans[symptom] = plan
+    assert len(set(plans.values())) == len(cases)    # not the same text whatever the symptom
 
 
 async def test_slow_run_returns_a_job_handle_then_job_status_and_cancel(tmp_path):

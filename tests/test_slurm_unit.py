@@ -126,7 +126,7 @@ def test_each_task_runs_in_a_scratch_tmpdir_removed_after(tmp_path):
     base.mkdir()
     out = subprocess.run(["bash", "-c", cmd[-1]], capture_output=True, text=True,
                          env={"PATH": os.environ["PATH"], "SLURM_PROCID": "0", "TMPDIR": str(base)})
-    assert out.returncode == 3 and out.stdout.startswith(str(base / "mleng-ranks-"))  # exit code kept
+    assert out.returncode == 3 and out.stdout.startswith(str(base / "mleng-ranks-run-"))  # exit code kept
     assert list(base.iterdir()) == []
 
 
@@ -374,3 +374,15 @@ def test_a_broken_log_triage_does_not_hide_slurms_answer(tmp_path, monkeypatch):
     r = sjd.run(sjd.SlurmJobDiagnoseParams(job_id="7", search_dirs=[str(tmp_path)]), noop)
     assert r.state == "TIMEOUT" and r.verdict == "fail"
     assert r.log_findings and r.log_findings[0].startswith("log_triage is not usable")
+
+
+def test_scratch_left_by_killed_tasks_is_removed_by_tag(tmp_path):
+    """A SIGKILLed task cannot clean up: the run's tag names its folders for one cleanup step at the end."""
+    cmd = _slurm.scratch_cleanup_command(["mln1", "mln2"], "abcd1234")
+    assert cmd[:2] == ["srun", "--overlap"] and "--nodelist=mln1,mln2" in cmd and "--ntasks-per-node=1" in cmd
+    for name in ("mleng-ranks-abcd1234-x1", "mleng-ranks-abcd1234-x2", "mleng-ranks-other99-x3"):
+        (tmp_path / name).mkdir()
+    subprocess.run(["bash", "-c", cmd[-1]], check=True, env={"PATH": os.environ["PATH"], "TMPDIR": str(tmp_path)})
+    assert [p.name for p in tmp_path.iterdir()] == ["mleng-ranks-other99-x3"]
+    with pytest.raises(ValueError, match="tag"):
+        _slurm.scratch_cleanup_command(["n1"], "x; rm -rf /")

@@ -1,6 +1,6 @@
 """results_history — past results from the store; flags outlier nodes/GPUs and regressions.
 
-Every tool run is stored with its host, GPUs, driver and versions (tools/store.py). Runs are
+Every tool run is stored with its host, GPUs, driver and versions (tools/engine/store.py). Runs are
 comparable when they come from the same tool with the same parameters (ignoring ones like
 timeouts). Among comparable runs this tool flags, by the one verdict rule (tools/shared/judging.py:
 worse than the reference by more than max(margin, k x spread), margins in verdict_rules.toml):

@@ -11,6 +11,7 @@ Outside SLURM the same rounds run through per-node agents (node_agents.py).
 from __future__ import annotations
 
 import json
+import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
@@ -64,6 +65,15 @@ def group_run(nodes: list[int], outcome: LaunchOutcome | None, pg_timeout_s: flo
     return GroupRun(nodes, "ok", busbw, latency, wall_s, "", rows, setup)
 
 
+def remove_scratch(names: list[str], tag: str) -> None:
+    """After the last round: remove the scratch folders that killed tasks left on the nodes (best effort: a
+    node that is down keeps its own; the answer does not depend on it)."""
+    try:
+        subprocess.run(_slurm.scratch_cleanup_command(names, tag), capture_output=True, timeout=60, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+
+
 def node_addresses(names: list[str]) -> dict[str, str]:
     """NodeAddr of every node SLURM knows (one scontrol call); a node's name where it says none."""
     try:
@@ -90,7 +100,8 @@ def srun_group_command(job: dict, names: list[str], addresses: dict[str, str], n
 
 
 def run_round_srun(groups: list[list[int]], names: list[str], job: dict, *, nproc: int, deadline_s: float,
-                   pg_timeout_s: float, port: int, job_id: str | None = None) -> list[GroupRun]:
+                   pg_timeout_s: float, port: int, job_id: str | None = None,
+                   scratch_tag: str = "run") -> list[GroupRun]:
     """Every group of the round at once, one srun step each; results in the order of `groups`."""
     addresses = node_addresses(names)
     results: list[GroupRun | None] = [None] * len(groups)
@@ -101,7 +112,7 @@ def run_round_srun(groups: list[list[int]], names: list[str], job: dict, *, npro
         try:
             cmd = srun_group_command(job, [names[i] for i in group], addresses, nproc, port, job_id)
             outcome = launch_ranks(cmd, len(group) * nproc, timeout_s=pg_timeout_s, stall_s=deadline_s,
-                                   deadline_s=deadline_s)
+                                   deadline_s=deadline_s, env={_slurm.SCRATCH_TAG_ENV: scratch_tag})
         finally:
             results[k] = group_run(group, outcome, pg_timeout_s, names, round(time.monotonic() - t0, 2))
 

@@ -12,7 +12,7 @@ from ..shared import slurm as _slurm
 from ..shared.launch import use_srun
 from .isolation import IsolationReport, bisect, draw_heatmap, pairwise
 from .node_agents import SECRET_ENV, agent, coordinate, open_store, run_secret
-from .node_groups import run_round_srun
+from .node_groups import remove_scratch, run_round_srun
 from .pair_schedule import full_round_count
 
 
@@ -103,9 +103,14 @@ def run_pattern(params, job: dict, nproc: int, progress) -> tuple[IsolationRepor
         devices = readiness(names)
         return drive(functools.partial(run_round_rdma, names=names, devices=devices, deadline_s=deadline)), []
     if how == "srun":
-        port = 29500 + random.randrange(1000)
-        return drive(functools.partial(run_round_srun, names=names, job=job, nproc=nproc, deadline_s=deadline,
-                                       pg_timeout_s=params.pg_timeout_s, port=port)), []
+        port, tag, report = 29500 + random.randrange(1000), os.urandom(8).hex(), None
+        try:
+            report = drive(functools.partial(run_round_srun, names=names, job=job, nproc=nproc, deadline_s=deadline,
+                                             pg_timeout_s=params.pg_timeout_s, port=port, scratch_tag=tag))
+            return report, []
+        finally:  # on the nodes that ran a group: a step that includes a dead node is refused as a whole
+            ran = {n for g in report.groups if g.status == "ok" for n in g.nodes} if report else set(names)
+            remove_scratch([n for n in names if n in ran] or names, tag)
     if params.node_rank == 0:
         return coordinate(names, job, endpoint=params.rdzv_endpoint, nproc=nproc, deadline_s=deadline,
                           pg_timeout_s=params.pg_timeout_s, drive=drive), []

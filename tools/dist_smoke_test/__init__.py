@@ -2,7 +2,7 @@
 
 Every rank: init the process group (short timeout), barrier, compare tensor sizes, all_reduce known
 values checked exactly, a small allocation on its device; reports host, device, versions and seconds
-per stage. Each rank writes its stage to a side channel (tools/_ranks.py) so a rank that never
+per stage. Each rank writes its stage to a side channel (tools/shared/ranks.py) so a rank that never
 joins, dies or stalls is named within the timeout plus a few seconds, and every rank process is
 killed afterwards. NCCL on GPUs, gloo on CPU-only machines.
 

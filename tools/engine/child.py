@@ -1,4 +1,4 @@
-"""Child side of a subprocess tool: `python -m tools.child TOOL [MODULE]`, params as JSON on stdin.
+"""Child side of a subprocess tool: `python -m tools.engine.child TOOL [MODULE]`, params as JSON on stdin.
 
 MODULE (a dotted name or a .py path) is where the spec lives when it is not `tools.TOOL`: tests use
 it for fault-injection tools that must not be in the registry.
@@ -22,7 +22,7 @@ import sys
 
 def main() -> int:
     if len(sys.argv) not in (2, 3):
-        print("usage: python -m tools.child TOOL_NAME [MODULE] < params.json", file=sys.stderr)
+        print("usage: python -m tools.engine.child TOOL_NAME [MODULE] < params.json", file=sys.stderr)
         return 2
     wire = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # stray prints, C libraries and NCCL logs must not corrupt the wire

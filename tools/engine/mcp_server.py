@@ -352,14 +352,10 @@ def build_server(specs: list[ToolSpec] | None = None) -> ToolServer:
 
     @server.prompt(name="diagnose", title="Diagnose a GPU-cluster problem")
     def diagnose(symptom: str) -> str:
-        """Turn a symptom into an ordered plan of mleng tool calls."""
-        tools = "\n".join(f"- {t.name}: {t.title}" for t in server._tools)
-        return (f"A user reports: {symptom}\n\nWork out the cause with measurements, not guesses. Plan first: "
-                "list the 2-4 tools below that bear on this symptom, cheapest and read-only first (version and "
-                "health checks, log triage) before GPU-heavy benchmarks or multi-rank runs, and say what each "
-                "result would rule in or out. Search the knowledge tree (knowledge_search) for what the numbers "
-                "should be. Then run the first tool, read its verdict, findings and `next`, and continue. "
-                f"Finish with the named culprit (rank, node, link, setting) and the fix.\n\nTools:\n{tools}")
+        """Turn a symptom into an ordered plan of mleng tool calls (the tools that match it, best first)."""
+        from .plan import plan_text
+
+        return plan_text(symptom[:4000], server._entries)
 
     return server
 

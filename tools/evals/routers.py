@@ -4,7 +4,7 @@ These are floors that a real agent must beat, and a regression check on the tool
 description edit makes BM25 or MiniLM pick the wrong tool more often, an agent is likely to as well.
 
 - `BM25Router`: bm25s over each tool's name (underscores split) + title + description.
-- `EmbedRouter`: all-MiniLM-L6-v2 cosine similarity (evals/embed.py, numpy, offline); a tool's score
+- `EmbedRouter`: all-MiniLM-L6-v2 cosine similarity (tools/evals/embed.py, numpy, offline); a tool's score
   is the best match among its name + title and each sentence of its description, so one on-point
   sentence in a long description counts (and nothing is cut at the model's 256 tokens).
 - `HybridRouter`: a weighted sum of both, each scaled by constants fixed at calibration (not per

@@ -104,7 +104,7 @@ def check_names(cases: list[dict], tools: list[ToolText]) -> list[str]:
 def main(argv: list[str] | None = None, tools: list[ToolText] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="mleng eval", description=__doc__.split("\n\n")[0])
     parser.add_argument("--cases", default="cases.jsonl",
-                        help="JSON-lines cases file (schema in evals/metrics.py); a name the package ships "
+                        help="JSON-lines cases file (schema in tools/evals/metrics.py); a name the package ships "
                              "(cases.jsonl, public_cases.jsonl, or evals/<name> as in a checkout) is found in it "
                              "[default: the shipped cases.jsonl]")
     parser.add_argument("--router", choices=ROUTERS, default="bm25", help="baseline router (default bm25)")

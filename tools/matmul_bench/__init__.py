@@ -7,8 +7,8 @@ small, medium and large shapes alike, and measures the finalists of every class 
 (mean of 100 iterations after 50 warm-up), each from full clock (after a light load: the MAMF) and
 again once it has run a while at its own load (the sustained figure). On power-capped cards (H100/H200
 at 700 W) the two differ by 4-7%, and a shape measured the published way without a defined start
-measures mostly the clock its predecessor left. See tools/_matmul_search.py for the search and
-tools/_matmul_measure.py for how a shape is timed.
+measures mostly the clock its predecessor left. See tools/matmul_bench/search.py for the search and
+tools/matmul_bench/measure.py for how a shape is timed.
 
 By hand:
     python -m tools.matmul_bench                                  # GPU 0, bf16, quick (~30 s)

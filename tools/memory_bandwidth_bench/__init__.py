@@ -4,7 +4,7 @@ Device: copy (counted as bytes read + bytes written), read-only (a sum) and writ
 buffers far larger than L2 (1 GiB by default). Host link: host->device and device->host copies from
 pinned and from pageable memory, judged against the PCIe link NVML reports (generation x width),
 with the likely causes when they fall short (downtrained link, wrong NUMA node, pageable memory).
-See tools/_membw_measure.py for how each figure is timed and how its bytes are counted.
+See tools/memory_bandwidth_bench/measure.py for how each figure is timed and how its bytes are counted.
 
 By hand:
     python -m tools.memory_bandwidth_bench                      # GPU 0

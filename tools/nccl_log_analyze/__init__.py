@@ -22,8 +22,8 @@ Then:
     python -m tools.nccl_log_analyze --paths nccl.log
     python -m tools.nccl_log_analyze --paths '/shared/nccl.*' --json
 
-The parsing lives in tools/_nccl_parse.py (line heads, per-process records) and tools/_nccl_messages.py (one
-regex and handler per message kind); the checks that flag problems in tools/_nccl_checks.py.
+The parsing lives in tools/nccl_log_analyze/parse.py (line heads, per-process records) and tools/nccl_log_analyze/messages.py (one
+regex and handler per message kind); the checks that flag problems in tools/nccl_log_analyze/checks.py.
 """
 
 from collections import Counter

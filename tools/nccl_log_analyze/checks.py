@@ -36,7 +36,7 @@ NEXT = {
 }
 FORCING_VARS = ("NCCL_ALGO", "NCCL_PROTO", "NCCL_IB_DISABLE", "NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE", "NCCL_NET_GDR_LEVEL",
                 "NCCL_P2P_LEVEL", "NCCL_MAX_NCHANNELS", "NCCL_MIN_NCHANNELS", "NCCL_NVLS_ENABLE", "NCCL_NET",
-                "NCCL_CROSS_NIC", "NCCL_BUFFSIZE")
+                "NCCL_CROSS_NIC", "NCCL_BUFFSIZE", "NCCL_NET_GDR_READ")
 
 
 @dataclass
@@ -216,21 +216,38 @@ def _check_settings(parsed: Parsed, procs: list[Proc], rep: Report) -> dict:
         top = "; ".join(f"{msg} (x{n})" for msg, n in parsed.warnings.most_common(3))
         rep.flag("nccl_warnings", "warn", f"{sum(parsed.warnings.values())} NCCL WARN line(s): {top}.")
     env = {k: v for p in procs for k, v in p.env.items()}
-    forced = {k: v for k, v in env.items() if k in FORCING_VARS and is_override(k, v)}
-    same = sorted(f"{k}={v}" for k, v in env.items() if k in FORCING_VARS and not is_override(k, v))
-    if forced:
+    nvlink = nvlink_platform(parsed)
+    judged = {k: is_override(k, v, nvlink) for k, v in env.items() if k in FORCING_VARS}
+    forced = {k: env[k] for k, over in judged.items() if over}
+    same = sorted(f"{k}={env[k]}" for k, over in judged.items() if over is False)
+    unknown = sorted(f"{k}={env[k]}" for k, over in judged.items() if over is None)
+    if forced or unknown:
         rep.flag("forced_settings", "info", "Settings that override NCCL's own choices: "
-                 + ", ".join(f"{k}={v}" for k, v in sorted(forced.items())) + "; keep them only if measured to help"
-                 + (f" ({', '.join(same)}: NCCL's default, no effect)." if same else "."))
+                 + (", ".join(f"{k}={v}" for k, v in sorted(forced.items())) or "none") + "; keep them only if measured to help"
+                 + (f" ({', '.join(same)}: NCCL's default, no effect)" if same else "")
+                 + (f" ({', '.join(unknown)}: NCCL's default depends on whether the GPUs are NVLink-connected, "
+                    "which this log does not show)" if unknown else "") + ".")
     return env
 
 
-def is_override(name: str, value: str) -> bool:
+def nvlink_platform(parsed: Parsed) -> bool | None:
+    """Whether the log shows an NVLink-based node (NVL graph paths or NVLS), a PCIe-only one, or neither."""
+    if parsed.transports["nvls"] or any(g["type_intra"] == "NVL" for g in parsed.graphs):
+        return True
+    return False if parsed.graphs else None
+
+
+def is_override(name: str, value: str, nvlink: bool | None = None) -> bool | None:
     """Whether NAME=value changes what NCCL does: not when it equals NCCL's documented default
-    (knowledge/data/nccl_env_defaults.toml); always when the default is NCCL's own choice ('auto', 'unset')."""
+    (knowledge/data/nccl_env_defaults.toml); always when the default is NCCL's own choice ('auto', 'unset').
+    A default that depends on the platform (NCCL_NET_GDR_READ) is judged with `nvlink`; None when unknown."""
     rec = load_data("nccl_env_defaults")["var"].get(name)
     if rec is None or rec["default"] in ("auto", "unset"):
         return True
+    if rec["default"] == "platform":
+        if nvlink is None:
+            return None
+        return value.strip() != rec["default_nvlink" if nvlink else "default_other"]
     return value.strip() not in [rec["default"], *rec.get("same_as_default", [])]
 
 

@@ -115,8 +115,11 @@ def frozen_ranks(states: list[RankState]) -> list[RankState]:
     if len(beats) < 2:
         return []
     newest = max(beats)
-    # not a rank that raised or exited on its own (its beats end with it): killed at the end (-9, -15) or alive
-    return [s for s in states if s.status not in ("done", "error") and s.exitcode in (None, -9, -15, 137, 143)
+    # not a rank that raised or exited on its own (its beats end with it): killed at the end (-9, -15), alive,
+    # or one that raised a timeout once thawed (SLURM sends SIGCONT before it kills a step: the frozen rank's
+    # wait then times out at once; seen on the namespace cluster)
+    return [s for s in states if s.status != "done" and s.exitcode in (None, -9, -15, 137, 143)
+            and (s.status != "error" or "timed out" in (s.error or "").lower() or "timeout" in (s.error or "").lower())
             and s.last_beat is not None and newest - s.last_beat >= FROZEN_GAP_S]
 
 

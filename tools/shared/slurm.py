@@ -38,7 +38,7 @@ from dataclasses import dataclass
 __all__ = [
     "SlurmError", "failures_as_tool_failure", "in_allocation", "allocation_nodes", "allocation_head_address", "job_allocation_env", "expand_hostlist",
     "hostlist_size", "MAX_HOSTS", "SrunTasks", "srun_tasks_line",
-    "srun_torchrun_command", "rdzv_is_host", "launch_failures", "split_labelled_output", "client_configured", "run_cmd", "json_or_none", "parse_kv_line",
+    "srun_torchrun_command", "rdzv_is_host", "launch_failures", "scratch_cleanup_command", "split_labelled_output", "client_configured", "run_cmd", "json_or_none", "parse_kv_line",
     "parse_exit_code", "decode_wait_status", "parse_duration_s", "format_duration",
     "explain_pending_reason", "explain_state", "signal_name",
 ]
@@ -183,8 +183,11 @@ def rdzv_is_host(node: str) -> str:
 
 # Each task's torchrun gets a private TMPDIR, removed when the task ends (normally or on srun's SIGTERM):
 # torchelastic writes a torchelastic_* folder there per run and never removes it (56 per 8-node pairwise
-# run were left in the nodes' /tmp). A SIGKILLed task still leaves it: nothing runs after SIGKILL.
-_SCRATCH = ('d=$(mktemp -d "${TMPDIR:-/tmp}/mleng-ranks-XXXXXX") || exit 1; '
+# run were left in the nodes' /tmp). A SIGKILLed task still leaves it (a step srun aborts, one killed after
+# SLURM's KillWait): its name carries the run's tag (SCRATCH_TAG_ENV, exported by srun to the tasks) so
+# one `scratch_cleanup_command` step at the end of a run removes what is left on every node.
+SCRATCH_TAG_ENV = "MLENG_SCRATCH_TAG"
+_SCRATCH = ('d=$(mktemp -d "${TMPDIR:-/tmp}/mleng-ranks-${MLENG_SCRATCH_TAG:-run}-XXXXXX") || exit 1; '
             'trap \'rm -rf "$d"\' EXIT; trap \'exit 143\' TERM INT HUP; export TMPDIR="$d"; ')
 
 
@@ -273,6 +276,15 @@ def _task_ids(text: str) -> tuple[int, ...]:
         if lo.isdigit() and (hi or lo).isdigit():
             ids.extend(range(int(lo), min(int(hi or lo), int(lo) + MAX_HOSTS) + 1))
     return tuple(ids[:MAX_HOSTS])
+
+
+def scratch_cleanup_command(nodes: list[str], tag: str, job_id: str | None = None) -> list[str]:
+    """One srun step, one task per node, that removes the scratch folders the run tagged `tag` left behind."""
+    if not re.fullmatch(r"[A-Za-z0-9]{4,64}", tag):
+        raise ValueError(f"tag: {tag!r} is not 4-64 letters and digits")
+    return ["srun", "--overlap", f"--nodes={len(nodes)}", f"--ntasks={len(nodes)}", "--ntasks-per-node=1",
+            f"--nodelist={','.join(nodes)}", *([f"--jobid={job_id}"] if job_id else []),
+            "bash", "-c", f'rm -rf "${{TMPDIR:-/tmp}}"/mleng-ranks-{tag}-*']
 
 
 def split_labelled_output(text: str) -> dict[int, str]:
