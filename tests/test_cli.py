@@ -76,3 +76,22 @@ def test_readme_tool_table_lists_every_registered_tool():
     listed = set(re.findall(r"^\| `([a-z0-9_]+)`(?: / `([a-z0-9_]+)`)? \|", readme, re.M))
     names = {n for pair in listed for n in pair if n}
     assert names == set(registry()), f"README table vs registry: {names ^ set(registry())}"
+
+
+def test_readme_runs_column_agrees_with_the_registry():
+    """'in-process' in the README's runs column exactly for the tools that run in the server."""
+    import re
+
+    from tools.engine.registry import registry
+
+    with open(os.path.join(REPO, "README.md"), encoding="utf-8") as f:
+        rows = [line for line in f.read().splitlines() if line.startswith("| `")]
+    seen = {}
+    for line in rows:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        for name in re.findall(r"`(\w+)`", cells[0]):
+            if name in registry():
+                seen[name] = "in-process" in cells[-1]
+    wrong = sorted(n for n, inproc in seen.items() if inproc != (registry()[n].runs == "in_process"))
+    assert wrong == [], f"README says in-process/subprocess wrongly for {wrong}"
+

@@ -89,3 +89,24 @@ def test_absent_perftest_says_not_present(monkeypatch):
     monkeypatch.setenv("PATH", "/nonexistent")
     ok, detail = perftest.available()
     assert not ok and detail == "not present (ib_write_bw, ib_write_lat not on PATH)"
+
+
+def test_rdma_readiness_names_each_node_and_what_it_lacks(monkeypatch):
+    """The parsing of the one readiness step (its srun output as the nodes print it; srun itself runs on the
+    namespace cluster in tests/test_nic_health_cluster.py)."""
+    from tools.collective_bench import rdma_rounds
+    from tools.engine.spec import ToolFailure
+
+    printed = ("n1 mlx5_0 /usr/bin/ib_write_bw /usr/bin/ib_write_lat\nn2 - /usr/bin/ib_write_bw /usr/bin/ib_write_lat\n"
+               "n4 mlx5_1 - -\n")
+    monkeypatch.setattr(rdma_rounds.subprocess, "run",
+                        lambda *a, **k: subprocess.CompletedProcess(a, 0, stdout=printed, stderr=""))
+    with pytest.raises(ToolFailure) as failure:
+        rdma_rounds.readiness(["n1", "n2", "n3", "n4"])
+    said = str(failure.value)
+    assert "n1:" not in said and "n2: no RDMA device with an ACTIVE port;" in said and "n3: no answer;" in said
+    assert "n4: perftest not present" in said
+    ready = "n1 mlx5_0 /x/ib_write_bw /x/ib_write_lat\nn2 mlx5_3 /x/ib_write_bw /x/ib_write_lat\n"
+    monkeypatch.setattr(rdma_rounds.subprocess, "run",
+                        lambda *a, **k: subprocess.CompletedProcess(a, 0, stdout=ready, stderr=""))
+    assert rdma_rounds.readiness(["n1", "n2"]) == {"n1": "mlx5_0", "n2": "mlx5_3"}
