@@ -132,8 +132,8 @@ def pattern_findings(report: IsolationReport) -> tuple[str, list[str], list[str]
     findings = [f"Suspect {s.kind} {' - '.join(s.nodes)}: {s.evidence}." for s in report.suspects] + [head]
     if report.inconclusive:
         findings.insert(0, f"Inconclusive: healthy pairs' busbw spread {report.spread:.0%} (1.4826 x MAD / median) "
-                           f"in this run, so a pair would have to be {report.threshold:.0%} below a healthy pair to be "
-                           "called slow, past what this check can resolve: no node or link is named for being slow "
+                           f"in this run; the rule's threshold, max(margin, k x spread) = {report.threshold:.0%} below a "
+                           "healthy pair, is past what this check can resolve: no node or link is named for being slow "
                            "(only pairs that failed or hung twice are). Run again with the nodes idle (no other jobs), "
                            "or with larger sizes.")
     if report.unconfirmed:
