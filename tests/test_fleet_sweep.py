@@ -63,7 +63,7 @@ def test_four_nodes_answer_every_check_rows_stream_and_are_stored(multinode_clus
     assert sorted(r["host"] for r in stored) == multinode_cluster.nodes  # each node's own hostname
     assert all(r.result_id for r in result.rows)
     assert {d.field for d in result.drift} <= {"python"} or not result.drift  # one venv: no drift
-    assert result.plot_png and os.path.getsize(result.plot_png) > 10_000
+    assert result.plot_png and os.path.getsize(result.plot_png) > 10_000, result.findings  # "No plot: ..." says why
     assert wait_clean(multinode_cluster) == []
 
 
