@@ -157,3 +157,30 @@ def test_sigterm_to_the_cli_kills_the_run(tmp_path):
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(30) == 130
     assert _wait_gone(pids) == []
+
+
+def test_every_output_field_is_described():
+    """Results and the records inside them: an agent reading structured content learns each field from here."""
+    import typing
+
+    from pydantic import BaseModel
+
+    seen, missing = set(), []
+
+    def walk(cls, tool):
+        if cls in seen:
+            return
+        seen.add(cls)
+        for name, field in cls.model_fields.items():
+            if not field.description:
+                missing.append(f"{tool}: {cls.__name__}.{name}")
+            stack = [field.annotation]
+            while stack:
+                ann = stack.pop()
+                stack.extend(typing.get_args(ann))
+                if isinstance(ann, type) and issubclass(ann, BaseModel):
+                    walk(ann, tool)
+
+    for name, spec in registry().items():
+        walk(spec.Result, name)
+    assert missing == []

@@ -82,3 +82,29 @@ def test_gpu_holders_are_other_processes_and_a_fading_utilisation_of_ours_is_not
         assert [h.pid for h in occ.gpu_occupancy().holders] == [1]
     finally:
         monkeypatch.undo()
+
+
+class FakeNvmlWithSamples(FakeNvml):
+    """A driver that keeps per-process SM samples (the H200 does)."""
+
+    def __init__(self, pids, utils, sm_by_pid):
+        super().__init__(pids, utils)
+        self.sm_by_pid = sm_by_pid
+
+    def nvmlDeviceGetProcessUtilization(self, h, since_us):
+        if not self.sm_by_pid:
+            raise RuntimeError("Not Found")          # NVML's NOT_FOUND: no sample since then
+        return [type("S", (), {"pid": pid, "smUtil": sm})() for pid, sm in self.sm_by_pid.items()]
+
+
+def test_an_idle_holder_of_gpu_memory_is_not_a_cotenant(monkeypatch):
+    """The H200 run of 2026-12-01: a pytest process holding 106 GiB at 2% was called busy."""
+    import tools.shared.occupancy as occ
+
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvmlWithSamples([1], [2], {1: 2}))
+    assert not occ.gpu_occupancy().busy
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvmlWithSamples([1], [2], {}))       # no sample: idle
+    assert not occ.gpu_occupancy().busy
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvmlWithSamples([1], [99], {1: 97}))  # a real co-tenant
+    busy = occ.gpu_occupancy(count_utilisation=False)
+    assert busy.busy and [h.pid for h in busy.holders] == [1]

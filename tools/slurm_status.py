@@ -37,44 +37,44 @@ class SlurmStatusParams(Params):
 
 
 class PartitionInfo(Record):
-    name: str
+    name: str = Field(description="Partition name.")
     state: str = Field(description="UP, DOWN, DRAIN or INACTIVE.")
-    default: bool = False
-    nodes_total: int = 0
+    default: bool = Field(False, description="The partition jobs go to when none is named.")
+    nodes_total: int = Field(0, description="Nodes in the partition.")
     nodes_idle: int = Field(0, description="Nodes with nothing running and no problem flag.")
     nodes_in_use: int = Field(0, description="Nodes running jobs (allocated or mixed).")
     nodes_unavailable: int = Field(0, description="Nodes drained, down, failing or not responding.")
-    gpus_total: int = 0
-    gpus_used: int = 0
+    gpus_total: int = Field(0, description="GPUs on the partition's nodes.")
+    gpus_used: int = Field(0, description="GPUs allocated to jobs.")
     gpus_free: int = Field(0, description="GPUs on usable nodes not allocated to any job.")
 
 
 class NodeProblem(Record):
-    node: str
+    node: str = Field(description="Node name.")
     state: str = Field(description="Base state plus flags, e.g. IDLE+DRAIN, DOWN+NOT_RESPONDING.")
-    reason: str | None = None
+    reason: str | None = Field(None, description="The reason SLURM holds for the state.")
     set_by: str | None = Field(None, description="Who set the reason (user name).")
     since: str | None = Field(None, description="When the reason was set (ISO 8601, local time).")
-    partitions: list[str] = Field(default_factory=list)
+    partitions: list[str] = Field(default_factory=list, description="Partitions the node belongs to.")
 
 
 class JobInfo(Record):
-    job_id: str
-    name: str = ""
-    user: str = ""
-    state: str = ""
-    partition: str = ""
+    job_id: str = Field(description="Job id.")
+    name: str = Field("", description="Job name.")
+    user: str = Field("", description="Owner.")
+    state: str = Field("", description="PENDING, RUNNING, ...")
+    partition: str = Field("", description="Partition.")
     nodes: str = Field("", description="Node list (running) or count requested (pending).")
-    reason: str = ""
+    reason: str = Field("", description="SLURM's pending reason (e.g. Priority, Resources).")
     reason_explained: str = Field("", description="What the pending reason means, in plain words.")
-    time_used: str = ""
-    time_limit: str = ""
+    time_used: str = Field("", description="Run time so far, as squeue prints it.")
+    time_limit: str = Field("", description="Time limit, as squeue prints it.")
 
 
 class SlurmStatusResult(Result):
     slurm_version: str | None = Field(None, description="SLURM version of the client commands.")
     source: str = Field("", description="json (sinfo/squeue --json) or text (format strings).")
-    partitions: list[PartitionInfo] = Field(default_factory=list)
+    partitions: list[PartitionInfo] = Field(default_factory=list, description="Every partition with node and GPU counts.")
     problem_nodes: list[NodeProblem] = Field(default_factory=list,
                                              description="Drained, down, failing or not-responding nodes.")
     jobs: list[JobInfo] = Field(default_factory=list, description="Jobs of the user (or everyone), pending first.")

@@ -59,7 +59,6 @@ def pattern_nodes(params) -> tuple[list[str], str]:
         if not 0 <= params.node_rank < len(params.hosts):
             raise ToolFailure(f"node_rank: {params.node_rank} is outside 0..{len(params.hosts) - 1} (hosts has "
                               f"{len(params.hosts)} nodes)")
-        run_secret()  # refused now, before any round, when the nodes were not given the run's secret
         return list(params.hosts), "agents"
     if not use_srun(2):
         raise ToolFailure(f"pattern: {params.pattern} needs several nodes: run it inside a SLURM allocation "
@@ -85,6 +84,9 @@ def run_pattern(params, job: dict, nproc: int, progress) -> tuple[IsolationRepor
     """Run the pattern; (report, findings). report is None on a node that is not the coordinator."""
     names, how = pattern_nodes(params)
     check_rounds(params, len(names))
+    if how == "agents":
+        run_secret()  # refused now, before any round, when the nodes were not given the run's secret;
+        #               after the parameters, so bad input is named first
     job = {**job, "ops": ["all_reduce"]}
     deadline = params.group_deadline_s
 
@@ -132,8 +134,8 @@ def pattern_findings(report: IsolationReport) -> tuple[str, list[str], list[str]
     findings = [f"Suspect {s.kind} {' - '.join(s.nodes)}: {s.evidence}." for s in report.suspects] + [head]
     if report.inconclusive:
         findings.insert(0, f"Inconclusive: healthy pairs' busbw spread {report.spread:.0%} (1.4826 x MAD / median) "
-                           f"in this run, so a pair would have to be {report.threshold:.0%} below a healthy pair to be "
-                           "called slow, past what this check can resolve: no node or link is named for being slow "
+                           f"in this run; the rule's threshold, max(margin, k x spread) = {report.threshold:.0%} below a "
+                           "healthy pair, is past what this check can resolve: no node or link is named for being slow "
                            "(only pairs that failed or hung twice are). Run again with the nodes idle (no other jobs), "
                            "or with larger sizes.")
     if report.unconfirmed:

@@ -11,7 +11,7 @@ from ..shared.actions import HealthFinding
 
 
 class MemoryHolder(Record):
-    pid: int
+    pid: int = Field(description="Process id holding memory on the GPU.")
     name: str = Field("?", description="Process name, '?' when not visible here.")
     user: str | None = Field(None, description="Owner, None when not visible.")
     mine: bool | None = Field(None, description="Owned by the user running gpu_health.")

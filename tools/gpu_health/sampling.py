@@ -6,7 +6,7 @@ once had trouble, the change over the window says it has trouble now. CRC thresh
 100 CRC errors per second on a link (DCGM_FR_NVLINK_CRC_ERROR_THRESHOLD, NVIDIA/DCGM dcgmlib/dcgm_errors.h).
 """
 
-from ..engine.spec import Record
+from ..engine.spec import Field, Record
 from ..shared.actions import HealthFinding
 
 CRC_PER_S_LIMIT = 100.0          # DCGM's per-link CRC rate limit (see module doc)
@@ -15,12 +15,12 @@ HW_EVENTS = ("hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown")
 
 
 class NvLinkCounters(Record):
-    link: int
-    active: bool = True
-    replay: int | None = None
-    recovery: int | None = None
-    crc_flit: int | None = None
-    crc_data: int | None = None
+    link: int = Field(description="NVLink index on this GPU.")
+    active: bool = Field(True, description="Whether the link is up.")
+    replay: int | None = Field(None, description="Replay errors (retransmissions) counted on this link.")
+    recovery: int | None = Field(None, description="Link recovery events counted on this link.")
+    crc_flit: int | None = Field(None, description="Flit CRC errors counted on this link.")
+    crc_data: int | None = Field(None, description="Data CRC errors counted on this link.")
 
 
 COUNTERS = ("replay", "recovery", "crc_flit", "crc_data")

@@ -6,7 +6,9 @@ measures a shared resource records here who else was on it, and a busy figure is
 with its holders, kept out of medians and outliers, and never a drain reason.
 
 - GPU: NVML's compute processes on each device that are not ours (this process, its children, and
-  the processes `ours` accepts), and the device's utilisation before we start. Without NVML: no GPU.
+  the processes `ours` accepts) and that computed (per-process SM samples, where the driver keeps them:
+  an idle holder of memory is not a co-tenant), and the device's utilisation before we start. Without
+  NVML: no GPU.
 - CPU: others' CPU time over the measuring window = the host's busy time (psutil.cpu_times) minus
   ours; busy when it leaves less than FREE_CORES_NEEDED of a core for a single-thread probe.
   Memory pressure: /proc/pressure/memory "some avg10" (Linux PSI) above MEMORY_PRESSURE_PCT.
@@ -23,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 
 GPU_UTIL_BUSY_PCT = 10       # a GPU nobody should be using that shows more than this is in use
 UTIL_SETTLE_S = 1.5          # NVML's utilisation covers the last 1/6 to 1 s: past that, it is someone else's
+PROCESS_UTIL_WINDOW_S = 5.0  # per-process SM samples looked at (NVML keeps a short buffer of them)
 FREE_CORES_NEEDED = 0.75     # a single-thread probe needs most of one core to itself
 MEMORY_PRESSURE_PCT = 10.0   # PSI "some avg10": share of the last 10 s some task stalled on memory
 TOP_HOLDERS = 3              # the busiest other processes named when the CPU was busy
@@ -94,6 +97,25 @@ def _describe(pid: int, gpu: int | None, used_bytes: int | None) -> Holder:
     return h
 
 
+def others_sm_util(nv, handle, others: set[int], window_s: float = PROCESS_UTIL_WINDOW_S) -> dict[int, int] | None:
+    """The highest SM utilisation (%) NVML sampled for each of `others` over the last window_s seconds.
+
+    A process that holds GPU memory but computes nothing (a notebook, a pytest process that ran a CUDA
+    test, a finished job's cache) does not slow our benchmark: the H200 run of 2026-12-01 saw an idle
+    holder of 106 GiB at 2% device utilisation called "busy". Per-process samples tell the two apart.
+    {} when NVML has no sample in the window (nobody computed); None where the driver keeps none."""
+    since_us = int((time.time() - window_s) * 1e6)
+    try:
+        samples = nv.nvmlDeviceGetProcessUtilization(handle, since_us)
+    except Exception as e:  # NVMLError: NOT_FOUND = no sample since then; NOT_SUPPORTED = none kept
+        return {} if "not found" in str(e).lower() else None
+    peak: dict[int, int] = {}
+    for sample in samples:
+        if sample.pid in others:
+            peak[sample.pid] = max(peak.get(sample.pid, 0), int(sample.smUtil))
+    return peak
+
+
 def gpu_occupancy(devices: list[int] | None = None, ours: Callable[[object], bool] | None = None,
                   count_utilisation: bool = True) -> Occupancy:
     """Other processes on the GPUs (NVML) and their utilisation; not busy when NVML is absent.
@@ -114,6 +136,9 @@ def gpu_occupancy(devices: list[int] | None = None, ours: Callable[[object], boo
             handle = nv.nvmlDeviceGetHandleByIndex(index)
             procs = list(nv.nvmlDeviceGetComputeRunningProcesses(handle))
             others = [_describe(p.pid, index, getattr(p, "usedGpuMemory", None)) for p in procs if p.pid not in mine]
+            active = others_sm_util(nv, handle, {h.pid for h in others}) if others else None
+            if active is not None:   # the driver says who computes: idle holders of memory are not co-tenants
+                others = [h for h in others if active.get(h.pid, 0) > GPU_UTIL_BUSY_PCT]
             holders += others
             util = nv.nvmlDeviceGetUtilizationRates(handle).gpu
             # Utilisation with no process visible is another container's; with one of ours on the GPU it

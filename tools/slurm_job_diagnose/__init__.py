@@ -50,22 +50,22 @@ class SlurmJobDiagnoseParams(Params):
 
 
 class SlurmJobDiagnoseResult(Result):
-    job_id: str = ""
-    name: str | None = None
+    job_id: str = Field("", description="The job (or array task) id diagnosed.")
+    name: str | None = Field(None, description="Job name.")
     state: str | None = Field(None, description="Final (or current) job state, e.g. FAILED, TIMEOUT.")
-    state_explained: str | None = None
+    state_explained: str | None = Field(None, description="What the state means, in plain words.")
     reason: str | None = Field(None, description="SLURM's reason field (e.g. NonZeroExitCode, TimeLimit).")
     exit_code: int | None = Field(None, description="Exit code of the job script (0-255).")
     signal: int | None = Field(None, description="Signal that ended it, 0 if none.")
     elapsed_s: int | None = Field(None, description="Run time, seconds.")
     time_limit_s: int | None = Field(None, description="Time limit, seconds (None: unlimited).")
-    partition: str | None = None
+    partition: str | None = Field(None, description="Partition the job ran in.")
     nodes: str | None = Field(None, description="Nodes the job ran on.")
     failing_step: str | None = Field(None, description="First step that did not complete (from sacct).")
     failing_node: str | None = Field(None, description="Node of the failing step/task, when SLURM or srun named it.")
-    steps: list[JobStep] = Field(default_factory=list)
-    stdout_path: str | None = None
-    stderr_path: str | None = None
+    steps: list[JobStep] = Field(default_factory=list, description="The job's steps, as accounting or scontrol knows them.")
+    stdout_path: str | None = Field(None, description="The job's standard output file, when found.")
+    stderr_path: str | None = Field(None, description="The job's standard error file, when found.")
     sources: list[str] = Field(default_factory=list, description="Where the facts came from.")
     not_seen: list[str] = Field(default_factory=list, description="What could not be checked, and why.")
     log_findings: list[str] = Field(default_factory=list, description="What log_triage found in the logs.")

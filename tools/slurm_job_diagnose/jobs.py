@@ -35,11 +35,11 @@ SRUN_TASK_EXIT = re.compile(r"srun: error: (\S+): tasks? ([\d\-,]+): (Exited wit
 
 class JobStep(Record):
     step: str = Field(description="Step id: batch, extern, 0, 1, ...")
-    name: str = ""
-    state: str = ""
-    exit_code: int = 0
-    signal: int = 0
-    nodes: str = ""
+    name: str = Field("", description="Step name (the command srun ran).")
+    state: str = Field("", description="Step state, e.g. COMPLETED, FAILED, CANCELLED.")
+    exit_code: int = Field(0, description="Exit code of the step (0-255).")
+    signal: int = Field(0, description="Signal that ended the step, 0 if none.")
+    nodes: str = Field("", description="Nodes the step ran on.")
 
 
 

@@ -77,12 +77,16 @@ class GpuWatch(NvmlPoller):
         return row
 
     def _holders(self, row: GpuSample, h, ranks: dict[int, RankSample]) -> None:
+        from ..shared.occupancy import GPU_UTIL_BUSY_PCT, others_sm_util
         from ..shared.process_targets import describe
 
         procs = []
         for fn in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
             procs += quietly(lambda f=fn: getattr(self.nv, f)(h)) or []
-        for p in {p.pid: p for p in procs}.values():
+        procs = {p.pid: p for p in procs}
+        # A process that only holds memory (a notebook, a finished job's cache) takes nothing from the rank.
+        active = others_sm_util(self.nv, h, set(procs) - set(ranks))
+        for p in procs.values():
             if p.pid in ranks:
                 row.job_pids.append(p.pid)
                 ranks[p.pid].gpu_index, ranks[p.pid].gpu_serial = row.index, row.serial
@@ -90,6 +94,8 @@ class GpuWatch(NvmlPoller):
             command, parent, _, _ = describe(p.pid)
             if parent in ranks:
                 continue                                    # a rank's own worker: still the job
+            if active is not None and active.get(p.pid, 0) <= GPU_UTIL_BUSY_PCT:
+                continue                                    # holds memory, computes nothing
             used = getattr(p, "usedGpuMemory", None)
             mem = f", {used / 2**30:.1f} GiB" if isinstance(used, int) and used > 0 else ""
             row.other_holders.append(f"pid {p.pid} ({command[:80] or 'not visible from here'}){mem}")

@@ -22,6 +22,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 
+from .faults import DrillError
 from .grade import Diagnosis, grade
 from .scenarios import all_scenarios, load_scenario
 from .session import start, stop
@@ -63,6 +64,7 @@ def params_for(tool: str, message: str, context: dict) -> dict | None:
     paths = paths_in(message)
     partition = context.get("partition")
     job = context.get("job_id")
+    nodes = context.get("nodes") or []
     if tool in ("log_triage", "nccl_log_analyze"):
         return {"paths": paths[:1]} if paths else None
     if tool == "flight_recorder_analyze":
@@ -71,11 +73,19 @@ def params_for(tool: str, message: str, context: dict) -> dict | None:
         if job:
             return {"job_id": str(job), "checks": ["env_report", "cpu_probe"]}
         return {"partition": partition, "checks": ["env_report", "cpu_probe"]} if partition else None
-    if tool in ("hang_stack_dump", "straggler_find"):
-        return {"job_id": str(job)} if job else None
+    if tool == "hang_stack_dump":
+        return {"slurm_job_id": str(job), "all_nodes": True} if job else None
+    if tool == "straggler_find":
+        return {"slurm_job_id": str(job)} if job else None
+    if tool == "collective_bench":
+        # Which node or link: the pairwise pattern (SKILL.md: "one node is slow / which pair" -> pairwise).
+        return {"pattern": "pairwise", "backend": "gloo"} if len(nodes) >= 2 and not job else None
     if tool in ("gpu_health", "matmul_bench"):
         return {} if context.get("place") == "gpu" else None
     return None
+
+
+NEEDS_ALLOCATION = ("collective_bench",)   # pairwise/bisect run inside a SLURM allocation
 
 
 def read_answer(tool: str, answer: dict, context: dict) -> Diagnosis | str | None:
@@ -114,16 +124,38 @@ def read_answer(tool: str, answer: dict, context: dict) -> Diagnosis | str | Non
         return Diagnosis(culprit_kind="none") if verdict == "ok" else None
     if tool == "fleet_sweep":
         drain = [d["node"] for d in answer.get("drain") or []]
+        drain += [m["node"] for m in answer.get("not_answering") or [] if m["node"] not in drain]
         if drain:
             return Diagnosis(culprit_kind="node", culprit=drain, drain=drain, evidence="fleet_sweep drain list")
         if verdict == "ok":
             return Diagnosis(culprit_kind="none", evidence="every node within the fleet's rule")
         return Diagnosis(culprit_kind="inconclusive", evidence=" ".join(answer.get("findings", [])[:3]))
-    if tool in ("hang_stack_dump", "straggler_find"):
-        ranks = answer.get("odd_ranks") or answer.get("straggler_ranks") or []
+    if tool == "hang_stack_dump":
+        ranks = answer.get("odd_ranks") or []
         if ranks:
-            return Diagnosis(culprit_kind="rank", culprit=[str(r) for r in ranks], evidence=f"{tool}")
+            return Diagnosis(culprit_kind="rank", culprit=[str(r) for r in ranks], evidence="odd stacks")
+        return "straggler_find" if verdict == "ok" else None
+    if tool == "straggler_find":
+        ranks = [s["rank"] for s in answer.get("stragglers") or [] if s.get("rank") is not None]
+        if ranks:
+            return Diagnosis(culprit_kind="rank", culprit=[str(r) for r in ranks],
+                             evidence="; ".join(s.get("reason", "") for s in answer["stragglers"]))
         return Diagnosis(culprit_kind="none") if verdict == "ok" else None
+    if tool == "collective_bench":
+        isolation = answer.get("isolation") or {}
+        suspects = [s for s in isolation.get("suspects") or [] if s.get("kind") in ("node", "link")]
+        if suspects:
+            kinds = {s["kind"] for s in suspects}
+            kind = "node" if kinds == {"node"} else "link" if kinds == {"link"} else "node"
+            names = [n for s in suspects if s["kind"] == kind for n in
+                     (s["nodes"] if kind == "node" else ["-".join(s["nodes"])])]
+            return Diagnosis(culprit_kind=kind, culprit=names, drain=names if kind == "node" else [],
+                             evidence="; ".join(s.get("evidence", "") for s in suspects)[:2000])
+        if isolation and verdict == "ok":
+            return Diagnosis(culprit_kind="none", evidence="every pair within the rule")
+        if isolation:
+            return Diagnosis(culprit_kind="inconclusive", evidence=" ".join(answer.get("findings", [])[:3]))
+        return None
     if tool in ("gpu_health", "matmul_bench"):
         if verdict in ("ok", "info") or "busy" in json.dumps(answer.get("findings", [])).lower():
             return Diagnosis(culprit_kind="none", evidence="healthy or busy with another process")
@@ -136,8 +168,8 @@ def _host_in_path(location: str) -> str | None:
     return match.group(1) if match else None
 
 
-PLAYBOOK = ("log_triage", "nccl_log_analyze", "flight_recorder_analyze", "fleet_sweep", "hang_stack_dump",
-            "straggler_find", "gpu_health", "matmul_bench")
+PLAYBOOK = ("log_triage", "nccl_log_analyze", "flight_recorder_analyze", "fleet_sweep", "collective_bench",
+            "hang_stack_dump", "straggler_find", "gpu_health", "matmul_bench")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -147,17 +179,30 @@ def solve(message: str, context: dict) -> Attempt:
     """Route, call, read: the agent's whole investigation of one scenario (the drill is already set up)."""
     import logging
 
-    import anyio
-    from mcp import Client
+    import contextlib
 
+    import anyio
+    from mcp import Client, StdioServerParameters
+
+    from ...engine.data import IMPORT_ROOT, PACKAGE
     from ...engine.mcp_server import build_server
     from ..routers import ToolText, make_router, rankings
 
     attempt = Attempt(scenario=context.get("scenario", ""), ranking=[])
     logging.getLogger("mcp").setLevel(logging.CRITICAL)   # a tool error is read from its answer, not logged
 
+    def allocation_server() -> Client:
+        """The same server started inside a SLURM allocation of the context's nodes, as a user would start
+        it (`salloc ... mleng serve`) for the tools that run inside one."""
+        nodes = context.get("nodes") or []
+        argv = [f"-N{len(nodes)}", f"--nodelist={','.join(nodes)}", "--no-kill", "--immediate=120", "--time=30",
+                sys.executable, "-m", PACKAGE, "serve"]
+        return Client(StdioServerParameters(command="salloc", args=argv, cwd=str(IMPORT_ROOT), env=dict(os.environ)))
+
     async def investigate() -> Diagnosis:
-        async with Client(build_server()) as client:
+        async with contextlib.AsyncExitStack() as stack:
+            client = await stack.enter_async_context(Client(build_server()))
+            in_allocation = None
             tools = (await client.list_tools()).tools
             router = make_router("bm25", [ToolText(t.name, t.description or "", t.title or "") for t in tools])
             ranking = rankings(router.scores([message]), router.tools)[0]
@@ -173,7 +218,11 @@ def solve(message: str, context: dict) -> Attempt:
                 if params is None:
                     continue
                 t0 = time.monotonic()
-                result = await client.call_tool(tool, params)
+                caller = client
+                if tool in NEEDS_ALLOCATION:
+                    in_allocation = in_allocation or await stack.enter_async_context(allocation_server())
+                    caller = in_allocation
+                result = await caller.call_tool(tool, params)
                 call = Call(tool, params, round(time.monotonic() - t0, 1))
                 attempt.calls.append(call)
                 answer = result.structured_content or {}
@@ -220,7 +269,10 @@ def main(ids: list[str], ci_only: bool = False, as_json: bool = False) -> int:
     scenarios = [load_scenario(i) for i in ids] if ids else [s for s in all_scenarios() if s.ci or not ci_only]
     attempts = []
     for scenario in scenarios:
-        attempt = run_scenario(scenario.id)
+        try:
+            attempt = run_scenario(scenario.id)
+        except DrillError as e:           # the place could not be set up: say so, go on with the others
+            attempt = Attempt(scenario=scenario.id, ranking=[], reason=f"not run: {e}")
         attempts.append(attempt)
         if not as_json:
             tools = " -> ".join(c.tool for c in attempt.calls) or "(no call)"
