@@ -4,7 +4,7 @@ The rule, for synchronous data parallel (every rank meets the others in a collec
 ranks run at the pace of the slowest, so the slowest is the rank that waits least while the others wait
 in collectives. Per rank, its own-work share = 1 - (share of samples waiting in a collective). A rank is
 a straggler when its own-work share exceeds the median of the OTHER ranks' by more than
-max(margin, k x spread) (the one verdict rule: shared/judging.py, figure own_work_share), and the
+max(margin, k x spread) (the one verdict rule: shared/judging.py, figure peer_wait_share), and the
 others wait at least `min_others_wait` of the window (otherwise nobody is held back). When every rank
 waits in collectives most of the time and one node's links are shaped or retransmitting, that node is
 named for the network. When the spread of the healthy ranks is too wide to resolve the margin, the
@@ -24,14 +24,14 @@ MIN_SAMPLES = 10
 
 @dataclass(frozen=True)
 class Rules:
-    share: FigureRule          # own_work_share in verdict_rules.toml
+    share: FigureRule          # peer_wait_share in verdict_rules.toml
     min_others_wait: float
     reason: dict
 
     @classmethod
     def load(cls) -> "Rules":
         table = load_data("straggler_rules")
-        return cls(share=rule_for("own_work_share"),
+        return cls(share=rule_for("peer_wait_share"),
                    min_others_wait=table["figure"]["peer_wait_share"]["min_others_wait"], reason=table["reason"])
 
 
@@ -42,6 +42,10 @@ class Judgement:
     spread: float | None = None
     threshold: float | None = None
     inconclusive: bool = False
+
+
+def _wait(r: RankSample) -> float:
+    return r.fractions.get("collective", 0.0)
 
 
 def own_work(r: RankSample) -> float:
@@ -61,10 +65,12 @@ def _others(ranks: list[RankSample], r: RankSample) -> list[RankSample]:
 
 def _stands_out(r: RankSample, ranks: list[RankSample], rules: Rules) -> tuple[float, float, float]:
     """(deficit, threshold, spread) of r's own-work share against the other ranks'."""
-    others = [own_work(o) for o in _others(ranks, r)]
+    # Judged on the waiting share, not the own-work share: when the others mostly wait, their own-work
+    # shares are small numbers whose relative spread is noise, while their waiting shares agree closely.
+    others = [_wait(o) for o in _others(ranks, r)]
     ref = statistics.median(others)
     spread = max(relative_spread(others), _sampling_error(ref, min(o.samples for o in _others(ranks, r))))
-    return deficit(own_work(r), ref, "lower") if ref > 0 else math.inf, threshold(rules.share, spread), spread
+    return deficit(_wait(r), ref, "higher") if ref > 0 else 0.0, threshold(rules.share, spread), spread
 
 
 def _in_every_part(r: RankSample, ranks: list[RankSample], rules: Rules) -> bool:
@@ -73,14 +79,12 @@ def _in_every_part(r: RankSample, ranks: list[RankSample], rules: Rules) -> bool
         others = [o for o in _others(ranks, r) if len(o.part_fractions) > i]
         if not others:
             return True
-        shares = [1 - o.part_fractions[i].get("collective", 0) for o in others]
+        shares = [o.part_fractions[i].get("collective", 0) for o in others]
         ref = statistics.median(shares)
         samples = min([o.part_samples[i] for o in others if len(o.part_samples) > i] or [1])
         spread = max(relative_spread(shares), _sampling_error(ref, samples))
         waiting = statistics.median(o.part_fractions[i].get("collective", 0) for o in others)
-        own = 1 - mine.get("collective", 0)
-        # Others that only waited in this part (ref 0) are held back by any rank that worked.
-        short = deficit(own, ref, "lower") if ref > 0 else (math.inf if own > rules.share.margin else 0.0)
+        short = deficit(mine.get("collective", 0), ref, "higher") if ref > 0 else 0.0
         if waiting < rules.min_others_wait or short <= threshold(rules.share, spread):
             return False
     return True
@@ -104,7 +108,7 @@ def _compare(ranks, nodes, gpus, rules: Rules, out: Judgement) -> None:
     scored = [(r, *_stands_out(r, ranks, rules)) for r in ranks]
     candidates = [(r, d) for r, d, thr, _ in scored if d > thr
                   and statistics.median(o.fractions.get("collective", 0) for o in _others(ranks, r)) >= rules.min_others_wait]
-    healthy = [own_work(r) for r in ranks if r not in [c for c, _ in candidates]]
+    healthy = [_wait(r) for r in ranks if r not in [c for c, _ in candidates]]
     out.spread = relative_spread(healthy)
     out.threshold = threshold(rules.share, out.spread)
     if is_inconclusive(healthy, rules.share):
