@@ -144,6 +144,8 @@ def check_gpu_health() -> dict:
 
 
 def check_cpu_probe() -> dict:
+    import torch  # noqa: F401  (about 3 CPU-seconds: imported before the window, which is the measurement only)
+
     from .cpu_probe import SWEEP, measure
 
     with CpuWatch(is_sweep_process) as watch:
