@@ -157,6 +157,7 @@ def check_cpu_probe() -> dict:
     if watch.own_limit_bound is not None and watch.own_limit_bound >= 0.05:
         row["problems"].append(f"this node's own CPU limit (cgroup quota) bound in {watch.own_limit_bound:.0%} of "
                                "scheduler periods while it measured")
+        row["own_cpu_limit_bound"] = round(watch.own_limit_bound, 3)
     return row
 
 
