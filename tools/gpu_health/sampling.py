@@ -21,9 +21,11 @@ class NvLinkCounters(Record):
     recovery: int | None = Field(None, description="Link recovery events counted on this link.")
     crc_flit: int | None = Field(None, description="Flit CRC errors counted on this link.")
     crc_data: int | None = Field(None, description="Data CRC errors counted on this link.")
+    crc: int | None = Field(None, description="CRC errors where one count is printed for the link (pasted `nvidia-smi nvlink -e`).")
+    speed_gbytes_s: float | None = Field(None, description="Link speed, GB/s (pasted `nvidia-smi nvlink -s`; None when not read).")
 
 
-COUNTERS = ("replay", "recovery", "crc_flit", "crc_data")
+COUNTERS = ("replay", "recovery", "crc_flit", "crc_data", "crc")
 
 
 def nvlink_deltas(before: list[NvLinkCounters], after: list[NvLinkCounters]) -> dict[int, dict[str, int]]:
