@@ -146,7 +146,7 @@ SPEC = ToolSpec(
         "window, saturated counters; network interfaces: carrier changes (link flaps) during the window and since "
         "boot, speed, MTU, kernel and `ethtool -S` error counters; each GPU's closest NIC and PCIe path. Use for a "
         "flapping or degraded link, 'NET/IB : Got completion with error', one node slower in every collective, "
-        "before blaming NCCL; pasted `ibstat` / `ibv_devinfo` / `perfquery` output (text=). ~1 s plus sample_s "
+        "before blaming NCCL; pasted ibstat / ibv_devinfo / perfquery / ibdiagnet (text=). ~1 s plus sample_s "
         "(default 2 s), read-only, no GPU needed. Not for bandwidth between nodes (collective_bench) or GPU faults "
         "(gpu_health)."),
     Params=NicHealthParams, Result=NicHealthResult, run=run, runs="subprocess", timeout_s=360,
