@@ -35,7 +35,7 @@ from pydantic import Field, ValidationError
 from .data import PACKAGE_DIR
 from .jobs import ANONYMOUS, MANAGER, Busy, Cancelled, Job
 from .registry import registry
-from .schemas import compact
+from .schemas import compact, for_hosts
 from .rendering import format_result, validation_message
 from .on_node import NODE_MAX_CHARS, NODE_PATTERN
 from .spec import Params, ToolFailure, ToolSpec, takes_node
@@ -81,9 +81,9 @@ class CallOptions(Params):
 
 @functools.cache
 def input_schema(spec: ToolSpec) -> dict:
-    """The tool's Params schema, compacted (schemas.py), plus wait_s / timeout_s on subprocess tools,
+    """The tool's Params schema as hosts take it (schemas.for_hosts), plus wait_s / timeout_s on subprocess tools,
     without descriptions: the server instructions say what they do (built once per tool)."""
-    schema = compact(spec.Params.model_json_schema())
+    schema = for_hosts(spec.Params.model_json_schema())
     schema.setdefault("additionalProperties", False)
     if spec.runs == "subprocess":
         schema["properties"] = {**schema.get("properties", {}),
