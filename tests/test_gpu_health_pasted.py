@@ -154,3 +154,37 @@ def test_saved_dcgm_table_is_read_through_dcgm_file_too():
     result = run(GpuHealthParams(dcgm_file=str(DCGM / "dcgmi_r3_row_remap_error_mlengineering.txt"), sample_s=0,
                                  load=False, read_kernel_log=False), lambda *_: None)
     assert [(f.subject, f.action) for f in result.dcgm] == [("GPU 3", "drain_node")]
+
+
+def test_on_a_board_where_every_link_is_wired_an_inactive_link_is_down_even_alone():
+    """H100 SXM (NVSwitch board, 18 links wired: accelerators.toml): no peers needed to call a link down."""
+    text = (NVLINK / "nvlink_s_h100_mlengineering.txt").read_text().replace("Link 17: 26.562 GB/s", "Link 17: <inactive>")
+    result = pasted(text)
+    assert problems(result) == [("GPU 0", "nvlink_down", "reset_gpu")]
+    assert "every link of a NVIDIA H100 80GB HBM3 is wired" in result.gpus[0].problems[0].text
+
+
+def test_the_same_link_down_on_every_gpu_of_an_nvswitch_board_is_not_called_wiring():
+    block = (NVLINK / "nvlink_s_h100_mlengineering.txt").read_text().replace("Link 17: 26.562 GB/s", "Link 17: <inactive>")
+    result = pasted(block + block.replace("GPU 0:", "GPU 1:"))
+    assert problems(result) == [("GPU 0", "nvlink_down", "reset_gpu"), ("GPU 1", "nvlink_down", "reset_gpu")]
+    assert not any("system's wiring" in f for f in result.findings)
+
+
+def test_on_a_node_bridged_products_unused_links_are_wiring_and_a_lost_link_is_still_down():
+    """The NVML path (gpu_health on the node) applies the same product rule: H100 NVL pairs use 12 of 18 links."""
+    from tools.gpu_health import sampling
+
+    def links(inactive):
+        return [sampling.NvLinkCounters(link=i, active=i not in inactive) for i in range(18)]
+
+    bridge = {4, 5, 10, 11, 16, 17}
+    node = [("NVIDIA H100 NVL", links(bridge)), ("NVIDIA H100 NVL", links(bridge | {0}))]
+    unwired = sampling.unwired_links(node)
+    assert unwired == bridge
+    assert sampling.judge_nvlink("GPU 0", node[0][1], node[0][1], 1.0, unwired) == []
+    (lost,) = sampling.judge_nvlink("GPU 1", node[1][1], node[1][1], 1.0, unwired)
+    assert lost.code == "nvlink_down" and "[0] down" in lost.text
+    sxm = [("NVIDIA H100 80GB HBM3", links({17})), ("NVIDIA H100 80GB HBM3", links({17}))]
+    assert sampling.unwired_links(sxm) == set()      # an NVSwitch board: link 17 down everywhere is a fault
+    assert [f.code for f in sampling.judge_nvlink("GPU 0", sxm[0][1], sxm[0][1], 1.0, set())] == ["nvlink_down"]

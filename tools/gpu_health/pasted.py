@@ -4,7 +4,9 @@
 NVLink belongs to gpu_health (a GPU's links, read through NVML there), so its pasted text is read here too; the
 `dcgmi diag` table is read by dcgm.py. One reading: -e counts are totals since the driver loaded or the counters
 were reset, so they name a link to watch, never a node to drain on history alone; -s is judged against the other
-GPUs of the same paste, since some products wire only a subset of their links.
+GPUs of the same paste where the product wires only a subset of its links (bridged: H100 NVL, A100 PCIe), and
+alone where every link is wired (SXM boards on NVSwitch: an inactive link is down), after
+knowledge/data/accelerators.toml's interconnect.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import re
 
 from ..engine.data import load_data
 from ..shared.actions import HealthFinding, worst_action
-from .sampling import NvLinkCounters
+from .sampling import NvLinkCounters, links_all_wired
 
 GPU_LINE = re.compile(r"^\s*GPU (\d+): (.+?)(?: \(UUID: ([^)]*)\)?)?\s*$")   # a cut paste may end inside it
 ERROR_LINE = re.compile(r"^\s*Link (\d+): ([A-Za-z][A-Za-z ]*?) Errors: (\d+)\s*$")
@@ -100,7 +102,14 @@ def _status(gpus: list[PastedGpu], subject_of, rules: dict):
     for g in gpus:
         inactive = sorted(c.link for c in g.links.values() if not c.active)
         subject = subject_of(g)
-        if most == 0:
+        if inactive and links_all_wired(g.name):
+            yield g, HealthFinding(subject=subject, action=rules["inactive_on_fully_wired_action"], code="nvlink_down",
+                                   source="nvidia-smi nvlink -s",
+                                   text=f"NVLink links {inactive} <inactive>, {len(active[g.index])} active: every "
+                                        f"link of a {g.name} is wired (knowledge/data/accelerators.toml), so these are "
+                                        "down; reset the GPU, drain the node if they stay down (the same links down "
+                                        "on every GPU: an NVSwitch or nvidia-fabricmanager)")
+        elif most == 0:
             yield g, HealthFinding(subject=subject, action=rules["inactive_without_peers_action"], code="nvlink_none_active",
                                    source="nvidia-smi nvlink -s",
                                    text=f"no NVLink link active ({len(inactive)} listed <inactive>) on any GPU of the "
@@ -129,5 +138,8 @@ def _status(gpus: list[PastedGpu], subject_of, rules: dict):
 
 def same_inactive_everywhere(gpus: list[PastedGpu]) -> list[int] | None:
     """The links inactive on every GPU of the paste when all GPUs share one set (the system's wiring), else None."""
-    sets = {tuple(sorted(c.link for c in g.links.values() if not c.active)) for g in gpus if g.status_read}
-    return list(sets.pop()) if len(sets) == 1 and len([g for g in gpus if g.status_read]) > 1 else None
+    read = [g for g in gpus if g.status_read]
+    sets = {tuple(sorted(c.link for c in g.links.values() if not c.active)) for g in read}
+    if len(read) < 2 or len(sets) != 1 or any(links_all_wired(g.name) for g in read):
+        return None
+    return list(sets.pop()) or None
