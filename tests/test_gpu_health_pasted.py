@@ -188,3 +188,11 @@ def test_on_a_node_bridged_products_unused_links_are_wiring_and_a_lost_link_is_s
     sxm = [("NVIDIA H100 80GB HBM3", links({17})), ("NVIDIA H100 80GB HBM3", links({17}))]
     assert sampling.unwired_links(sxm) == set()      # an NVSwitch board: link 17 down everywhere is a fault
     assert [f.code for f in sampling.judge_nvlink("GPU 0", sxm[0][1], sxm[0][1], 1.0, set())] == ["nvlink_down"]
+
+
+def test_no_link_active_at_all_is_a_question_not_a_reset():
+    """A VM slice of an NVSwitch board may expose no NVLink: every link <inactive> is asked about, not reset."""
+    text = "GPU 0: NVIDIA H200 (UUID: GPU-1)\n" + "".join(f"         Link {n}: <inactive>\n" for n in range(18))
+    result = pasted(text)
+    assert problems(result) == [("GPU 0", "nvlink_none_active", "monitor")]
+    assert "nvidia-fabricmanager" in result.gpus[0].problems[0].text

@@ -102,7 +102,7 @@ def _status(gpus: list[PastedGpu], subject_of, rules: dict):
     for g in gpus:
         inactive = sorted(c.link for c in g.links.values() if not c.active)
         subject = subject_of(g)
-        if inactive and links_all_wired(g.name):
+        if inactive and active[g.index] and links_all_wired(g.name):
             yield g, HealthFinding(subject=subject, action=rules["inactive_on_fully_wired_action"], code="nvlink_down",
                                    source="nvidia-smi nvlink -s",
                                    text=f"NVLink links {inactive} <inactive>, {len(active[g.index])} active: every "
@@ -113,8 +113,9 @@ def _status(gpus: list[PastedGpu], subject_of, rules: dict):
             yield g, HealthFinding(subject=subject, action=rules["inactive_without_peers_action"], code="nvlink_none_active",
                                    source="nvidia-smi nvlink -s",
                                    text=f"no NVLink link active ({len(inactive)} listed <inactive>) on any GPU of the "
-                                        "paste: a product without NVLink between these GPUs, or every link down "
-                                        "(DCGM fails a Down link); check `nvidia-smi topo -m` for NV# entries")
+                                        "paste: a product or a VM slice without NVLink between these GPUs, or every "
+                                        "link down (an NVSwitch board whose nvidia-fabricmanager is not running); "
+                                        "check `nvidia-smi topo -m` for NV# entries")
         elif len(active[g.index]) < most and len(gpus) > 1:
             yield g, HealthFinding(subject=subject, action=rules["fewer_active_than_peers_action"], code="nvlink_down",
                                    source="nvidia-smi nvlink -s",
