@@ -196,3 +196,12 @@ def test_no_link_active_at_all_is_a_question_not_a_reset():
     result = pasted(text)
     assert problems(result) == [("GPU 0", "nvlink_none_active", "monitor")]
     assert "nvidia-fabricmanager" in result.gpus[0].problems[0].text
+
+
+def test_reading_pasted_text_occupies_no_gpu(monkeypatch):
+    from tools.engine import processes
+    from tools.gpu_health import SPEC
+
+    monkeypatch.setattr(processes, "local_gpu_count", lambda: 8)
+    assert SPEC.gpu_devices(GpuHealthParams()) == list(range(8))          # a node reading loads every GPU
+    assert SPEC.gpu_devices(GpuHealthParams(text="GPU 0: x\n Link 0: <inactive>\n")) == []

@@ -304,8 +304,8 @@ def _context(gpus, window_s, load_note, log_note, dcgm_note) -> list[str]:
 
 def _gpus_used(params: GpuHealthParams) -> list[int]:
     """The GPUs a run occupies (its small load, or DCGM's tests), so that mleng's benchmarks do not run beside it."""
-    if not ((params.load and params.sample_s > 0) or params.dcgm_level >= 2):
-        return []
+    if params.text is not None or not ((params.load and params.sample_s > 0) or params.dcgm_level >= 2):
+        return []   # pasted text touches no GPU
     from ..engine.processes import local_gpu_count
 
     return list(range(local_gpu_count()))
