@@ -83,14 +83,14 @@ def why_no_cluster() -> str | None:
 
 def hold_session_lock(wait_s: float) -> int:
     """A detached process that holds the cluster's session lock until `drill stop` ends it."""
-    code = ("import fcntl,signal,sys,time\n"
+    # A blocking flock waits in the kernel's queue beside `flock -w` and the test sessions (a poller that
+    # sleeps between tries loses the lock to them every time it is released); SIGALRM ends the wait.
+    code = ("import fcntl,signal,sys\n"
             f"h=open({SESSION_LOCK!r},'w')\n"
-            f"deadline=time.monotonic()+{wait_s}\n"
-            "while True:\n"
-            "    try:\n        fcntl.flock(h,fcntl.LOCK_EX|fcntl.LOCK_NB); break\n"
-            "    except BlockingIOError:\n"
-            "        if time.monotonic()>deadline: sys.exit(3)\n"
-            "        time.sleep(0.5)\n"
+            "signal.signal(signal.SIGALRM,lambda *a: sys.exit(3))\n"
+            f"signal.alarm({max(1, int(wait_s))})\n"
+            "fcntl.flock(h,fcntl.LOCK_EX)\n"
+            "signal.alarm(0)\n"
             "print('held',flush=True)\nsignal.pause()\n")
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                             stdin=subprocess.DEVNULL, start_new_session=True, text=True)
