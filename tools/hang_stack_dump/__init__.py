@@ -306,5 +306,5 @@ SPEC = ToolSpec(
         "permission (says how). Seconds per node. The job already died: log_triage or "
         "flight_recorder_analyze."),
     Params=HangStackDumpParams, Result=HangStackDumpResult, run=run, runs="subprocess",
-    read_only=False, destructive=False, idempotent=True, open_world=False, timeout_s=300, store=False,
+    read_only=False, destructive=True, idempotent=True, open_world=False, timeout_s=300, store=False,
 )
