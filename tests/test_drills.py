@@ -14,6 +14,7 @@ import pytest
 from tools.evals.drills import session as drill_cli
 from tools.evals.drills.faults import DrillState, state_file
 from tools.evals.drills.grade import Diagnosis, grade, parse_diagnosis
+from tests.multinode_cluster import multinode_cluster  # noqa: F401  (fixture, requested by the cluster test only)
 from tools.evals.drills.scenarios import Scenario, TOPICS, all_scenarios, load_scenario
 
 REPO = Path(__file__).resolve().parent.parent
@@ -191,3 +192,30 @@ def test_the_baseline_agent_solves_every_local_ci_drill(home):
     assert not failed, failed
     assert all(len(a.calls) <= 3 for a in attempts), {a.scenario: len(a.calls) for a in attempts}
     assert DrillState.load() is None
+
+
+@pytest.mark.slurm
+def test_cluster_faults_are_injected_and_stop_takes_every_one_out(home, monkeypatch, multinode_cluster):  # noqa: F811
+    """On the namespace cluster lent by the test session (it holds the lock): a rate limit, a CPU quota and a
+    killed slurmd go in, and `stop` leaves no qdisc, no quota, no dead daemon and no drill state."""
+    from tests.multinode_cluster import CLUSTER_DIR
+
+    cluster = multinode_cluster
+    monkeypatch.setenv("MLN_CLUSTER_SESSION", "held")         # the session's lock lends its cluster to the drill
+    scenario = load_scenario("cl-slow-node")
+    many = scenario.model_copy(update={"fault": [*scenario.fault,
+                                                 *load_scenario("cl-cpu-starved").fault,
+                                                 *load_scenario("cl-dead-slurmd").fault]})
+    monkeypatch.setattr(drill_cli, "load_scenario", lambda _id: many)
+    drill_cli.start("cl-slow-node", wait_s=1)
+    try:
+        assert "tbf" in cluster.on_node("mln3", "tc", "qdisc", "show", "dev", "eth0").stdout
+        quota = Path("/sys/fs/cgroup/cpu/mln/mln4/cpu.cfs_quota_us").read_text().strip()
+        assert quota == "20000"
+        assert DrillState.load().steps[-1]["kind"] == "kill_slurmd"
+    finally:
+        assert drill_cli.stop() == []
+    assert "tbf" not in cluster.on_node("mln3", "tc", "qdisc", "show", "dev", "eth0").stdout
+    assert Path("/sys/fs/cgroup/cpu/mln/mln4/cpu.cfs_quota_us").read_text().strip() == "-1"
+    assert os.path.exists(f"/proc/{cluster.slurmd_pid('mln2')}")  # healed: a new slurmd answers
+    assert DrillState.load() is None and Path(CLUSTER_DIR).is_dir()  # the lent cluster keeps running

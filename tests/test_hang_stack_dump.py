@@ -379,15 +379,24 @@ def test_one_busy_process_without_a_collective_says_what_it_does():
     assert "the collective itself is stuck" in findings_for([rank], [])[0]
 
 
+def _stopped(pid: int) -> bool:
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        return f.read().rsplit(b")", 1)[1].split()[0] in (b"T", b"t")
+
+
 def test_a_stopped_rank_is_named_with_the_true_reason_and_its_stack():
     """Review 5e: a SIGSTOPped rank read as 'another tracer is attached'; it is stopped (state T), and its
     stack is still read (py-spy --nonblocking: a stopped process cannot be paused again)."""
-    code = "import time\ndef load_next_batch():\n    time.sleep(300)\nprint('ready', flush=True)\nload_next_batch()\n"
+    # 'ready' is printed inside load_next_batch: a line printed before the call reaches us while the child is
+    # still in print() on the module's line, and a SIGSTOP landing there leaves it stopped outside the function.
+    code = "import time\ndef load_next_batch():\n    print('ready', flush=True)\n    time.sleep(300)\nload_next_batch()\n"
     proc = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "RANK": "5"}, stdout=subprocess.PIPE)
     try:
         assert proc.stdout.readline().strip() == b"ready"
         os.kill(proc.pid, 19)  # SIGSTOP
-        time.sleep(0.2)
+        deadline = time.monotonic() + 30
+        while not _stopped(proc.pid) and time.monotonic() < deadline:   # delivered, not merely sent
+            time.sleep(0.01)
         result = _run(pids=[proc.pid])
     finally:
         proc.kill()

@@ -100,8 +100,10 @@ def connect() -> sqlite3.Connection:
     home = private_dir()
     db = private_file(home / "results.sqlite3")
     for side in ("-wal", "-shm"):          # left by an older version with the umask's mode
-        if os.path.lexists(f"{db}{side}"):
+        try:
             _tighten(Path(f"{db}{side}"), 0o600)
+        except FileNotFoundError:          # absent, or removed by SQLite as another connection closed
+            pass
     conn = sqlite3.connect(db, timeout=30)
     conn.row_factory = sqlite3.Row
     conn.execute("PRAGMA journal_mode=WAL")

@@ -182,7 +182,7 @@ def _plot(rows: list[dict], agg: dict, params, total: int) -> tuple[str | None, 
     try:
         return draw(flatten_figures(rows), agg["stats"], agg["outliers"], plot_target(params),
                     f"fleet_sweep: {total} nodes, outliers in red", overwrite=params.overwrite), None
-    except ImportError:
-        return None, None
+    except ImportError as e:   # said, not swallowed: a missing plot with no reason cannot be diagnosed
+        return None, f"No plot: {e.name or 'a module'} could not be imported ({e})."
     except ToolFailure as e:   # a link planted during the sweep: its answer outweighs its picture
         return None, f"No plot: {e}"
