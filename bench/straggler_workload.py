@@ -13,6 +13,9 @@ data parallel. It prints one `step N rank R step_ms X` line per step on rank 0 a
     srun -N4 -n4 python bench/straggler_workload.py --master mln1 --slow-loader-rank 2 --loader-sleep-s 0.2
     # writing its flight recorder every 20 steps, as a job that dumps it periodically would
     TORCH_FR_DUMP_TEMP_FILE=/tmp/fr/rank_ torchrun --standalone --nproc-per-node 4 bench/straggler_workload.py --fr-dump-every 20
+
+The fault drills (tools/evals/drills) run it as their training job, with --pid-dir so that a drill can
+SIGSTOP one rank from outside.
 """
 
 import argparse
@@ -32,6 +35,7 @@ def parse_args():
                     "$TORCH_FR_DUMP_TEMP_FILE<rank> every N steps (0: never)")
     ap.add_argument("--master", default="127.0.0.1", help="first node's address (srun; torchrun gives its own)")
     ap.add_argument("--port", type=int, default=29531, help="rendezvous port (srun; torchrun gives its own)")
+    ap.add_argument("--pid-dir", help="each rank writes its pid to PID_DIR/rank<R>.pid (to be signalled from outside)")
     return ap.parse_args()
 
 
@@ -70,6 +74,9 @@ def main():
     torch.set_num_threads(1)
     rank = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")))
     world = int(os.environ.get("WORLD_SIZE", os.environ.get("SLURM_NTASKS", "1")))
+    if args.pid_dir:
+        with open(os.path.join(args.pid_dir, f"rank{rank}.pid"), "w") as f:
+            f.write(str(os.getpid()))
     # torchrun already runs a store at MASTER_ADDR:MASTER_PORT (env://); srun tasks meet at --master:--port.
     under_torchrun = "TORCHELASTIC_RUN_ID" in os.environ
     init = "env://" if under_torchrun else f"tcp://{args.master}:{args.port}"

@@ -27,11 +27,11 @@ from pathlib import Path
 
 import pytest
 
+# The cluster's names (folder, lock, ports, addresses) have one home, shared with the fault drills.
+from tools.evals.drills.cluster import (CLUSTER_DIR, CLUSTER_SCRIPT as SCRIPT, PORT_BASE, SESSION_LOCK, address,
+                                        cluster_env, slurmd_pid)
+
 REPO = Path(__file__).resolve().parent.parent
-SCRIPT = REPO / "scripts" / "cluster-local.sh"
-CLUSTER_DIR = "/tmp/mln-cluster"
-SESSION_LOCK = "/tmp/mln-cluster.session.lock"
-PORT_BASE = 7817
 START_TIMEOUT_S = 200
 
 
@@ -60,12 +60,8 @@ class MultiNodeCluster:
         """Run a command inside a node's network namespace (fault injection, inspection)."""
         return self.cmd("ip", "netns", "exec", node, *argv, check=check)
 
-    @staticmethod
-    def address(node: str) -> str:
-        return f"10.213.0.{int(node.removeprefix('mln'))}"
-
-    def slurmd_pid(self, node: str) -> int:
-        return int(Path(f"{CLUSTER_DIR}/run/slurmd-{node}.pid").read_text())
+    address = staticmethod(address)
+    slurmd_pid = staticmethod(slurmd_pid)
 
     def kill_slurmd(self, node: str) -> None:
         os.kill(self.slurmd_pid(node), 9)
@@ -137,9 +133,7 @@ def multinode_cluster():
     if lock is None:
         pytest.skip("another test session holds the multi-node cluster (/tmp/mln-cluster.session.lock)")
     count = os.environ.get("MLENG_CLUSTER_NODES", "4")
-    env = {**os.environ, "CLUSTER_LOCAL_DIR": CLUSTER_DIR, "PORT_BASE": str(PORT_BASE),
-           "MLN_CLUSTER_SESSION": "held"}  # we hold the session lock: the script may start/stop
-    env.pop("SLURM_CONF", None)
+    env = cluster_env()  # MLN_CLUSTER_SESSION=held: we hold the session lock, the script may start/stop
 
     def stop():
         subprocess.run(["bash", str(SCRIPT), "stop"], env=env, capture_output=True, timeout=120)

@@ -67,31 +67,18 @@ def test_doctor_checks_the_server_runs_the_smoke_test_and_says_what_it_skipped(m
         assert "matmul_bench" in report["skipped"]   # a CPU machine says so instead of "nothing to check"
 
 
-def test_readme_tool_table_lists_every_registered_tool():
+def test_readme_tool_table_is_the_one_the_registry_renders(mleng_home):
+    """README's table is `mleng list --markdown` (name, summary, where it runs): no tool missing, none stale."""
     import re
 
+    from tools.engine.cli import tool_table
     from tools.engine.registry import registry
 
-    readme = open(os.path.join(REPO, "README.md")).read()
-    listed = set(re.findall(r"^\| `([a-z0-9_]+)`(?: / `([a-z0-9_]+)`)? \|", readme, re.M))
-    names = {n for pair in listed for n in pair if n}
-    assert names == set(registry()), f"README table vs registry: {names ^ set(registry())}"
-
-
-def test_readme_runs_column_agrees_with_the_registry():
-    """'in-process' in the README's runs column exactly for the tools that run in the server."""
-    import re
-
-    from tools.engine.registry import registry
-
-    with open(os.path.join(REPO, "README.md"), encoding="utf-8") as f:
-        rows = [line for line in f.read().splitlines() if line.startswith("| `")]
-    seen = {}
-    for line in rows:
-        cells = [c.strip() for c in line.strip("|").split("|")]
-        for name in re.findall(r"`(\w+)`", cells[0]):
-            if name in registry():
-                seen[name] = "in-process" in cells[-1]
-    wrong = sorted(n for n, inproc in seen.items() if inproc != (registry()[n].runs == "in_process"))
-    assert wrong == [], f"README says in-process/subprocess wrongly for {wrong}"
-
+    readme = open(os.path.join(REPO, "README.md"), encoding="utf-8").read()
+    block = readme.split("<!-- mleng list --markdown -->\n", 1)[1].split("<!-- /mleng list -->", 1)[0]
+    assert block == tool_table(registry().values()), "README's tool table is stale: paste `mleng list --markdown`"
+    out = run("-m", "tools", "list", "--markdown", env_home=mleng_home)
+    assert out.returncode == 0 and out.stdout == block
+    assert set(registry()) == set(re.findall(r"^\| `([a-z0-9_]+)` \|", block, re.M))
+    in_process = {n for n, s in registry().items() if s.runs == "in_process"}
+    assert in_process == set(re.findall(r"^\| `([a-z0-9_]+)` \|.*\| in-process \|$", block, re.M))

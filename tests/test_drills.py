@@ -219,3 +219,42 @@ def test_cluster_faults_are_injected_and_stop_takes_every_one_out(home, monkeypa
     assert Path("/sys/fs/cgroup/cpu/mln/mln4/cpu.cfs_quota_us").read_text().strip() == "-1"
     assert os.path.exists(f"/proc/{cluster.slurmd_pid('mln2')}")  # healed: a new slurmd answers
     assert DrillState.load() is None and Path(CLUSTER_DIR).is_dir()  # the lent cluster keeps running
+
+
+def test_the_baseline_follows_a_job_handle_to_the_answer(home, monkeypatch):
+    """A run longer than the call's wait answers with a job handle (the cluster drills' pairwise runs do): the
+    agent follows it with job_status instead of reading the handle as an answer that settles nothing."""
+    from tools.evals.drills import baseline
+
+    real = baseline.params_for
+    monkeypatch.setattr(baseline, "params_for", lambda *a: {**real(*a), "wait_s": 0} if real(*a) is not None else None)
+    monkeypatch.setattr(baseline, "FOLLOW_EVERY_S", 0.2)
+    attempt = baseline.run_scenario("pm-crash-first-rank")
+    assert attempt.score == 1, (attempt.reason, attempt.calls)
+    assert [c.tool for c in attempt.calls] == ["log_triage"] and attempt.calls[0].polls >= 1
+
+
+def test_the_baseline_repeats_an_inconclusive_call_once_and_then_says_inconclusive(home, monkeypatch):
+    """The rule of evals/README.md: "inconclusive" is answered by the same call once more; a second
+    "inconclusive" is the diagnosis (with both answers' evidence), and a later "nothing wrong" from another
+    check does not clear it."""
+    from tools.evals.drills import baseline
+
+    real, seen = baseline.read_answer, []
+
+    def noisy_first(tool, answer, context):          # the first answer is too noisy to judge
+        seen.append(tool)
+        if len(seen) == 1:
+            return baseline.Diagnosis(culprit_kind="inconclusive", evidence="spread 40%")
+        return real(tool, answer, context)
+
+    monkeypatch.setattr(baseline, "read_answer", noisy_first)
+    settled = baseline.run_scenario("pm-crash-first-rank")
+    assert (settled.score, [c.tool for c in settled.calls]) == (1, ["log_triage", "log_triage"])
+
+    monkeypatch.setattr(baseline, "read_answer", lambda tool, answer, context: baseline.Diagnosis(
+        culprit_kind="inconclusive" if tool == "log_triage" else "none", evidence=f"{tool} spread 40%"))
+    unsettled = baseline.run_scenario("pm-clean-log")
+    tools = [c.tool for c in unsettled.calls]
+    assert tools[:2] == ["log_triage", "log_triage"] and unsettled.diagnosis["culprit_kind"] == "inconclusive"
+    assert unsettled.score == 0.5 and "log_triage spread 40%" in unsettled.diagnosis["evidence"]

@@ -92,3 +92,38 @@ def test_slurm_job_diagnose_turns_node_faults_into_actions():
     assert found[0].code == "NODE_FAIL" and found[0].action == "drain_node" and found[0].subject == "gpu-node02"
     assert {f.code: f.action for f in found}["xid"] == "drain_node"       # Xid 79 in the node's syslog
     assert health_findings("COMPLETED", None, []) == []
+
+
+# Lines in the format NVIDIA's catalog gives for 144-150 ("Xid (PCI:0000:BB:DF): <Xid> <sub component> <fatal vs
+# nonfatal> <Crosscontain> <injected> <link> (<intrInfo> <errorStatus> ...)"); the others as the driver prints them.
+NVLINK5_ERA = """\
+[ 812.40] NVRM: Xid (PCI:0000:1b:00): 147, TREX Nonfatal XC0 i0 Link 03 (0x0000000e 0x80000000 0x0 0x0 0x0 0x0)
+[ 812.41] NVRM: Xid (PCI:0000:1b:00): 148, NVLPW_CTRL Nonfatal XC0 i0 Link 03 (0x0000000f 0x80000000 0x0 0x0 0x0 0x0)
+[ 901.02] NVRM: Xid (PCI:0000:43:00): 150, MSE_WATCHDOG Fatal XC0 i0 Link 00 (0x00000000 0x00000000 0x0 0x0 0x0 0x0)
+[ 955.77] NVRM: Xid (PCI:0000:43:00): 159, pid=4411, name=python, CHI Non-Data Error
+[1003.10] NVRM: Xid (PCI:0000:52:00): 162, Power Smoothing HW Circuitry capability reengaged
+[1003.11] NVRM: Xid (PCI:0000:52:00): 163, Power Smoothing HW Circuitry capability disengaged
+[1003.12] NVRM: Xid (PCI:0000:52:00): 164, Power Smoothing HW Circuitry low lifetime reached
+[1003.13] NVRM: Xid (PCI:0000:52:00): 165, Power Smoothing HW Circuitry lifetime exhausted
+[1100.00] NVRM: Xid (PCI:0000:9a:00): 168, Errors found in WPR (write protected region)
+"""
+
+
+def test_nvlink5_era_xids_have_the_catalogs_meaning_and_action():
+    """147/148/150/159/162-165/168 used to fall to 'monitor' as unknown codes; each now carries NVIDIA's meaning
+    and the action its catalog (or decode table) gives, or says that it gives none."""
+    events = xid.parse_events(NVLINK5_ERA)
+    assert [e.code for e in events] == [147, 148, 150, 159, 162, 163, 164, 165, 168]
+    judged = {e.code: xid.judge(e) for e in events}
+    assert all("not in the catalog" not in meaning for _, meaning in judged.values())
+    expected = {147: "monitor", 148: "monitor", 150: "reset_gpu", 159: "monitor", 162: "monitor", 163: "monitor",
+                164: "monitor", 165: "monitor", 168: "reboot_node"}
+    assert {code: action for code, (action, _) in judged.items()} == expected
+    assert xid.judge(events[2], repeated=True)[0] == "drain_node"       # MSE fatal again after a reset
+    assert "MSE" in judged[150][1] and "fatal" in judged[150][1]
+    assert "UVM" in judged[159][1] and "sympathetic" in judged[159][1]
+    assert judged[162][1].endswith("documented meaning, no documented action")
+    assert "ECC" in judged[168][1]
+    cat = xid.catalog()["xid"]
+    assert {cat[str(c)]["mnemonic"] for c in (147, 148, 150)} == {"NVLINK_TREX_ERROR", "NVLINK_NVLPW_CTRL_ERROR",
+                                                                   "NVLINK_MSE_ERROR"}

@@ -110,3 +110,38 @@ def test_rdma_readiness_names_each_node_and_what_it_lacks(monkeypatch):
     monkeypatch.setattr(rdma_rounds.subprocess, "run",
                         lambda *a, **k: subprocess.CompletedProcess(a, 0, stdout=ready, stderr=""))
     assert rdma_rounds.readiness(["n1", "n2"]) == {"n1": "mlx5_0", "n2": "mlx5_3"}
+
+
+def test_lat_table_from_a_real_report():
+    (row,) = perftest.parse_lat((FIXTURES / "ib_write_lat_dgxspark_playbooks.txt").read_text())
+    assert row == perftest.LatRow(2, 1000, 1.42, 1.93, 1.47, 1.47, 0.0, 1.57, 1.93)
+
+
+def test_lat_row_is_read_past_perftests_cpu_frequency_warning():
+    """Without -F perftest prints a warning line between the header and each row (many public reports show it)."""
+    text = (FIXTURES / "ib_write_lat_dgxspark_playbooks.txt").read_text().replace(
+        "99.9% percentile[usec]\n",
+        "99.9% percentile[usec]\nConflicting CPU frequency values detected: 1500.000000 != 3393.826000. "
+        "CPU Frequency is not max.\n")
+    assert [r.t_typical_us for r in perftest.parse_lat(text)] == [1.47]
+
+
+@pytest.mark.skipif(not perftest.available()[0], reason="perftest (ib_write_bw, ib_write_lat) is not installed here")
+@pytest.mark.skipif(any(Path("/sys/class/infiniband").glob("*")), reason="this machine has RDMA devices")
+@pytest.mark.parametrize("test", ["bw", "lat"])
+def test_real_perftest_on_a_machine_without_rdma_says_not_present(test):
+    """The real ib_write_bw / ib_write_lat, server and client on this machine, which has no RDMA device: the pair
+    gets a plain 'not present' answer naming the node, and neither process is left running."""
+    started = []
+
+    def launch(node, argv):
+        started.append(subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                        start_new_session=True))
+        return started[-1]
+
+    result = perftest.run_pair("n1", "n2", launch, test=test, device="mlx5_0", port=18631, server_addr="127.0.0.1",
+                               deadline_s=20)
+    assert result.value is None and result.detail.startswith("not present: no RDMA device on n2"), result.detail
+    assert [p.args[0] for p in started] == [perftest.TESTS[test]] * 2
+    time.sleep(0.2)
+    assert all(p.poll() is not None for p in started)

@@ -28,6 +28,7 @@ from tools.engine.bounds import MAX_RESULT_CHARS
 from tools.engine.jobs import MANAGER
 from tools.engine.mcp_server import _split_arguments, build_server
 from tools.engine.registry import registry
+from tools.engine.schemas import compact
 from tools.engine.spec import Field, Params, Result, ToolSpec
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -413,14 +414,17 @@ async def test_every_string_argument_of_every_tool_has_a_max_length():
     ("matmul_bench", {"device": "cpu", "all_gpus": True}),
     ("memory_bandwidth_bench", {"device": "cpu"}), ("storage_bench", {"path": "/tmp", "block_kib": 6}),
 ])
-async def test_cross_field_rules_are_in_the_schema(name, args):
-    """What the validator refuses here, the published schema refuses too (an agent can know it)."""
+async def test_cross_field_rules_are_refused_by_name_and_stated_in_the_schema(name, args):
+    """What the validator refuses here, the tool's own schema refuses too, and the error names a field.
+    Rules at the root stay out of what hosts are sent (engine/schemas.py): the field descriptions say them."""
     async with Client(build_server()) as c:
-        schema = next(t.input_schema for t in (await c.list_tools()).tools if t.name == name)
         r = await c.call_tool(name, args)
     assert r.is_error
+    params = registry()[name].Params
     with pytest.raises(jsonschema.ValidationError):
-        jsonschema.validate(args, schema)
+        jsonschema.validate(args, compact(params.model_json_schema()))
+    said = r.content[0].text.split(" (got ")[0]
+    assert any(field in said for field in params.model_fields), said
 
 
 # --- 10. secrets, default paths, refused pickles -------------------------------------------------------

@@ -44,6 +44,11 @@ async def test_tools_listed_with_schemas_and_annotations(mode):
             assert props[field].get("description"), f"{name}.{field} has no description in the schema"
         assert tool.annotations.read_only_hint == spec.read_only
         assert tool.annotations.destructive_hint == spec.destructive
+        # the rule tools/README.md states: a tool that can replace a file or submit jobs is destructive;
+        # besides those, only job_cancel (it ends a run)
+        can_replace_or_submit = bool({"overwrite", "submit"} & set(spec.Params.model_fields))
+        assert spec.destructive == (can_replace_or_submit or name == "job_cancel"), name
+        assert not (spec.read_only and spec.destructive), name
         if spec.runs == "subprocess":
             assert {"wait_s", "timeout_s"} <= set(props)
 

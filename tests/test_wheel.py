@@ -59,7 +59,6 @@ def test_the_wheel_ships_one_top_level_name_and_its_data(installed):
     assert "mleng/eval_cases/cases.jsonl" in names
     assert "mleng/eval_cases/scenarios/cl-slow-node.toml" in names          # the drills and their fixtures
     assert "mleng/eval_cases/scenarios/fixtures/fr_hung/fr_3" in names
-    assert "mleng/eval_cases/scenarios/assets/train_loop.py" in names
     assert "mleng/skill/SKILL.md" in names
     assert sum(n.startswith("mleng/knowledge/") and n.endswith(".md") for n in names) >= 40
 

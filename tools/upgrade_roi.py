@@ -20,8 +20,11 @@ Dtype = Literal["bf16", "fp16", "fp8", "fp4", "tf32", "fp32"]
 
 
 class RoiParams(Params):
+    # A first purchase (current null or 'none') has no current tokens/s to compare against.
     model_config = ConfigDict(json_schema_extra={"allOf": [
-        needs("candidate_tokens_per_s_per_gpu", "current_tokens_per_s_per_gpu"),
+        {"anyOf": [needs("candidate_tokens_per_s_per_gpu", "current_tokens_per_s_per_gpu"),
+                   {"required": ["current"], "properties": {"current": {"anyOf": [
+                       {"type": "null"}, {"type": "string", "pattern": r"^\s*[Nn][Oo][Nn][Ee]\s*$"}]}}}]},
         not_both("speedup", "candidate_tokens_per_s_per_gpu")]})
 
     current: str | None = Field("h100", max_length=100, description="Accelerator now (id, name or alias); null or 'none' for a first purchase.")

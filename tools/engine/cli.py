@@ -218,6 +218,20 @@ def _server_check(as_json: bool, results: dict) -> tuple[str, str, float, str]:
 
 # ---------------------------------------------------------------------------------------------------
 
+def tool_table(specs) -> str:
+    """The README's tool table, from the specs: name, summary and where the tool runs."""
+    from .spec import takes_node
+
+    def runs(spec) -> str:
+        if spec.runs == "in_process":
+            return "in-process"
+        return "subprocess, across nodes" if spec.spans_nodes else (
+            "subprocess, `node=` for another node" if takes_node(spec) else "subprocess")
+
+    rows = [f"| `{s.name}` | {s.summary} | {runs(s)} |" for s in sorted(specs, key=lambda s: s.name)]
+    return "\n".join(["| tool | what it answers | runs |", "|---|---|---|", *rows]) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["eval"]:  # the eval harness owns its flags; argparse's REMAINDER would refuse leading options
@@ -230,7 +244,8 @@ def main(argv: list[str] | None = None) -> int:
         return drill_main(argv[1:])
     parser = argparse.ArgumentParser(prog="mleng", description="GPU cluster diagnostics and benchmarks for ML engineers")
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("list", help="list the tools")
+    p_list = sub.add_parser("list", help="list the tools")
+    p_list.add_argument("--markdown", action="store_true", help="the README's tool table (tests/test_cli.py checks it)")
     p_run = sub.add_parser("run", help="run one tool: mleng run TOOL --help", add_help=False)
     p_run.add_argument("tool")
     p_run.add_argument("rest", nargs=argparse.REMAINDER)
@@ -247,6 +262,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "list":
         from .registry import registry
 
+        if args.markdown:
+            print(tool_table(registry().values()), end="")
+            return 0
         for spec in registry().values():
             print(f"{spec.name:<24} {spec.runs:<11} {spec.summary}")
         return 0

@@ -35,24 +35,28 @@ from pydantic import Field, ValidationError
 from .data import PACKAGE_DIR
 from .jobs import ANONYMOUS, MANAGER, Busy, Cancelled, Job
 from .registry import registry
-from .schemas import compact
+from .schemas import compact, for_hosts
 from .rendering import format_result, validation_message
 from .on_node import NODE_MAX_CHARS, NODE_PATTERN
 from .spec import Params, ToolFailure, ToolSpec, takes_node
 
 log = logging.getLogger("mleng")
 
-INSTRUCTIONS = """mleng runs real diagnostics and benchmarks on this machine's GPUs, network, storage and
+# The execution options' bounds, stated once in INSTRUCTIONS and enforced by CallOptions.
+WAIT_MAX_S, TIMEOUT_MAX_S = 3600, 86400
+
+INSTRUCTIONS = f"""mleng runs real diagnostics and benchmarks on this machine's GPUs, network, storage and
 SLURM cluster, and reads the answers against known-good figures. Measure before guessing; start with
 cheap read-only probes (env_report, gpu_health, log_triage) before GPU-heavy benchmarks. Each result
 has a verdict, findings with units, and `next`: tools or knowledge:// pages to go to next. Read
 knowledge://index for the reference shelf.
 Execution options, accepted by every tool that takes them in its schema:
-- wait_s (seconds, default 60): how long the call waits. A longer run answers with a job handle
-  (result.job.job_id) and goes on: follow it with job_status, stop it with job_cancel.
-- timeout_s (seconds): hard limit; past it every process of the run is killed and the call fails.
-- node (a SLURM node name): run the tool on that node through srun (inside the allocation that
-  holds it, else in a one-node job of its own) and return that node's result.
+- wait_s (seconds, 0-{WAIT_MAX_S}, default 60): how long the call waits. A longer run answers with a job
+  handle (result.job.job_id) and goes on: follow it with job_status, stop it with job_cancel.
+- timeout_s (seconds, 1-{TIMEOUT_MAX_S}; each tool's default is in its schema): hard limit; past it every
+  process of the run is killed and the call fails.
+- node (a SLURM node name: letters, digits, _ . -): run the tool on that node through srun (inside the
+  allocation that holds it, else in a one-node job of its own) and return that node's result.
 Optional fields may be left out; null means the same."""
 
 TEXT_JSON_LIMIT = 12_000  # characters of JSON in the text copy; structuredContent always has everything
@@ -73,25 +77,24 @@ class CallOptions(Params):
     """How long a subprocess tool's call waits and how long its run may take (not the tool's own inputs)."""
 
     # Described once, in INSTRUCTIONS: 17 copies of the same two sentences cost every agent ~4 KB.
-    wait_s: float = Field(60.0, ge=0, le=3600, description="Seconds the call waits (server instructions).")
-    timeout_s: float | None = Field(None, ge=1, le=86400, description="Hard limit, seconds (server instructions).")
+    wait_s: float = Field(60.0, ge=0, le=WAIT_MAX_S, description="Seconds the call waits (server instructions).")
+    timeout_s: float | None = Field(None, ge=1, le=TIMEOUT_MAX_S, description="Hard limit, seconds (server instructions).")
     node: str | None = Field(None, max_length=NODE_MAX_CHARS, pattern=NODE_PATTERN,
                              description="SLURM node to run on (server instructions).")
 
 
 @functools.cache
 def input_schema(spec: ToolSpec) -> dict:
-    """The tool's Params schema, compacted (schemas.py), plus wait_s / timeout_s on subprocess tools,
-    without descriptions: the server instructions say what they do (built once per tool)."""
-    schema = compact(spec.Params.model_json_schema())
+    """The tool's Params schema as hosts take it (schemas.for_hosts), plus wait_s / timeout_s (and node) on
+    subprocess tools, with only their type and the tool's own timeout: the server instructions say once what
+    they do and their bounds, and CallOptions enforces them (built once per tool)."""
+    schema = for_hosts(spec.Params.model_json_schema())
     schema.setdefault("additionalProperties", False)
     if spec.runs == "subprocess":
-        schema["properties"] = {**schema.get("properties", {}),
-                                "wait_s": {"type": "number", "minimum": 0, "maximum": 3600, "default": 60.0},
-                                "timeout_s": {"type": "number", "minimum": 1, "maximum": 86400,
-                                              "default": spec.timeout_s}}
+        schema["properties"] = {**schema.get("properties", {}), "wait_s": {"type": "number"},
+                                "timeout_s": {"type": "number", "default": spec.timeout_s}}
         if takes_node(spec):
-            schema["properties"]["node"] = {"type": "string", "maxLength": NODE_MAX_CHARS, "pattern": NODE_PATTERN}
+            schema["properties"]["node"] = {"type": "string", "maxLength": NODE_MAX_CHARS}
     return schema
 
 

@@ -8,9 +8,15 @@ An agent reads every tool's schema before its first call, so bytes here are paid
   field out means the same, and the validator still accepts an explicit null;
 - `present()`'s `not: {type: null}` goes with it: `required` alone then says "given";
 - a field marked `SELF_TEST` (fault injection that proves a tool names a culprit) is left out of the
-  input schema: tests, the CLI and a caller who knows it still pass it (`Params` accepts it).
-Validation is unchanged: `Params(**arguments)` is the authority, and every bound, enum and cross-field
-rule (`present` / `needs` / `not_both`) stays in the schema.
+  input schema: tests, the CLI and a caller who knows it still pass it (`Params` accepts it);
+- cross-field rules at the root of an input schema are not published (`for_hosts`): the Anthropic API
+  answers a tool list holding a root `allOf` / `anyOf` / `oneOf` with HTTP 400 ("input_schema does not
+  support oneOf, allOf, or anyOf at the top level"), which ends every turn of a Claude Code session
+  (anthropics/claude-code#45106), and Claude Code now drops such a tool silently, root `if`/`then` too
+  (anthropics/claude-code#95504, Sept 2026); `not` goes with them, as no host documents it there. The
+  field descriptions say each rule in words, and the validator still refuses what breaks one.
+Validation is unchanged: `Params(**arguments)` is the authority; every bound and enum stays in the schema,
+and the rules stay in `Params.model_json_schema()`, where tests check them against the validator.
 """
 
 from typing import Any
@@ -18,6 +24,8 @@ from typing import Any
 from .spec import SELF_TEST
 
 _MARKER = next(iter(SELF_TEST))
+# Keywords that constrain the object as a whole: at the root of a tool's input schema some hosts refuse them.
+ROOT_RULES = ("allOf", "anyOf", "oneOf", "not", "if", "then", "else")
 
 
 def _is_null(schema: Any) -> bool:
@@ -64,4 +72,12 @@ def compact(schema: Any, inputs: bool = True) -> Any:
         out["required"] = [r for r in out["required"] if r in out["properties"]]
         if not out["required"]:
             del out["required"]
+    return out
+
+
+def for_hosts(schema: dict) -> dict:
+    """A Params schema as tools/list publishes it: compacted, and without cross-field rules at its root."""
+    out = compact(schema)
+    for key in ROOT_RULES:
+        out.pop(key, None)
     return out

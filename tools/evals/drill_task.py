@@ -40,7 +40,7 @@ _selection = importlib.import_module(f"{_pkg}.evals.inspect_task")
 _scenarios = importlib.import_module(f"{_pkg}.evals.drills.scenarios")
 _grade = importlib.import_module(f"{_pkg}.evals.drills.grade")
 _session = importlib.import_module(f"{_pkg}.evals.drills.session")
-_faults = importlib.import_module(f"{_pkg}.evals.drills.faults")
+_cluster = importlib.import_module(f"{_pkg}.evals.drills.cluster")
 
 INSTRUCTIONS = (
     "You are a coding agent helping an ML infrastructure engineer. Use the mleng tools to find out what is "
@@ -143,7 +143,7 @@ def diagnosis_scorer():
 def fault_drills(scenarios: str = "", place: str = "local,cluster", skill: bool = True, turns: int = 30) -> Task:
     command, args = _selection.server_command()
     server = mcp_server_stdio(name="mleng", command=command, args=args, cwd=str(_selection._data.IMPORT_ROOT),
-                              env={"SLURM_CONF": f"{_faults.CLUSTER_DIR}/etc/slurm.conf"})
+                              env={"SLURM_CONF": f"{_cluster.CLUSTER_DIR}/etc/slurm.conf"})
     prompt = INSTRUCTIONS + ("\n\n" + _selection.skill_body() if skill and _selection.skill_body() else "")
     ids = [i for i in scenarios.split(",") if i]
     return Task(

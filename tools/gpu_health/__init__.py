@@ -10,16 +10,17 @@ process: a wedged driver can hang an NVML call, and the runner's timeout then ki
 By hand:
     python -m tools.gpu_health                     # this node
     python -m tools.gpu_health --dcgm-level 2      # plus `dcgmi diag -r 2` (about 2 minutes)
+    python -m tools.gpu_health --text "$(nvidia-smi nvlink -s)"    # judge pasted output (no GPU needed)
     srun --ntasks-per-node=1 python -m tools.gpu_health --json > health-$SLURM_JOB_ID.json   # every node
 """
 
 import time
 
-from ..engine.spec import Field, Params, Record, Result, ToolSpec, worst
+from ..engine.spec import Field, Params, Record, Result, ToolFailure, ToolSpec, worst
 from ..engine.data import load_data
 from ..shared.safe_read import read_limited
 from ..shared.actions import ACTION_FIELD, Action, HealthFinding, by_action, verdict_of, worst_action
-from . import dcgm, holders, read
+from . import dcgm, holders, pasted, read
 from .assess import assess
 from .holders import MemoryHolder
 from .models import XidSeen
@@ -46,7 +47,11 @@ class GpuHealthParams(Params):
     dcgm_level: int = Field(0, ge=0, le=4, description=(
         "Also run dcgmi diag -r N: 1 seconds, 2 ~2 min, 3 ~15 min, 4 hours; 3-4 occupy every GPU. 0: not run."))
     dcgm_file: str | None = Field(None, max_length=4096, description=(
-        "Read a saved dcgmi diag -j output (a regular file, <= 16 MiB) instead of running DCGM."))
+        "Read a saved dcgmi diag output (-j JSON or the printed table; a regular file, <= 16 MiB) instead of "
+        "running DCGM."))
+    text: str | None = Field(None, max_length=1_000_000, description=(
+        "Pasted `nvidia-smi nvlink -e`, `nvidia-smi nvlink -s` or `dcgmi diag` output (table or -j) to judge "
+        "instead of reading this node; the other fields are not used."))
 
 
 class GpuReading(Record):
@@ -102,7 +107,7 @@ class GpuReading(Record):
 
     @property
     def subject(self) -> str:
-        return f"GPU {self.index} ({self.pci_bus_id or '?'})"
+        return f"GPU {self.index}" + (f" ({self.pci_bus_id})" if self.pci_bus_id else "")
 
 
 class GpuHealthResult(Result):
@@ -159,6 +164,8 @@ def _dcgm(params: GpuHealthParams) -> tuple[list[HealthFinding], str]:
 
 
 def run(params: GpuHealthParams, progress) -> GpuHealthResult:
+    if params.text is not None:
+        return read_pasted(params.text)
     try:
         import pynvml as nv
 
@@ -185,15 +192,52 @@ def run(params: GpuHealthParams, progress) -> GpuHealthResult:
                      dcgm=found, dcgm_note=dcgm_note)
 
 
+def read_pasted(text: str) -> GpuHealthResult:
+    """Pasted NVLink (-e / -s) or dcgmi diag output, judged as on a node; ToolFailure naming the formats otherwise."""
+    kinds, every = pasted.parse_nvlink(text)
+    blocks = [b for b in every if b.links]
+    if blocks:
+        gpus = [GpuReading(index=b.index, name=b.name, uuid=b.uuid, nvlink_links=sorted(b.links.values(), key=lambda c: c.link))
+                for b in blocks]
+        for g, b in zip(gpus, blocks):
+            if b.status_read:
+                g.nvlink_active, g.nvlink_total = sum(c.active for c in g.nvlink_links), len(g.nvlink_links)
+        found = pasted.judge(blocks, lambda b: f"GPU {b.index}")
+        for g in gpus:
+            assess(g, found[g.index])
+        result = summarise(gpus, None, "not read (pasted text)")
+        result.findings.insert(1, f"Read pasted {' and '.join(kinds)} output: {len(gpus)} GPU(s), "
+                                  f"{sum(len(g.nvlink_links) for g in gpus)} link(s); one reading.")
+        result.findings += [f"GPU {b.index}: no link lines under its header (the paste ends there?): not judged."
+                            for b in every if not b.links]
+        if shared := pasted.same_inactive_everywhere(blocks):
+            result.findings.insert(2, f"Links {shared} are inactive on every GPU of the paste: the system's wiring "
+                                      "(a product that uses a subset of its links), not a fault.")
+        return result
+    try:
+        results, version = dcgm.parse(text)
+    except ValueError as e:
+        head = text.strip().splitlines()[0][:80] if text.strip() else "(empty)"
+        raise ToolFailure(f"text: not a format gpu_health reads; expected {pasted.EXPECTED}; it starts with "
+                          f"{head!r} ({e})") from None
+    found = [f for f in (dcgm.judge(r) for r in results) if f]
+    note = f"read pasted dcgmi diag output; DCGM {version or '?'}: {len(results)} results, {len(found)} not a clean pass"
+    return _dcgm_answer("Read pasted `dcgmi diag` output.", found, note, verdict="ok")
+
+
 def _no_nvml(error: Exception, found: list[HealthFinding], note: str) -> GpuHealthResult:
     """No NVIDIA GPU readable here: say so; a saved DCGM output is still read and judged."""
-    result = GpuHealthResult(verdict="info", findings=[f"No NVIDIA GPU here: NVML is not available ({error}). "
-                                                       "Nothing to check on this machine."], next=["env_report"],
-                             dcgm=found, dcgm_note=note)
+    return _dcgm_answer(f"No NVIDIA GPU here: NVML is not available ({error}). Nothing to check on this machine.",
+                        found, note, verdict="info")
+
+
+def _dcgm_answer(first: str, found: list[HealthFinding], note: str, verdict: str) -> GpuHealthResult:
+    """A result made of DCGM findings alone (no GPU read here); `verdict` when none is a problem."""
+    result = GpuHealthResult(verdict=verdict, findings=[first], next=["env_report"], dcgm=found, dcgm_note=note)
     if found:
         result.action, result.actions = worst_action(f.action for f in found), by_action(found)
         result.verdict = worst(verdict_of(f.action) for f in found)
-        result.findings = [f"{f.subject}: {f.text} [{f.action}]." for f in found] + [f"DCGM: {note}."]
+        result.findings = [first] + [f"{f.subject}: {f.text} [{f.action}]." for f in found] + [f"DCGM: {note}."]
         result.next = ["knowledge://compute/gpu-faults.md"]
     return result
 
@@ -215,11 +259,12 @@ def summarise(gpus: list[GpuReading], driver: str | None, log_note: str, *, wind
     result.verdict = worst([g.verdict for g in gpus] + [verdict_of(f.action) for f in result.switch_events + result.dcgm])
     bad = [g for g in gpus if g.verdict != "ok"]
     names = sorted({g.name for g in gpus})
-    result.findings = [f"{len(gpus)} GPU(s) ({', '.join(names)}), driver {driver}: "
+    result.findings = [f"{len(gpus)} GPU(s) ({', '.join(names)})" + (f", driver {driver}" if driver else "") + ": "
                        + ("all healthy" if not bad else f"{len(bad)} need attention")
                        + f"; action for the node: {result.action}."]
     for g in gpus:
-        result.findings += [f"GPU {g.index} ({g.pci_bus_id}, serial {g.serial}): {p.text} [{p.action}]."
+        result.findings += [f"GPU {g.index}" + (f" ({g.pci_bus_id}, serial {g.serial})" if g.pci_bus_id else "")
+                            + f": {p.text} [{p.action}]."
                             for p in g.problems]
     result.findings += [f"{f.subject}: {f.text} [{f.action}]." for f in result.switch_events + result.dcgm]
     result.findings += _holder_sentences(gpus) + _context(gpus, window_s, load_note, log_note, dcgm_note)
@@ -259,8 +304,8 @@ def _context(gpus, window_s, load_note, log_note, dcgm_note) -> list[str]:
 
 def _gpus_used(params: GpuHealthParams) -> list[int]:
     """The GPUs a run occupies (its small load, or DCGM's tests), so that mleng's benchmarks do not run beside it."""
-    if not ((params.load and params.sample_s > 0) or params.dcgm_level >= 2):
-        return []
+    if params.text is not None or not ((params.load and params.sample_s > 0) or params.dcgm_level >= 2):
+        return []   # pasted text touches no GPU
     from ..engine.processes import local_gpu_count
 
     return list(range(local_gpu_count()))
@@ -271,11 +316,11 @@ SPEC = ToolSpec(
     summary="Per-GPU health and what to do about it: ECC, row remapping, Xids, NVLink/PCIe links, clocks, modes, DCGM.",
     description=(
         "Is each GPU of this node healthy, and what to do (none, monitor, reset_gpu, reboot_node, drain_node, "
-        "replace): uncorrectable ECC, remapped rows, Xid / SXid events from the kernel log (NVIDIA's Xid "
+        "replace): uncorrectable ECC, remapped rows, Xid / SXid events (kernel log, NVIDIA's "
         "catalog), NVLink CRC and replay counters, PCIe width and generation per hop under load (a Gen5 GPU "
-        "behind a Gen4 switch is not downtrained), PCIe replays and AER errors, clock-event reasons (power "
+        "behind a Gen4 switch: not downtrained), PCIe replays and AER errors, clock-event reasons (power "
         "brake, thermal), modes, NVSwitch fabric state, who holds GPU memory (yours, another user's, a "
-        "zombie), DCGM diagnostics (dcgm_level) or a saved dcgmi diag -j file. Use for 'is this GPU ok', Xid "
+        "zombie), DCGM diagnostics (dcgm_level); pasted nvlink -e/-s or dcgmi diag (text=). Use for 'is this GPU ok', Xid "
         "messages, 'GPU has fallen off the bus', 'Unable to determine the device handle', 'uncorrectable ECC "
         "error encountered', a GPU lost in training, a node slower than its peers. ~5-15 s. Not a performance "
         "test (matmul_bench)."),

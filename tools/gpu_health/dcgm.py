@@ -1,9 +1,10 @@
-"""DCGM diagnostics: run `dcgmi diag -r N -j` where DCGM is installed, or read a saved output, and turn each
-test result and DCGM_FR code into a finding with an action.
+"""DCGM diagnostics: run `dcgmi diag -r N -j` where DCGM is installed, or read a saved or pasted output, and turn
+each test result and DCGM_FR code into a finding with an action.
 
 Both JSON layouts are read: DCGM 4.x ('DCGM Diagnostic', entity ids, test_summary) and 3.x ('DCGM GPU
-Diagnostic', 'gpu_ids' strings). Codes, severities and known false positives: knowledge/data/dcgm_errors.toml.
-Levels 3 and 4 occupy the GPUs for 15 minutes to hours, so they run only when asked for by number.
+Diagnostic', 'gpu_ids' strings); so is the table dcgmi prints without -j (dcgm_text.py), which is what users
+paste. Codes, severities and known false positives: knowledge/data/dcgm_errors.toml. Levels 3 and 4 occupy the
+GPUs for 15 minutes to hours, so they run only when asked for by number.
 """
 
 import json
@@ -12,20 +13,10 @@ import shutil
 import subprocess
 
 from ..engine.data import load_data
-from ..engine.spec import Field, Record
 from ..shared.actions import HealthFinding
+from .dcgm_text import DcgmResult, looks_like_table, parse as parse_table
 
 SECONDS = re.compile(r"totaling ([0-9.]+) seconds")
-
-
-class DcgmResult(Record):
-    category: str = Field(description="Deployment, Hardware, Integration, Stress, ...")
-    test: str = Field(description="Test name as DCGM prints it (software, memory, pcie, targeted_stress ...).")
-    gpu: str = Field(description="GPU id(s) the result is for.")
-    status: str = Field(description="Pass | Fail | Warn | Skip (as DCGM wrote it).")
-    code: int | None = Field(None, description="DCGM_FR code (error_id).")
-    code_name: str = Field("", description="DCGM_FR_* name.")
-    message: str = Field("", description="DCGM's warning text.")
 
 
 def dcgmi_path() -> str | None:
@@ -55,7 +46,10 @@ def parse(text: str) -> tuple[list[DcgmResult], str | None]:
     """(results, DCGM version) from `dcgmi diag -j` output. ValueError names what is missing.
 
     The file may be anyone's: entries of the wrong shape are skipped (and counted in a result saying so),
-    never a crash, and nesting too deep for the JSON reader is "not JSON"."""
+    never a crash, and nesting too deep for the JSON reader is "not JSON". The table dcgmi prints without -j
+    is read by dcgm_text.py."""
+    if looks_like_table(text):
+        return parse_table(text)
     try:
         doc = json.loads(text[text.find("{"):])
     except (ValueError, RecursionError) as e:

@@ -6,7 +6,10 @@ once had trouble, the change over the window says it has trouble now. CRC thresh
 100 CRC errors per second on a link (DCGM_FR_NVLINK_CRC_ERROR_THRESHOLD, NVIDIA/DCGM dcgmlib/dcgm_errors.h).
 """
 
+import re
+
 from ..engine.spec import Field, Record
+from ..shared.accelerators import match_accelerator
 from ..shared.actions import HealthFinding
 
 CRC_PER_S_LIMIT = 100.0          # DCGM's per-link CRC rate limit (see module doc)
@@ -21,9 +24,11 @@ class NvLinkCounters(Record):
     recovery: int | None = Field(None, description="Link recovery events counted on this link.")
     crc_flit: int | None = Field(None, description="Flit CRC errors counted on this link.")
     crc_data: int | None = Field(None, description="Data CRC errors counted on this link.")
+    crc: int | None = Field(None, description="CRC errors where one count is printed for the link (pasted `nvidia-smi nvlink -e`).")
+    speed_gbytes_s: float | None = Field(None, description="Link speed, GB/s (pasted `nvidia-smi nvlink -s`; None when not read).")
 
 
-COUNTERS = ("replay", "recovery", "crc_flit", "crc_data")
+COUNTERS = ("replay", "recovery", "crc_flit", "crc_data", "crc")
 
 
 def nvlink_deltas(before: list[NvLinkCounters], after: list[NvLinkCounters]) -> dict[int, dict[str, int]]:
@@ -41,9 +46,30 @@ def nvlink_deltas(before: list[NvLinkCounters], after: list[NvLinkCounters]) -> 
     return out
 
 
+def links_all_wired(gpu_name: str) -> bool | None:
+    """Whether every NVLink of this product is wired, from knowledge/data/accelerators.toml's `interconnect`:
+    True for boards on NVSwitch ("NVLink 4 (18 links)": an inactive link is down), False for bridged products
+    ("NVLink 4 bridge (pairs)": H100 NVL, A100/H100 PCIe use a subset, the rest show inactive on every GPU),
+    None when the product is not in the table."""
+    spec = match_accelerator(gpu_name)
+    interconnect = (spec or {}).get("interconnect", "")
+    return False if "bridge" in interconnect else True if re.search(r"\(\d+ links", interconnect) else None
+
+
+def unwired_links(names_and_links: list[tuple[str, list[NvLinkCounters]]]) -> set[int]:
+    """Links inactive on every GPU of a node of bridged products: the wiring, not a fault. Empty for products
+    whose links are all wired (a link inactive on every GPU of an NVSwitch board is a switch down) or unknown."""
+    if len(names_and_links) < 2 or any(links_all_wired(name) is not False for name, _ in names_and_links):
+        return set()
+    inactive = [{c.link for c in links if not c.active} for _, links in names_and_links]
+    return set.intersection(*inactive)
+
+
 def judge_nvlink(subject: str, before: list[NvLinkCounters], after: list[NvLinkCounters],
-                 window_s: float) -> list[HealthFinding]:
+                 window_s: float, unwired: set[int] = frozenset()) -> list[HealthFinding]:
+    """`unwired`: links this node's product leaves unused (unwired_links), not reported as down."""
     found = []
+    after = [c for c in after if c.link not in unwired]
     down = [c.link for c in after if not c.active]
     if down and len(down) < len(after):
         found.append(HealthFinding(text=f"NVLink link(s) {down} down, {len(after) - len(down)} of {len(after)} up: "

@@ -9,7 +9,7 @@ from ..shared import xid
 from ..shared.safe_read import read_tail
 from .pcie import PcieHop, capped_by_parent, chain, judge as judge_pcie, nvml_bdf
 from .read import attempt, clock_event_ns, nvlink_counters, pcie_replays
-from .sampling import event_seconds, judge_clock_events, judge_nvlink
+from .sampling import event_seconds, judge_clock_events, judge_nvlink, unwired_links
 from .models import XidSeen
 from ..shared.actions import HealthFinding
 from .load import SmallLoad
@@ -96,6 +96,7 @@ def sample_window(nv, handles, gpus, seconds: float, with_load: bool) -> tuple[d
     if loader and loader.failed:
         note = f"the load could not start on {'; '.join(loader.failed)}: PCIe generation not judged"
     out: dict[int, list] = {}
+    unwired = unwired_links([(g.name, links) for g, links in zip(gpus, end_links)])
     for k, (g, h) in enumerate(zip(gpus, handles)):
         g.nvlink_links = end_links[k]
         g.nvlink_total = len(end_links[k]) or None
@@ -108,7 +109,7 @@ def sample_window(nv, handles, gpus, seconds: float, with_load: bool) -> tuple[d
         g.pcie_chain = chains[k][-1] if chains[k] else []
         g.pcie_note = capped_by_parent(chains[k]) or ""
         out[g.index] = (judge_pcie(g.subject, chains[k], loaded and busy[k])
-                        + judge_nvlink(g.subject, start_links[k], end_links[k], window)
+                        + judge_nvlink(g.subject, start_links[k], end_links[k], window, unwired)
                         + judge_clock_events(g.subject, g.clock_event_s, window)
                         + _replay_findings(g))
     return out, note, round(window, 2)

@@ -20,9 +20,10 @@ import time
 
 from ..engine.figures import Figure, Measured, SweepContract
 from ..engine.spec import Field, Params, Result, ToolFailure, ToolSpec, worst
-from ..shared.actions import ACTION_FIELD, Action, by_action, worst_action
-from . import pasted, sample
-from .assess import judge_peers, judge_port, judge_totals
+from ..shared.actions import ACTION_FIELD, Action, HealthFinding, by_action, verdict_of, worst_action
+from . import ibdiagnet, pasted, sample
+from .assess import judge_peers, judge_port, judge_totals, rules
+from .ibdiagnet import FabricCheck
 from .models import NetdevReading, NicAffinity, PortReading, Presence
 
 __all__ = ["SPEC", "NicHealthParams", "NicHealthResult", "run"]
@@ -33,8 +34,9 @@ class NicHealthParams(Params):
         "Sampling window, seconds: counters and carrier changes are read at its start and end and the change "
         "is judged. 0: one reading, totals only (nothing is judged on change). Not used with text."))
     text: str | None = Field(None, max_length=1_000_000, description=(
-        "Pasted `ibstat`, `ibv_devinfo` or `perfquery` output to judge instead of reading this node (one reading: error "
-        "counters above zero are named, state and rate judged as on a node)."))
+        "Pasted `ibstat`, `ibv_devinfo`, `perfquery` or `ibdiagnet` output to judge instead of reading this node (one "
+        "reading: error counters above zero are named, state and rate judged as on a node; ibdiagnet's checks with "
+        "their error counts, and the fabric ports whose counters rose during its run)."))
 
 
 class NicHealthResult(Result):
@@ -45,6 +47,8 @@ class NicHealthResult(Result):
     affinity: list[NicAffinity] = Field(default_factory=list, description="Each GPU's closest NIC and the PCIe path to it.")
     present: list[Presence] = Field(default_factory=list, description="RDMA devices, ethtool, perftest: found or not present.")
     window_s: float = Field(0.0, description="Length of the sampling window, s.")
+    fabric_checks: list[FabricCheck] = Field(default_factory=list, description="Pasted ibdiagnet: its Summary rows (check, warnings, errors).")
+    fabric: list[HealthFinding] = Field(default_factory=list, description="Pasted ibdiagnet: checks with errors and fabric ports whose counters rose, with an action each.")
 
 
 def run(params: NicHealthParams, progress) -> NicHealthResult:
@@ -63,6 +67,9 @@ def run(params: NicHealthParams, progress) -> NicHealthResult:
 
 
 def read_pasted(text: str) -> NicHealthResult:
+    checks, rose = ibdiagnet.parse(text)
+    if checks or rose:
+        return read_ibdiagnet(checks, rose)
     try:
         kind, raw = pasted.parse(text)
     except ValueError as e:
@@ -71,6 +78,23 @@ def read_pasted(text: str) -> NicHealthResult:
     judge_peers(ports)
     result = summarise(ports, [], [], [], 0.0)
     result.findings.insert(1, f"Read pasted {kind} output: {len(ports)} port(s); one reading, so totals only.")
+    return result
+
+
+def read_ibdiagnet(checks: list[FabricCheck], rose: list[tuple[str, str, int]]) -> NicHealthResult:
+    """ibdiagnet judges the fabric, not this node: its findings go to `fabric`, the node's ports stay empty."""
+    table = rules()
+    found = ibdiagnet.judge(checks, rose, table["rdma_counter"], table["ibdiagnet"])
+    result = NicHealthResult(fabric_checks=checks, fabric=found, action=worst_action(f.action for f in found),
+                             actions=by_action(found))
+    result.verdict = worst([verdict_of(f.action) for f in found] or ["ok"])
+    failed = [c for c in checks if c.errors]
+    result.findings = [f"Read pasted ibdiagnet output: {len(checks)} check(s) in its Summary, "
+                       + (f"{len(failed)} with errors ({', '.join(f'{c.stage}: {c.errors}' for c in failed)})"
+                          if failed else "none with errors")
+                       + f"; {len(rose)} port counter(s) rose during its run; action: {result.action}."]
+    result.findings += [f"{f.subject}: {f.text} [{f.action}]." for f in found]
+    result.next = ["knowledge://network/link-health.md", "collective_bench"]
     return result
 
 
@@ -122,7 +146,7 @@ SPEC = ToolSpec(
         "window, saturated counters; network interfaces: carrier changes (link flaps) during the window and since "
         "boot, speed, MTU, kernel and `ethtool -S` error counters; each GPU's closest NIC and PCIe path. Use for a "
         "flapping or degraded link, 'NET/IB : Got completion with error', one node slower in every collective, "
-        "before blaming NCCL; pasted `ibstat` / `ibv_devinfo` / `perfquery` output (text=). ~1 s plus sample_s "
+        "before blaming NCCL; pasted ibstat / ibv_devinfo / perfquery / ibdiagnet (text=). ~1 s plus sample_s "
         "(default 2 s), read-only, no GPU needed. Not for bandwidth between nodes (collective_bench) or GPU faults "
         "(gpu_health)."),
     Params=NicHealthParams, Result=NicHealthResult, run=run, runs="subprocess", timeout_s=360,

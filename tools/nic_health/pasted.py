@@ -18,8 +18,10 @@ PERFQUERY_NAMES = {
     "PortXmitData": "port_xmit_data", "PortRcvData": "port_rcv_data", "PortXmitWait": "port_xmit_wait",
 }
 EXPECTED = ("`ibv_devinfo` output (\"hca_id: mlx5_0\" blocks with \"port: 1\", state, link_layer), "
-            "`ibstat` output (\"CA 'mlx5_0'\" then \"Port 1:\" blocks with State / Physical state / Rate / Link layer) "
-            "or `perfquery` output (\"# Port counters: Lid L port P\" then \"SymbolErrorCounter:....N\" lines)")
+            "`ibstat` output (\"CA 'mlx5_0'\" then \"Port 1:\" blocks with State / Physical state / Rate / Link layer), "
+            "`perfquery` output (\"# Port counters: Lid L port P\" then \"SymbolErrorCounter:....N\" lines), "
+            "or `ibdiagnet` output (its Summary table \"-I- Stage  Warnings  Errors\" with one row per check, or "
+            "'<port> - \"<counter>\" increased during the run' lines)")
 
 
 def _port(device: str, number: int) -> dict:

@@ -26,6 +26,8 @@ SERVER_START_S = 1.5         # time the server needs to listen before the client
 _BW_HEADER = re.compile(r"#bytes\s+#iterations\s+BW peak\[(\w+)/sec\]\s+BW average\[(\w+)/sec\]\s+MsgRate\[Mpps\]")
 _LAT_HEADER = re.compile(r"#bytes\s+#iterations\s+t_min\[usec\]\s+t_max\[usec\]\s+t_typical\[usec\]\s+t_avg\[usec\]")
 _NUMBER_ROW = re.compile(r"^\s*(\d+)\s+(\d+)((?:\s+[\d.]+)+)\s*$")
+# What perftest prints when the node has no RDMA device (or its driver is not loaded), checked on the real binary.
+_NO_DEVICE = ("Did not detect devices", "Unable to find the Infiniband/RoCE device")
 
 
 @dataclass
@@ -140,5 +142,8 @@ def run_pair(server: str, client: str, launch, *, test: str, device: str, port: 
         value = parse_bw(text)[-1].average_gbps if test == "bw" else parse_lat(text)[-1].t_typical_us
     except ValueError as e:
         tail = (err if isinstance(err, str) else (err or b"").decode(errors="replace")).strip()[-300:]
+        if any(s in tail or s in text for s in _NO_DEVICE):
+            return PairMeasure(server, client, test, None, unit, f"not present: no RDMA device on {client} (perftest "
+                               f"exit {cli.returncode}: 'Did not detect devices')")
         return PairMeasure(server, client, test, None, unit, f"exit {cli.returncode}: {tail or e}")
     return PairMeasure(server, client, test, value, unit, "ok")

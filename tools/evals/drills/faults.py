@@ -8,9 +8,10 @@ node's network namespace, cgroup CPU quotas, signals to slurmd or a rank, a co-t
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
+import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -21,18 +22,14 @@ from pathlib import Path
 
 from ...engine.data import PACKAGE_DIR
 from ...engine.store import mleng_home
-from .scenarios import (FIXTURES_DIR, SCENARIOS_DIR, CpuLimit, Fixture, FreezeSlurmd, GpuCotenant, KillSlurmd,
+from .cluster import (DrillError, address, cluster_nodes, cluster_script, hold_session_lock, lock_is_ours,
+                      on_node, run, signal_quietly, slurmd_pid, why_no_cluster)
+from .scenarios import (FIXTURES_DIR, CpuLimit, Fixture, FreezeSlurmd, GpuCotenant, KillSlurmd,
                         LinkDown, RateLimit, Scenario, SlowLink, TrainingJob)
 
-CLUSTER_SCRIPT = PACKAGE_DIR.parent / "scripts" / "cluster-local.sh"   # a checkout's; the wheel has none
-CLUSTER_DIR = "/tmp/mln-cluster"
-SESSION_LOCK = "/tmp/mln-cluster.session.lock"
-PORT_BASE = "7817"
-TRAIN_LOOP = SCENARIOS_DIR / "assets" / "train_loop.py"
-
-
-class DrillError(RuntimeError):
-    pass
+# The training job: the straggler benchmark's gloo loop (nothing of mleng in it), light enough for 2 cores.
+WORKLOAD = PACKAGE_DIR.parent / "bench" / "straggler_workload.py"   # a checkout's, like CLUSTER_SCRIPT
+WORKLOAD_SIZE = ("--dim", "128", "--matmuls", "2")
 
 
 def drill_dir() -> Path:
@@ -79,82 +76,6 @@ class DrillState:
 # --------------------------------------------------------------------------------------------------
 # The namespace cluster
 
-def cluster_env() -> dict[str, str]:
-    env = {**os.environ, "CLUSTER_LOCAL_DIR": CLUSTER_DIR, "PORT_BASE": PORT_BASE, "MLN_CLUSTER_SESSION": "held"}
-    env.pop("SLURM_CONF", None)
-    return env
-
-
-def slurm_env() -> dict[str, str]:
-    return {**os.environ, "SLURM_CONF": f"{CLUSTER_DIR}/etc/slurm.conf"}
-
-
-def run(argv: list[str], env: dict | None = None, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
-    proc = subprocess.run(argv, capture_output=True, text=True, env=env or slurm_env(), timeout=timeout)
-    if check and proc.returncode:
-        raise DrillError(f"{' '.join(argv)} -> {proc.returncode}: {proc.stderr.strip()[-600:]}")
-    return proc
-
-
-def cluster_script(*args: str, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess:
-    if not CLUSTER_SCRIPT.is_file():
-        raise DrillError("cluster drills need a checkout of mleng (scripts/cluster-local.sh); the wheel does not ship it")
-    return run(["bash", str(CLUSTER_SCRIPT), *args], env=cluster_env(), check=check, timeout=timeout)
-
-
-def cluster_nodes() -> list[str]:
-    try:
-        return Path(f"{CLUSTER_DIR}/nodes").read_text().split()
-    except FileNotFoundError:
-        return []
-
-
-def on_node(node: str, *argv: str, check: bool = True) -> subprocess.CompletedProcess:
-    return run(["ip", "netns", "exec", node, *argv], check=check)
-
-
-def address(node: str) -> str:
-    return f"10.213.0.{int(node.removeprefix('mln'))}"
-
-
-def why_no_cluster() -> str | None:
-    if os.name != "posix" or os.geteuid() != 0:
-        return "cluster drills need root (network namespaces, a bridge, SLURM daemons)"
-    for tool in ("ip", "tc", "nsenter", "flock"):
-        if not shutil.which(tool):
-            return f"cluster drills need {tool} (iproute2 / util-linux)"
-    if not CLUSTER_SCRIPT.is_file():
-        return "cluster drills need a checkout of mleng (scripts/cluster-local.sh); the wheel does not ship it"
-    return None
-
-
-def hold_session_lock(wait_s: float) -> int:
-    """A detached process that holds the cluster's session lock until `drill stop` ends it."""
-    code = ("import fcntl,signal,sys,time\n"
-            f"h=open({SESSION_LOCK!r},'w')\n"
-            f"deadline=time.monotonic()+{wait_s}\n"
-            "while True:\n"
-            "    try:\n        fcntl.flock(h,fcntl.LOCK_EX|fcntl.LOCK_NB); break\n"
-            "    except BlockingIOError:\n"
-            "        if time.monotonic()>deadline: sys.exit(3)\n"
-            "        time.sleep(0.5)\n"
-            "print('held',flush=True)\nsignal.pause()\n")
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                            stdin=subprocess.DEVNULL, start_new_session=True, text=True)
-    line = proc.stdout.readline()
-    if line.strip() != "held":
-        proc.wait()
-        raise DrillError(f"the namespace cluster is in use ({SESSION_LOCK} held for more than {wait_s:.0f} s); "
-                         "a test run or another drill has it")
-    proc.stdout.close()
-    return proc.pid
-
-
-def lock_is_ours() -> bool:
-    """True when our caller already holds the session lock (a test session that says so)."""
-    return os.environ.get("MLN_CLUSTER_SESSION") == "held"
-
-
 def bring_up_cluster(state: DrillState, scenario: Scenario, wait_s: float) -> None:
     reason = why_no_cluster()
     if reason:
@@ -190,7 +111,7 @@ def apply(fault, state: DrillState, scenario: Scenario) -> None:
     elif isinstance(fault, CpuLimit):
         cluster_script("cpu", fault.node, str(fault.percent))
     elif isinstance(fault, (KillSlurmd, FreezeSlurmd)):
-        pid = int(Path(f"{CLUSTER_DIR}/run/slurmd-{fault.node}.pid").read_text())
+        pid = slurmd_pid(fault.node)
         os.kill(pid, signal.SIGKILL if isinstance(fault, KillSlurmd) else signal.SIGSTOP)
         step["pid"] = pid
         state.save()
@@ -228,53 +149,49 @@ def undo(step: dict, state: DrillState) -> list[str]:
             cluster_script("cpu", node, "0", check=False)
         elif kind in ("kill_slurmd", "freeze_slurmd"):
             if step.get("pid"):
-                _signal(step["pid"], signal.SIGCONT)
+                signal_quietly(step["pid"], signal.SIGCONT)
             if not state.started_cluster:
                 cluster_script("heal", node, check=False)
         elif kind == "training_job":
             for pid in step.get("frozen_pids", []):
-                _signal(pid, signal.SIGCONT)
+                signal_quietly(pid, signal.SIGCONT)
             if step.get("job_id"):
                 run(["scancel", str(step["job_id"])], check=False)
                 _wait_job_gone(step["job_id"])
         elif kind == "gpu_cotenant" and step.get("pid"):
-            _signal(-step["pid"], signal.SIGKILL)
+            signal_quietly(-step["pid"], signal.SIGKILL)
     except (DrillError, OSError, subprocess.SubprocessError, ValueError) as e:
         problems.append(f"{kind} on {node or '-'}: {e}")
     return problems
-
-
-def _signal(pid: int, sig: int) -> None:
-    try:
-        os.kill(pid, sig) if pid > 0 else os.killpg(-pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 # --------------------------------------------------------------------------------------------------
 # A training job on the cluster, and a GPU co-tenant
 
 def start_training_job(fault: TrainingJob, state: DrillState, scenario: Scenario, step: dict) -> None:
+    if not WORKLOAD.is_file():
+        raise DrillError("training-job drills need a checkout of mleng (bench/straggler_workload.py)")
     work = Path(state.work_dir)
     nodes = scenario.node_names
-    env_lines = [f"export DRILL_WORK={work}", f"export DRILL_STEPS={fault.steps}",
-                 f"export MASTER_ADDR={address(nodes[0])}", "export MASTER_PORT=29561"]
+    argv = [sys.executable, str(WORKLOAD), "--master", address(nodes[0]), "--port", "29561",
+            "--steps", str(fault.steps), "--pid-dir", str(work), *WORKLOAD_SIZE]
     if fault.slow_rank is not None:
-        env_lines += [f"export DRILL_SLOW_RANK={fault.slow_rank}", f"export DRILL_LOADER_SLEEP_S={fault.loader_sleep_s}"]
+        argv += ["--slow-loader-rank", str(fault.slow_rank), "--loader-sleep-s", str(fault.loader_sleep_s)]
     script = work / "job.sh"
-    script.write_text("#!/bin/bash\numask 077\n" + "\n".join(env_lines) + "\n"
-                      f"exec srun --label {sys.executable} {TRAIN_LOOP}\n")
+    script.write_text("#!/bin/bash\numask 077\nexec srun --label " + shlex.join(argv) + "\n")
     script.chmod(0o700)
     out = run(["sbatch", "--parsable", f"-N{len(nodes)}", f"--nodelist={','.join(nodes)}", "--ntasks-per-node=1",
                f"--output={work}/job-%j.out", "--job-name=drill-train", str(script)]).stdout.strip()
     step["job_id"] = int(out.split(";")[0])
     state.save()
     state.context["job_id"] = step["job_id"]
-    # Wait until every rank has written its pid and done a few steps: the fault lands in a running job.
+    # Wait until every rank has written its pid and rank 0 has printed a few steps: the fault lands in a
+    # running job, past the rendezvous.
+    output = work / f"job-{step['job_id']}.out"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         pids = [work / f"rank{r}.pid" for r in range(len(nodes))]
-        if all(p.exists() for p in pids) and (work / "rank0.steps").exists():
+        if all(p.exists() for p in pids) and output.exists() and STEP_5.search(output.read_text(errors="replace")):
             break
         time.sleep(1)
     else:
@@ -284,6 +201,9 @@ def start_training_job(fault: TrainingJob, state: DrillState, scenario: Scenario
         step["frozen_pids"] = [pid]
         state.save()
         os.kill(pid, signal.SIGSTOP)
+
+
+STEP_5 = re.compile(r"^0: step 5 ", re.MULTILINE)   # srun --label prefixes rank 0's lines with "0: "
 
 
 def _wait_job_gone(job_id: int, timeout_s: float = 60) -> None:
@@ -307,25 +227,3 @@ def start_gpu_cotenant(gpu: int) -> int:
         raise DrillError("the GPU co-tenant did not start (no CUDA GPU here?)")
     proc.stdout.close()
     return proc.pid
-
-
-def hold_released(pid: int | None) -> None:
-    if pid:
-        _signal(pid, signal.SIGTERM)
-        for _ in range(50):
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                return
-            time.sleep(0.1)
-        _signal(pid, signal.SIGKILL)
-
-
-def session_lock_free() -> bool:
-    with open(SESSION_LOCK, "a") as h:
-        try:
-            fcntl.flock(h, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            fcntl.flock(h, fcntl.LOCK_UN)
-            return True
-        except BlockingIOError:
-            return False

@@ -89,7 +89,7 @@ class Fixture(_Fault):
 
 
 class TrainingJob(_Fault):
-    """A small gloo training job (evals/scenarios/assets/train_loop.py) on every node through sbatch.
+    """A small gloo training job (bench/straggler_workload.py, one rank per node) through sbatch.
 
     `slow_rank` / `loader_sleep_s` make one rank's data loading slow (a fault inside the job);
     `freeze_rank` SIGSTOPs that rank once the job runs (a rank frozen mid-collective)."""

@@ -5,8 +5,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from .faults import (CLUSTER_DIR, DrillError, DrillState, apply, bring_up_cluster, cluster_script, drill_dir,
-                     hold_released, state_file, undo)
+from .cluster import CLUSTER_DIR, DrillError, cluster_script, hold_released
+from .faults import DrillState, apply, bring_up_cluster, drill_dir, state_file, undo
 from .scenarios import Scenario, load_scenario
 
 

@@ -1,0 +1,128 @@
+"""The namespace SLURM cluster of scripts/cluster-local.sh, as the drills and the cluster tests reach it.
+
+One place for its names (folder, session lock, ports, node addresses) and the ways in: the script, a
+command inside a node's network namespace, the session lock that keeps one user of the cluster at a
+time (tests/multinode_cluster.py takes the same lock for a test module).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from ...engine.data import PACKAGE_DIR
+
+CLUSTER_SCRIPT = PACKAGE_DIR.parent / "scripts" / "cluster-local.sh"   # a checkout's; the wheel has none
+CLUSTER_DIR = "/tmp/mln-cluster"
+SESSION_LOCK = "/tmp/mln-cluster.session.lock"
+PORT_BASE = 7817                                  # slurmctld's port; each node's slurmd listens on the next
+
+
+class DrillError(RuntimeError):
+    pass
+
+
+def cluster_env() -> dict[str, str]:
+    env = {**os.environ, "CLUSTER_LOCAL_DIR": CLUSTER_DIR, "PORT_BASE": str(PORT_BASE), "MLN_CLUSTER_SESSION": "held"}
+    env.pop("SLURM_CONF", None)
+    return env
+
+
+def slurm_env() -> dict[str, str]:
+    return {**os.environ, "SLURM_CONF": f"{CLUSTER_DIR}/etc/slurm.conf"}
+
+
+def run(argv: list[str], env: dict | None = None, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env or slurm_env(), timeout=timeout)
+    if check and proc.returncode:
+        raise DrillError(f"{' '.join(argv)} -> {proc.returncode}: {proc.stderr.strip()[-600:]}")
+    return proc
+
+
+def cluster_script(*args: str, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess:
+    if not CLUSTER_SCRIPT.is_file():
+        raise DrillError("cluster drills need a checkout of mleng (scripts/cluster-local.sh); the wheel does not ship it")
+    return run(["bash", str(CLUSTER_SCRIPT), *args], env=cluster_env(), check=check, timeout=timeout)
+
+
+def cluster_nodes() -> list[str]:
+    try:
+        return Path(f"{CLUSTER_DIR}/nodes").read_text().split()
+    except FileNotFoundError:
+        return []
+
+
+def on_node(node: str, *argv: str, check: bool = True) -> subprocess.CompletedProcess:
+    return run(["ip", "netns", "exec", node, *argv], check=check)
+
+
+def address(node: str) -> str:
+    """mlnK's address on the cluster's bridge (cluster-local.sh gives node K 10.213.0.K)."""
+    return f"10.213.0.{int(node.removeprefix('mln'))}"
+
+
+def slurmd_pid(node: str) -> int:
+    return int(Path(f"{CLUSTER_DIR}/run/slurmd-{node}.pid").read_text())
+
+
+def why_no_cluster() -> str | None:
+    if os.name != "posix" or os.geteuid() != 0:
+        return "cluster drills need root (network namespaces, a bridge, SLURM daemons)"
+    for tool in ("ip", "tc", "nsenter", "flock"):
+        if not shutil.which(tool):
+            return f"cluster drills need {tool} (iproute2 / util-linux)"
+    if not CLUSTER_SCRIPT.is_file():
+        return "cluster drills need a checkout of mleng (scripts/cluster-local.sh); the wheel does not ship it"
+    return None
+
+
+def hold_session_lock(wait_s: float) -> int:
+    """A detached process that holds the cluster's session lock until `drill stop` ends it."""
+    # A blocking flock waits in the kernel's queue beside `flock -w` and the test sessions (a poller that
+    # sleeps between tries loses the lock to them every time it is released); SIGALRM ends the wait.
+    code = ("import fcntl,signal,sys\n"
+            f"h=open({SESSION_LOCK!r},'w')\n"
+            "signal.signal(signal.SIGALRM,lambda *a: sys.exit(3))\n"
+            f"signal.alarm({max(1, int(wait_s))})\n"
+            "fcntl.flock(h,fcntl.LOCK_EX)\n"
+            "signal.alarm(0)\n"
+            "print('held',flush=True)\nsignal.pause()\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            stdin=subprocess.DEVNULL, start_new_session=True, text=True)
+    line = proc.stdout.readline()
+    if line.strip() != "held":
+        proc.wait()
+        raise DrillError(f"the namespace cluster is in use ({SESSION_LOCK} held for more than {wait_s:.0f} s); "
+                         "a test run or another drill has it")
+    proc.stdout.close()
+    return proc.pid
+
+
+def lock_is_ours() -> bool:
+    """True when our caller already holds the session lock (a test session that says so)."""
+    return os.environ.get("MLN_CLUSTER_SESSION") == "held"
+
+
+def signal_quietly(pid: int, sig: int) -> None:
+    """Signal a pid (a process group when negative) that may be gone already."""
+    try:
+        os.kill(pid, sig) if pid > 0 else os.killpg(-pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def hold_released(pid: int | None) -> None:
+    if pid:
+        signal_quietly(pid, signal.SIGTERM)
+        for _ in range(50):
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.1)
+        signal_quietly(pid, signal.SIGKILL)
