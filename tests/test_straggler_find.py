@@ -77,7 +77,7 @@ def test_slow_loader_rank_is_named_for_data_loading_and_the_job_is_untouched(ptr
     proc, log = _start(tmp_path, *slow, "--fr-dump-every", "10", steps=200, name="watched",
                        env={"TORCH_FR_DUMP_TEMP_FILE": "fr_rank_"})
     try:
-        result, rows = _run(launcher_pid=proc.pid, window_s=6)
+        result, rows = _run(launcher_pid=proc.pid, window_s=6, rate_hz=10)
         assert proc.poll() is None, "the job must keep running while it is sampled"
         assert proc.wait(timeout=200) == 0 and alone.wait(timeout=60) == 0
     finally:
@@ -92,7 +92,7 @@ def test_slow_loader_rank_is_named_for_data_loading_and_the_job_is_untouched(ptr
     assert any(f.startswith("Flight recorder") and "rank 2 issued" in f for f in result.findings), result.findings
     assert s.others_wait_fraction > 0.3 and s.work_ratio > 1.5
     assert any("rank 2:" in m for m in rows), rows          # the per-node row streamed as progress
-    assert len(result.ranks) == 3 and all(r.samples >= 20 for r in result.ranks)   # 6 s at 5 Hz: 30
+    assert len(result.ranks) == 3 and all(r.samples >= 40 for r in result.ranks)   # 6 s at 10 Hz: 60
     assert _result_line(log) == _result_line(alone_log)      # sampling changed nothing in the job's arithmetic
     assert not [p for p in psutil.process_iter(["cmdline"]) if "py-spy" in " ".join(p.info["cmdline"] or [])]
 
@@ -101,12 +101,19 @@ def test_healthy_job_names_nobody(ptrace_ok, tmp_path):
     proc, _ = _start(tmp_path)
     try:
         ranks = [c.pid for c in psutil.Process(proc.pid).children()]
-        result, _ = _run(pids=ranks, window_s=10)
+        # 10 s at 10 Hz: the 100 samples a rank of the default 20 s at 5 Hz.
+        result, _ = _run(pids=ranks, window_s=10, rate_hz=10)
     finally:
         kill_tree(proc.pid)
-    assert result.stragglers == [], result.findings
+    assert result.stragglers == [], (result.findings, [(r.rank, r.part_fractions) for r in result.ranks])
     assert result.verdict in ("ok", "info") and result.spread_pct is not None
-    assert any(f.startswith("No straggler") or "communication-bound" in f for f in result.findings), result.findings
+    # On this shared 2-core host other sessions' processes deschedule a rank for seconds at a time: the healthy
+    # ranks' waiting shares then spread 20-25% (seen 1 run in 4), and "inconclusive" is the honest answer. It
+    # must say so only when the spread it states puts the threshold past the widest the rule answers at.
+    if any(f.startswith("Inconclusive") for f in result.findings):
+        assert result.threshold_pct > 100 * Rules.load().share.widest, (result.threshold_pct, result.findings)
+    else:
+        assert any(f.startswith("No straggler") or "communication-bound" in f for f in result.findings), result.findings
 
 
 def test_bad_targets_are_clear_answers(ptrace_ok):
