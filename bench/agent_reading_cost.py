@@ -3,10 +3,16 @@ tokens, plus the server instructions (sent once at initialize).
 
     python bench/agent_reading_cost.py            # a table
     python bench/agent_reading_cost.py --json     # one JSON object (docs/benchmarks.md quotes it)
+    git worktree add /tmp/before c795dde && python bench/agent_reading_cost.py --before /tmp/before
+                                                  # the same measurement of another checkout, and the ratio
 
 tools/list is taken from the live server through the in-memory MCP client (what a host receives),
 serialised as compact JSON. Two views of it: the whole list (output schemas and annotations included)
-and the part hosts put in the model's context (name, description, input schema).
+and the part hosts put in the model's context (name, description, input schema). The headline is what
+the model reads before its first call: SKILL.md + that model view + the server instructions. Issue 27
+quoted "tools/list 56 KB" at c795dde; no serialisation of that commit's list gives 56 KB (model view
+94.5 K chars compact, 99.4 K with default separators, input schemas alone 71.6 K), so ratios here
+compare the same serialisation of both checkouts (`--before`).
 
 Tokens. No tokenizer of a Claude or GPT model runs here without a download (tiktoken fetches its BPE
 files on first use), so two offline counts are given and both are approximations:
@@ -19,6 +25,7 @@ Ratios between two versions of the same text are what this bench is for; both co
 
 import argparse
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -26,20 +33,31 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 
-def tool_list() -> tuple[list[dict], str]:
-    """tools/list and the instructions, as a host receives them."""
-    import anyio
-    from mcp import Client
+# Run in a child with the measured checkout first on sys.path, so that its `tools` package is the one imported.
+LIST_TOOLS = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import anyio
+from mcp import Client
+from tools.engine.mcp_server import build_server
 
-    from tools.engine.mcp_server import build_server
+async def fetch():
+    async with Client(build_server()) as client:
+        tools = (await client.list_tools()).tools
+        return [t.model_dump(mode="json", by_alias=True, exclude_none=True) for t in tools], client.instructions or ""
 
-    async def fetch():
-        async with Client(build_server()) as client:
-            tools = (await client.list_tools()).tools
-            return ([t.model_dump(mode="json", by_alias=True, exclude_none=True) for t in tools],
-                    client.instructions or "")
+print(json.dumps(anyio.run(fetch)))
+"""
 
-    return anyio.run(fetch)
+
+def tool_list(repo: Path = REPO) -> tuple[list[dict], str]:
+    """tools/list and the instructions of the checkout at `repo`, as a host receives them."""
+    out = subprocess.run([sys.executable, "-c", LIST_TOOLS, str(repo)], cwd=repo, capture_output=True, text=True,
+                         timeout=300)
+    if out.returncode != 0:
+        raise SystemExit(f"listing the tools of {repo} failed: {out.stderr[-2000:]}")
+    tools, instructions = json.loads(out.stdout.splitlines()[-1])
+    return tools, instructions
 
 
 def wordpiece():
@@ -67,32 +85,53 @@ def parameter_count(tools: list[dict]) -> int:
     return sum(len(t.get("inputSchema", {}).get("properties", {})) for t in tools)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--json", action="store_true", help="one JSON object instead of a table")
-    args = parser.parse_args(argv)
-    tools, instructions = tool_list()
+def report_for(repo: Path) -> dict:
+    tools, instructions = tool_list(repo)
     model_view = [{k: t[k] for k in ("name", "description", "inputSchema") if k in t} for t in tools]
     compact = {"separators": (",", ":")}
-    texts = {
-        "SKILL.md": (REPO / "SKILL.md").read_text(encoding="utf-8"),
+    rows = measure({
+        "SKILL.md": (repo / "SKILL.md").read_text(encoding="utf-8"),
         "tools/list (whole)": json.dumps(tools, **compact),
         "tools/list (model view)": json.dumps(model_view, **compact),
         "server instructions": instructions,
-    }
-    rows = measure(texts)
-    first = ("SKILL.md", "tools/list (whole)", "server instructions")
-    total = {k: sum(rows[n][k] for n in first) for k in rows["SKILL.md"]}
-    report = {"tools": len(tools), "parameters": parameter_count(tools), "rows": rows,
-              "total_read_first": total}
+    })
+
+    def total(names):
+        return {k: sum(rows[n][k] for n in names) for k in rows["SKILL.md"]}
+
+    return {"tools": len(tools), "parameters": parameter_count(tools), "rows": rows,
+            "total_model_reads": total(("SKILL.md", "tools/list (model view)", "server instructions")),
+            "total_read_first": total(("SKILL.md", "tools/list (whole)", "server instructions"))}
+
+
+TOTALS = {"total_model_reads": "model reads (SKILL + view + instr.)", "total_read_first": "all (SKILL + whole + instr.)"}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--json", action="store_true", help="one JSON object instead of a table")
+    parser.add_argument("--before", type=Path, metavar="CHECKOUT",
+                        help="another checkout (e.g. a git worktree of an older commit) measured the same way")
+    args = parser.parse_args(argv)
+    report = report_for(REPO)
+    if args.before:
+        before = report_for(args.before.resolve())
+        report["before"] = before
+        report["ratio"] = {t: {k: round(report[t][k] / before[t][k], 3) for k in report[t]} for t in TOTALS}
     if args.json:
         print(json.dumps(report, indent=1))
         return 0
-    print(f"{report['tools']} tools, {report['parameters']} parameters in their input schemas")
-    keys = list(rows["SKILL.md"])
-    print(f"{'text':<26}" + "".join(f"{k:>22}" for k in keys))
-    for name, row in [*rows.items(), ("total (SKILL + list + instr.)", total)]:
-        print(f"{name:<26}" + "".join(f"{row[k]:>22,}" for k in keys))
+    for name, rep in (("before", report.get("before")), ("this checkout", report)):
+        if rep is None:
+            continue
+        rows = rep["rows"]
+        keys = list(rows["SKILL.md"])
+        print(f"{name}: {rep['tools']} tools, {rep['parameters']} parameters in their input schemas")
+        print(f"{'text':<38}" + "".join(f"{k:>20}" for k in keys))
+        for label, row in [*rows.items(), *((TOTALS[t], rep[t]) for t in TOTALS)]:
+            print(f"{label:<38}" + "".join(f"{row[k]:>20,}" for k in keys))
+    for t, ratios in report.get("ratio", {}).items():
+        print(f"ratio, {TOTALS[t]}: " + ", ".join(f"{k} {v:.3f}" for k, v in ratios.items()))
     return 0
 
 

@@ -42,3 +42,19 @@ def test_memory_vs_estimate_builds_the_model_and_estimates_each_recipe(tmp_path)
         ("fp32", False), ("fp32", True), ("amp_bf16", False), ("amp_bf16", True)]
     assert all(r["estimate_parts_bytes"]["optimizer_states"] == 8 * r["params"] for r in rows)
     assert rows[1]["estimate_parts_bytes"]["activations"] < rows[0]["estimate_parts_bytes"]["activations"]
+
+
+def test_agent_reading_cost_measures_a_checkout_and_compares_another():
+    """The issue-27 figure: what the model reads first, here and in another checkout (here itself: ratio 1)."""
+    from tools.engine.registry import registry
+
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "agent_reading_cost.py"), "--json", "--before", str(ROOT)],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads(proc.stdout)
+    assert report["tools"] == len(registry()) and report["before"]["tools"] == len(registry())
+    rows = report["rows"]
+    assert report["total_model_reads"]["chars"] == sum(
+        rows[n]["chars"] for n in ("SKILL.md", "tools/list (model view)", "server instructions"))
+    assert rows["tools/list (model view)"]["chars"] < rows["tools/list (whole)"]["chars"]
+    assert all(v == 1.0 for ratios in report["ratio"].values() for v in ratios.values())

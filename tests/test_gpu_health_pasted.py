@@ -205,3 +205,13 @@ def test_reading_pasted_text_occupies_no_gpu(monkeypatch):
     monkeypatch.setattr(processes, "local_gpu_count", lambda: 8)
     assert SPEC.gpu_devices(GpuHealthParams()) == list(range(8))          # a node reading loads every GPU
     assert SPEC.gpu_devices(GpuHealthParams(text="GPU 0: x\n Link 0: <inactive>\n")) == []
+
+
+def test_two_readings_of_a_gpu_say_the_last_is_judged():
+    before = (NVLINK / "nvlink_e_gb300_srtslurm307.txt").read_text()
+    after = before.replace("Replay Errors: 0", "Replay Errors: 7")
+    result = pasted(before + after)
+    assert [c.replay for c in result.gpus[0].nvlink_links] == [7]
+    assert any("GPU 0 is read twice in the paste: its last reading is judged" in f for f in result.findings)
+    combined = pasted(before + (NVLINK / "nvlink_s_h100_mlengineering.txt").read_text())   # -e and -s: not twice
+    assert not any("read twice" in f for f in combined.findings)

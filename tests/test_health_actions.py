@@ -116,7 +116,7 @@ def test_nvlink5_era_xids_have_the_catalogs_meaning_and_action():
     assert [e.code for e in events] == [147, 148, 150, 159, 162, 163, 164, 165, 168]
     judged = {e.code: xid.judge(e) for e in events}
     assert all("not in the catalog" not in meaning for _, meaning in judged.values())
-    expected = {147: "monitor", 148: "monitor", 150: "reset_gpu", 159: "monitor", 162: "monitor", 163: "monitor",
+    expected = {147: "none", 148: "none", 150: "reset_gpu", 159: "monitor", 162: "monitor", 163: "monitor",
                 164: "monitor", 165: "monitor", 168: "reboot_node"}
     assert {code: action for code, (action, _) in judged.items()} == expected
     assert xid.judge(events[2], repeated=True)[0] == "drain_node"       # MSE fatal again after a reset
@@ -127,3 +127,22 @@ def test_nvlink5_era_xids_have_the_catalogs_meaning_and_action():
     cat = xid.catalog()["xid"]
     assert {cat[str(c)]["mnemonic"] for c in (147, 148, 150)} == {"NVLINK_TREX_ERROR", "NVLINK_NVLPW_CTRL_ERROR",
                                                                    "NVLINK_MSE_ERROR"}
+
+
+def test_nvlink5_xids_follow_the_severity_their_line_states():
+    """Xid 144-150: a Non-fatal line is not a reset (NVIDIA's decode table: IGNORE or follow the Xid 154), a Fatal
+    or Link Fatal one is; RLW_RXPIPE's non-fatal rows may still want a reset (monitor); no severity: worst case."""
+    def judged(line, repeated=False):
+        return xid.judge(xid.parse_events("NVRM: Xid (PCI:0000:01:00): " + line)[0], repeated)
+
+    status = "(0x00000001 0x00000008 0x00000000 0x00000000 0x00000000 0x00000000)"
+    assert judged(f"144, SAW_MVB Nonfatal XC0 i0 Link 0 {status}")[0] == "none"
+    assert judged(f"144, SAW_MVB Nonfatal XC0 i0 Link 0 {status}", repeated=True)[0] == "monitor"
+    assert judged(f"144, SAW_MVB Fatal XC0 i0 Link 0 {status}")[0] == "reset_gpu"
+    assert judged(f"144, SAW_MVB Fatal XC0 i0 Link 0 {status}", repeated=True)[0] == "drain_node"
+    assert judged(f"149, NETIR_LINK_EVT Link Fatal XC0 i0 Link 00 {status}")[0] == "reset_gpu"
+    assert judged(f"149, NETIR_BER_EVENT Nonfatal XC0 i0 Link 00 {status}")[0] == "none"
+    assert judged(f"145, RLW_RXPIPE Nonfatal XC0 i0 Link 02 {status}")[0] == "monitor"
+    assert judged(f"146, TLW_CTRL Non-fatal XC0 i0 Link 1 {status}")[0] == "none"
+    action, meaning = judged("146, an unexpected wording")
+    assert action == "reset_gpu" and "worst case" in meaning

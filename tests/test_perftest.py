@@ -5,6 +5,7 @@ needs two nodes with RDMA devices and perftest: not on this machine (say so), no
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import time
@@ -109,7 +110,61 @@ def test_rdma_readiness_names_each_node_and_what_it_lacks(monkeypatch):
     ready = "n1 mlx5_0 /x/ib_write_bw /x/ib_write_lat\nn2 mlx5_3 /x/ib_write_bw /x/ib_write_lat\n"
     monkeypatch.setattr(rdma_rounds.subprocess, "run",
                         lambda *a, **k: subprocess.CompletedProcess(a, 0, stdout=ready, stderr=""))
-    assert rdma_rounds.readiness(["n1", "n2"]) == {"n1": "mlx5_0", "n2": "mlx5_3"}
+    assert rdma_rounds.readiness(["n1", "n2"]) == {"n1": ["mlx5_0"], "n2": ["mlx5_3"]}
+    rails = "n1 mlx5_0,mlx5_1 /x/ib_write_bw /x/ib_write_lat\nn2 mlx5_2,mlx5_3 /x/ib_write_bw /x/ib_write_lat\n"
+    monkeypatch.setattr(rdma_rounds.subprocess, "run",
+                        lambda *a, **k: subprocess.CompletedProcess(a, 0, stdout=rails, stderr=""))
+    assert rdma_rounds.readiness(["n1", "n2"]) == {"n1": ["mlx5_0", "mlx5_1"], "n2": ["mlx5_2", "mlx5_3"]}
+
+
+def test_rdma_readiness_script_lists_every_active_port_in_a_sysfs_tree(tmp_path):
+    """The readiness shell line itself, on a tree laid out as /sys/class/infiniband is (ports/1/state)."""
+    from tools.collective_bench import rdma_rounds
+
+    for dev, state in (("mlx5_0", "4: ACTIVE"), ("mlx5_1", "1: DOWN"), ("mlx5_2", "4: ACTIVE")):
+        (tmp_path / dev / "ports" / "1").mkdir(parents=True)
+        (tmp_path / dev / "ports" / "1" / "state").write_text(state + "\n")
+    tools_dir = tmp_path / "bin"       # the commands the line uses, and no perftest
+    tools_dir.mkdir()
+    for tool in ("grep", "basename", "dirname"):
+        (tools_dir / tool).symlink_to(shutil.which(tool))
+    script = rdma_rounds.READINESS.replace("/sys/class/infiniband", str(tmp_path))
+    env = {"SLURMD_NODENAME": "n9", "PATH": str(tools_dir)}
+    out = subprocess.run(["/bin/sh", "-c", script], capture_output=True, text=True, env=env).stdout
+    assert out.split() == ["n9", "mlx5_0,mlx5_2", "-", "-"]
+    (tmp_path / "mlx5_0" / "ports" / "1" / "state").write_text("1: DOWN\n")
+    (tmp_path / "mlx5_2" / "ports" / "1" / "state").write_text("2: INIT\n")
+    out = subprocess.run(["/bin/sh", "-c", script], capture_output=True, text=True, env=env).stdout
+    assert out.split() == ["n9", "-", "-", "-"]
+
+
+def test_rdma_round_measures_every_rail_and_names_the_slowest(monkeypatch):
+    """Two nodes with two rails each (device names differ between them): rail k of one node with rail k of the
+    other, the client on its own device; the pair's figure is its slowest rail, named in the record."""
+    from tools.collective_bench import rdma_rounds
+
+    monkeypatch.setattr(perftest, "SERVER_START_S", 0.05)
+    monkeypatch.setattr(rdma_rounds, "node_addresses", lambda names: {n: f"10.0.0.{i + 1}" for i, n in enumerate(names)})
+    bw = (FIXTURES / "ib_write_bw_perftest273.txt").read_text()
+    lat = (FIXTURES / "ib_write_lat_dgxspark_playbooks.txt").read_text()
+    reports = {("ib_write_bw", "mlx5_2"): bw.replace(" 0.48 ", " 392.10 "), ("ib_write_bw", "mlx5_3"): bw,
+               ("ib_write_lat", "mlx5_2"): lat, ("ib_write_lat", "mlx5_3"): lat.replace(" 1.47 ", " 2.50 ", 1)}
+    clients = []
+
+    def launch(node, argv):
+        if argv[-1].startswith("10."):
+            clients.append((node, argv[0], argv[argv.index("-d") + 1], argv[-1]))
+            code = f"import sys; sys.stdout.write({reports[(argv[0], argv[argv.index('-d') + 1])]!r})"
+        else:
+            code = "import time; time.sleep(60)"
+        return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    (run,) = rdma_rounds.run_round_rdma([[0, 1]], names=["n1", "n2"], devices={"n1": ["mlx5_0", "mlx5_1"],
+                                        "n2": ["mlx5_2", "mlx5_3"]}, deadline_s=40, launch=launch)
+    assert sorted(clients) == [("n2", t, d, "10.0.0.1") for t in ("ib_write_bw", "ib_write_lat")
+                               for d in ("mlx5_2", "mlx5_3")]
+    assert run.status == "ok" and run.busbw_gbps == pytest.approx(0.48 / 8) and run.latency_us == 2.5
+    assert run.detail == "2 rails, slowest mlx5_1->mlx5_3: mlx5_0->mlx5_2 392.1 Gb/s, mlx5_1->mlx5_3 0.48 Gb/s"
 
 
 def test_lat_table_from_a_real_report():

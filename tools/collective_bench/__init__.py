@@ -75,8 +75,7 @@ class CollectiveBenchParams(RankLayout, PatternFields):
     pg_timeout_s: float = Field(120.0, ge=5, le=600, description="Process-group timeout per collective, seconds.")
     plot: bool = Field(True, description="Draw busbw against size to a PNG (needs matplotlib).")
     plot_path: str | None = Field(None, max_length=4096, description=(
-        "Where to write the PNG. Default: $MLENG_HOME/plots/. Relative to the caller's working directory; "
-        "refused if it is a symlink, FIFO or device, or exists (unless overwrite), or its directory is missing."))
+        "Where to write the PNG (relative: the caller's directory). Default: a new file in $MLENG_HOME/plots/."))
     overwrite: bool = Field(False, description="Replace plot_path if it already exists (default: refuse).")
     plant_error_rank: int | None = Field(None, ge=0, description=(
         "Self-test: this rank corrupts one output element after each checked call; #wrong must count it."),

@@ -44,8 +44,8 @@ class PatternFields(Params):
     node_rank: int | None = Field(None, ge=0, le=8191, description="This node's index in hosts.")
     transport: Literal["nccl", "rdma"] = Field("nccl", description=(
         "pairwise inside SLURM: nccl runs all_reduce per pair; rdma runs perftest ib_write_bw / ib_write_lat "
-        "per pair, so a bad NIC or cable shows apart from NCCL (needs perftest and an ACTIVE RDMA port on every "
-        "node; names the nodes that lack them)."))
+        "per pair on every rail (k-th active port to k-th), so a bad NIC or cable shows apart from NCCL (needs "
+        "perftest and an ACTIVE RDMA port on every node; names the nodes that lack them)."))
 
 
 def pattern_nodes(params) -> tuple[list[str], str]:

@@ -1,10 +1,12 @@
 """collective_bench transport "rdma": the pairwise rounds run perftest per pair instead of NCCL.
 
-Each pair of a round runs `ib_write_bw` then `ib_write_lat` (tools/shared/perftest.py): the server as one
-srun step on the first node, the client as one on the second, naming the first node's address; pairs of a
-round run at once. A bad NIC or cable then shows apart from NCCL and its settings. Before any round, one
-srun step asks every node whether it has perftest and an ACTIVE RDMA port: nodes without them are named and
-nothing runs.
+Each pair of a round runs `ib_write_bw` then `ib_write_lat` (tools/shared/perftest.py) on every rail: the
+server as one srun step on the first node, the client as one on the second, naming the first node's address;
+rail k pairs the k-th RDMA device with an ACTIVE port of one node with the k-th of the other (rail-optimised
+fabrics cable rail k to rail k); pairs of a round run at once, a pair's rails one after another. The pair's
+figure is its slowest rail, named in the record, so one bad NIC or cable among eight shows apart from NCCL and
+its settings. Before any round, one srun step asks every node whether it has perftest and ACTIVE RDMA ports:
+nodes without them are named and nothing runs.
 """
 
 from __future__ import annotations
@@ -17,15 +19,16 @@ from ..engine.spec import ToolFailure
 from ..shared import perftest
 from .node_groups import GroupRun, node_addresses
 
-# Prints "<node> <first RDMA device with an ACTIVE port 1 or -> <perftest path or ->" on each node.
-READINESS = ('d=-; for p in /sys/class/infiniband/*/ports/1/state; do grep -q ACTIVE "$p" 2>/dev/null && '
-             '{ d=$(basename "$(dirname "$(dirname "$(dirname "$p")")")"); break; }; done; '
-             'echo "${SLURMD_NODENAME:-$(hostname)} $d $(command -v ib_write_bw || echo -) $(command -v ib_write_lat || echo -)"')
+# Prints "<node> <RDMA devices with an ACTIVE port 1, comma-separated, or -> <perftest paths or ->" on each node.
+READINESS = ('d=; for p in /sys/class/infiniband/*/ports/1/state; do grep -q ACTIVE "$p" 2>/dev/null && '
+             'd="${d:+$d,}$(basename "$(dirname "$(dirname "$(dirname "$p")")")")"; done; '
+             'echo "${SLURMD_NODENAME:-$(hostname)} ${d:--} $(command -v ib_write_bw || echo -) $(command -v ib_write_lat || echo -)"')
 PORT_BASE = 18515
 
 
-def readiness(names: list[str], timeout_s: float = 60) -> dict[str, str]:
-    """node -> its RDMA device; ToolFailure naming every node that lacks perftest or an active RDMA port."""
+def readiness(names: list[str], timeout_s: float = 60) -> dict[str, list[str]]:
+    """node -> its RDMA devices with an ACTIVE port (its rails, in sysfs order); ToolFailure naming every node that
+    lacks perftest or an active RDMA port."""
     cmd = ["srun", "--overlap", f"--nodelist={','.join(names)}", f"--nodes={len(names)}",
            f"--ntasks={len(names)}", "--ntasks-per-node=1", "sh", "-c", READINESS]
     try:
@@ -44,7 +47,7 @@ def readiness(names: list[str], timeout_s: float = 60) -> dict[str, str]:
     if lacking:
         raise ToolFailure("transport: rdma needs perftest and an ACTIVE RDMA port on every node; "
                           + "; ".join(lacking) + ". Use transport nccl, or install perftest (rdma-core) there.")
-    return {node: seen[node][0] for node in names}
+    return {node: seen[node][0].split(",") for node in names}
 
 
 def _launch(node: str, argv: list[str]) -> subprocess.Popen:
@@ -52,25 +55,39 @@ def _launch(node: str, argv: list[str]) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 
-def run_round_rdma(groups: list[list[int]], *, names: list[str], devices: dict[str, str],
-                   deadline_s: float) -> list[GroupRun]:
-    """Every pair of the round at once; busbw_gbps holds the RDMA write bandwidth (GB/s, from Gb/s / 8) and
-    latency_us the typical write latency, so the pairwise judging and matrix work unchanged."""
+def run_round_rdma(groups: list[list[int]], *, names: list[str], devices: dict[str, list[str]],
+                   deadline_s: float, launch=None) -> list[GroupRun]:
+    """Every pair of the round at once; busbw_gbps holds the slowest rail's RDMA write bandwidth (GB/s, from
+    Gb/s / 8) and latency_us the highest typical write latency, so the pairwise judging and matrix work
+    unchanged; the detail names each rail's figures. `launch(node, argv) -> Popen`: an srun step by default."""
     addresses = node_addresses(names)
+    launch = launch or _launch
 
     def one(k: int, group: list[int]) -> GroupRun:
         server, client = (names[i] for i in group)
+        rails = list(zip(devices[server], devices[client]))
         t0 = time.monotonic()
-        measured = [perftest.run_pair(server, client, _launch, test=test, device=devices[server],
-                                      port=PORT_BASE + 2 * k + j, server_addr=addresses[server],
-                                      deadline_s=deadline_s / 2) for j, test in enumerate(("bw", "lat"))]
-        bw, lat = measured
-        status = "ok" if bw.value is not None and lat.value is not None else \
-            "hang" if any("hung" in m.detail for m in measured) else "fail"
-        detail = "" if status == "ok" else f"{server}+{client}: " + "; ".join(
-            f"{m.test}: {m.detail}" for m in measured if m.value is None)
-        return GroupRun(list(group), status, bw.value / 8 if bw.value is not None else None, lat.value,
-                        round(time.monotonic() - t0, 2), detail)
+        measured = [(rail, perftest.run_pair(server, client, launch, test=test, device=dev_s, client_device=dev_c,
+                                             port=PORT_BASE + 2 * (k * len(rails) + rail) + j,
+                                             server_addr=addresses[server],
+                                             deadline_s=deadline_s / (2 * len(rails))))
+                    for rail, (dev_s, dev_c) in enumerate(rails) for j, test in enumerate(("bw", "lat"))]
+        missing = [(rail, m) for rail, m in measured if m.value is None]
+        bws = {rail: m.value for rail, m in measured if m.test == "bw" and m.value is not None}
+        lats = [m.value for _, m in measured if m.test == "lat" and m.value is not None]
+        status = "ok" if not missing else "hang" if any("hung" in m.detail for _, m in missing) else "fail"
+        if missing:
+            detail = f"{server}+{client}: " + "; ".join(f"{_rail(rails[r])} {m.test}: {m.detail}" for r, m in missing)
+        else:
+            slowest = min(bws, key=bws.get)
+            detail = "" if len(rails) == 1 else f"{len(rails)} rails, slowest {_rail(rails[slowest])}: " + ", ".join(
+                f"{_rail(rails[r])} {v:g} Gb/s" for r, v in sorted(bws.items()))
+        return GroupRun(list(group), status, min(bws.values()) / 8 if status == "ok" else None,
+                        max(lats) if status == "ok" else None, round(time.monotonic() - t0, 2), detail)
 
     with ThreadPoolExecutor(max_workers=max(1, len(groups))) as pool:  # every pair of the round at once
         return list(pool.map(one, range(len(groups)), groups))
+
+
+def _rail(devices: tuple[str, str]) -> str:
+    return devices[0] if devices[0] == devices[1] else f"{devices[0]}->{devices[1]}"

@@ -57,9 +57,7 @@ class FleetSweepParams(Params):
         "job too and come back busy."))
     plot: bool = Field(True, description="Draw each figure's per-node values against the median to a PNG.")
     plot_path: str | None = Field(None, max_length=4096, description=(
-        "Where to write the PNG (relative: the caller's directory). Default: a new file in $MLENG_HOME/plots/. "
-        "Refused before the sweep if it is a symlink, FIFO or device, exists (unless overwrite), or its "
-        "directory is missing."))
+        "Where to write the PNG (relative: the caller's directory). Default: a new file in $MLENG_HOME/plots/."))
     overwrite: bool = Field(False, description="Replace plot_path if it already exists (default: refuse).")
 
 

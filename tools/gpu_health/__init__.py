@@ -210,6 +210,8 @@ def read_pasted(text: str) -> GpuHealthResult:
                                   f"{sum(len(g.nvlink_links) for g in gpus)} link(s); one reading.")
         result.findings += [f"GPU {b.index}: no link lines under its header (the paste ends there?): not judged."
                             for b in every if not b.links]
+        result.findings += [f"GPU {b.index} is read twice in the paste: its last reading is judged (totals; "
+                            "gpu_health on the node judges the change over its window)." for b in blocks if b.read_twice]
         if shared := pasted.same_inactive_everywhere(blocks):
             result.findings.insert(2, f"Links {shared} are inactive on every GPU of the paste: the system's wiring "
                                       "(a product that uses a subset of its links), not a fault.")

@@ -35,6 +35,8 @@ class PastedGpu:
         self.index, self.name, self.uuid = index, name, uuid
         self.links: dict[int, NvLinkCounters] = {}
         self.status_read = False
+        self.seen: set[tuple[int, str]] = set()   # (link, field) read so far
+        self.read_twice = False                   # the paste holds two readings of this GPU: the last one counts
 
     def link(self, number: int) -> NvLinkCounters:
         return self.links.setdefault(number, NvLinkCounters(link=number))
@@ -52,10 +54,14 @@ def parse_nvlink(text: str) -> tuple[list[str], list[PastedGpu]]:
             kinds.add("nvidia-smi nvlink -e")
             field = COUNTER_NAMES.get(m.group(2).strip())
             if field:
+                current.read_twice |= (int(m.group(1)), field) in current.seen
+                current.seen.add((int(m.group(1)), field))
                 setattr(current.link(int(m.group(1))), field, int(m.group(3)))
         elif current and (m := STATUS_LINE.match(line)):
             kinds.add("nvidia-smi nvlink -s")
             link = current.link(int(m.group(1)))
+            current.read_twice |= (link.link, "status") in current.seen
+            current.seen.add((link.link, "status"))
             link.active = m.group(2) is not None
             link.speed_gbytes_s = float(m.group(2)) if m.group(2) else None
             current.status_read = True

@@ -53,8 +53,7 @@ class HangStackDumpParams(Params):
     native: bool = Field(False, description="Add C/C++ frames (py-spy --native; ~1 s per torch process).")
     save_path: str = Field("", max_length=4096, description=(
         (
-            "Write every full dump here ('{host}' becomes the host name); relative to the caller's directory, no "
-            "overwrite unless overwrite, no symlink/FIFO/device.")))
+            "Write every full dump here ('{host}' becomes the host name; relative: the caller's directory).")))
     overwrite: bool = Field(False, description="Replace save_path if it already exists (default: refuse).")
     max_frames: int = Field(12, ge=1, le=200, description="Frames kept per stack in the report.")
     max_groups: int = Field(8, ge=1, le=200, description="Stack groups reported (largest and odd ones first).")

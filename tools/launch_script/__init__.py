@@ -85,8 +85,7 @@ class LaunchScriptParams(Params):
         "Log directory under workdir (letters, digits and _ . / % + @ , : = -)."))
     submit: bool = Field(False, description="Write the script and submit it with sbatch (sbatch mode only).")
     script_path: str | None = Field(None, max_length=1000, pattern=SAFE_TEXT, description=(
-        "Where to write the script (default with submit: <workdir>/<job_name>.sbatch). Refused if it is a "
-        "symlink, FIFO or device, already exists (unless overwrite), or its directory is missing."))
+        "Where to write the script (default with submit: <workdir>/<job_name>.sbatch)."))
     overwrite: bool = Field(False, description="Replace the script file if it already exists (default: refuse).")
 
     @field_validator("tool_args", "extra_sbatch")

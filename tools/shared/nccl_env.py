@@ -38,7 +38,8 @@ MAX_SETTINGS = 16
 def nccl_env_field():
     return Field(default_factory=dict, max_length=MAX_SETTINGS, description=(
         "NCCL variables for this run's ranks only, e.g. {'NCCL_ALGO': 'Ring', 'NCCL_IB_GID_INDEX': '3'}; "
-        "echoed in the result. Allowed: " + ", ".join(sorted(NCCL_SETTABLE)) + "."))
+        "echoed in the result. Allowed, after NCCL_: " + ", ".join(n.removeprefix("NCCL_") for n in sorted(NCCL_SETTABLE))
+        + "."))
 
 
 def check_nccl_env(settings: dict[str, str]) -> dict[str, str]:

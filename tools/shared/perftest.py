@@ -121,14 +121,15 @@ def parse_lat(text: str) -> list[LatRow]:
 
 
 def run_pair(server: str, client: str, launch, *, test: str, device: str, port: int, server_addr: str,
-             deadline_s: float, gid_index: int | None = None) -> PairMeasure:
-    """Server on `server`, client on `client`, through `launch(node, argv) -> Popen` (an srun step on that
-    node, for instance); both are killed at the deadline. The figure comes from the client's output."""
+             deadline_s: float, gid_index: int | None = None, client_device: str | None = None) -> PairMeasure:
+    """Server on `server` (RDMA device `device`), client on `client` (`client_device`, the same name when not
+    given), through `launch(node, argv) -> Popen` (an srun step on that node, for instance); both are killed at
+    the deadline. The figure comes from the client's output."""
     unit = "Gb/s" if test == "bw" else "us"
     srv = launch(server, argv(test, device, port, gid_index=gid_index))
     try:
         time.sleep(SERVER_START_S)
-        cli = launch(client, argv(test, device, port, server=server_addr, gid_index=gid_index))
+        cli = launch(client, argv(test, client_device or device, port, server=server_addr, gid_index=gid_index))
         try:
             out, err = cli.communicate(timeout=deadline_s)
         except subprocess.TimeoutExpired:

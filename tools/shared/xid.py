@@ -3,7 +3,8 @@
 Meanings and actions come from knowledge/data/xid_catalog.toml (NVIDIA's Xid catalog, with the version read).
 Reads the one-line form "NVRM: Xid (PCI:0000:3b:00): 79, pid=..., <text>", Xid 45's "caused by previous Xid N",
 Xid 154's recovery-action text, the newer multi-line "The NVIDIA GPU <bus> ... has fallen off the bus" message
-(no Xid line at all), and "nvidia-nvswitchN: SXid (PCI:...): 20034, Fatal, ..." lines.
+(no Xid line at all), and "nvidia-nvswitchN: SXid (PCI:...): 20034, Fatal, ..." lines. NVLink5 Xids 144-150
+are judged by the severity their line states (Fatal: the row's action; Non-fatal: none, per NVIDIA's decode table).
 """
 
 import dataclasses
@@ -19,6 +20,8 @@ RECOVERY_CHANGED = re.compile(r"recovery action changed from .*? to 0x[0-9a-fA-F
 FALLEN_MULTILINE = re.compile(
     r"NVRM: The NVIDIA GPU ([0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7])\s*\n"
     r"(?:[^\n]*?NVRM: [^\n]*\n){0,2}?[^\n]*?NVRM: fallen off the bus", re.MULTILINE)
+# The head of an Xid 144-150 line: "<sub component> <Fatal|Nonfatal|Link Fatal> XC0 ..." (catalog format).
+NVLINK5_HEAD = re.compile(r"^\s*([A-Z0-9_/]+)\s+(Link Fatal|Fatal|Non-?fatal)\b", re.IGNORECASE)
 SXID_LINE = re.compile(r"nvidia-nvswitch(\d+): SXid \(PCI:([0-9a-fA-F:.]+)\): (\d+), (Fatal|Non-fatal)?,?\s*(.*)")
 
 
@@ -75,7 +78,23 @@ def judge(event: XidEvent, repeated: bool = False) -> tuple[Action, str]:
         wanted = RECOVERY_CHANGED.search(event.text)
         action = data["xid154_actions"].get(wanted.group(1).strip(), "monitor") if wanted else "monitor"
         return action, f"{meaning} (the driver asks for: {wanted.group(1) if wanted else 'not stated'})"
+    if event.code in data["nvlink5"]["codes"]:
+        return _judge_nvlink5(data["nvlink5"], row, event, repeated, meaning)
     return escalate(row["action"], repeated, row["on_repeat"]), meaning
+
+
+def _judge_nvlink5(rules: dict, row: dict, event: XidEvent, repeated: bool, meaning: str) -> tuple[Action, str]:
+    """Xid 144-150 by the severity the line states (the catalog's decode table, knowledge/data/xid_catalog.toml)."""
+    head = NVLINK5_HEAD.match(event.text)
+    if head is None:
+        return escalate(row["action"], repeated, row["on_repeat"]), meaning + " (no severity in the line: worst case)"
+    component, severity = head.group(1).upper(), head.group(2).lower()
+    if "fatal" in severity and not severity.startswith("non"):
+        return escalate(row["action"], repeated, row["on_repeat"]), f"{meaning} ({component}, {head.group(2)})"
+    action = rules["nonfatal_by_component"].get(component.split("/")[0], rules["nonfatal_action"])
+    return (escalate(action, repeated, rules["nonfatal_on_repeat"]),
+            f"{meaning} ({component}, non-fatal: NVIDIA's decode table gives no recovery action"
+            + (", unless an intrInfo bit calls for a GPU reset" if action != "none" else "") + ")")
 
 
 def _judge_sxid(rules: dict, event: XidEvent, repeated: bool) -> tuple[Action, str]:

@@ -1,6 +1,6 @@
 """straggler_find — the rank that holds a RUNNING job back, its host and GPU, and why; the job untouched.
 
-For a window (default 20 s) every rank's main-thread Python stack is sampled with py-spy (20 Hz), each
+For a window (default 20 s) every rank's main-thread Python stack is sampled with py-spy (5 Hz, never stopping the rank), each
 sample classed as waiting in a collective, loading data, copying to the device or computing; beside it
 each rank's CPU time, run-queue wait and cpu-cgroup throttling, each node's steal, load, memory
 pressure, TCP retransmits and shaped links, each GPU through NVML (clocks, power, heat, utilisation,
@@ -40,9 +40,9 @@ class StragglerFindParams(Params):
     pids: list[Annotated[int, Field(ge=1)]] = Field(default_factory=list, max_length=MAX_PIDS, description=(
         "Rank processes on this node (at most 64)."))
     window_s: float = Field(20.0, ge=5, le=120, description=(
-        "Seconds to sample (5-120). Longer separates a small straggler from noise; 20 s is ~400 samples a rank."))
-    rate_hz: int = Field(20, ge=5, le=100, description="Stack samples per second per rank (py-spy pauses the rank "
-                                                       "well under a millisecond each).")
+        "Seconds to sample (5-120). Longer separates a small straggler from noise; 20 s is 100 samples a rank."))
+    rate_hz: int = Field(5, ge=5, le=100, description="Stack samples per second per rank (~1 ms of the node's CPU "
+                                                      "each; the rank is not stopped).")
     log_paths: list[Annotated[str, Field(max_length=4096)]] = Field(default_factory=list, max_length=8, description=(
         "The job's log files: their last step-time lines are quoted (the last 64 KiB of each is read)."))
 
