@@ -35,7 +35,7 @@ from pydantic import Field, ValidationError
 from .data import PACKAGE_DIR
 from .jobs import ANONYMOUS, MANAGER, Busy, Cancelled, Job
 from .registry import registry
-from .schemas import compact, for_hosts
+from .schemas import compact, for_hosts, without_guards
 from .rendering import format_result, validation_message
 from .on_node import NODE_MAX_CHARS, NODE_PATTERN
 from .spec import Params, ToolFailure, ToolSpec, takes_node
@@ -57,7 +57,9 @@ Execution options, accepted by every tool that takes them in its schema:
   process of the run is killed and the call fails.
 - node (a SLURM node name: letters, digits, _ . -): run the tool on that node through srun (inside the
   allocation that holds it, else in a one-node job of its own) and return that node's result.
-Optional fields may be left out; null means the same."""
+Optional fields may be left out; null means the same. Guards against abuse are checked but not shown
+(lengths from 255 characters, lists from 1,024 items, maxima from 100,000, character-set patterns);
+ordinary names, paths and sizes never reach them, and a refusal names the field."""
 
 TEXT_JSON_LIMIT = 12_000  # characters of JSON in the text copy; structuredContent always has everything
 
@@ -94,7 +96,8 @@ def input_schema(spec: ToolSpec) -> dict:
         schema["properties"] = {**schema.get("properties", {}), "wait_s": {"type": "number"},
                                 "timeout_s": {"type": "number", "default": spec.timeout_s}}
         if takes_node(spec):
-            schema["properties"]["node"] = {"type": "string", "maxLength": NODE_MAX_CHARS}
+            # its form is in the instructions; NODE_MAX_CHARS is a guard like the tools' own
+            schema["properties"]["node"] = without_guards({"type": "string", "maxLength": NODE_MAX_CHARS})
     return schema
 
 

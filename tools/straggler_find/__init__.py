@@ -34,17 +34,15 @@ STEP_LINE = re.compile(r"(?i)\b(step|iter(ation)?)\b.*\d.*\b(ms|s|sec|time|elaps
 
 class StragglerFindParams(Params):
     slurm_job_id: str = Field("", max_length=32, pattern=r"^([0-9]+(_[0-9]+)?)?$", description=(
-        "A RUNNING SLURM job (yours, or any as root): every node is sampled at once through "
-        "`srun --overlap --jobid`, one light process per node."))
-    launcher_pid: int | None = Field(None, ge=1, description="A torchrun (or other launcher) pid on this node: its ranks.")
+        "A RUNNING SLURM job: every node sampled at once (srun --overlap)."))
+    launcher_pid: int | None = Field(None, ge=1, description="A torchrun (or other launcher) pid here: its ranks.")
     pids: list[Annotated[int, Field(ge=1)]] = Field(default_factory=list, max_length=MAX_PIDS, description=(
-        "Rank processes on this node (at most 64)."))
+        "Rank pids here."))
     window_s: float = Field(20.0, ge=5, le=120, description=(
-        "Seconds to sample (5-120). Longer separates a small straggler from noise; 20 s is ~400 samples a rank."))
-    rate_hz: int = Field(20, ge=5, le=100, description="Stack samples per second per rank (py-spy pauses the rank "
-                                                       "well under a millisecond each).")
+        "Longer separates a small straggler from noise (20 s: ~400 samples a rank)."))
+    rate_hz: int = Field(20, ge=5, le=100, description="Samples/s per rank (py-spy pauses < 1 ms each).")
     log_paths: list[Annotated[str, Field(max_length=4096)]] = Field(default_factory=list, max_length=8, description=(
-        "The job's log files: their last step-time lines are quoted (the last 64 KiB of each is read)."))
+        "Job logs: last step-time lines quoted (last 64 KiB read)."))
 
     @model_validator(mode="after")
     def _one_target(self):
