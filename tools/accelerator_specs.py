@@ -18,7 +18,7 @@ DTYPES = ("fp64", "fp32", "tf32", "bf16", "fp16", "fp8", "fp4")
 class AcceleratorSpecsParams(Params):
     names: list[str] = Field(
         default_factory=list, max_length=12,
-        description=("e.g. 'h100', 'H100-SXM5-80GB', 'mi300x'; empty: this machine's GPUs."))
+        description=("e.g. 'h100', 'mi300x'; empty: this machine's GPUs."))
     list_all: bool = Field(False, description="List every accelerator (id and name).")
 
 

@@ -77,7 +77,7 @@ print(json.dumps(out))
 
 class EnvReportParams(Params):
     include_all_env: bool = Field(False, description="Also LD_LIBRARY_PATH and PATH.")
-    probe_torch: bool = Field(True, description="Ask torch (child, ~2-5 s) for its CUDA/cuDNN/NCCL build.")
+    probe_torch: bool = Field(True, description="Ask torch (~2-5 s) for its CUDA/cuDNN/NCCL build.")
 
 
 class EnvReportResult(Result):

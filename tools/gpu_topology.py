@@ -22,7 +22,7 @@ from .shared.topology import (PCIE_ORDER, GpuInfo, NicInfo, chain_of, nvlink_rec
 class GpuTopologyParams(Params):
     include_nvidia_smi: bool = Field(True, description="Also `nvidia-smi topo -m` as text.")
     text: str | None = Field(None, max_length=200_000, description=(
-        "Pasted `nvidia-smi topo -m` to read instead of this machine."))
+        "Pasted `nvidia-smi topo -m` to read instead."))
 
 
 class GpuTopologyResult(Result):

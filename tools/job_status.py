@@ -14,9 +14,9 @@ from .engine.jobs import ANONYMOUS, CALLER, MANAGER
 
 class JobStatusParams(Params):
     job_id: str = Field("", max_length=64, description=(
-        "A result's job.job_id; empty: list this session's jobs."))
+        "Empty: list this session's jobs."))
     all_sessions: bool = Field(False, description=(
-        "Also count other sessions' jobs (never their ids or results)."))
+        "Also count other sessions' jobs (no ids or results)."))
 
 
 class JobInfo(Record):

@@ -36,10 +36,9 @@ class MfuParams(ModelParams):
         needs("step_time_s", "global_batch"), needs("global_batch", "step_time_s")]})
 
     tokens_per_s: float | None = Field(None, gt=0, le=1e12, description=(
-        "Measured training tokens/s. Give one of: this, step_time_s + global_batch, samples_per_s, "
-        "achieved_tflops_per_gpu."))
+        "Measured. One of: this, step_time_s + global_batch, samples_per_s, achieved_tflops_per_gpu."))
     tokens_per_s_scope: Literal["total", "per_gpu"] = Field(
-        "total", description="tokens_per_s / samples_per_s: whole job or one GPU.")
+        "total", description="Whole job or one GPU.")
     step_time_s: float | None = Field(None, gt=0, le=1e6, description="Per optimizer step (with global_batch).")
     global_batch: int | None = Field(None, ge=1, le=1e9, description="Sequences per step, whole job.")
     samples_per_s: float | None = Field(None, gt=0, le=1e12, description="Sequences/s, seq_len tokens each.")
@@ -53,7 +52,7 @@ class MfuParams(ModelParams):
         "none", description="Recompute: adds hardware FLOPs (HFU), not MFU.")
     attention_flops: AttentionFlops = Field(
         "causal", description=(
-            "causal: half the scores (Megatron, torchtitan); full: PaLM; none: bare 6N. MFU given both ways."))
+            "causal: half the scores (Megatron, torchtitan); full: PaLM; none: 6N."))
     embedding_flops: Literal["exclude", "include"] = Field(
         "exclude", description="Count the input embedding in 6N.")
     peak_tflops: float | None = Field(None, gt=0, le=1e6, description="Override the dense peak per GPU (power cap).")

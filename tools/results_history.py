@@ -33,9 +33,9 @@ class ResultsHistoryParams(Params):
     since_days: float = Field(90, gt=0, le=3650, description="Last N days.")
     limit: int = Field(20, ge=1, le=500, description="Rows, newest first.")
     offset: int = Field(0, ge=0, le=10_000_000, description=(
-        "Skip this many newest rows (next page: offset + limit)."))
+        "Skip this many newest rows (paging)."))
     threshold_pct: float | None = Field(None, gt=0, le=90, description=(
-        "Override the margin, % (default: verdict_rules.toml's; 10% without a rule)."))
+        "Override the margin, %."))
 
 
 class HistoryRow(Record):

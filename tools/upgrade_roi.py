@@ -33,18 +33,18 @@ class RoiParams(Params):
     candidate_price_per_gpu_hour: float | None = Field(None, gt=0, le=1e6, description="Per GPU-hour.")
     current_tokens_per_s_per_gpu: float | None = Field(None, gt=0, le=1e12, description="Measured on the current one.")
     candidate_tokens_per_s_per_gpu: float | None = Field(None, gt=0, le=1e12, description=(
-        "Measured on the candidate, same workload (not with speedup)."))
+        "Measured, same workload (not with speedup)."))
     speedup: float | None = Field(None, gt=0, le=1000, description=(
-        "Measured candidate/current per GPU (not with candidate_tokens_per_s_per_gpu)."))
+        "Measured candidate/current per GPU."))
     workload: Literal["compute_bound", "memory_bound"] = Field(
         "compute_bound", description="Datasheet estimate: training/prefill or decode.")
     dtype: Dtype = Field("bf16", description="Current's matmul dtype (estimate).")
     candidate_dtype: Dtype | None = Field(None, description="Default: dtype.")
     params_b: float | None = Field(None, gt=0, le=100000, description=(
-        "Billions, to estimate tokens/s (6N at assumed_mfu)."))
+        "Billions, to estimate tokens/s at assumed_mfu."))
     assumed_mfu: float = Field(0.4, gt=0, le=1, description="For that estimate.")
     candidate_tokens_per_s_estimate: bool = Field(True, description=(
-        "First purchase: estimate the candidate from params_b."))
+        "First purchase: estimate from params_b."))
     break_even_tolerance: float = Field(0.1, ge=0, le=1, description="Within this of break-even: too close to call.")
     train_tokens: float | None = Field(None, gt=0, le=1e18, description="For time and cost to train.")
     num_gpus: int = Field(8, ge=1, le=1_000_000, description="On the current one.")

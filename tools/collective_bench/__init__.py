@@ -70,11 +70,11 @@ class CollectiveBenchParams(RankLayout, PatternFields):
     iters: int = Field(20, ge=1, le=10000, description="Timed iterations per size.")
     warmup: int = Field(5, ge=0, le=1000, description="Untimed iterations per size.")
     blocking: bool = Field(False, description=(
-        "Sync around every call (naive-loop timing: small sizes look slower)."))
+        "Sync around every call (naive timing)."))
     pg_timeout_s: float = Field(120.0, ge=5, le=600, description="Process-group timeout per collective.")
     plot: bool = Field(True, description="busbw vs size as a PNG (needs matplotlib).")
     plot_path: str | None = Field(None, max_length=4096, description=(
-        "PNG path (relative: the caller's cwd); default: new file in $MLENG_HOME/plots/."))
+        "PNG path (relative: the caller's cwd); default under $MLENG_HOME/plots/."))
     overwrite: bool = Field(False, description="Replace plot_path if it exists.")
     plant_error_rank: int | None = Field(None, ge=0, description=(
         "Self-test: this rank corrupts one output element after each checked call; #wrong must count it."),

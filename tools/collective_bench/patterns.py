@@ -23,25 +23,24 @@ class PatternFields(Params):
     """The inputs of the pairwise and bisect patterns (CollectiveBenchParams inherits them)."""
 
     pattern: Literal["all", "pairwise", "bisect"] = Field("all", description=(
-        "all: one run over every rank; pairwise: node x node matrix, a slow node (slow with every partner) apart from"
-        " a slow link; bisect: halves of what fails or hangs until the bad node remains."))
+        "all: one run; pairwise: node x node matrix (slow node: slow with every partner; slow link: one pair); "
+        "bisect: halves what fails or hangs until one bad node remains."))
     pair_rounds: int | None = Field(None, ge=1, le=8191, description=(
-        "pairwise: rounds to run; default all (every pair once)."))
+        "pairwise; default all (every pair once)."))
     group_deadline_s: float = Field(120.0, ge=10, le=3600, description=(
-        "pairwise/bisect: a group still running after this counts as hung."))
+        "pairwise/bisect: a group running longer counts as hung."))
     slow_margin: float | None = Field(None, gt=0, lt=1, description=(
-        "pairwise: the verdict margin, replacing verdict_rules.toml's (10% NCCL, 50% gloo)."))
+        "pairwise: verdict margin (default verdict_rules.toml: 10% NCCL, 50% gloo)."))
     slow_latency_factor: float = Field(5.0, ge=1.5, le=1000, description=(
-        "pairwise: also slow above this x a healthy pair's latency."))
+        "pairwise: slow above this x a healthy pair's latency."))
     nodes: list[NodeName] | None = Field(None, min_length=2, max_length=8192, description=(
-        "pairwise/bisect in an allocation: only these of its nodes."))
+        "pairwise/bisect: only these nodes of the allocation."))
     hosts: list[NodeName] | None = Field(None, min_length=2, max_length=8192, description=(
-        "pairwise/bisect outside SLURM: every node's address, in order; call on each node with its node_rank, the "
-        "same rdzv_endpoint and the same MLENG_COORD_SECRET (16+ chars); node 0 reports."))
+        "pairwise/bisect outside SLURM: all node addresses in order; call on each with its node_rank, one "
+        "rdzv_endpoint and one MLENG_COORD_SECRET (16+ chars)."))
     node_rank: int | None = Field(None, ge=0, le=8191, description="This node's index in hosts.")
     transport: Literal["nccl", "rdma"] = Field("nccl", description=(
-        "pairwise in SLURM: nccl (all_reduce) or rdma (perftest ib_write_bw/lat per rail; needs perftest and ACTIVE "
-        "ports)."))
+        "pairwise in SLURM: nccl (all_reduce) or rdma (perftest per rail; needs perftest, ACTIVE ports)."))
 
 
 def pattern_nodes(params) -> tuple[list[str], str]:

@@ -40,8 +40,7 @@ class DistSmokeTestParams(RankLayout):
         "sleep_before_all_reduce, wrong_size)."), json_schema_extra=SELF_TEST)
     fault_rank: int = Field(1, ge=0, le=1 << 20, description="Rank that injects the fault.", json_schema_extra=SELF_TEST)
     nccl_diagnostics: bool = Field(False, description=(
-        "NCCL_RUN_DIAGNOSTICS=1: NCCL >= 2.31 tests its P2P and network paths at init ('NCCL DIAG' lines, a few s "
-        "more); no effect before 2.31."))
+        "NCCL_RUN_DIAGNOSTICS=1: NCCL >= 2.31 tests its P2P and network paths at init (a few s more)."))
 
 
 class RankReport(Record):

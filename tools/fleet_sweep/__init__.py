@@ -31,30 +31,28 @@ Check = Literal[CHECKS]
 
 class FleetSweepParams(Params):
     checks: list[Check] | None = Field(None, min_length=1, max_length=len(CHECKS), description=(
-        "Per-node checks (nic_health: links and RDMA ports; cpu_probe: CPU matmul and copy). Default: all but "
-        "storage_bench, which storage_path adds; GPU checks only where there are GPUs."))
+        "Default: all but storage_bench (added by storage_path); GPU checks only where there are GPUs. cpu_probe: CPU"
+        " matmul and copy."))
     job_id: str | None = Field(None, pattern=r"^\d+(_\d+)?$", description=(
         "Sweep this RUNNING job's nodes (srun --overlap)."))
     partition: str | None = Field(None, pattern=r"^[A-Za-z0-9_.\-]+$", max_length=128, description=(
         "Sweep this partition in a job of our own."))
     nodes: int | None = Field(None, ge=1, le=100000, description=(
-        "With partition: how many; default every reachable one."))
+        "With partition: how many; default all reachable."))
     hosts: list[str] | None = Field(None, max_length=100000, description=(
-        "Node names or hostlists ('gpu-[01-16]'), swept in a job of our own; ['localhost']: this machine without "
-        "SLURM."))
+        "Node names or hostlists ('gpu-[01-16]'); ['localhost']: this machine without SLURM."))
     storage_path: str | None = Field(None, min_length=1, max_length=4096, description=(
         "Directory on every node for storage_bench."))
     deadline_s: float = Field(300, ge=10, le=3600, description=(
-        "Nodes silent by then are named; the step is cancelled."))
+        "Nodes silent by then are named."))
     margin_pct: float | None = Field(None, gt=0, le=90, description=(
-        "Override every figure's margin, % (default: verdict_rules.toml's)."))
+        "Override every figure's margin, %."))
     benchmarks_beside_job: bool = Field(False, description=(
-        "With job_id: also benchmarks, which measure the job too (busy). Default: env_report, gpu_health, nic_health "
-        "only."))
+        "With job_id: also benchmarks (they measure the job too: busy)."))
     plot: bool = Field(True, description="Per-node figures vs the median as a PNG.")
     plot_path: str | None = Field(None, max_length=4096, description=(
-        "Where to write the PNG (relative: the caller's directory). Default: a new file in $MLENG_HOME/plots/."))
-    overwrite: bool = Field(False, description="Replace plot_path if it already exists (default: refuse).")
+        "PNG path (relative: the caller's cwd); default under $MLENG_HOME/plots/."))
+    overwrite: bool = Field(False, description="Replace plot_path if it exists.")
 
 
 def run(params: FleetSweepParams, progress) -> FleetSweepResult:

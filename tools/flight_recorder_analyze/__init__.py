@@ -42,9 +42,9 @@ NEXT_ON_STUCK = ["nccl_log_analyze", "collective_bench", "gpu_health", "knowledg
 
 class FlightRecorderParams(Params):
     path: str = Field("", max_length=4096, description=(
-        "Dump directory (walked) or file. Empty: $TORCH_FR_DUMP_TEMP_FILE's, else /tmp/nccl_trace_rank_<rank>."))
+        "Dump directory or file. Empty: $TORCH_FR_DUMP_TEMP_FILE's, else /tmp/nccl_trace_rank_<rank>."))
     prefix: str = Field("", max_length=256, description=(
-        "Only file names starting with this; default: names ending in a rank."))
+        "Only file names starting with this."))
     max_groups: int = Field(20, ge=1, le=1000, description="Process groups reported, at most.")
     detail: bool = Field(False, description="Also each rank's last collectives per group.")
     torch_analyser: bool = Field(False, description=(

@@ -39,15 +39,15 @@ __all__ = ["SPEC", "GpuHealthParams", "GpuReading", "GpuHealthResult", "XidSeen"
 class GpuHealthParams(Params):
     read_kernel_log: bool = Field(True, description="Look for Xid / SXid events in the kernel log.")
     sample_s: float = Field(2.0, ge=0, le=60, description=(
-        "Window for NVLink counters, clock events, PCIe (0: one reading)."))
+        "Window for NVLink, clock, PCIe counters (0: one reading)."))
     load: bool = Field(True, description=(
-        "Small matmul load per GPU, so idle power saving is not taken for a downtrained PCIe link."))
+        "Small matmul load, so idle power saving is not taken for a downtrained link."))
     dcgm_level: int = Field(0, ge=0, le=4, description=(
-        "Also dcgmi diag -r N (1 s, 2 ~2 min, 3 ~15 min, 4 hours; 3-4 fill every GPU); 0: none."))
+        "dcgmi diag -r N (1 s, 2 ~2 min, 3 ~15 min, 4 hours; 3-4 fill every GPU)."))
     dcgm_file: str | None = Field(None, max_length=4096, description=(
-        "Saved dcgmi diag output (-j or table, <= 16 MiB) to read instead of running DCGM."))
+        "Saved dcgmi diag output (-j or table) to read instead."))
     text: str | None = Field(None, max_length=1_000_000, description=(
-        "Pasted `nvidia-smi nvlink -e / -s` or `dcgmi diag` output to judge instead of this node."))
+        "Pasted `nvidia-smi nvlink -e / -s` or `dcgmi diag` output to judge instead."))
 
 
 class GpuReading(Record):

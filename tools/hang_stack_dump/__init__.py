@@ -42,17 +42,17 @@ class HangStackDumpParams(Params):
     pids: list[Annotated[int, Field(ge=1)]] = Field(default_factory=list, max_length=MAX_PROCESSES,
                                                     description="Process ids to dump.")
     launcher_pid: int | None = Field(None, ge=1, description=(
-        "Launcher pid (torchrun, deepspeed, python parent): its descendants; srun pid: its job's local tasks."))
+        "torchrun / deepspeed / python parent pid: its descendants; srun pid: its local tasks."))
     pattern: str = Field("", max_length=200, description="Regex on the command line ('train.py').")
     gpu_processes: bool = Field(False, description="Every process holding GPU memory.")
     slurm_job_id: str = Field("", max_length=32, pattern=r"^[0-9_]*$", description=(
-        "SLURM job: its processes here (every node with all_nodes)."))
+        "Its processes here (every node with all_nodes)."))
     all_nodes: bool = Field(False, description=(
         "With slurm_job_id: every node (srun --overlap)."))
-    native: bool = Field(False, description="C/C++ frames too (py-spy --native; ~1 s per torch process).")
+    native: bool = Field(False, description="C/C++ frames too (~1 s per torch process).")
     save_path: str = Field("", max_length=4096, description=(
         (
-            "Write full dumps here ('{host}': host name; relative: the caller's cwd).")))
+            "Write full dumps here ('{host}': host name).")))
     overwrite: bool = Field(False, description="Replace save_path if it exists.")
     max_frames: int = Field(12, ge=1, le=200, description="Frames kept per stack.")
     max_groups: int = Field(8, ge=1, le=200, description="Stack groups reported (largest, odd ones first).")

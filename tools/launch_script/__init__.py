@@ -45,7 +45,7 @@ CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 class LaunchScriptParams(Params):
     command: str | None = Field(None, max_length=2000, pattern=SAFE_TEXT, description=(
-        "Program and args for torchrun ('train.py --cfg a.yaml', '-m pkg.train'); exactly one of command / tool."))
+        "Program and args for torchrun ('train.py --cfg a.yaml', '-m pkg.train'); or tool."))
     tool: Literal[MLENG_DIST_TOOLS] | None = Field(None, description=(
         "An mleng tool to run instead of a command."))
     tool_args: list[str] = Field(default_factory=list, max_length=40, description=(
@@ -55,29 +55,29 @@ class LaunchScriptParams(Params):
     nproc_per_node: int | None = Field(None, ge=1, le=256, description=(
         "Default: gpus_per_node, or 1."))
     mode: Literal["sbatch", "srun", "torchrun"] = Field("sbatch", description=(
-        "sbatch script, srun line (inside salloc) or per-node torchrun commands (no SLURM)."))
+        "sbatch script, srun line (in salloc) or per-node torchrun (no SLURM)."))
     job_name: str = Field("mleng", pattern=r"^[A-Za-z0-9_.\-]{1,64}$", description="SLURM job name.")
     partition: str | None = Field(None, pattern=r"^[A-Za-z0-9_.\-,]{1,200}$", description="Partition (-p).")
     account: str | None = Field(None, pattern=r"^[A-Za-z0-9_.\-]{1,100}$", description="Account (-A).")
     time_limit: str = Field("00:30:00", pattern=r"^(\d+-)?\d+(:\d+){0,2}$", description=(
         "'MM', 'HH:MM:SS' or 'D-HH:MM:SS'."))
     gpu_option: Literal["gpus-per-node", "gres"] = Field("gpus-per-node", description=(
-        "--gpus-per-node (cons_tres) or --gres=gpu:G (older)."))
+        "--gpus-per-node (cons_tres) or --gres=gpu:G."))
     cpus_per_task: int | None = Field(None, ge=1, le=1024, description=(
         "Per torchrun task; default all (exclusive)."))
     exclusive: bool = Field(True, description="Whole nodes (#SBATCH --exclusive).")
     extra_sbatch: list[str] = Field(default_factory=list, max_length=20, description=(
         "More #SBATCH options, e.g. ['--qos=high']."))
     env: dict[str, str] = Field(default_factory=dict, max_length=100, description=(
-        "Exported on every node, e.g. {'NCCL_DEBUG': 'WARN'}."))
+        "Exported on every node."))
     pass_nccl_env: bool = Field(True, description=(
-        "Export the NCCL_*, TORCH_NCCL_*, TORCH_DISTRIBUTED_*, FI_*, UCX_* set now."))
+        "Export the NCCL_*, TORCH_*, FI_*, UCX_* variables set now."))
     rdzv_port: int | None = Field(None, ge=1024, le=65535, description=(
-        "Default: 20000 + job id % 20000 (SLURM), else 29500."))
+        "Default: 20000 + job id % 20000, else 29500."))
     rdzv_host: str | None = Field(None, pattern=r"^[A-Za-z0-9_.\-:]{1,255}$", description=(
         "torchrun mode: node 0's address."))
     python: str | None = Field(None, max_length=500, pattern=SAFE_TEXT, description=(
-        "Default: python3 on the job's PATH (mleng's for a tool)."))
+        "Default: python3 on the job's PATH."))
     workdir: str | None = Field(None, max_length=1000, pattern=SAFE_TEXT, description=(
         "Where the job runs and logs; default: the cwd."))
     log_dir: str = Field("logs", pattern=PATH_TEXT, description=(

@@ -64,11 +64,10 @@ class MatmulBenchParams(Params):
     model_config = ConfigDict(json_schema_extra=_shape_rules())
 
     dtype: Literal["bf16", "fp16", "tf32", "fp32", "fp8"] = Field(
-        "bf16", description="fp8: e4m3 (torch._scaled_mm); tf32: fp32 on TF32 cores; fp32: TF32 off.")
+        "bf16", description="fp8: e4m3; tf32: fp32 on TF32 cores; fp32: TF32 off.")
     mode: Literal["quick", "thorough", "shapes", "grid"] = Field(
         "quick", description=(
-            "quick ~30 s, thorough ~5 min, shapes (m/n/k given), grid (every M x N x K; default 2048..14336 step "
-            "2048)."))
+            "quick ~30 s, thorough ~5 min, shapes (m/n/k given), grid (every M x N x K)."))
     m: list[Dim] = Field(default_factory=list, max_length=512, description="M values (shapes/grid).")
     n: list[Dim] = Field(default_factory=list, max_length=512, description="N values (shapes/grid).")
     k: list[Dim] = Field(default_factory=list, max_length=512, description="K values, the reduction dim (shapes/grid).")

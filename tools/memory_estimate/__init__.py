@@ -43,12 +43,12 @@ class MemoryParams(ModelParams):
         "train: states + activations; inference: weights + KV cache."))
     precision: Literal["fp32", "bf16_mixed", "fp16_mixed", "fp8", "amp_bf16", "amp_fp8"] = Field(
         "bf16_mixed", description=(
-            "*_mixed: 16-bit + fp32 master (Megatron, DeepSpeed); fp8: Transformer Engine; amp_*: fp32 weights, "
-            "autocast (FSDP2, torchtitan). Inference: the weight dtype."))
+            "*_mixed: 16-bit + fp32 master (Megatron, DeepSpeed); amp_*: fp32 weights, autocast (FSDP2, torchtitan). "
+            "Inference: weight dtype."))
     optimizer: Literal["adamw", "adam", "adam_8bit", "sgd_momentum", "adafactor"] = Field(
         "adamw", description="Bytes/param: Adam(W) 8, adam_8bit 2, sgd_momentum 4, adafactor ~0.")
     fp32_grads: bool = Field(True, description=(
-        "16-bit precisions: fp32 grads (Megatron, 18 B/param with Adam), else 16-bit (ZeRO, 16 B)."))
+        "16-bit precisions: fp32 grads (Megatron), else 16-bit (ZeRO)."))
     sharding: Literal["none", "zero1", "zero2", "zero3", "fsdp_full_shard", "fsdp_hybrid_shard"] = Field(
         "none", description="Over dp x cp (hybrid: within shard_group_size).")
     shard_group_size: int = Field(8, ge=1, le=100000, description="Hybrid shard group (usually GPUs per node).")
@@ -63,26 +63,26 @@ class MemoryParams(ModelParams):
     cp: int = Field(1, ge=1, le=1024, description="Context parallel (sequence split).")
     ep: int = Field(1, ge=1, le=100000, description="MoE expert parallel (divides experts and dp x cp).")
     seq_len: int = Field(4096, ge=1, le=10_000_000, description=(
-        "Train: sequence length; inference: context per sequence."))
+        "Inference: context per sequence."))
     micro_batch: int = Field(1, ge=1, le=1_000_000, description=(
-        "Train: sequences per micro batch per GPU; inference: concurrent sequences."))
+        "Per GPU; inference: concurrent sequences."))
     activation_checkpointing: Literal["none", "selective", "op_selective", "full"] = Field(
         "none", description=(
-            "selective: Megatron (scores only); op_selective: torchtitan SAC; full: layer inputs only."))
+            "selective: Megatron; op_selective: torchtitan SAC; full: layer inputs only."))
     flash_attention: bool | None = Field(None, description="No seq x seq scores; default on (off with fp32).")
     kernels: Literal["fused", "eager"] = Field(
         "eager", description=(
-            "eager: PyTorch / HF, DTensor TP; fused: Megatron / TE."))
+            "eager: PyTorch / HF; fused: Megatron / TE."))
     compile: Literal["none", "blocks", "full"] = Field(
         "none", description="torch.compile; blocks: loss eager (torchtitan).")
     loss_parallel: bool = Field(True, description="tp > 1, eager: vocab-parallel loss.")
     sequence_parallel: bool = Field(True, description="tp > 1: split norm/dropout too.")
-    dropout: bool = Field(False, description="Stores 1-byte masks; LLM pretraining mostly runs without.")
+    dropout: bool = Field(False, description="Stores 1-byte masks.")
     finetune: Literal["full", "lora", "qlora"] = Field(
         "full", description="lora: frozen 16-bit base; qlora: 4-bit NF4 base.")
     lora_rank: int = Field(16, ge=1, le=65536, description="Adapter rank r.")
     offload: Literal["none", "optimizer", "optimizer_and_params"] = Field(
-        "none", description="To CPU: optimizer states, master, grads; +params (ZeRO-3): weights too.")
+        "none", description="To CPU: optimizer states, master, grads; +params (ZeRO-3): weights.")
     offload_device: Literal["cpu", "nvme"] = Field("cpu", description="nvme: ZeRO-Infinity.")
     gpus_per_node: int = Field(8, ge=1, le=1024, description="For host RAM per node.")
     kv_dtype: Literal["bf16", "fp16", "fp8", "fp32"] = Field("bf16", description="Inference KV cache.")
@@ -90,7 +90,7 @@ class MemoryParams(ModelParams):
         None, gt=0, le=1, description="Paged KV (vLLM): fraction of GPU memory used.")
     max_num_seqs: int | None = Field(None, ge=1, le=1_000_000, description="Paged KV: vLLM --max-num-seqs.")
     max_num_batched_tokens: int = Field(8192, ge=1, le=10_000_000, description=(
-        "Inference: prefill chunk (vLLM --max-num-batched-tokens)."))
+        "Prefill chunk (vLLM)."))
     accelerator: str | None = Field(None, max_length=100, description="GPU to fit (h100, h200, mi300x...).")
     gpu_memory_gib: float | None = Field(None, gt=0, le=10000, description="Usable GPU GiB; overrides the datasheet.")
 

@@ -31,9 +31,9 @@ __all__ = ["SPEC", "NicHealthParams", "NicHealthResult", "run"]
 
 class NicHealthParams(Params):
     sample_s: float = Field(2.0, ge=0, le=300, description=(
-        "Counters and carrier changes compared over this (0: one reading, not judged on change). Not with text."))
+        "Counters and carrier changes compared over this (0: one reading)."))
     text: str | None = Field(None, max_length=1_000_000, description=(
-        "Pasted `ibstat`, `ibv_devinfo`, `perfquery` or `ibdiagnet` output to judge instead of this node."))
+        "Pasted `ibstat`, `ibv_devinfo`, `perfquery` or `ibdiagnet` output to judge instead."))
 
 
 class NicHealthResult(Result):

@@ -77,11 +77,11 @@ class RankLayout(Params):
     """Where the ranks run: the fields every distributed tool shares."""
 
     nproc_per_node: int | None = Field(None, ge=1, le=64, description=(
-        "Default: every visible GPU; 2 gloo ranks without GPUs."))
+        "Default: every GPU; 2 gloo ranks without."))
     nnodes: int | None = Field(None, ge=1, le=4096, description=(
         "Default: the SLURM allocation's, else 1."))
     rdzv_endpoint: str | None = Field(None, pattern=r"^[A-Za-z0-9_.\-\[\]:]+:\d+$", description=(
-        "host:port of node 0's c10d rendezvous, when started by hand on each node (nnodes > 1 outside SLURM)."))
+        "host:port of node 0's c10d rendezvous (started by hand on each node, outside SLURM)."))
     backend: Literal["auto", "nccl", "gloo"] = Field("auto", description=(
         "auto: NCCL when ranks see GPUs, else gloo."))
     nccl_env: dict[str, str] = nccl_env_field()

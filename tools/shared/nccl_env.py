@@ -38,8 +38,7 @@ MAX_SETTINGS = 16
 def nccl_env_field():
     return Field(default_factory=dict, max_length=MAX_SETTINGS, description=(
         # the allow-list is not repeated here (~0.5 K characters in two tools' schemas): a refusal lists it
-        "NCCL_* settings for this run's ranks, e.g. {'NCCL_ALGO': 'Ring'}; allow-listed (a refusal lists them); "
-        "echoed."))
+        "NCCL_* settings for this run, e.g. {'NCCL_ALGO': 'Ring'}; allow-listed (a refusal lists them)."))
 
 
 def check_nccl_env(settings: dict[str, str]) -> dict[str, str]:

@@ -168,10 +168,10 @@ class ModelParams(Params):
 
     model: str | None = Field(
         None, json_schema_extra=_preset_enum, description=(
-            "A preset; or describe layers + hidden + heads, or params_b; given fields override the preset."))
+            "A preset; or layers + hidden + heads, or params_b; given fields override it."))
     params_b: float | None = Field(
         None, gt=0, le=100000, description=(
-            "Billions, when the architecture is unknown (then no activations, KV cache or attention FLOPs)."))
+            "Billions, if the architecture is unknown (no activations, KV cache, attention)."))
     layers: int | None = Field(None, ge=1, le=1000, description="Transformer layers.")
     hidden: int | None = Field(None, ge=1, le=1_000_000, description="Hidden size.")
     heads: int | None = Field(None, ge=1, le=10000, description="Query heads.")

@@ -34,15 +34,15 @@ STEP_LINE = re.compile(r"(?i)\b(step|iter(ation)?)\b.*\d.*\b(ms|s|sec|time|elaps
 
 class StragglerFindParams(Params):
     slurm_job_id: str = Field("", max_length=32, pattern=r"^([0-9]+(_[0-9]+)?)?$", description=(
-        "A RUNNING SLURM job: every node sampled at once (srun --overlap)."))
-    launcher_pid: int | None = Field(None, ge=1, description="A torchrun (or other launcher) pid here: its ranks.")
+        "A RUNNING job: every node sampled at once."))
+    launcher_pid: int | None = Field(None, ge=1, description="A launcher pid here: its ranks.")
     pids: list[Annotated[int, Field(ge=1)]] = Field(default_factory=list, max_length=MAX_PIDS, description=(
         "Rank pids here."))
     window_s: float = Field(20.0, ge=5, le=120, description=(
-        "Longer separates a small straggler from noise (20 s: ~400 samples a rank)."))
+        "Longer separates a small straggler from noise."))
     rate_hz: int = Field(20, ge=5, le=100, description="Samples/s per rank (py-spy pauses < 1 ms each).")
     log_paths: list[Annotated[str, Field(max_length=4096)]] = Field(default_factory=list, max_length=8, description=(
-        "Job logs: last step-time lines quoted (last 64 KiB read)."))
+        "Job logs: last step-time lines quoted."))
 
     @model_validator(mode="after")
     def _one_target(self):
