@@ -4,12 +4,15 @@ Needs a SLURM cluster with at least --nodes nodes (here: the namespace cluster).
 loop of bench/straggler_workload.py (one rank per node), then alternates: a window unwatched, a window with
 straggler_find sampling (--rounds times), counting the job's steps in each from its output. Overhead is the
 step-rate ratio unwatched / watched - 1, as median over rounds (and its range); time to verdict is the
-tool's wall time (srun start + window + judging).
+tool's wall time (srun start + window + judging). Every round samples the healthy job: the rounds that name
+nobody are counted (the healthy-five-times check of issue 25). --tool-root runs another checkout's
+straggler_find on the same job (before/after a change, side by side).
 
     scripts/cluster-local.sh start 8      # under the cluster session lock (see tests/multinode_cluster.py)
     export SLURM_CONF=/tmp/mln-cluster/etc/slurm.conf
     python bench/straggler_find_bench.py --nodes 4 --rounds 3 --window-s 10
     python bench/straggler_find_bench.py --nodes 8 --rounds 3 --window-s 10 --json /tmp/sf8.json
+    python bench/straggler_find_bench.py --nodes 4 --rounds 3 --tool-root /tmp/before   # `git archive` of main
 """
 
 import argparse
@@ -37,12 +40,12 @@ def rate(out: Path, seconds: float) -> float:
     return (steps(out) - first) / (time.monotonic() - t0)
 
 
-def sampled_rate(out: Path, job: str, window_s: float) -> tuple[float, float, dict]:
+def sampled_rate(out: Path, job: str, window_s: float, root: Path = ROOT) -> tuple[float, float, dict]:
     """(steps/s while straggler_find samples, its wall time to verdict in s, its result)."""
     env = {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"}
     first, t0 = steps(out), time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "tools.straggler_find", "--slurm-job-id", job, "--window-s",
-                           str(window_s), "--json"], capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
+                           str(window_s), "--json"], capture_output=True, text=True, timeout=600, cwd=root, env=env)
     wall = time.monotonic() - t0
     result = json.loads(proc.stdout[proc.stdout.index("{"):]) if "{" in proc.stdout else {"error": proc.stderr[-500:]}
     # Only the sampling window counts for the rate: srun start and judging are not a load on the ranks.
@@ -55,6 +58,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--window-s", type=float, default=10)
     ap.add_argument("--json", default="")
+    ap.add_argument("--tool-root", type=Path, default=ROOT, help="the checkout whose straggler_find runs")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="sfbench-") as tmp:
         out = Path(tmp) / "job.out"
@@ -69,7 +73,7 @@ def main() -> int:
             rows = []
             for _ in range(args.rounds):
                 off = rate(out, args.window_s + 15)
-                on, wall, result = sampled_rate(out, job, args.window_s)
+                on, wall, result = sampled_rate(out, job, args.window_s, args.tool_root)
                 rows.append({"steps_per_s_unwatched": off, "steps_per_s_watched": on, "time_to_verdict_s": wall,
                              "verdict": result.get("verdict"), "stragglers": len(result.get("stragglers", [])),
                              "findings": result.get("findings", []),
@@ -79,14 +83,18 @@ def main() -> int:
         finally:
             subprocess.run(["scancel", job], capture_output=True)
     overhead = [r["steps_per_s_unwatched"] / r["steps_per_s_watched"] - 1 for r in rows if r["steps_per_s_watched"]]
-    summary = {"nodes": args.nodes, "window_s": args.window_s, "rounds": rows,
+    cpu = [c for r in rows for c in r["sampler_cpu_s"] if c is not None]
+    summary = {"nodes": args.nodes, "window_s": args.window_s, "rounds": rows, "tool_root": str(args.tool_root),
+               "healthy_rounds_naming_nobody": sum(r["verdict"] in ("ok", "info") and not r["stragglers"] for r in rows),
+               "sampler_cpu_s_per_node_median": statistics.median(cpu) if cpu else None,
                "time_to_verdict_s_median": statistics.median(r["time_to_verdict_s"] for r in rows),
                "overhead_pct_median": 100 * statistics.median(overhead) if overhead else None,
                "overhead_pct_range": [100 * min(overhead), 100 * max(overhead)] if overhead else None}
     print(f"SUMMARY {args.nodes} nodes, window {args.window_s:.0f} s: time to verdict "
           f"{summary['time_to_verdict_s_median']:.1f} s (median of {len(rows)}); step-rate overhead "
           f"{summary['overhead_pct_median']:.1f}% (range {summary['overhead_pct_range'][0]:.1f} to "
-          f"{summary['overhead_pct_range'][1]:.1f}%)")
+          f"{summary['overhead_pct_range'][1]:.1f}%); sampler {summary['sampler_cpu_s_per_node_median']} CPU-s per "
+          f"node per window; {summary['healthy_rounds_naming_nobody']} of {len(rows)} healthy rounds named nobody")
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=1))
     return 0

@@ -11,6 +11,8 @@ data parallel. It prints one `step N rank R step_ms X` line per step on rank 0 a
     srun -N4 -n4 python bench/straggler_workload.py --master mln1 --steps 200
     # one rank with a slow loader (0.2 s per batch on rank 2)
     srun -N4 -n4 python bench/straggler_workload.py --master mln1 --slow-loader-rank 2 --loader-sleep-s 0.2
+    # writing its flight recorder every 20 steps, as a job that dumps it periodically would
+    TORCH_FR_DUMP_TEMP_FILE=/tmp/fr/rank_ torchrun --standalone --nproc-per-node 4 bench/straggler_workload.py --fr-dump-every 20
 
 The fault drills (tools/evals/drills) run it as their training job, with --pid-dir so that a drill can
 SIGSTOP one rank from outside.
@@ -29,6 +31,8 @@ def parse_args():
     ap.add_argument("--grad-floats", type=int, default=65536, help="floats all_reduced per step (256 KiB)")
     ap.add_argument("--slow-loader-rank", type=int, default=-1, help="this rank sleeps in its loader")
     ap.add_argument("--loader-sleep-s", type=float, default=0.2)
+    ap.add_argument("--fr-dump-every", type=int, default=0, help="write the flight recorder to "
+                    "$TORCH_FR_DUMP_TEMP_FILE<rank> every N steps (0: never)")
     ap.add_argument("--master", default="127.0.0.1", help="first node's address (srun; torchrun gives its own)")
     ap.add_argument("--port", type=int, default=29531, help="rendezvous port (srun; torchrun gives its own)")
     ap.add_argument("--pid-dir", help="each rank writes its pid to PID_DIR/rank<R>.pid (to be signalled from outside)")
@@ -41,6 +45,18 @@ def load_batch(step: int, rank: int, args, torch):
         time.sleep(args.loader_sleep_s)
     gen = torch.Generator().manual_seed(step * 1000 + rank)
     return torch.randn(args.dim, args.dim, generator=gen)
+
+
+def dump_flight_recorder(rank: int, torch) -> None:
+    """This rank's flight recorder where torch's own dump goes (<prefix><rank>), whole or not at all."""
+    prefix = os.environ.get("TORCH_FR_DUMP_TEMP_FILE")
+    if not prefix:
+        return
+    # No stack traces: the first dump with them costs 1-3 s of symbolizing, a visible stall in the loop.
+    data = torch._C._distributed_c10d._dump_fr_trace(True, False, False)
+    with open(f"{prefix}{rank}.tmp", "wb") as f:
+        f.write(data)
+    os.replace(f"{prefix}{rank}.tmp", f"{prefix}{rank}")
 
 
 def compute(batch, weight, args, torch):
@@ -74,6 +90,8 @@ def main():
         grad[: update.numel()] = update
         dist.all_reduce(grad)
         weight += 1e-3 * grad[: args.dim].view(1, -1) / world
+        if args.fr_dump_every and (step + 1) % args.fr_dump_every == 0:
+            dump_flight_recorder(rank, torch)
         if rank == 0:
             print(f"step {step} rank {rank} step_ms {1000 * (time.perf_counter() - t0):.1f}", flush=True)
     if rank == 0:

@@ -173,10 +173,6 @@ def freeze_when_meshed(cluster, node: str, module: bytes, stopped: list, settle_
     return thread
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "the heartbeat rule was fixed from a replay of a cluster run (the thawed rank reports the same timeout "
-    "as its peers once SLURM sends SIGCONT) but the cluster test failed again on 2026-12-01 after the fix: "
-    "open in issue 24"))
 def test_collective_bench_names_the_rank_frozen_mid_sweep(multinode_cluster):  # noqa: F811
     """Review 5b: mln3's rank SIGSTOPped mid-sweep was blamed on 'the communication path' (2 runs of 2)."""
     stopped: list[int] = []

@@ -10,9 +10,8 @@ PATH = re.compile(r"(?<![\w/.-])((?:tools|tests|bench|scripts|knowledge|evals|do
 MODULE = re.compile(r"python3? -m (tools(?:\.\w+)+)")
 # Not paths: MCP method names, and templates whose last part is a placeholder.
 NOT_PATHS = {"tools/list", "tools/call", "tools/README"}
-# Named before the file lands on main: the straggler branch brings its cluster test (2026-12-01). Drop the
-# entry once it has (an entry that resolves is harmless, but no longer needed).
-PENDING = {("knowledge/data/straggler_rules.toml", "tests/test_straggler_find_cluster.py")}
+# (file, path) pairs named before the path lands on main from another branch; drop each once it has.
+PENDING: set[tuple[str, str]] = set()
 PLACEHOLDER = re.compile(r"(\.|/)(X|TOOL|NAME|<\w+>)$|_$")
 
 

@@ -115,6 +115,30 @@ def test_healthy_figures_spread_too_widely_are_inconclusive_with_no_culprit():
     assert agg["outliers"] == [] and agg["drain"] == []
 
 
+def limited(row: dict, share: float) -> dict:
+    return {**row, "own_cpu_limit_bound": share,
+            "problems": [f"this node's own CPU limit (cgroup quota) bound in {share:.0%} of scheduler periods while it measured"]}
+
+
+def test_a_node_throttled_by_its_own_quota_is_drained_even_when_the_figures_are_inconclusive():
+    """Namespace cluster under load: healthy probes 48-74 GFLOP/s (spread 29%: inconclusive), mln3 at 16 with
+    its own 20% quota binding in 100% of periods. The kernel's counters name it where the median cannot."""
+    rows = [cpu_row("mln1", 48.5), cpu_row("mln2", 74.0), limited(cpu_row("mln3", 16.1), 1.0), cpu_row("mln4", 60.5)]
+    agg = aggregate(rows, [r["node"] for r in rows], planned(rows), {}, confirm_rows=rows)
+    assert agg["stats"][("cpu_probe.matmul_gflops", "Xeon x2")]["inconclusive"]
+    assert [d["node"] for d in agg["drain"]] == ["mln3"]
+    assert "own CPU limit (cgroup quota) bound in 100%" in agg["drain"][0]["reasons"][0]
+    # a quota that hardly bound is stated on the row, not a drain reason
+    rows[2] = limited(cpu_row("mln3", 16.1), 0.12)
+    assert aggregate(rows, [r["node"] for r in rows], planned(rows), {}, confirm_rows=rows)["drain"] == []
+
+
+def test_a_quota_on_most_nodes_is_the_fleets_configuration_not_a_culprit():
+    rows = [limited(cpu_row(f"n{i}", 50.0 + i), 0.9) for i in range(3)] + [cpu_row("n3", 52.0)]
+    agg = aggregate(rows, [r["node"] for r in rows], planned(rows), {}, confirm_rows=rows)
+    assert agg["drain"] == [] and agg["cpu_limited_fleet"] == ["n0", "n1", "n2"]
+
+
 def test_a_failed_check_without_problems_still_says_why():
     from tools.fleet_sweep.checks import run_check
 

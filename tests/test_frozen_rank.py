@@ -78,9 +78,35 @@ def test_a_frozen_rank_thawed_by_slurm_before_the_kill_is_still_named():
     """Namespace cluster: SLURM sends SIGCONT before SIGTERM when it ends a step, so the frozen rank's own wait
     times out at once and it reports the same timeout as the ranks that waited for it; its beats say which."""
     waited = [RankState(r, host=f"mln{r + 1}", status="error", stage="all_reduce 2097152", stages_seen=5,
-                        last_beat=53.0, error="Timed out waiting 30000ms for recv operation to complete")
+                        first_beat=0.0, last_beat=53.0, longest_silence=(20.0, 21.3),
+                        error="Timed out waiting 30000ms for recv operation to complete")
               for r in (0, 1, 3)]
     frozen = RankState(2, host="mln3", status="error", stage="all_reduce 2097152", stages_seen=5, last_beat=23.4,
                        error="Timed out waiting 30000ms for recv operation to complete")
     culprits, findings = diagnose(_outcome(*waited, frozen), timeout_s=30)
     assert culprits == [2] and "rank 2 (mln3" in findings[0] and "frozen" in findings[0]
+
+
+def _waiters(last_beat: float, silence=(20.0, 21.3)):
+    return [RankState(r, host=f"mln{r + 1}", status="error", stage="all_reduce 2097152", stages_seen=5,
+                      first_beat=0.0, last_beat=last_beat, longest_silence=silence,
+                      error="Timed out waiting 30000ms for recv operation to complete") for r in (0, 1, 3)]
+
+
+def test_a_frozen_rank_that_beat_again_once_thawed_is_still_named():
+    """Namespace cluster, after the fix above: the thawed rank's beat thread woke first (its sleep was long
+    over) and sent a beat at 54 s, so its LAST beat was as new as its peers'; the gap in its beats remains."""
+    thawed = RankState(2, host="mln3", status="terminated", stage="all_reduce 2097152", stages_seen=5,
+                       first_beat=0.0, last_beat=54.1, longest_silence=(23.4, 54.0))
+    culprits, findings = diagnose(_outcome(*_waiters(53.9), thawed), timeout_s=30)
+    assert culprits == [2] and "rank 2 (mln3" in findings[0] and "no heartbeat for 31 s" in findings[0], findings
+    assert "communication path" not in " ".join(findings)
+
+
+def test_a_stall_of_the_launcher_that_silenced_every_rank_names_nobody_frozen():
+    """Every rank's beats stopped over the same 15 s (the reader was starved, not the ranks): nobody is frozen."""
+    waiting = _waiters(53.9, silence=(30.0, 45.0))
+    also = RankState(2, host="mln3", status="error", stage="all_reduce 2097152", stages_seen=5, first_beat=0.0,
+                     last_beat=53.8, longest_silence=(30.2, 45.1), error="Timed out waiting 30000ms")
+    culprits, findings = diagnose(_outcome(*waiting, also), timeout_s=30)
+    assert culprits == [] and "frozen" not in " ".join(findings), findings

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from tools.engine.bounds import bound_result
 from tools.engine.redact import MASK, redact, redact_data
 from tools.engine.spec import ToolFailure
-from tools.flight_recorder_analyze.dumps import UnsafeDump, expanded_units
+from tools.shared.flight_recorder import UnsafeDump, expanded_units
 from tools.matmul_bench import MatmulBenchParams
 from tools.shared.safe_write import output_path, write_output
 

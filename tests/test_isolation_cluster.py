@@ -50,11 +50,18 @@ def healed(cluster):
 
 def bench(cluster, nodes: str, *args: str, timeout: float = 400) -> dict:
     """collective_bench in an allocation of `nodes` (salloc --no-kill: a dead node must not end it)."""
+    return bench_in_job(cluster, nodes, *args, timeout=timeout)[0]
+
+
+def bench_in_job(cluster, nodes: str, *args: str, timeout: float = 400) -> tuple[dict, str]:
+    """(bench's answer, the salloc job id): torchrun names its folders after the job (the rendezvous id)."""
     n = 8 if nodes == "mln[1-8]" else 4
     proc = cluster.cmd("salloc", f"-N{n}", f"--nodelist={nodes}", "--no-kill", "--time=10", sys.executable,
                        "-m", "tools.collective_bench", *SMALL, *args, check=False, timeout=timeout)
     assert "{" in proc.stdout, proc.stderr[-2000:]
-    return json.loads(proc.stdout[proc.stdout.index("{"):])
+    job = re.search(r"Granted job allocation (\d+)", proc.stderr)
+    assert job, proc.stderr[-2000:]
+    return json.loads(proc.stdout[proc.stdout.index("{"):]), job.group(1)
 
 
 def suspects(result: dict) -> list[tuple[str, list[str]]]:
@@ -157,11 +164,14 @@ def test_pairwise_outside_slurm_with_an_agent_per_node(healed):
     assert not no_ranks_left(healed)
 
 
-def leftovers(before: set[str]) -> list[str]:
-    """torchelastic_* / mleng-ranks-* folders in the nodes' /tmp (shared with the host here) made since `before`."""
+def leftovers(before: set[str], job: str) -> list[str]:
+    """torchelastic_* / mleng-ranks-* folders in the nodes' /tmp (shared with the host, and with every other
+    run on it) made since `before` by this job's torchruns: torchelastic names its run folder inside
+    `<rendezvous id>_*`, and the rendezvous id is the job id (tools/shared/slurm.py)."""
     import glob
 
-    return sorted(set(glob.glob("/tmp/torchelastic_*") + glob.glob("/tmp/mleng-ranks-*")) - before)
+    new = set(glob.glob("/tmp/torchelastic_*") + glob.glob("/tmp/mleng-ranks-*")) - before
+    return sorted(d for d in new if glob.glob(f"{d}/{job}_*") + glob.glob(f"{d}/torchelastic_*/{job}_*"))
 
 
 def tmp_snapshot() -> set[str]:
@@ -170,23 +180,20 @@ def tmp_snapshot() -> set[str]:
     return set(glob.glob("/tmp/torchelastic_*") + glob.glob("/tmp/mleng-ranks-*"))
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "passed on the cluster when written (mln8 only, 5 rounds, 121 s), failed once at the end of 2026-12-01 "
-    "while another test run shared the host and its /tmp (the leftover check sees other runs' folders; cause "
-    "not confirmed): open in issue 24"))
 def test_bisect_names_the_unreachable_node_when_it_is_last_in_the_list(healed):
     """Review F1 (2c): mln8 down; its pad was a lower-numbered good node, SLURM made that node task 0 (the
     store host) while everyone dialled mln8, and healthy mln7 was named beside mln8 (6 runs of 6)."""
     healed.on_node("mln8", "ip", "link", "set", "eth0", "down")
     before = tmp_snapshot()
     try:
-        result = bench(healed, "mln[1-8]", "--pattern", "bisect", "--group-deadline-s", "120", timeout=1400)
+        result, job = bench_in_job(healed, "mln[1-8]", "--pattern", "bisect", "--group-deadline-s", "120",
+                                   timeout=1400)
     finally:
         healed.on_node("mln8", "ip", "link", "set", "eth0", "up")
     assert suspects(result) == [("node", ["mln8"])], result["isolation"]["suspects"]
     assert "twice" in result["isolation"]["suspects"][0]["evidence"]
     assert not no_ranks_left(healed)
-    assert not leftovers(before)  # every srun task's torchelastic_* went with its scratch TMPDIR
+    assert not leftovers(before, job)  # every srun task's torchelastic_* went with its scratch TMPDIR
 
 
 def test_bisect_names_a_dropped_link_as_a_link(healed):

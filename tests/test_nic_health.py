@@ -291,3 +291,49 @@ def test_ibdiagnet_lines_with_the_logs_error_prefix_read_the_same():
     lines = (TEXTS / "ibdiagnet_pm_rose_ncar.txt").read_text().splitlines()
     result = pasted("\n".join("-E- " + line for line in lines))
     assert [f.subject for f in result.fabric] == ["Se41d2d03004bcfb0/Ne41d2d03004bcfb0/P20", "r9i1n24/U1/P1"]
+
+
+# Each GPU's closest NIC (the PCIe path, as nvidia-smi topo -m names it), on a sysfs-shaped tree.
+
+def _pci(root: Path, path: str, numa: int) -> str:
+    dev = root / "devices" / path
+    dev.mkdir(parents=True, exist_ok=True)
+    (dev / "numa_node").write_text(f"{numa}\n")
+    pci = path.rsplit("/", 1)[1]
+    (root / "bus/pci/devices").mkdir(parents=True, exist_ok=True)
+    os.symlink(dev, root / "bus/pci/devices" / pci)
+    return pci
+
+
+def _rdma(root: Path, name: str, pci: str) -> None:
+    port = root / "class/infiniband" / name / "ports/1"
+    port.mkdir(parents=True)
+    os.symlink(root / "bus/pci/devices" / pci, root / "class/infiniband" / name / "device")
+    (port / "state").write_text("4: ACTIVE\n")
+    (port / "link_layer").write_text("InfiniBand\n")
+
+
+def test_each_gpu_is_given_its_closest_nic_and_a_far_one_is_said(tmp_path, monkeypatch):
+    """Two sockets: GPU 0 and mlx5_0 under one PCIe switch, GPU 1 and mlx5_1 under another root on NUMA 1.
+    Each GPU's closest NIC is its own (PIX); with mlx5_1 gone, GPU 1's closest is across the sockets (SYS)."""
+    gpu0 = _pci(tmp_path, "pci0000:00/0000:00:01.0/0000:01:00.0/0000:02:00.0/0000:03:00.0", 0)
+    nic0 = _pci(tmp_path, "pci0000:00/0000:00:01.0/0000:01:00.0/0000:02:01.0/0000:04:00.0", 0)
+    gpu1 = _pci(tmp_path, "pci0000:80/0000:80:01.0/0000:81:00.0/0000:82:00.0/0000:83:00.0", 1)
+    nic1 = _pci(tmp_path, "pci0000:80/0000:80:01.0/0000:81:00.0/0000:82:01.0/0000:84:00.0", 1)
+    _rdma(tmp_path, "mlx5_0", nic0)
+    _rdma(tmp_path, "mlx5_1", nic1)
+    monkeypatch.setattr(topology, "SYSFS", tmp_path)
+    fake_nvml = type(sys)("pynvml")
+    fake_nvml.nvmlInit = fake_nvml.nvmlShutdown = lambda: None
+    monkeypatch.setitem(sys.modules, "pynvml", fake_nvml)
+    gpus = [topology.GpuInfo(index=0, name="H100", pci=gpu0, numa_node=0),
+            topology.GpuInfo(index=1, name="H100", pci=gpu1, numa_node=1)]
+    monkeypatch.setattr(topology, "nvml_gpus", lambda nv: (gpus, []))
+    from tools.nic_health import sample
+
+    assert [(a.gpu, a.nic, a.path) for a in sample.affinity()] == [(0, "mlx5_0", "PIX"), (1, "mlx5_1", "PIX")]
+    shutil.rmtree(tmp_path / "class/infiniband/mlx5_1")
+    far = sample.affinity()
+    assert [(a.gpu, a.nic, a.path) for a in far] == [(0, "mlx5_0", "PIX"), (1, "mlx5_0", "SYS")]
+    findings = nic_health.summarise([], [], far, [], 0.0).findings
+    assert "GPU 1 -> mlx5_0: SYS." in findings and not any(f.startswith("GPU 0 ->") for f in findings)

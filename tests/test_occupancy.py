@@ -5,7 +5,8 @@ import subprocess
 import sys
 import time
 
-from tools.shared.occupancy import FREE_CORES_NEEDED, CpuWatch, Occupancy, cpu_busy_reasons, gpu_occupancy
+from tools.shared.occupancy import (FREE_CORES_NEEDED, CpuWatch, Occupancy, cpu_busy_reasons, gpu_occupancy,
+                                    limit_bound_share)
 
 
 def test_cpu_busy_when_others_leave_less_than_most_of_a_core():
@@ -108,3 +109,37 @@ def test_an_idle_holder_of_gpu_memory_is_not_a_cotenant(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", FakeNvmlWithSamples([1], [99], {1: 97}))  # a real co-tenant
     busy = occ.gpu_occupancy(count_utilisation=False)
     assert busy.busy and [h.pid for h in busy.holders] == [1]
+
+
+def test_a_process_of_ours_that_ends_inside_the_window_is_not_others_load():
+    """Namespace cluster: the quota-capped node's probe outlived the other nodes' sweep processes; their
+    whole lifetime's CPU (torch imports) was subtracted from ours, and the capped node read "busy"."""
+    import psutil
+
+    ours = subprocess.Popen([sys.executable, "-c", "import time\nt = time.process_time()\n"
+                             "while time.process_time() - t < 1.5: pass\nprint('burnt', flush=True)\ntime.sleep(0.6)"],
+                            stdout=subprocess.PIPE, text=True)
+    import threading
+
+    assert ours.stdout.readline() == "burnt\n"   # 1.5 CPU-seconds used before the window; it ends inside it
+    reaper = threading.Thread(target=ours.communicate)   # reaped as it ends, as slurmstepd reaps a node's processes
+    reaper.start()
+    try:
+        host0, t0 = psutil.cpu_times(), time.monotonic()
+        with CpuWatch(ours=lambda proc: proc.pid == ours.pid) as watch:
+            time.sleep(1.5)
+        host1, wall = psutil.cpu_times(), time.monotonic() - t0
+    finally:
+        ours.kill()
+        reaper.join()
+    busy = lambda t: sum(t) - t.idle - getattr(t, "iowait", 0.0)  # noqa: E731
+    host_cores = (busy(host1) - busy(host0)) / wall
+    # Before the fix others read host + 1.5 CPU-s / 1.5 s: a core more than the whole host did.
+    assert watch.occupancy.others_cpu_cores <= host_cores + 0.1, (watch.occupancy, host_cores)
+
+
+def test_the_largest_throttled_share_of_our_cgroup_or_one_above_it():
+    before = {"/a/cpu.stat": (100, 0), "/a/b/cpu.stat": (100, 10)}
+    after = {"/a/cpu.stat": (200, 80), "/a/b/cpu.stat": (200, 20), "/new/cpu.stat": (5, 5)}
+    assert limit_bound_share(before, after) == 0.8          # the quota on the parent bound, not the child's
+    assert limit_bound_share(before, before) is None        # no period ran: nothing to say

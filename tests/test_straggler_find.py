@@ -20,8 +20,9 @@ from tools.engine.processes import kill_tree, torchrun_command
 from tools.engine.spec import ToolFailure
 from tools.shared import pyspy
 from tools.straggler_find.classify import stack_class
+from tools.straggler_find import flight
 from tools.straggler_find.judge import Rules, judge
-from tools.straggler_find.models import GpuSample, NodeReport, NodeSample, RankSample
+from tools.straggler_find.models import FlightRank, GpuSample, NodeReport, NodeSample, RankSample
 from tools.straggler_find.node import parse_raw
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -51,12 +52,12 @@ def ptrace_ok():
         pytest.skip(f"py-spy cannot attach here: {err.strip()[:200]}")
 
 
-def _start(tmp_path, *args, steps=100000, name="job"):
+def _start(tmp_path, *args, steps=100000, name="job", env=None):
     """torchrun --standalone with 3 ranks of the workload; returns (torchrun process, its log path)."""
     cmd = torchrun_command("straggler_workload", 3, ["--steps", str(steps), *args])
     log = tmp_path / f"{name}.log"
     proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True,
-                            env=dict(os.environ, PYTHONPATH=str(WORKLOAD.parent)))
+                            env=dict(os.environ, PYTHONPATH=str(WORKLOAD.parent), **(env or {})))
     deadline = time.monotonic() + 120
     while "step 5 " not in log.read_text() and time.monotonic() < deadline:
         assert proc.poll() is None, log.read_text()[-2000:]
@@ -71,9 +72,12 @@ def _result_line(log: Path) -> str:
 def test_slow_loader_rank_is_named_for_data_loading_and_the_job_is_untouched(ptrace_ok, tmp_path):
     slow = ("--slow-loader-rank", "2", "--loader-sleep-s", "0.1")
     alone, alone_log = _start(tmp_path, *slow, steps=200, name="alone")      # never watched: the reference result
-    proc, log = _start(tmp_path, *slow, steps=200, name="watched")
+    # The watched job also writes its flight recorder every 10 steps, read as a second witness; a relative
+    # prefix (the ranks' working directory) as jobs often give it.
+    proc, log = _start(tmp_path, *slow, "--fr-dump-every", "10", steps=200, name="watched",
+                       env={"TORCH_FR_DUMP_TEMP_FILE": "fr_rank_"})
     try:
-        result, rows = _run(launcher_pid=proc.pid, window_s=6)
+        result, rows = _run(launcher_pid=proc.pid, window_s=6, rate_hz=10)
         assert proc.poll() is None, "the job must keep running while it is sampled"
         assert proc.wait(timeout=200) == 0 and alone.wait(timeout=60) == 0
     finally:
@@ -82,9 +86,13 @@ def test_slow_loader_rank_is_named_for_data_loading_and_the_job_is_untouched(ptr
     assert result.verdict == "warn" and [s.rank for s in result.stragglers] == [2], result.findings
     s = result.stragglers[0]
     assert s.reason == "data_loading" and "load_batch" in " ".join(s.evidence)
+    fr = next(e for e in s.evidence if e.startswith("flight recorder"))    # its collectives issued ~0.1 s late
+    late = {r.rank: r.fr_late_ms for r in result.ranks}
+    assert late[2] > 50 and late[2] > 5 * max(late[0], late[1]), (late, fr)
+    assert any(f.startswith("Flight recorder") and "rank 2 issued" in f for f in result.findings), result.findings
     assert s.others_wait_fraction > 0.3 and s.work_ratio > 1.5
     assert any("rank 2:" in m for m in rows), rows          # the per-node row streamed as progress
-    assert len(result.ranks) == 3 and all(r.samples >= 60 for r in result.ranks)
+    assert len(result.ranks) == 3 and all(r.samples >= 40 for r in result.ranks)   # 6 s at 10 Hz: 60
     assert _result_line(log) == _result_line(alone_log)      # sampling changed nothing in the job's arithmetic
     assert not [p for p in psutil.process_iter(["cmdline"]) if "py-spy" in " ".join(p.info["cmdline"] or [])]
 
@@ -93,12 +101,19 @@ def test_healthy_job_names_nobody(ptrace_ok, tmp_path):
     proc, _ = _start(tmp_path)
     try:
         ranks = [c.pid for c in psutil.Process(proc.pid).children()]
-        result, _ = _run(pids=ranks, window_s=10)
+        # 10 s at 10 Hz: the 100 samples a rank of the default 20 s at 5 Hz.
+        result, _ = _run(pids=ranks, window_s=10, rate_hz=10)
     finally:
         kill_tree(proc.pid)
-    assert result.stragglers == [], result.findings
+    assert result.stragglers == [], (result.findings, [(r.rank, r.part_fractions) for r in result.ranks])
     assert result.verdict in ("ok", "info") and result.spread_pct is not None
-    assert any(f.startswith("No straggler") or "communication-bound" in f for f in result.findings), result.findings
+    # On this shared 2-core host other sessions' processes deschedule a rank for seconds at a time: the healthy
+    # ranks' waiting shares then spread 20-25% (seen 1 run in 4), and "inconclusive" is the honest answer. It
+    # must say so only when the spread it states puts the threshold past the widest the rule answers at.
+    if any(f.startswith("Inconclusive") for f in result.findings):
+        assert result.threshold_pct > 100 * Rules.load().share.widest, (result.threshold_pct, result.findings)
+    else:
+        assert any(f.startswith("No straggler") or "communication-bound" in f for f in result.findings), result.findings
 
 
 def test_bad_targets_are_clear_answers(ptrace_ok):
@@ -186,3 +201,55 @@ def test_stack_classes_and_py_spy_raw_parsing():
     assert stack_class([("load_state_dict", "/j/m.py"), ("main", "/j/train.py")]) == "compute"
     assert stack_class([("synchronize", "/v/site-packages/torch/cuda/__init__.py")]) == "collective"
     assert stack_class([]) == "idle"
+
+
+# ---------------------------------------------------------------------------------------------------
+# The flight recorder as a second witness, on real dumps (tests/fixtures/flight_recorder: 4 gloo ranks)
+
+FR_FIXTURES = ROOT / "tests" / "fixtures" / "flight_recorder"
+
+
+def _sleeper(tmp_path, rank: int):
+    """A live process whose environment names a dump prefix in tmp_path, as a rank's would."""
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], cwd=tmp_path,
+                            env=dict(os.environ, TORCH_FR_DUMP_TEMP_FILE=str(tmp_path / "fr_"), RANK=str(rank)))
+
+
+def test_flight_recorder_dumps_are_read_only_when_the_rank_wrote_them(tmp_path):
+    procs = [_sleeper(tmp_path, r) for r in range(4)]
+    try:
+        time.sleep(0.2)
+        for r in range(4):                             # written after the processes started, by their user
+            (tmp_path / f"fr_{r}").write_bytes((FR_FIXTURES / "healthy" / "pickle" / f"fr_{r}").read_bytes())
+        rows = [flight.read_rank(p.pid, r, "n1") for r, p in enumerate(procs)]
+        assert [len(f.entries) for f in rows] == [8, 8, 8, 8] and not any(f.error for f in rows)
+        lined = flight.line_up(rows)
+        assert lined["collectives"] == 8 and all(v["late_ms"] < 5 for v in lined["ranks"].values())
+        said = flight.finding(lined, rows)
+        assert len(said) == 1 and "no rank issues them last steadily" in said[0], said   # healthy: nobody named
+        os.utime(tmp_path / "fr_1", (1e9, 1e9))       # 2001: a previous run's file
+        os.chown(tmp_path / "fr_2", 65534, 65534)     # another user's file at the job's prefix
+        assert "older than the rank's process" in flight.read_rank(procs[1].pid, 1, "n1").error
+        assert "owned by uid 65534" in flight.read_rank(procs[2].pid, 2, "n1").error
+        (tmp_path / "fr_3").write_bytes(b"\x80\x04cos\nsystem\n.")     # a pickle that would run code
+        assert "unsafe" in flight.read_rank(procs[3].pid, 3, "n1").error
+        assert flight.read_rank(procs[0].pid, None, "n1") is None      # no rank number: no file name
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+def test_flight_recorder_lateness_names_the_last_rank_as_evidence():
+    def rank(r, late_ms, duration_ms=None):
+        entries = [("0", seq, seq * 10**9 + int(late_ms * 1e6), duration_ms) for seq in range(1, 51)]
+        return FlightRank(rank=r, host=f"n{r}", path="p", entries=entries)
+
+    dumps = [rank(0, 0.3, 120.0), rank(1, 0.0, 121.0), rank(2, 110.0, 9.0)]
+    lined = flight.line_up(dumps)
+    assert lined["ranks"][2]["last_share"] == 1.0 and lined["ranks"][2]["late_ms"] == 110.0
+    line = flight.evidence(2, lined)
+    assert "110.0 ms after the first rank" in line and "9.0 ms, the others' 120.5 ms" in line
+    assert "rank 2 issued 100% of them last" in flight.finding(lined, dumps)[0]
+    assert flight._entry({"collective_seq_id": True, "time_created_ns": 5}) is None      # bool is no number
+    assert flight._entry({"collective_seq_id": 3, "time_created_ns": 5, "is_p2p": True}) is None

@@ -77,3 +77,49 @@ def test_a_gpu_shared_with_a_co_tenant_is_named_with_its_holder():
     print(f"\nFIGURE straggler_find co-tenant: step {alone_ms:.1f} ms alone -> {shared_ms:.1f} ms shared; "
           f"GPU {gpu.index} serial {gpu.serial} util {gpu.utilization_median_pct}% SM {gpu.sm_clock_median_mhz} MHz; "
           f"named: {named[0].evidence[0]}")
+
+
+NCCL_TIMED = """
+import os, socket, time, torch, torch.distributed as dist
+dist.init_process_group("nccl", init_method="tcp://127.0.0.1:" + os.environ["FR_PORT"], rank=0, world_size=1)
+x = torch.ones(1 << 24, device="cuda")
+for _ in range(30):
+    dist.all_reduce(x)
+torch.cuda.synchronize()
+time.sleep(1)                               # the watchdog reads each collective's CUDA events
+c10d = torch._C._distributed_c10d
+dump = getattr(c10d, "_dump_nccl_trace", None) or c10d._dump_fr_trace
+prefix = os.environ["TORCH_FR_DUMP_TEMP_FILE"]
+with open(prefix + "0.tmp", "wb") as f:
+    f.write(dump(True, False, False))
+os.replace(prefix + "0.tmp", prefix + "0")
+print("dumped", flush=True)
+time.sleep(60)
+"""
+
+
+def test_flight_recorder_durations_are_read_from_a_real_nccl_dump(tmp_path):
+    """TORCH_NCCL_ENABLE_TIMING=1: the dump carries duration_ms per collective (CUDA events), which straggler_find
+    reads beside when each collective was issued. One GPU: one rank, so durations are read, not compared."""
+    pytest.importorskip("psutil")
+    import socket
+
+    from tools.straggler_find import flight
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**__import__("os").environ, "RANK": "0", "TORCH_NCCL_ENABLE_TIMING": "1", "FR_PORT": str(port),
+           "TORCH_FR_BUFFER_SIZE": "2000", "TORCH_FR_DUMP_TEMP_FILE": str(tmp_path / "fr_")}
+    proc = subprocess.Popen([sys.executable, "-c", NCCL_TIMED], stdout=subprocess.PIPE, text=True,
+                            start_new_session=True, env=env)
+    try:
+        assert proc.stdout.readline().strip() == "dumped"
+        row = flight.read_rank(proc.pid, 0, "gpu-host")
+    finally:
+        kill_tree(proc.pid)
+    assert row is not None and not row.error and len(row.entries) >= 30, row
+    durations = [d for (_, _, _, d) in row.entries if d is not None]
+    assert len(durations) >= 25 and all(d > 0 for d in durations), row.entries[-3:]
+    print(f"\nFIGURE straggler_find flight recorder: {len(durations)} of {len(row.entries)} NCCL all_reduce "
+          f"entries carry duration_ms, median {sorted(durations)[len(durations) // 2]:.3f} ms (64 MiB, 1 GPU)")

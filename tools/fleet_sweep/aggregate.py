@@ -18,7 +18,12 @@ Every figure is judged by the one rule (tools/shared/judging.py, knowledge/data/
   * a group whose healthy figures spread past the rule's widest threshold is "inconclusive", with the
     spread, and names no outlier;
   * a candidate goes on the drain list only when its check, re-run on that node (`confirm`), breaks
-    the rule again; a check that failed outright (not busy) or a node that did not answer is drained.
+    the rule again; a check that failed outright (not busy) or a node that did not answer is drained;
+  * a node whose own cgroup CPU quota throttled the probe in OWN_LIMIT_BINDS of the periods or more is a
+    failed check, drained with that evidence, when fewer than half the probed nodes are so limited (a
+    node configured apart from its peers); on half or more it is one fleet-wide finding. This needs no
+    median: on a host whose healthy figures spread too widely to judge (the namespace cluster under
+    load: 29% between healthy nodes) the quota is still seen, in the kernel's own counters.
 Memory and time are linear in the rows: fine at thousands of nodes (tested at 4096).
 """
 
@@ -30,6 +35,7 @@ from collections import defaultdict
 
 from ..engine.printable import shell_word
 from ..shared.judging import FigureRule, compare, is_inconclusive, relative_spread, rule_for, threshold
+from ..shared.occupancy import OWN_LIMIT_BINDS
 
 MIN_PEERS = 3
 RULES = ("a figure is bad when worse than its group's fleet median (needs >= {peers} values) or its expected "
@@ -149,6 +155,13 @@ def version_drift(versions_by_node: dict[str, dict]) -> list[dict]:
     return drift
 
 
+def own_cpu_limits(rows: list[dict]) -> tuple[list[dict], list[dict]]:
+    """(rows of nodes limited apart from their peers: failed checks, rows of a fleet-wide limit: one finding)."""
+    probed = [r for r in rows if r["check"] == "cpu_probe"]
+    limited = [r for r in probed if (r.get("own_cpu_limit_bound") or 0) >= OWN_LIMIT_BINDS]
+    return (limited, []) if 2 * len(limited) < len(probed) else ([], limited)
+
+
 def drain_command(node: str, reason: str) -> str:
     """The scontrol line an operator can run to drain the node (fleet_sweep never runs it)."""
     return f"scontrol update nodename={shell_word(node)} state=drain reason={shell_word('fleet_sweep: ' + reason[:200])}"
@@ -212,7 +225,8 @@ def aggregate(rows: list[dict], expected_nodes: list[str], planned: dict[str, li
     outliers = find_outliers(figures, stats, {(g["figure"], g["group"]) for g in gates})
     confirm_outliers(outliers, confirm_rows, stats)
     busy = [r for r in rows if is_busy(r)]
-    failed = [r for r in rows if r.get("verdict") == "fail" and not is_busy(r)]
+    limited_apart, limited_fleet = own_cpu_limits(rows)
+    failed = [r for r in rows if (r.get("verdict") == "fail" or r in limited_apart) and not is_busy(r)]
     versions: dict[str, dict] = {}
     inventories: dict[str, dict] = {}
     for r in rows:
@@ -223,4 +237,5 @@ def aggregate(rows: list[dict], expected_nodes: list[str], planned: dict[str, li
     return {"stats": stats, "outliers": outliers, "fleet_below_expected": gates, "busy": busy,
             "drift": version_drift(versions), "inventory_drift": version_drift(inventories),
             "failed": failed, "missing": missing, "drain": drain_list(outliers, failed, missing),
+            "cpu_limited_fleet": sorted(r["node"] for r in limited_fleet),
             "rule": RULES.format(peers=MIN_PEERS) + (f"; margin overridden to {margin_pct:g}%" if margin_pct else "")}

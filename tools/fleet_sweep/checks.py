@@ -144,6 +144,8 @@ def check_gpu_health() -> dict:
 
 
 def check_cpu_probe() -> dict:
+    import torch  # noqa: F401  (about 3 CPU-seconds: imported before the window, which is the measurement only)
+
     from .cpu_probe import SWEEP, measure
 
     with CpuWatch(is_sweep_process) as watch:
@@ -155,6 +157,7 @@ def check_cpu_probe() -> dict:
     if watch.own_limit_bound is not None and watch.own_limit_bound >= 0.05:
         row["problems"].append(f"this node's own CPU limit (cgroup quota) bound in {watch.own_limit_bound:.0%} of "
                                "scheduler periods while it measured")
+        row["own_cpu_limit_bound"] = round(watch.own_limit_bound, 3)
     return row
 
 

@@ -90,6 +90,9 @@ def findings_for(agg: dict, total: int, complete: int, wall_s: float, deadline_s
     groups = sorted({(s["figure"].split(".")[0], s["group"]) for s in agg["stats"].values() if s["group"]})
     if groups:
         lines.append("Compared within groups: " + "; ".join(f"{c} [{g}]" for c, g in groups) + ".")
+    if agg["cpu_limited_fleet"]:
+        lines.append(f"CPU LIMIT ON MOST NODES: the probe's own cgroup quota bound on {len(agg['cpu_limited_fleet'])} "
+                     f"node(s) ({', '.join(agg['cpu_limited_fleet'][:5])}): a configuration of the fleet, not one node.")
     lines += [drift_sentence(d) for d in agg["drift"]]
     lines += ["Inventory " + drift_sentence(d)[len("Version "):] for d in agg["inventory_drift"]]
     if agg["drain"]:

@@ -11,7 +11,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .dumps import RankDump, load_dump
+from .dumps import RankDump
+from ..shared.flight_recorder import load_dump
 
 
 def _pg_config_usable(raw: dict) -> bool:

@@ -64,9 +64,10 @@ def _diagnose(outcome: LaunchOutcome, timeout_s: float) -> tuple[list[int], list
     if frozen:
         newest = max(s.last_beat for s in states if s.last_beat)
         for s in frozen:
-            findings.append(f"{s.where()} stopped sending heartbeats {newest - s.last_beat:.0f} s before the other "
-                            f"ranks, which kept running, in stage {s.stage}: the process was frozen (SIGSTOP, a cgroup "
-                            "freezer, or its node stalled), not waiting on a peer. The others waited for it.")
+            start, end = silence(s, newest)
+            findings.append(f"{s.where()} sent no heartbeat for {end - start:.0f} s while the other ranks kept "
+                            f"running, in stage {s.stage}: the process was frozen (SIGSTOP, a cgroup freezer, or its "
+                            "node stalled), not waiting on a peer. The others waited for it.")
             culprits.append(s.rank)
         return culprits, findings + _bystanders(states, culprits)
 
@@ -110,7 +111,8 @@ def _diagnose(outcome: LaunchOutcome, timeout_s: float) -> tuple[list[int], list
 
 
 def frozen_ranks(states: list[RankState]) -> list[RankState]:
-    """Ranks that did not finish and whose heartbeats stopped FROZEN_GAP_S or more before another rank's last."""
+    """Ranks that did not finish and whose beats stopped for FROZEN_GAP_S or more while another rank kept
+    beating (the launcher's own stall silences every rank at once: then nobody is frozen)."""
     beats = [s.last_beat for s in states if s.last_beat is not None]
     if len(beats) < 2:
         return []
@@ -120,7 +122,28 @@ def frozen_ranks(states: list[RankState]) -> list[RankState]:
     # wait then times out at once; seen on the namespace cluster)
     return [s for s in states if s.status != "done" and s.exitcode in (None, -9, -15, 137, 143)
             and (s.status != "error" or "timed out" in (s.error or "").lower() or "timeout" in (s.error or "").lower())
-            and s.last_beat is not None and newest - s.last_beat >= FROZEN_GAP_S]
+            and (gap := silence(s, newest)) and gap[1] - gap[0] >= FROZEN_GAP_S
+            and any(_beat_through(other, gap, newest) for other in states if other is not s)]
+
+
+def silence(s: RankState, newest: float) -> tuple[float, float] | None:
+    """The rank's longest stretch without a beat: between two beats, or from its last beat to the newest
+    beat of any rank (frozen to the end)."""
+    if s.last_beat is None:
+        return None
+    gaps = [(s.last_beat, newest)] + ([s.longest_silence] if s.longest_silence else [])
+    return max(gaps, key=lambda g: g[1] - g[0])
+
+
+def _beat_through(other: RankState, gap: tuple[float, float], newest: float) -> bool:
+    """`other` beat before the gap began and after it ended, and was never silent half as long."""
+    if other.last_beat is None:
+        return False
+    first = other.first_beat if other.first_beat is not None else other.last_beat
+    own = silence(other, newest)
+    slack = 2 * HEARTBEAT_S
+    return first <= gap[0] + slack and other.last_beat >= gap[1] - slack \
+        and (own is None or own[1] - own[0] < (gap[1] - gap[0]) / 2)
 
 
 def _peer_went_away(error: str | None) -> bool:

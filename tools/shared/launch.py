@@ -47,6 +47,10 @@ class RankState:
     exitcode: int | None = None
     stage_seconds: dict = field(default_factory=dict)
     last_beat: float | None = None   # launcher's monotonic clock when its last heartbeat arrived
+    first_beat: float | None = None
+    # (from, to) on the same clock: the longest gap between two of its beats. A frozen rank that SLURM thaws
+    # (SIGCONT before it ends a step) beats again at once, so its last beat alone no longer shows the freeze.
+    longest_silence: tuple[float, float] | None = None
 
     def where(self) -> str:
         return f"rank {self.rank} ({self.host or 'unknown host'}, pid {self.pid or '?'})"
@@ -108,7 +112,12 @@ def apply_event(ranks: dict[int, RankState], event: dict) -> None:
     state.host, state.local_rank, state.pid = event.get("host"), event.get("local_rank"), event.get("pid")
     kind, t = event["ev"], float(event.get("t", time.time()))
     if kind == "beat":  # alive, nothing more: its stage and status stay as they were
-        state.last_beat = time.monotonic()
+        now = time.monotonic()
+        if state.last_beat is not None and (state.longest_silence is None
+                                            or now - state.last_beat > state.longest_silence[1] - state.longest_silence[0]):
+            state.longest_silence = (state.last_beat, now)
+        state.first_beat = state.first_beat if state.first_beat is not None else now
+        state.last_beat = now
         return
     if state.status == "not_started":
         state.status, state.stage_entered_t = "running", t

@@ -10,7 +10,8 @@ with its holders, kept out of medians and outliers, and never a drain reason.
   an idle holder of memory is not a co-tenant), and the device's utilisation before we start. Without
   NVML: no GPU.
 - CPU: others' CPU time over the measuring window = the host's busy time (psutil.cpu_times) minus
-  ours; busy when it leaves less than FREE_CORES_NEEDED of a core for a single-thread probe.
+  ours (read per process, CpuWatch); busy when it leaves less than FREE_CORES_NEEDED of a core for a
+  single-thread probe, unless our own cgroup's quota bound (then the limit, not others, set the pace).
   Memory pressure: /proc/pressure/memory "some avg10" (Linux PSI) above MEMORY_PRESSURE_PCT.
 Process names, users and command lines of other processes are read for display and are untrusted:
 they only ever make a figure "busy" (not judged), never a culprit.
@@ -19,6 +20,7 @@ they only ever make a figure "busy" (not judged), never a culprit.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -30,6 +32,8 @@ FREE_CORES_NEEDED = 0.75     # a single-thread probe needs most of one core to i
 MEMORY_PRESSURE_PCT = 10.0   # PSI "some avg10": share of the last 10 s some task stalled on memory
 TOP_HOLDERS = 3              # the busiest other processes named when the CPU was busy
 HOLDER_MIN_CORES = 0.2       # ... each using at least this much of a core over the window
+SAMPLE_S = 0.5               # every process's CPU time is read this often (about 4 ms for 125 processes)
+OWN_LIMIT_BINDS = 0.5        # our cgroup throttled in this share of periods: its own quota set the pace
 
 
 @dataclass
@@ -165,28 +169,47 @@ def _memory_pressure_pct() -> float | None:
     return None
 
 
-def _cpu_stat_path() -> str | None:
-    """cpu.stat of this process's cgroup (v1 cpu controller, else v2)."""
+def _cpu_stat_paths() -> list[str]:
+    """cpu.stat of this process's cgroup and of each cgroup above it (v1 cpu controller, else v2): a quota
+    set on a parent (a SLURM node's or a container's cgroup, with the step in a child) throttles the parent."""
     try:
         with open("/proc/self/cgroup") as f:
             lines = [line.rstrip("\n").split(":", 2) for line in f]
     except OSError:
-        return None
-    for _, controllers, path in lines:
+        return []
+    root, path = None, None
+    for _, controllers, where in lines:
         if "cpu" in controllers.split(","):
-            return f"/sys/fs/cgroup/cpu{path.rstrip('/')}/cpu.stat"
-    v2 = [path for hid, _, path in lines if hid == "0"]
-    return f"/sys/fs/cgroup{v2[0].rstrip('/')}/cpu.stat" if v2 else None
+            root, path = "/sys/fs/cgroup/cpu", where
+    if root is None:
+        v2 = [where for hid, _, where in lines if hid == "0"]
+        root, path = ("/sys/fs/cgroup", v2[0]) if v2 else (None, None)
+    if root is None:
+        return []
+    parts = [p for p in path.split("/") if p]
+    return [f"{root}/{'/'.join(parts[:depth])}/cpu.stat".replace("//", "/") for depth in range(len(parts), -1, -1)]
 
 
-def _throttle_counts(path: str | None) -> tuple[int, int] | None:
-    """(CFS periods, periods throttled) of our cgroup so far; None without a CPU limit to read."""
+def _throttle_counts(path: str) -> tuple[int, int] | None:
+    """(CFS periods, periods throttled) of one cgroup so far; None without a CPU limit to read."""
     try:
-        with open(path or "") as f:
+        with open(path) as f:
             stat = dict(line.split() for line in f if line.strip())
         return int(stat["nr_periods"]), int(stat["nr_throttled"])
     except (OSError, KeyError, ValueError):
         return None
+
+
+def _throttle_snapshot(paths: list[str]) -> dict[str, tuple[int, int]]:
+    return {path: counts for path in paths if (counts := _throttle_counts(path))}
+
+
+def limit_bound_share(before: dict[str, tuple[int, int]], after: dict[str, tuple[int, int]]) -> float | None:
+    """The largest share of CFS periods in which a cgroup of ours (or one above it) was throttled between
+    two snapshots; None where no such cgroup ran a limited period."""
+    shares = [(a[1] - b[1]) / (a[0] - b[0]) for path, a in after.items()
+              if (b := before.get(path)) and a[0] > b[0]]
+    return max(shares) if shares else None
 
 
 def cpu_busy_reasons(others_cores: float, cpus: int, memory_pressure_pct: float | None) -> list[str]:
@@ -200,27 +223,53 @@ def cpu_busy_reasons(others_cores: float, cpus: int, memory_pressure_pct: float 
 
 
 class CpuWatch:
-    """Others' CPU use over a with-block: `with CpuWatch(ours) as w: measure()`, then `w.occupancy`."""
+    """Others' CPU use over a with-block: `with CpuWatch(ours) as w: measure()`, then `w.occupancy`.
+
+    Others' CPU = the host's busy time minus ours, where ours is read per process every SAMPLE_S: a process
+    of ours that ends inside the window keeps the CPU it used up to its last read. (Reading ours only at both
+    ends counted an ended process's whole lifetime as others' load: on the namespace cluster the slowest,
+    quota-capped node's probe outlived the other nodes' sweep processes, and their torch imports made it
+    "busy".) When this node's own cgroup quota bound in OWN_LIMIT_BINDS of the scheduler periods or more,
+    the cgroup got all the CPU its limit allows: the limit set the pace, not others, and the figure is
+    judged (the check reports the limit as the node's problem)."""
 
     def __init__(self, ours: Callable[[object], bool] | None = None):
         self.ours = ours
         self.occupancy = Occupancy()
         self.own_limit_bound: float | None = None   # share of CFS periods our cgroup's CPU limit bound
+        self._first: dict[int, float] = {}            # pid -> CPU seconds when first read in the window
+        self._last: dict[int, tuple[float, str, str | None]] = {}   # pid -> (CPU seconds, name, user) last read
+        self._mine: set[int] = set()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
 
-    def _snapshot(self) -> tuple[float, dict[int, tuple[float, str, str | None]]]:
-        """(CPU seconds of ours, {pid: (CPU seconds, name, user)} of every other process)."""
+    def _sample(self, at_start: bool = False) -> None:
         import psutil
 
-        mine, ours_s, others = _own_pids(self.ours), 0.0, {}
-        for proc in psutil.process_iter(["name", "username", "cpu_times"]):
+        for proc in psutil.process_iter(["name", "username", "cpu_times", "ppid"]):
             t = proc.info.get("cpu_times")
             if t is None:
                 continue
-            if proc.pid in mine:
-                ours_s += t.user + t.system
-            else:
-                others[proc.pid] = (t.user + t.system, proc.info.get("name") or "?", proc.info.get("username"))
-        return ours_s, others
+            cpu, pid = t.user + t.system, proc.pid
+            with self._lock:
+                if pid not in self._first:
+                    # born inside the window: all its CPU time is the window's
+                    self._first[pid] = cpu if at_start else 0.0
+                    if not at_start and self._is_ours(proc):
+                        self._mine.add(pid)
+                self._last[pid] = (cpu, proc.info.get("name") or "?", proc.info.get("username"))
+
+    def _is_ours(self, proc) -> bool:
+        import psutil
+
+        try:
+            return proc.info.get("ppid") in self._mine or bool(self.ours and self.ours(proc))
+        except (psutil.Error, OSError):
+            return False
+
+    def _sampler(self) -> None:
+        while not self._stop.wait(SAMPLE_S):
+            self._sample()
 
     @staticmethod
     def _host_busy_s() -> float:
@@ -230,29 +279,33 @@ class CpuWatch:
         return sum(t) - t.idle - getattr(t, "iowait", 0.0)
 
     def __enter__(self) -> CpuWatch:
-        self.stat_path = _cpu_stat_path()
-        self.throttle0 = _throttle_counts(self.stat_path)
+        self.stat_paths = _cpu_stat_paths()
+        self.throttle0 = _throttle_snapshot(self.stat_paths)
         self.t0, self.host0 = time.monotonic(), self._host_busy_s()
-        self.ours0, self.others0 = self._snapshot()
+        self._mine = _own_pids(self.ours)
+        self._sample(at_start=True)
+        self._thread = threading.Thread(target=self._sampler, name="mleng-cpuwatch", daemon=True)
+        self._thread.start()
         return self
 
     def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._mine |= _own_pids(self.ours)
+        self._sample()
         wall = max(time.monotonic() - self.t0, 1e-3)
-        ours1, others1 = self._snapshot()
-        host, ours = self._host_busy_s() - self.host0, ours1 - self.ours0
-        used = sorted(((cpu - self.others0[pid][0], pid, name, user) for pid, (cpu, name, user) in others1.items()
-                       if pid in self.others0), reverse=True)
-        holders = [Holder(pid=pid, name=name, user=user) for cpu_s, pid, name, user in used[:TOP_HOLDERS]
-                   if cpu_s / wall >= HOLDER_MIN_CORES]
+        host = self._host_busy_s() - self.host0
+        used = {pid: last[0] - self._first[pid] for pid, last in self._last.items()}
+        ours = sum(cpu_s for pid, cpu_s in used.items() if pid in self._mine)
+        busiest = sorted(((cpu_s, pid) for pid, cpu_s in used.items() if pid not in self._mine), reverse=True)
+        holders = [Holder(pid=pid, name=self._last[pid][1], user=self._last[pid][2])
+                   for cpu_s, pid in busiest[:TOP_HOLDERS] if cpu_s / wall >= HOLDER_MIN_CORES]
         cpus = os.cpu_count() or 1
         others = max(0.0, (host - ours) / wall)
         pressure = _memory_pressure_pct()
-        throttle1 = _throttle_counts(self.stat_path)
-        if self.throttle0 and throttle1 and throttle1[0] > self.throttle0[0]:
-            self.own_limit_bound = (throttle1[1] - self.throttle0[1]) / (throttle1[0] - self.throttle0[0])
-        # Our own cgroup's CPU limit binding is evidence the caller reports (own_limit_bound); it does not
-        # clear a busy host: with others on the cores, the limit and the sharing cannot be told apart.
-        reasons = cpu_busy_reasons(others, cpus, pressure)
+        self.own_limit_bound = limit_bound_share(self.throttle0, _throttle_snapshot(self.stat_paths))
+        limited = self.own_limit_bound is not None and self.own_limit_bound >= OWN_LIMIT_BINDS
+        reasons = cpu_busy_reasons(0.0 if limited else others, cpus, pressure)
         self.occupancy = Occupancy(busy=bool(reasons), why="; ".join(reasons), holders=holders if reasons else [],
                                    others_cpu_cores=round(others, 2),
                                    cpus=cpus, memory_pressure_pct=pressure)

@@ -1,6 +1,6 @@
 """straggler_find — the rank that holds a RUNNING job back, its host and GPU, and why; the job untouched.
 
-For a window (default 20 s) every rank's main-thread Python stack is sampled with py-spy (20 Hz), each
+For a window (default 20 s) every rank's main-thread Python stack is sampled with py-spy (5 Hz, never stopping the rank), each
 sample classed as waiting in a collective, loading data, copying to the device or computing; beside it
 each rank's CPU time, run-queue wait and cpu-cgroup throttling, each node's steal, load, memory
 pressure, TCP retransmits and shaped links, each GPU through NVML (clocks, power, heat, utilisation,
@@ -40,7 +40,7 @@ class StragglerFindParams(Params):
         "Rank pids here."))
     window_s: float = Field(20.0, ge=5, le=120, description=(
         "Longer separates a small straggler from noise."))
-    rate_hz: int = Field(20, ge=5, le=100, description="Samples/s per rank (py-spy pauses < 1 ms each).")
+    rate_hz: int = Field(5, ge=5, le=100, description="Samples/s per rank (~1 ms of node CPU each; not stopped).")
     log_paths: list[Annotated[str, Field(max_length=4096)]] = Field(default_factory=list, max_length=8, description=(
         "Job logs: last step-time lines quoted."))
 

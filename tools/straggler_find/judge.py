@@ -15,6 +15,7 @@ import math
 import statistics
 from dataclasses import dataclass, field
 
+from .flight import evidence as fr_evidence, finding as fr_finding, line_up as fr_line_up
 from .models import GpuSample, NodeReport, NodeSample, RankSample, Straggler
 from ..engine.data import load_data
 from ..shared.judging import FigureRule, deficit, is_inconclusive, relative_spread, rule_for, threshold
@@ -101,7 +102,25 @@ def judge(reports: list[NodeReport], rules: Rules) -> Judgement:
     for g in shared:
         if not any(s.gpu_serial == g.serial and s.host == g.host for s in out.stragglers):
             out.stragglers.append(_gpu_shared(g, ranks))
+    _flight_recorder(reports, out)
     return out
+
+
+def _flight_recorder(reports: list[NodeReport], out: Judgement) -> None:
+    """The job's own flight-recorder dumps, where it writes them: evidence beside the samples, never a verdict
+    alone (a dump covers the collectives before it was written, not the sampled window)."""
+    dumps = [f for rep in reports for f in rep.flight]
+    lined = fr_line_up(dumps)
+    for rep in reports:
+        for r in rep.ranks:
+            mine = lined.get("ranks", {}).get(r.rank) if r.rank is not None else None
+            if mine and mine["host"] == r.host:
+                r.fr_late_ms, r.fr_duration_ms = mine["late_ms"], mine["duration_ms"]
+    for s in out.stragglers:
+        line = fr_evidence(s.rank, lined)
+        if line:
+            s.evidence.append(line)
+    out.findings += fr_finding(lined, dumps)
 
 
 def _compare(ranks, nodes, gpus, rules: Rules, out: Judgement) -> None:

@@ -27,6 +27,21 @@ class RankSample(Record):
     gpu_index: int | None = Field(None, description="NVML index of the GPU the rank holds (from NVML's process list).")
     gpu_serial: str = Field("", description="That GPU's serial number.")
     error: str = Field("", description="Why this rank could not be sampled (py-spy attach, permissions, gone).")
+    fr_late_ms: float | None = Field(None, description=(
+        "From the job's flight-recorder dumps: median ms after the first rank that it issued each collective."))
+    fr_duration_ms: float | None = Field(None, description=(
+        "From the dumps, where the job set TORCH_NCCL_ENABLE_TIMING=1: median duration of its collectives, ms."))
+
+
+class FlightRank(Record):
+    """One rank's flight-recorder dump as its node read it (travels in the node's report, not in the answer)."""
+
+    rank: int = 0
+    host: str = ""
+    path: str = ""
+    written_at: float | None = None
+    entries: list[tuple[str, int, int, float | None]] = Field(default_factory=list)   # group, seq, issued ns, ms
+    error: str = ""
 
 
 class GpuSample(Record):
@@ -74,6 +89,7 @@ class NodeReport(Record):
     ranks: list[RankSample] = Field(default_factory=list)
     gpus: list[GpuSample] = Field(default_factory=list)
     node: NodeSample = Field(default_factory=NodeSample)
+    flight: list[FlightRank] = Field(default_factory=list)
 
 
 class Straggler(Record):

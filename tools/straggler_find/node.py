@@ -3,7 +3,16 @@
 Run by straggler_find in its own child (pids or a launcher on this node), or on every node of a SLURM
 job through `srun --overlap` as `python -m <package>.straggler_find.node '<json>'`, which prints one
 JSON line (a NodeReport). One `py-spy record` per rank samples its main thread at `rate_hz` for the
-window (the rank is paused for each read, well under a millisecond); nothing else touches the ranks.
+window; nothing else touches the ranks.
+
+What the sampling costs, and why it is set so (figures: docs/benchmarks.md, straggler_find): a py-spy
+sample of a torch rank costs ~1 ms of CPU, almost all of it per sample (starting py-spy is ~20 ms), and
+in py-spy's default mode the rank is stopped for that millisecond. So samples are read with
+`--nonblocking` (the rank is never stopped: a read that races the rank is dropped or, rarely, a torn
+stack, noise far below the verdict's 30% margin), at 5 Hz by default (100 samples a rank in 20 s:
+enough for shares judged at a 30% margin). py-spy is NOT niced: it shares the rank's CPU cgroup (the
+job's, under srun), and at nice 10 inside a cgroup capped at 5% of a CPU it read a biased picture: the
+starved rank was named for data loading instead of CPU (namespace cluster, 2026-12-01; at nice 0, CPU).
 """
 
 import json
@@ -21,6 +30,7 @@ from pathlib import Path
 
 from .probes import mem_available_fraction, psi_some_avg10, read, snapshot_node, snapshot_rank
 from .classify import CLASSES, stack_class
+from .flight import read_rank
 from .gpus import GpuWatch
 from .models import NodeReport, NodeSample, RankSample
 from ..shared import nccl_ras
@@ -72,7 +82,7 @@ PARTS = 3      # the window is sampled in consecutive thirds: a straggler must s
 def record_part(pid: int, seconds: int, rate_hz: int, out: Path) -> tuple[Counter | None, str]:
     """One consecutive stretch of samples of one rank; (stacks, error)."""
     cmd = [py_spy_path(), "record", "--pid", str(pid), "--rate", str(rate_hz), "--duration", str(seconds),
-           "--format", "raw", "--output", str(out), "--threads", "--idle", "--full-filenames"]
+        "--format", "raw", "--output", str(out), "--threads", "--idle", "--full-filenames", "--nonblocking"]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 30,
                               env=dict(os.environ, RUST_BACKTRACE="0"))
@@ -181,7 +191,7 @@ def _ncclras() -> list[str]:
 def sample_node(spec: dict, progress=None) -> NodeReport:
     """Sample this node's ranks for spec['window_s'] seconds."""
     host = socket.gethostname()
-    window_s, rate_hz = float(spec.get("window_s", 20)), int(spec.get("rate_hz", 20))
+    window_s, rate_hz = float(spec.get("window_s", 20)), int(spec.get("rate_hz", 5))
     pids = find_ranks(spec)
     report = NodeReport(host=host)
     node_before = snapshot_node()
@@ -202,6 +212,7 @@ def sample_node(spec: dict, progress=None) -> NodeReport:
         stacks, error = results.get(p, (None, "not sampled"))
         report.ranks.append(_rank_sample(p, host, rank_before[p], after, min(elapsed, window_s + 5), stacks, error))
     report.node = _node_sample(host, node_before, node_after, elapsed)
+    report.flight = [f for f in (read_rank(r.pid, r.rank, host) for r in report.ranks) if f]
     report.node.nccl_ras = _ncclras()
     used = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
     report.node.sampler_cpu_s = round(sum(u.ru_utime + u.ru_stime for u in used), 2)
