@@ -32,8 +32,8 @@ from .shared.triage.core import LogTriageResult, triage_paths, triage_text
 
 
 class LogTriageParams(LogInputParams):
-    max_signatures: int = Field(12, ge=1, le=100, description="Report at most this many distinct signatures.")
-    evidence_lines: int = Field(3, ge=0, le=20, description="Matching lines kept per signature.")
+    max_signatures: int = Field(12, ge=1, le=100, description="Distinct signatures, at most.")
+    evidence_lines: int = Field(3, ge=0, le=20, description="Lines kept per signature.")
 
 
 

@@ -48,13 +48,13 @@ class MemoryBandwidthParams(Params):
         {"required": ["tests"],
          "properties": {"tests": {"items": {"enum": ["copy", "read", "write"]}}, "size_mib": {"maximum": 1024}}}]})
 
-    device: int | Literal["cpu"] = Field(0, description="GPU index, or 'cpu' (host copies, for tests: tests from copy/read/write, size_mib <= 1024).")
-    size_mib: int = Field(1024, ge=1, le=65536, description="Device buffer, MiB; far above the L2 cache.")
-    host_size_mib: int = Field(256, ge=1, le=16384, description="Host<->device transfer size, MiB.")
+    device: int | Literal["cpu"] = Field(0, description="GPU index, or 'cpu' (host copies, for tests).")
+    size_mib: int = Field(1024, ge=1, le=65536, description="Device buffer, far above L2.")
+    host_size_mib: int = Field(256, ge=1, le=16384, description="Host<->device transfer size.")
     tests: list[Literal["copy", "read", "write", "h2d", "d2h"]] = Field(
-        default_factory=lambda: list(TESTS), min_length=1, description="Which measurements to run.")
-    iterations: int = Field(20, ge=1, le=1000, description="Timed iterations per measurement.")
-    warmup: int = Field(3, ge=0, le=100, description="Untimed iterations before each measurement.")
+        default_factory=lambda: list(TESTS), min_length=1, description="Measurements to run.")
+    iterations: int = Field(20, ge=1, le=1000, description="Timed per test.")
+    warmup: int = Field(3, ge=0, le=100, description="Untimed per test.")
 
     @model_validator(mode="after")
     def _cpu_limits(self):

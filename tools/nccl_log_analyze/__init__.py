@@ -70,7 +70,7 @@ class NicInfo(Record):
 class NcclLogParams(LogInputParams):
     """paths: NCCL_DEBUG=INFO output, e.g. one file per process from NCCL_DEBUG_FILE, or a directory of them."""
 
-    max_ranks: int = Field(64, ge=0, le=100_000, description="List at most this many ranks in the result.")
+    max_ranks: int = Field(64, ge=0, le=100_000, description="Ranks listed, at most.")
 
 
 class NcclLogResult(Result):

@@ -45,10 +45,9 @@ class LogInputParams(Params):
     model_config = ConfigDict(json_schema_extra={"oneOf": [present("paths", minItems=1), present("text", minLength=1)]})
 
     paths: list[str] = Field(default_factory=list, max_length=64, description=(
-        "Log files, directories (recursive) or globs; .gz read through. Exactly one of paths / text."))
-    text: str | None = Field(None, max_length=50_000_000, description="Pasted log text instead of paths "
-                             "(exactly one of paths and text).")
-    max_files: int = Field(2000, ge=1, le=100_000, description="Read at most this many files.")
+        "Files, directories, globs (.gz read); or text."))
+    text: str | None = Field(None, max_length=50_000_000, description="Pasted log text instead of paths.")
+    max_files: int = Field(2000, ge=1, le=100_000, description="Files read, at most.")
 
     @model_validator(mode="after")
     def _one_input(self):
