@@ -152,7 +152,8 @@ def _guards(full, published, path=()):
                     yield from _guards(sub, published.get(key, {}).get(name, {}), path + (name,))
             elif key in published:
                 yield from _guards(value, published[key], path + (key,))
-            elif not isinstance(value, (dict, list)):
+            elif not isinstance(value, (dict, list)) and not (key in ("additionalProperties", "default")
+                                                              and value is False):   # said in the instructions
                 yield path, key, value
 
 
@@ -224,3 +225,30 @@ async def test_a_call_past_an_unpublished_guard_is_refused_over_mcp_and_ordinary
     assert refused.is_error and "host" in refused.content[0].text
     assert not ordinary.is_error
     assert on_node.is_error and "node" in on_node.content[0].text
+
+
+@pytest.mark.anyio
+async def test_what_the_instructions_say_once_holds_for_every_tool():
+    """No schema repeats additionalProperties: false or a boolean's default false; the validator still refuses
+    an unknown argument by name and a boolean left out is false; a SELF_EVIDENT field is published bare."""
+    from tools.engine.spec import SELF_EVIDENT
+
+    assert "a boolean left out is false" in INSTRUCTIONS and "unknown arguments are refused" in INSTRUCTIONS
+    bare = 0
+    for spec in registry().values():
+        schema = input_schema(spec)
+        assert "additionalProperties" not in schema, spec.name
+        for name, prop in schema["properties"].items():
+            info = spec.Params.model_fields.get(name)
+            if info is None:
+                continue
+            if prop.get("type") == "boolean" and "default" not in prop and info.default is not None:
+                assert info.default is False, f"{spec.name}.{name}"
+            if info.json_schema_extra == SELF_EVIDENT:
+                assert "description" not in prop and info.description, f"{spec.name}.{name}"
+                assert "x-self-evident" not in prop
+                bare += 1
+    assert bare >= 10
+    async with Client(build_server()) as c:
+        r = await c.call_tool("accelerator_specs", {"names": ["h100"], "no_such_argument": 1})
+    assert r.is_error and "no_such_argument" in r.content[0].text

@@ -22,7 +22,7 @@ from pydantic import ConfigDict, model_validator
 
 from .shared.planning import find_accelerator
 from .shared.transformer_math import MODEL_DESCRIBED, AttentionFlops, ModelParams, Recompute, flops_per_token
-from .engine.spec import Field, Progress, Result, ToolFailure, ToolSpec, needs, present
+from .engine.spec import SELF_EVIDENT, Field, Progress, Result, ToolFailure, ToolSpec, needs, present
 
 DTYPES = ("bf16", "fp16", "fp8", "tf32", "fp32")
 
@@ -43,7 +43,7 @@ class MfuParams(ModelParams):
     global_batch: int | None = Field(None, ge=1, le=1e9, description="Sequences per step, whole job.")
     samples_per_s: float | None = Field(None, gt=0, le=1e12, description="Sequences/s, seq_len tokens each.")
     achieved_tflops_per_gpu: float | None = Field(None, gt=0, le=1e6, description="As a framework printed.")
-    num_gpus: int = Field(1, ge=1, le=1_000_000, description="GPUs in the job.")
+    num_gpus: int = Field(1, ge=1, le=1_000_000, json_schema_extra=SELF_EVIDENT, description="GPUs in the job.")
     seq_len: int = Field(4096, ge=1, le=10_000_000, description="Tokens per sequence.")
     accelerator: str | None = Field(None, max_length=100, description="Default: this machine's GPU.")
     dtype: Literal["bf16", "fp16", "fp8", "tf32", "fp32"] = Field(

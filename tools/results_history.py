@@ -21,7 +21,7 @@ import datetime
 import statistics
 import time
 
-from .engine.spec import Field, Params, Record, Result, ToolFailure, ToolSpec
+from .engine.spec import SELF_EVIDENT, Field, Params, Record, Result, ToolFailure, ToolSpec
 from .engine.store import count, count_bad_times, history
 from .shared.judging import FigureRule, compare, is_inconclusive, relative_spread, rule_for
 
@@ -30,7 +30,7 @@ class ResultsHistoryParams(Params):
     tool: str = Field("", max_length=64, description="A tool name; empty: all.")
     host: str = Field("", max_length=255, description="Empty: all.")
     gpu: str = Field("", max_length=128, description="GPU name, UUID or serial contains this.")
-    since_days: float = Field(90, gt=0, le=3650, description="Last N days.")
+    since_days: float = Field(90, gt=0, le=3650, json_schema_extra=SELF_EVIDENT, description="Last N days.")
     limit: int = Field(20, ge=1, le=500, description="Rows, newest first.")
     offset: int = Field(0, ge=0, le=10_000_000, description=(
         "Skip this many newest rows (paging)."))

@@ -14,7 +14,7 @@ from typing import Literal
 from pydantic import ConfigDict, model_validator
 
 from .shared.planning import find_accelerator
-from .engine.spec import Field, Params, Progress, Result, ToolFailure, ToolSpec, needs, not_both
+from .engine.spec import SELF_EVIDENT, Field, Params, Progress, Result, ToolFailure, ToolSpec, needs, not_both
 
 Dtype = Literal["bf16", "fp16", "fp8", "fp4", "tf32", "fp32"]
 
@@ -28,7 +28,8 @@ class RoiParams(Params):
         not_both("speedup", "candidate_tokens_per_s_per_gpu")]})
 
     current: str | None = Field("h100", max_length=100, description="Accelerator now; null or 'none': first purchase.")
-    candidate: str = Field("b200", max_length=100, description="Accelerator considered.")
+    candidate: str = Field("b200", max_length=100,
+            json_schema_extra=SELF_EVIDENT, description="Accelerator considered.")
     current_price_per_gpu_hour: float | None = Field(None, gt=0, le=1e6, description="Any currency, the same for both.")
     candidate_price_per_gpu_hour: float | None = Field(None, gt=0, le=1e6, description="Per GPU-hour.")
     current_tokens_per_s_per_gpu: float | None = Field(None, gt=0, le=1e12, description="Measured on the current one.")

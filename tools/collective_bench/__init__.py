@@ -35,7 +35,7 @@ from .models import BenchRow, OpSummary
 from .patterns import PatternFields, pattern_result
 from .report import draw_plot, format_table, gbps, human_size, judge, point_at
 from ..shared.expected_busbw import expected_busbw
-from ..engine.spec import SELF_TEST, Field, Result, ToolSpec, worst
+from ..engine.spec import SELF_EVIDENT, SELF_TEST, Field, Result, ToolSpec, worst
 from ..engine.processes import local_gpu_count
 from ..shared.safe_write import check_output, output_path, unique_name
 
@@ -60,15 +60,17 @@ Size = Annotated[int, BeforeValidator(parse_size), Field(ge=MIN_SIZE, le=MAX_SIZ
 
 
 class CollectiveBenchParams(RankLayout, PatternFields):
-    ops: list[Literal[OPS]] = Field(["all_reduce"], min_length=1, max_length=5, description=(
+    ops: list[Literal[OPS]] = Field(["all_reduce"], min_length=1, max_length=5,
+            json_schema_extra=SELF_EVIDENT, description=(
         "Collectives to measure."))
-    dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="Element type.")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field("float32",
+            json_schema_extra=SELF_EVIDENT, description="Element type.")
     min_bytes: Size = Field(32 << 10, description="Bytes, or 32K/1M/1G.")
     max_bytes: Size | None = Field(None, description=(
         "Default 1G on GPUs, 16M on CPU; capped to free memory."))
     factor: int = Field(2, ge=2, le=1024, description="Size multiplier per step (nccl-tests -f).")
-    iters: int = Field(20, ge=1, le=10000, description="Timed iterations per size.")
-    warmup: int = Field(5, ge=0, le=1000, description="Untimed iterations per size.")
+    iters: int = Field(20, ge=1, le=10000, json_schema_extra=SELF_EVIDENT, description="Timed iterations per size.")
+    warmup: int = Field(5, ge=0, le=1000, json_schema_extra=SELF_EVIDENT, description="Untimed iterations per size.")
     blocking: bool = Field(False, description=(
         "Sync around every call (naive timing)."))
     pg_timeout_s: float = Field(120.0, ge=5, le=600, description="Process-group timeout per collective.")

@@ -7,8 +7,8 @@
 
 Generic: one loop over `registry()` builds the tool list, and every call goes through the same path
 (validate off the event loop -> JobManager.start -> wait up to wait_s -> result or job handle).
-Nothing here names a tool. Tool input schemas are the tools' own Params schemas (so they say
-`additionalProperties: false` and carry every bound), not schemas rebuilt from a function signature.
+Nothing here names a tool. Tool input schemas are the tools' own Params schemas, compacted
+(schemas.py), not schemas rebuilt from a function signature.
 Anything that touches a GPU runs in a child process (runner.py); this process never imports torch.
 """
 
@@ -55,7 +55,8 @@ Execution options, where a tool's schema lists them:
 - timeout_s (seconds, 1-{TIMEOUT_MAX_S}; default in the schema): past it the run is killed and the call fails.
 - node (a SLURM node name: letters, digits, _ . -): run the tool on that node through srun and return
   its result.
-Optional fields may be left out (null means the same). Guards are enforced but not shown: lengths from
+Optional fields may be left out (null means the same); a boolean left out is false unless its schema
+says otherwise; unknown arguments are refused. Guards are enforced but not shown: lengths from
 255 characters, lists from 1,024 items, maxima from 100,000, character-set patterns; a refusal names
 the field."""
 
@@ -89,7 +90,6 @@ def input_schema(spec: ToolSpec) -> dict:
     subprocess tools, with only their type and the tool's own timeout: the server instructions say once what
     they do and their bounds, and CallOptions enforces them (built once per tool)."""
     schema = for_hosts(spec.Params.model_json_schema())
-    schema.setdefault("additionalProperties", False)
     if spec.runs == "subprocess":
         schema["properties"] = {**schema.get("properties", {}), "wait_s": {"type": "number"},
                                 "timeout_s": {"type": "number", "default": spec.timeout_s}}

@@ -15,6 +15,10 @@ An agent reads every tool's schema before its first call, so bytes here are paid
   (anthropics/claude-code#45106), and Claude Code now drops such a tool silently, root `if`/`then` too
   (anthropics/claude-code#95504, Sept 2026); `not` goes with them, as no host documents it there. The
   field descriptions say each rule in words, and the validator still refuses what breaks one.
+- `additionalProperties: false` and a boolean's `default: false` are said once, in the server
+  instructions (unknown arguments are refused by name; a boolean left out is false), not per schema;
+- a field marked `SELF_EVIDENT` ('layers', 'iters': name, type and bounds say it) is published without
+  its description (the CLI's --help keeps it);
 - guards (`guard()`) are not published: a bound that only keeps an abusive or broken caller from costing
   memory or reaching a shell or a command line, which no honest call comes near: string `maxLength` >= 255,
   `maxItems` / `maxProperties` >= 1024, `maximum` >= 100,000 (overflow guards: 10 M tokens of sequence,
@@ -29,9 +33,10 @@ schema, and the rules stay in `Params.model_json_schema()`, where tests check th
 import re
 from typing import Any
 
-from .spec import SELF_TEST
+from .spec import SELF_EVIDENT, SELF_TEST
 
 _MARKER = next(iter(SELF_TEST))
+_EVIDENT = next(iter(SELF_EVIDENT))
 # Keywords that constrain the object as a whole: at the root of a tool's input schema some hosts refuse them.
 ROOT_RULES = ("allOf", "anyOf", "oneOf", "not", "if", "then", "else")
 
@@ -83,8 +88,9 @@ def compact(schema: Any, inputs: bool = True) -> Any:
     if not isinstance(schema, dict):
         return schema
     out: dict[str, Any] = {}
+    evident = inputs and schema.get(_EVIDENT) is True
     for key, value in schema.items():
-        if key == "title" and isinstance(value, str):
+        if key == "title" and isinstance(value, str) or key == _EVIDENT or evident and key == "description":
             continue
         if key in ("properties", "$defs", "definitions") and isinstance(value, dict):
             # mappings of names: their keys are field names, never schema keywords
@@ -122,4 +128,10 @@ def for_hosts(schema: dict) -> dict:
     out = without_guards(compact(schema))
     for key in ROOT_RULES:
         out.pop(key, None)
+    # said once in the server instructions: unknown arguments are refused, booleans default to false
+    if out.get("additionalProperties") is False:
+        del out["additionalProperties"]
+    for prop in out.get("properties", {}).values():
+        if prop.get("type") == "boolean" and prop.get("default") is False:
+            del prop["default"]
     return out

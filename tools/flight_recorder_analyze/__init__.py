@@ -33,7 +33,7 @@ from .dumps import (
     read_dumps,
 )
 from .torch_trace import torch_analyser
-from ..engine.spec import Field, Params, Record, Result, ToolSpec
+from ..engine.spec import SELF_EVIDENT, Field, Params, Record, Result, ToolSpec
 from ..shared.culprits import rank_list
 
 NEXT_ON_CULPRIT = ["hang_stack_dump", "log_triage", "knowledge://debugging/hangs.md"]
@@ -45,7 +45,8 @@ class FlightRecorderParams(Params):
         "Dump directory or file. Empty: $TORCH_FR_DUMP_TEMP_FILE's, else /tmp/nccl_trace_rank_<rank>."))
     prefix: str = Field("", max_length=256, description=(
         "Only file names starting with this."))
-    max_groups: int = Field(20, ge=1, le=1000, description="Process groups reported, at most.")
+    max_groups: int = Field(20, ge=1, le=1000,
+            json_schema_extra=SELF_EVIDENT, description="Process groups reported, at most.")
     detail: bool = Field(False, description="Also each rank's last collectives per group.")
     torch_analyser: bool = Field(False, description=(
         "Also PyTorch's fr_trace (needs torch; 2-10 s)."))

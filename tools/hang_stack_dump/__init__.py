@@ -32,7 +32,7 @@ from .stacks import (
 )
 from ..shared.process_targets import gpu_targets, launcher_targets, pattern_targets, processes_with_env
 from ..engine.data import IMPORT_ROOT as REPO_ROOT
-from ..engine.spec import Field, Params, Result, ToolFailure, ToolSpec
+from ..engine.spec import SELF_EVIDENT, Field, Params, Result, ToolFailure, ToolSpec
 from ..shared.safe_write import check_output, output_path, write_output
 
 MAX_PROCESSES = 1024
@@ -40,7 +40,7 @@ MAX_PROCESSES = 1024
 
 class HangStackDumpParams(Params):
     pids: list[Annotated[int, Field(ge=1)]] = Field(default_factory=list, max_length=MAX_PROCESSES,
-                                                    description="Process ids to dump.")
+                                                    json_schema_extra=SELF_EVIDENT, description="Process ids to dump.")
     launcher_pid: int | None = Field(None, ge=1, description=(
         "torchrun / deepspeed / python parent pid: its descendants; srun pid: its local tasks."))
     pattern: str = Field("", max_length=200, description="Regex on the command line ('train.py').")
@@ -54,7 +54,7 @@ class HangStackDumpParams(Params):
         (
             "Write full dumps here ('{host}': host name).")))
     overwrite: bool = Field(False, description="Replace save_path if it exists.")
-    max_frames: int = Field(12, ge=1, le=200, description="Frames kept per stack.")
+    max_frames: int = Field(12, ge=1, le=200, json_schema_extra=SELF_EVIDENT, description="Frames kept per stack.")
     max_groups: int = Field(8, ge=1, le=200, description="Stack groups reported (largest, odd ones first).")
     per_process_timeout_s: float = Field(30.0, gt=0, le=600, description="Per py-spy call.")
     detail: bool = Field(False, description="Also each process's stack.")

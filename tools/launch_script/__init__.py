@@ -34,7 +34,7 @@ from pydantic import field_validator, model_validator
 from . import render
 from ..shared import slurm as _slurm
 from ..shared.safe_write import output_path, write_output
-from ..engine.spec import Field, Params, Result, ToolFailure, ToolSpec
+from ..engine.spec import SELF_EVIDENT, Field, Params, Result, ToolFailure, ToolSpec
 
 MLENG_DIST_TOOLS = ("dist_smoke_test", "collective_bench", "hang_stack_dump")
 PASS_THROUGH_PREFIXES = ("NCCL_", "TORCH_NCCL_", "TORCH_DISTRIBUTED_", "TORCH_FR_", "FI_", "UCX_", "GLOO_")
@@ -50,22 +50,25 @@ class LaunchScriptParams(Params):
         "An mleng tool to run instead of a command."))
     tool_args: list[str] = Field(default_factory=list, max_length=40, description=(
         "Its CLI arguments, e.g. ['--pg-timeout-s', '30']."))
-    nnodes: int = Field(2, ge=1, le=4096, description="Nodes.")
+    nnodes: int = Field(2, ge=1, le=4096, json_schema_extra=SELF_EVIDENT, description="Nodes.")
     gpus_per_node: int = Field(8, ge=0, le=64, description="0: CPU only (gloo).")
     nproc_per_node: int | None = Field(None, ge=1, le=256, description=(
         "Default: gpus_per_node, or 1."))
     mode: Literal["sbatch", "srun", "torchrun"] = Field("sbatch", description=(
         "sbatch script, srun line (in salloc) or per-node torchrun (no SLURM)."))
-    job_name: str = Field("mleng", pattern=r"^[A-Za-z0-9_.\-]{1,64}$", description="SLURM job name.")
-    partition: str | None = Field(None, pattern=r"^[A-Za-z0-9_.\-,]{1,200}$", description="Partition (-p).")
-    account: str | None = Field(None, pattern=r"^[A-Za-z0-9_.\-]{1,100}$", description="Account (-A).")
+    job_name: str = Field("mleng", pattern=r"^[A-Za-z0-9_.\-]{1,64}$",
+            json_schema_extra=SELF_EVIDENT, description="SLURM job name.")
+    partition: str | None = Field(None, pattern=r"^[A-Za-z0-9_.\-,]{1,200}$",
+            json_schema_extra=SELF_EVIDENT, description="Partition (-p).")
+    account: str | None = Field(None, pattern=r"^[A-Za-z0-9_.\-]{1,100}$",
+            json_schema_extra=SELF_EVIDENT, description="Account (-A).")
     time_limit: str = Field("00:30:00", pattern=r"^(\d+-)?\d+(:\d+){0,2}$", description=(
         "'MM', 'HH:MM:SS' or 'D-HH:MM:SS'."))
     gpu_option: Literal["gpus-per-node", "gres"] = Field("gpus-per-node", description=(
         "--gpus-per-node (cons_tres) or --gres=gpu:G."))
     cpus_per_task: int | None = Field(None, ge=1, le=1024, description=(
         "Per torchrun task; default all (exclusive)."))
-    exclusive: bool = Field(True, description="Whole nodes (#SBATCH --exclusive).")
+    exclusive: bool = Field(True, json_schema_extra=SELF_EVIDENT, description="Whole nodes (#SBATCH --exclusive).")
     extra_sbatch: list[str] = Field(default_factory=list, max_length=20, description=(
         "More #SBATCH options, e.g. ['--qos=high']."))
     env: dict[str, str] = Field(default_factory=dict, max_length=100, description=(

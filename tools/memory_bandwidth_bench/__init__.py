@@ -19,7 +19,7 @@ from typing import Literal
 from pydantic import ConfigDict, model_validator
 
 from ..engine.figures import Figure, Measured, SweepContract
-from ..engine.spec import Field, Params, Record, Result, ToolFailure, ToolSpec, present
+from ..engine.spec import SELF_EVIDENT, Field, Params, Record, Result, ToolFailure, ToolSpec, present
 
 # PCIe payload rate per lane, per direction, GB/s (after line encoding): Gen1-2 8b/10b, Gen3-5
 # 128b/130b, Gen6 PAM4 with FLIT framing. x16 Gen4 = 31.5 GB/s, x16 Gen5 = 63.0 GB/s.
@@ -52,9 +52,10 @@ class MemoryBandwidthParams(Params):
     size_mib: int = Field(1024, ge=1, le=65536, description="Device buffer, far above L2.")
     host_size_mib: int = Field(256, ge=1, le=16384, description="Host<->device transfer size.")
     tests: list[Literal["copy", "read", "write", "h2d", "d2h"]] = Field(
-        default_factory=lambda: list(TESTS), min_length=1, description="Measurements to run.")
-    iterations: int = Field(20, ge=1, le=1000, description="Timed per test.")
-    warmup: int = Field(3, ge=0, le=100, description="Untimed per test.")
+        default_factory=lambda: list(TESTS), min_length=1,
+                json_schema_extra=SELF_EVIDENT, description="Measurements to run.")
+    iterations: int = Field(20, ge=1, le=1000, json_schema_extra=SELF_EVIDENT, description="Timed per test.")
+    warmup: int = Field(3, ge=0, le=100, json_schema_extra=SELF_EVIDENT, description="Untimed per test.")
 
     @model_validator(mode="after")
     def _cpu_limits(self):

@@ -27,7 +27,7 @@ from . import paged
 from . import report
 from .setup import setup_from, unmodelled
 from ..shared.transformer_math import MODEL_DESCRIBED, ModelParams
-from ..engine.spec import Field, Progress, Result, ToolSpec, present
+from ..engine.spec import SELF_EVIDENT, Field, Progress, Result, ToolSpec, present
 
 
 SHARDED = ["zero3", "fsdp_full_shard", "fsdp_hybrid_shard"]
@@ -55,11 +55,11 @@ class MemoryParams(ModelParams):
     reshard_after_forward: Literal["auto", "after_forward", "never"] = Field(
         "auto", description="ZeRO-3/FSDP; auto: never when pp > 1.")
     tp: int = Field(1, ge=1, le=1024, description="Tensor parallel (divides heads).")
-    pp: int = Field(1, ge=1, le=1024, description="Pipeline stages.")
+    pp: int = Field(1, ge=1, le=1024, json_schema_extra=SELF_EVIDENT, description="Pipeline stages.")
     pp_microbatches: int | None = Field(None, ge=1, le=100000, description="With pp > 1; default pp.")
     pipeline_schedule: Literal["1f1b", "gpipe", "interleaved_1f1b"] = Field(
         "1f1b", description="1f1b: min(pp, micro batches) in flight; gpipe: all; interleaved: not modelled.")
-    dp: int = Field(1, ge=1, le=1_000_000, description="Data-parallel replicas.")
+    dp: int = Field(1, ge=1, le=1_000_000, json_schema_extra=SELF_EVIDENT, description="Data-parallel replicas.")
     cp: int = Field(1, ge=1, le=1024, description="Context parallel (sequence split).")
     ep: int = Field(1, ge=1, le=100000, description="MoE expert parallel (divides experts and dp x cp).")
     seq_len: int = Field(4096, ge=1, le=10_000_000, description=(
@@ -80,7 +80,7 @@ class MemoryParams(ModelParams):
     dropout: bool = Field(False, description="Stores 1-byte masks.")
     finetune: Literal["full", "lora", "qlora"] = Field(
         "full", description="lora: frozen 16-bit base; qlora: 4-bit NF4 base.")
-    lora_rank: int = Field(16, ge=1, le=65536, description="Adapter rank r.")
+    lora_rank: int = Field(16, ge=1, le=65536, json_schema_extra=SELF_EVIDENT, description="Adapter rank r.")
     offload: Literal["none", "optimizer", "optimizer_and_params"] = Field(
         "none", description="To CPU: optimizer states, master, grads; +params (ZeRO-3): weights.")
     offload_device: Literal["cpu", "nvme"] = Field("cpu", description="nvme: ZeRO-Infinity.")

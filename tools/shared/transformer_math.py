@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import ConfigDict, model_validator
 
-from ..engine.spec import Field, Params, ToolFailure, present
+from ..engine.spec import SELF_EVIDENT, Field, Params, ToolFailure, present
 from ..engine.data import load_data
 
 
@@ -172,8 +172,8 @@ class ModelParams(Params):
     params_b: float | None = Field(
         None, gt=0, le=100000, description=(
             "Billions, if the architecture is unknown (no activations, KV cache, attention)."))
-    layers: int | None = Field(None, ge=1, le=1000, description="Transformer layers.")
-    hidden: int | None = Field(None, ge=1, le=1_000_000, description="Hidden size.")
+    layers: int | None = Field(None, ge=1, le=1000, json_schema_extra=SELF_EVIDENT, description="Transformer layers.")
+    hidden: int | None = Field(None, ge=1, le=1_000_000, json_schema_extra=SELF_EVIDENT, description="Hidden size.")
     heads: int | None = Field(None, ge=1, le=10000, description="Query heads.")
     kv_heads: int | None = Field(
         None, ge=1, le=10000, description="GQA; default heads.")
