@@ -235,8 +235,8 @@ def test_the_baseline_follows_a_job_handle_to_the_answer(home, monkeypatch):
 
 
 def test_the_baseline_repeats_an_inconclusive_call_once_and_then_says_inconclusive(home, monkeypatch):
-    """The rule of evals/README.md: "inconclusive" is answered by the same call once more; a second
-    "inconclusive" is the diagnosis (with both answers' evidence), and a later "nothing wrong" from another
+    """The rule of evals/README.md: "inconclusive" is answered by the same call once more (whose answer then
+    counts); a second "inconclusive" is the diagnosis (with both answers' evidence), and a later "nothing wrong" from another
     check does not clear it."""
     from tools.evals.drills import baseline
 
@@ -251,6 +251,9 @@ def test_the_baseline_repeats_an_inconclusive_call_once_and_then_says_inconclusi
     monkeypatch.setattr(baseline, "read_answer", noisy_first)
     settled = baseline.run_scenario("pm-crash-first-rank")
     assert (settled.score, [c.tool for c in settled.calls]) == (1, ["log_triage", "log_triage"])
+    seen.clear()
+    cleared = baseline.run_scenario("pm-clean-log")          # the repeat's "nothing wrong" is the answer
+    assert (cleared.score, [c.tool for c in cleared.calls]) == (1, ["log_triage", "log_triage"])
 
     monkeypatch.setattr(baseline, "read_answer", lambda tool, answer, context: baseline.Diagnosis(
         culprit_kind="inconclusive" if tool == "log_triage" else "none", evidence=f"{tool} spread 40%"))
@@ -258,3 +261,19 @@ def test_the_baseline_repeats_an_inconclusive_call_once_and_then_says_inconclusi
     tools = [c.tool for c in unsettled.calls]
     assert tools[:2] == ["log_triage", "log_triage"] and unsettled.diagnosis["culprit_kind"] == "inconclusive"
     assert unsettled.score == 0.5 and "log_triage spread 40%" in unsettled.diagnosis["evidence"]
+
+
+@pytest.mark.parametrize("change, kind", [
+    ({}, "none"),                                                                   # re-run cleared the outlier
+    ({"busy": [{"node": "mln1", "check": "cpu_probe"}]}, "inconclusive"),          # a node not judged
+    ({"outliers": [{"node": "mln1", "status": "unconfirmed"}]}, "inconclusive"),   # a suspect never re-run
+    ({"medians": [{"figure": "cpu_probe.matmul_gflops", "inconclusive": True}]}, "inconclusive"),
+])
+def test_the_baseline_reads_a_fleet_sweep_warning_that_clears_every_node_as_none(change, kind):
+    """As seen on cl-healthy-which-node: 'warn' only because an outlier's re-run came back within the rule."""
+    from tools.evals.drills.baseline import read_answer
+
+    answer = {"verdict": "warn", "rows": [{"node": f"mln{k}"} for k in range(1, 5)], "busy": [], "drain": [],
+              "outliers": [{"node": "mln1", "status": "not repeated"}], "medians": [{"inconclusive": False}],
+              **change}
+    assert read_answer("fleet_sweep", answer, {}).culprit_kind == kind

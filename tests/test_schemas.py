@@ -141,3 +141,114 @@ def test_the_execution_options_bounds_stated_once_are_the_ones_enforced():
         for bad in (low - 1, top + 1):
             with pytest.raises(ValidationError, match=name):
                 CallOptions(**{name: bad})
+
+
+def _guards(full, published, path=()):
+    """(path, keyword, value) of every bound in `full` that `published` leaves out."""
+    if isinstance(full, dict):
+        for key, value in full.items():
+            if key in ("properties", "$defs") and isinstance(value, dict):
+                for name, sub in value.items():
+                    yield from _guards(sub, published.get(key, {}).get(name, {}), path + (name,))
+            elif key in published:
+                yield from _guards(value, published[key], path + (key,))
+            elif not isinstance(value, (dict, list)) and not (key in ("additionalProperties", "default")
+                                                              and value is False):   # said in the instructions
+                yield path, key, value
+
+
+def _breaking(keyword, value):
+    """A value just past one guard."""
+    if keyword == "pattern":
+        return "node\x01;rm"            # a control character and a ';' are outside every guarded class
+    if keyword == "maxLength":
+        return "a" * (value + 1)
+    if keyword == "maximum":
+        return value * 2 + 1
+    return ["a"] * (value + 1)          # maxItems
+
+
+GUARDED = sorted({(spec.name, path) for spec in registry().values()
+                  for path, _, _ in _guards(compact(spec.Params.model_json_schema()), input_schema(spec))})
+
+
+def test_guards_are_what_is_left_out_and_bounds_a_caller_plans_around_stay():
+    from tools.engine.schemas import guard
+
+    left_out = {(spec.name,) + path + (key,): value for spec in registry().values()
+                for path, key, value in _guards(compact(spec.Params.model_json_schema()), input_schema(spec))}
+    assert left_out and all(guard(p[-1], v) for p, v in left_out.items()), left_out
+    assert ("collective_bench", "nodes", "items", "pattern") in left_out       # the long node-name pattern
+    assert ("memory_estimate", "seq_len", "maximum") in left_out              # an overflow guard
+    window = input_schema(registry()["straggler_find"])["properties"]["window_s"]
+    assert (window["minimum"], window["maximum"]) == (5, 120)                 # a bound a caller plans around
+    job_id = input_schema(registry()["slurm_job_diagnose"])["properties"]["job_id"]
+    assert job_id["pattern"] == r"^\d+(_\d+)?$"                                # a form, not a character set
+    assert not guard("maxLength", 254) and not guard("maxItems", 512) and not guard("maximum", 65536)
+    assert not guard("pattern", r"^[A-Za-z0-9_.\-]{1,64}$") and guard("pattern", r"^[^\x00-\x1f\x7f]*$")
+    node = input_schema(registry()["env_report"])["properties"]["node"]
+    assert node == {"type": "string"}
+
+
+@pytest.mark.parametrize("name,path", GUARDED)
+def test_a_guard_left_out_of_the_schema_is_still_enforced_naming_the_field(name, path):
+    """Every bound hosts are not shown is refused past by the validator, with a message naming the field."""
+    from pydantic import ValidationError
+
+    from tools.engine.rendering import validation_message
+
+    spec = registry()[name]
+    full = compact(spec.Params.model_json_schema())
+    bounds = [(p, k, v) for p, k, v in _guards(full, input_schema(spec)) if p == path]
+    assert bounds
+    field = path[0]
+    for _, keyword, value in bounds:
+        bad = _breaking(keyword, value)
+        for step in reversed(path[1:]):   # wrap the bad value where the bound sits
+            if step == "items":
+                bad = [bad] * max(2, full["properties"][field].get("minItems", 1))
+            elif step == "additionalProperties":
+                bad = {"NCCL_DEBUG": bad}
+            elif step == "propertyNames":
+                bad = {bad: "1"}
+        with pytest.raises(ValidationError) as refused:
+            spec.Params(**{field: bad})
+        assert field in validation_message(spec, refused.value), (name, path, keyword)
+
+
+@pytest.mark.anyio
+async def test_a_call_past_an_unpublished_guard_is_refused_over_mcp_and_ordinary_calls_pass():
+    async with Client(build_server()) as c:
+        refused = await c.call_tool("results_history", {"host": "h" * 300})
+        ordinary = await c.call_tool("results_history", {"host": "gpu-01", "limit": 1})
+        on_node = await c.call_tool("env_report", {"node": "n\x01", "wait_s": 0})
+    assert refused.is_error and "host" in refused.content[0].text
+    assert not ordinary.is_error
+    assert on_node.is_error and "node" in on_node.content[0].text
+
+
+@pytest.mark.anyio
+async def test_what_the_instructions_say_once_holds_for_every_tool():
+    """No schema repeats additionalProperties: false or a boolean's default false; the validator still refuses
+    an unknown argument by name and a boolean left out is false; a SELF_EVIDENT field is published bare."""
+    from tools.engine.spec import SELF_EVIDENT
+
+    assert "a boolean left out is false" in INSTRUCTIONS and "unknown arguments are refused" in INSTRUCTIONS
+    bare = 0
+    for spec in registry().values():
+        schema = input_schema(spec)
+        assert "additionalProperties" not in schema, spec.name
+        for name, prop in schema["properties"].items():
+            info = spec.Params.model_fields.get(name)
+            if info is None:
+                continue
+            if prop.get("type") == "boolean" and "default" not in prop and info.default is not None:
+                assert info.default is False, f"{spec.name}.{name}"
+            if info.json_schema_extra == SELF_EVIDENT:
+                assert "description" not in prop and info.description, f"{spec.name}.{name}"
+                assert "x-self-evident" not in prop
+                bare += 1
+    assert bare >= 10
+    async with Client(build_server()) as c:
+        r = await c.call_tool("accelerator_specs", {"names": ["h100"], "no_such_argument": 1})
+    assert r.is_error and "no_such_argument" in r.content[0].text

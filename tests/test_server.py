@@ -17,7 +17,7 @@ from mcp import Client, StdioServerParameters
 import fault_tools
 from tools.engine.mcp_server import build_server
 from tools.engine.registry import registry
-from tools.engine.spec import SELF_TEST
+from tools.engine.spec import SELF_EVIDENT, SELF_TEST
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytestmark = pytest.mark.anyio
@@ -40,8 +40,11 @@ async def test_tools_listed_with_schemas_and_annotations(mode):
         props = tool.input_schema.get("properties", {})
         public = {f for f, info in spec.Params.model_fields.items() if info.json_schema_extra != SELF_TEST}
         assert set(props) & set(spec.Params.model_fields) == public, name   # self-test switches stay out
-        for field in public:
-            assert props[field].get("description"), f"{name}.{field} has no description in the schema"
+        for field in public:   # a SELF_EVIDENT field ('layers') is published bare; --help still describes it
+            info = spec.Params.model_fields[field]
+            assert info.description, f"{name}.{field} has no description"
+            if info.json_schema_extra != SELF_EVIDENT:
+                assert props[field].get("description"), f"{name}.{field} has no description in the schema"
         assert tool.annotations.read_only_hint == spec.read_only
         assert tool.annotations.destructive_hint == spec.destructive
         # the rule tools/README.md states: a tool that can replace a file or submit jobs is destructive;

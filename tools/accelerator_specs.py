@@ -18,8 +18,8 @@ DTYPES = ("fp64", "fp32", "tf32", "bf16", "fp16", "fp8", "fp4")
 class AcceleratorSpecsParams(Params):
     names: list[str] = Field(
         default_factory=list, max_length=12,
-        description=("Accelerators as people write them ('h100', 'H100-SXM5-80GB', 'mi300x'). Empty: this machine's GPUs."))
-    list_all: bool = Field(False, description="List every accelerator in the table (id and name only).")
+        description=("e.g. 'h100', 'mi300x'; empty: this machine's GPUs."))
+    list_all: bool = Field(False, description="List every accelerator (id and name).")
 
 
 class AcceleratorRow(Record):

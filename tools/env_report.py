@@ -76,8 +76,8 @@ print(json.dumps(out))
 
 
 class EnvReportParams(Params):
-    include_all_env: bool = Field(False, description="Also list LD_LIBRARY_PATH and PATH (long).")
-    probe_torch: bool = Field(True, description="Ask torch (in a short child process, ~2-5 s) for its CUDA/cuDNN/NCCL build.")
+    include_all_env: bool = Field(False, description="Also LD_LIBRARY_PATH and PATH.")
+    probe_torch: bool = Field(True, description="Ask torch (~2-5 s) for its CUDA/cuDNN/NCCL build.")
 
 
 class EnvReportResult(Result):

@@ -20,10 +20,9 @@ from .shared.topology import (PCIE_ORDER, GpuInfo, NicInfo, chain_of, nvlink_rec
                               read_nics)
 
 class GpuTopologyParams(Params):
-    include_nvidia_smi: bool = Field(True, description="Also return `nvidia-smi topo -m` as text when it exists.")
+    include_nvidia_smi: bool = Field(True, description="Also `nvidia-smi topo -m` as text.")
     text: str | None = Field(None, max_length=200_000, description=(
-        "Pasted `nvidia-smi topo -m` output to read instead of this machine: the same links, NIC paths and "
-        "binding advice."))
+        "Pasted `nvidia-smi topo -m` to read instead."))
 
 
 class GpuTopologyResult(Result):

@@ -9,7 +9,7 @@ from .engine.jobs import MANAGER
 
 class JobCancelParams(Params):
     job_id: str = Field(min_length=1, max_length=64, description=(
-        "Job id from a tool result's `job.job_id`; only this session's jobs can be cancelled."))
+        "A result's job.job_id (this session's jobs only)."))
 
 
 class JobCancelResult(Result):

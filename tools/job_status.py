@@ -14,9 +14,9 @@ from .engine.jobs import ANONYMOUS, CALLER, MANAGER
 
 class JobStatusParams(Params):
     job_id: str = Field("", max_length=64, description=(
-        "Job id from a tool result's `job.job_id` (this session's jobs only). Empty: list this session's jobs."))
+        "Empty: list this session's jobs."))
     all_sessions: bool = Field(False, description=(
-        "Operator view: also count the jobs of other sessions, per tool and state (never their ids or results)."))
+        "Also count other sessions' jobs (no ids or results)."))
 
 
 class JobInfo(Record):

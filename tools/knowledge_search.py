@@ -86,8 +86,8 @@ def snippet(text: str, tokens: list[str], width: int = 280) -> str:
 
 class KnowledgeSearchParams(Params):
     query: str = Field(min_length=2, max_length=500,
-                       description="A question or keywords in the user's words: 'why is busbw higher than algbw', 'xid 79'.")
-    k: int = Field(5, ge=1, le=20, description="How many pages to return (one section each).")
+                       description="The user's words or keywords ('xid 79').")
+    k: int = Field(5, ge=1, le=20, description="Pages returned (one section each).")
 
 
 class Hit(Record):

@@ -26,14 +26,15 @@ the tool's inputs and spec. It runs as a subprocess, so a scan of a huge log (an
 processes) stops at the deadline or on cancel like any other run.
 """
 
-from .engine.spec import Field, Progress, ToolSpec
+from .engine.spec import SELF_EVIDENT, Field, Progress, ToolSpec
 from .shared.logscan import LogInputParams
 from .shared.triage.core import LogTriageResult, triage_paths, triage_text
 
 
 class LogTriageParams(LogInputParams):
-    max_signatures: int = Field(12, ge=1, le=100, description="Report at most this many distinct signatures.")
-    evidence_lines: int = Field(3, ge=0, le=20, description="Matching lines kept per signature.")
+    max_signatures: int = Field(12, ge=1, le=100,
+            json_schema_extra=SELF_EVIDENT, description="Distinct signatures, at most.")
+    evidence_lines: int = Field(3, ge=0, le=20, json_schema_extra=SELF_EVIDENT, description="Lines kept per signature.")
 
 
 

@@ -22,7 +22,7 @@ from pydantic import ConfigDict, model_validator
 
 from .shared.planning import find_accelerator
 from .shared.transformer_math import MODEL_DESCRIBED, AttentionFlops, ModelParams, Recompute, flops_per_token
-from .engine.spec import Field, Progress, Result, ToolFailure, ToolSpec, needs, present
+from .engine.spec import SELF_EVIDENT, Field, Progress, Result, ToolFailure, ToolSpec, needs, present
 
 DTYPES = ("bf16", "fp16", "fp8", "tf32", "fp32")
 
@@ -36,29 +36,26 @@ class MfuParams(ModelParams):
         needs("step_time_s", "global_batch"), needs("global_batch", "step_time_s")]})
 
     tokens_per_s: float | None = Field(None, gt=0, le=1e12, description=(
-        "Measured steady-state training tokens/s. One of tokens_per_s, step_time_s + global_batch, samples_per_s, "
-        "achieved_tflops_per_gpu."))
+        "Measured. One of: this, step_time_s + global_batch, samples_per_s, achieved_tflops_per_gpu."))
     tokens_per_s_scope: Literal["total", "per_gpu"] = Field(
-        "total", description="tokens_per_s / samples_per_s are for the whole job (total) or one GPU (per_gpu).")
-    step_time_s: float | None = Field(None, gt=0, le=1e6, description="Seconds per optimizer step (with global_batch).")
-    global_batch: int | None = Field(None, ge=1, le=1e9, description="Sequences per optimizer step, whole job (with step_time_s).")
-    samples_per_s: float | None = Field(None, gt=0, le=1e12, description="Sequences (samples) per second, each "
-                                        "seq_len tokens.")
-    achieved_tflops_per_gpu: float | None = Field(None, gt=0, le=1e6, description="Model TFLOPS per GPU a framework printed.")
-    num_gpus: int = Field(1, ge=1, le=1_000_000, description="GPUs in the job.")
-    seq_len: int = Field(4096, ge=1, le=10_000_000, description="Training sequence length (tokens).")
-    accelerator: str | None = Field(None, max_length=100, description="GPU model (h100, h200, a100, mi300x...); default: this machine's.")
+        "total", description="Whole job or one GPU.")
+    step_time_s: float | None = Field(None, gt=0, le=1e6, description="Per optimizer step (with global_batch).")
+    global_batch: int | None = Field(None, ge=1, le=1e9, description="Sequences per step, whole job.")
+    samples_per_s: float | None = Field(None, gt=0, le=1e12, description="Sequences/s, seq_len tokens each.")
+    achieved_tflops_per_gpu: float | None = Field(None, gt=0, le=1e6, description="As a framework printed.")
+    num_gpus: int = Field(1, ge=1, le=1_000_000, json_schema_extra=SELF_EVIDENT, description="GPUs in the job.")
+    seq_len: int = Field(4096, ge=1, le=10_000_000, description="Tokens per sequence.")
+    accelerator: str | None = Field(None, max_length=100, description="Default: this machine's GPU.")
     dtype: Literal["bf16", "fp16", "fp8", "tf32", "fp32"] = Field(
-        "bf16", description="Matmul dtype the run uses; selects the datasheet peak.")
+        "bf16", description="Selects the datasheet peak.")
     activation_checkpointing: Recompute = Field(
-        "none", description="Recomputation: adds hardware FLOPs (HFU), not model FLOPs.")
+        "none", description="Recompute: adds hardware FLOPs (HFU), not MFU.")
     attention_flops: AttentionFlops = Field(
         "causal", description=(
-            "causal (default: half the score matrix, Megatron-Bridge/torchtitan), full (PaLM) or none (bare 6N); "
-            "MFU is reported both ways."))
+            "causal: half the scores (Megatron, torchtitan); full: PaLM; none: 6N."))
     embedding_flops: Literal["exclude", "include"] = Field(
-        "exclude", description="Count the input embedding in 6N (include) or not (exclude: a lookup).")
-    peak_tflops: float | None = Field(None, gt=0, le=1e6, description="Override the dense peak TFLOPS per GPU (e.g. power-capped).")
+        "exclude", description="Count the input embedding in 6N.")
+    peak_tflops: float | None = Field(None, gt=0, le=1e6, description="Override the dense peak per GPU (power cap).")
 
     @model_validator(mode="after")
     def _one_throughput(self):

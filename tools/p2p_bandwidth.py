@@ -16,7 +16,7 @@ import time
 
 
 from .engine.figures import Figure, Measured, SweepContract
-from .engine.spec import Field, Params, Record, Result, ToolFailure, ToolSpec
+from .engine.spec import SELF_EVIDENT, Field, Params, Record, Result, ToolFailure, ToolSpec
 from .engine.data import load_data
 from .engine.processes import local_gpu_count
 
@@ -24,11 +24,11 @@ FLAG_SHARE = 0.7
 
 
 class P2pBandwidthParams(Params):
-    size_mib: int = Field(256, ge=1, le=16384, description="MiB per copy for the bandwidth runs.")
-    iters: int = Field(20, ge=1, le=1000, description="Copies per timing, launched back to back.")
-    warmup: int = Field(3, ge=0, le=100, description="Untimed copies first.")
-    latency_iters: int = Field(200, ge=1, le=100000, description="8-byte copies timed for the latency figure.")
-    bidirectional: bool = Field(True, description="Also measure both directions at once.")
+    size_mib: int = Field(256, ge=1, le=16384, description="Per copy.")
+    iters: int = Field(20, ge=1, le=1000, description="Copies per timing.")
+    warmup: int = Field(3, ge=0, le=100, json_schema_extra=SELF_EVIDENT, description="Untimed copies.")
+    latency_iters: int = Field(200, ge=1, le=100000, description="8-byte copies for latency.")
+    bidirectional: bool = Field(True, description="Also both directions at once.")
 
 
 class PairResult(Record):

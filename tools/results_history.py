@@ -21,22 +21,21 @@ import datetime
 import statistics
 import time
 
-from .engine.spec import Field, Params, Record, Result, ToolFailure, ToolSpec
+from .engine.spec import SELF_EVIDENT, Field, Params, Record, Result, ToolFailure, ToolSpec
 from .engine.store import count, count_bad_times, history
 from .shared.judging import FigureRule, compare, is_inconclusive, relative_spread, rule_for
 
 
 class ResultsHistoryParams(Params):
-    tool: str = Field("", max_length=64, description="Only this tool's results (a catalog name). Empty: all tools.")
-    host: str = Field("", max_length=255, description="Only this host name. Empty: all hosts.")
-    gpu: str = Field("", max_length=128, description="Only runs on a GPU whose name, UUID or serial contains this.")
-    since_days: float = Field(90, gt=0, le=3650, description="Only results from the last N days.")
-    limit: int = Field(20, ge=1, le=500, description="At most this many rows in `rows` (newest first).")
+    tool: str = Field("", max_length=64, description="A tool name; empty: all.")
+    host: str = Field("", max_length=255, description="Empty: all.")
+    gpu: str = Field("", max_length=128, description="GPU name, UUID or serial contains this.")
+    since_days: float = Field(90, gt=0, le=3650, json_schema_extra=SELF_EVIDENT, description="Last N days.")
+    limit: int = Field(20, ge=1, le=500, description="Rows, newest first.")
     offset: int = Field(0, ge=0, le=10_000_000, description=(
-        "Skip this many of the newest matching rows: the next page starts at offset + limit (the answer says so)."))
+        "Skip this many newest rows (paging)."))
     threshold_pct: float | None = Field(None, gt=0, le=90, description=(
-        "Override the margin, %. Default: the figure's margin in knowledge/data/verdict_rules.toml (the threshold is "
-        "the larger of it and k x the run-to-run spread); 10% for figures without a rule."))
+        "Override the margin, %."))
 
 
 class HistoryRow(Record):

@@ -21,7 +21,7 @@ from datetime import datetime
 
 
 from .shared import slurm as _slurm
-from .engine.spec import Field, Params, Record, Result, ToolFailure, ToolSpec
+from .engine.spec import SELF_EVIDENT, Field, Params, Record, Result, ToolFailure, ToolSpec
 
 PROBLEM_WORDS = ("DRAIN", "DOWN", "FAIL", "NOT_RESPONDING", "INVAL", "NO_RESPOND", "MAINT", "REBOOT",
                  "POWER_DOWN", "POWERED_DOWN", "UNKNOWN")
@@ -29,11 +29,11 @@ PROBLEM_WORDS = ("DRAIN", "DOWN", "FAIL", "NOT_RESPONDING", "INVAL", "NO_RESPOND
 
 class SlurmStatusParams(Params):
     partition: str | None = Field(None, max_length=200,
-                                  description="Only this partition (default: every partition).")
+                                  description="Default: every partition.")
     user: str | None = Field(None, max_length=100,
-                             description="Whose jobs to list (default: the user running the tool).")
-    all_users: bool = Field(False, description="List every user's jobs, not only one user's.")
-    max_jobs: int = Field(50, ge=0, le=5000, description="At most this many jobs in the result.")
+                             description="Default: you.")
+    all_users: bool = Field(False, json_schema_extra=SELF_EVIDENT, description="Every user's jobs.")
+    max_jobs: int = Field(50, ge=0, le=5000, json_schema_extra=SELF_EVIDENT, description="Jobs listed, at most.")
 
 
 class PartitionInfo(Record):

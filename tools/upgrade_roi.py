@@ -14,7 +14,7 @@ from typing import Literal
 from pydantic import ConfigDict, model_validator
 
 from .shared.planning import find_accelerator
-from .engine.spec import Field, Params, Progress, Result, ToolFailure, ToolSpec, needs, not_both
+from .engine.spec import SELF_EVIDENT, Field, Params, Progress, Result, ToolFailure, ToolSpec, needs, not_both
 
 Dtype = Literal["bf16", "fp16", "fp8", "fp4", "tf32", "fp32"]
 
@@ -27,33 +27,32 @@ class RoiParams(Params):
                        {"type": "null"}, {"type": "string", "pattern": r"^\s*[Nn][Oo][Nn][Ee]\s*$"}]}}}]},
         not_both("speedup", "candidate_tokens_per_s_per_gpu")]})
 
-    current: str | None = Field("h100", max_length=100, description="Accelerator now (id, name or alias); null or 'none' for a first purchase.")
-    candidate: str = Field("b200", max_length=100, description="Accelerator considered (id, name or alias).")
-    current_price_per_gpu_hour: float | None = Field(None, gt=0, le=1e6, description="Price of one current "
-                                                     "GPU for one hour (any currency, same for both).")
-    candidate_price_per_gpu_hour: float | None = Field(None, gt=0, le=1e6, description="Price of one "
-                                                       "candidate GPU for one hour.")
-    current_tokens_per_s_per_gpu: float | None = Field(None, gt=0, le=1e12, description="Measured throughput "
-                                                       "per GPU on the current accelerator (tokens/s).")
+    current: str | None = Field("h100", max_length=100, description="Accelerator now; null or 'none': first purchase.")
+    candidate: str = Field("b200", max_length=100,
+            json_schema_extra=SELF_EVIDENT, description="Accelerator considered.")
+    current_price_per_gpu_hour: float | None = Field(None, gt=0, le=1e6, description="Any currency, the same for both.")
+    candidate_price_per_gpu_hour: float | None = Field(None, gt=0, le=1e6, description="Per GPU-hour.")
+    current_tokens_per_s_per_gpu: float | None = Field(None, gt=0, le=1e12, description="Measured on the current one.")
     candidate_tokens_per_s_per_gpu: float | None = Field(None, gt=0, le=1e12, description=(
-        "Measured tokens/s per GPU on the candidate, same workload (with current_tokens_per_s_per_gpu; not with "
-        "speedup)."))
-    speedup: float | None = Field(None, gt=0, le=1000, description="Measured candidate/current throughput per GPU (not with candidate_tokens_per_s_per_gpu).")
+        "Measured, same workload (not with speedup)."))
+    speedup: float | None = Field(None, gt=0, le=1000, description=(
+        "Measured candidate/current per GPU."))
     workload: Literal["compute_bound", "memory_bound"] = Field(
-        "compute_bound", description="For a datasheet estimate: compute_bound (training, prefill) or memory_bound (decode).")
-    dtype: Dtype = Field("bf16", description="Matmul dtype on the current accelerator (datasheet estimate).")
-    candidate_dtype: Dtype | None = Field(None, description="Matmul dtype on the candidate (e.g. fp8); default dtype.")
-    params_b: float | None = Field(None, gt=0, le=100000, description="Model size, billions, to estimate tokens/s (6N at assumed_mfu) when not measured.")
-    assumed_mfu: float = Field(0.4, gt=0, le=1, description="MFU assumed for that estimate (0..1).")
-    candidate_tokens_per_s_estimate: bool = Field(True, description="First purchase: estimate candidate tokens/s from params_b at assumed_mfu.")
-    break_even_tolerance: float = Field(0.1, ge=0, le=1, description="Speedups within this fraction of break-even are too close to call (0.1 = +-10%).")
-    train_tokens: float | None = Field(None, gt=0, le=1e18, description="Tokens to train, for the time and "
-                                       "cost to train.")
-    num_gpus: int = Field(8, ge=1, le=1_000_000, description="GPUs used on the current accelerator.")
-    candidate_num_gpus: int | None = Field(None, ge=1, le=1_000_000, description="GPUs on the candidate; "
-                                           "default: same as num_gpus.")
-    gpus_per_node: int = Field(8, ge=1, le=1024, description="GPUs per node, current.")
-    candidate_gpus_per_node: int | None = Field(None, ge=1, le=1024, description="Candidate GPUs per node (GB200 trays: 4); default gpus_per_node.")
+        "compute_bound", description="Datasheet estimate: training/prefill or decode.")
+    dtype: Dtype = Field("bf16", description="Current's matmul dtype (estimate).")
+    candidate_dtype: Dtype | None = Field(None, description="Default: dtype.")
+    params_b: float | None = Field(None, gt=0, le=100000, description=(
+        "Billions, to estimate tokens/s at assumed_mfu."))
+    assumed_mfu: float = Field(0.4, gt=0, le=1, description="For that estimate.")
+    candidate_tokens_per_s_estimate: bool = Field(True, description=(
+        "First purchase: estimate from params_b."))
+    break_even_tolerance: float = Field(0.1, ge=0, le=1, description="Within this of break-even: too close to call.")
+    train_tokens: float | None = Field(None, gt=0, le=1e18, description="For time and cost to train.")
+    num_gpus: int = Field(8, ge=1, le=1_000_000, description="On the current one.")
+    candidate_num_gpus: int | None = Field(None, ge=1, le=1_000_000, description="Default: num_gpus.")
+    gpus_per_node: int = Field(8, ge=1, le=1024, description="Current.")
+    candidate_gpus_per_node: int | None = Field(None, ge=1, le=1024, description=(
+        "GB200 trays: 4; default gpus_per_node."))
 
     @model_validator(mode="after")
     def _check(self):

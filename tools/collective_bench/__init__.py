@@ -35,7 +35,7 @@ from .models import BenchRow, OpSummary
 from .patterns import PatternFields, pattern_result
 from .report import draw_plot, format_table, gbps, human_size, judge, point_at
 from ..shared.expected_busbw import expected_busbw
-from ..engine.spec import SELF_TEST, Field, Result, ToolSpec, worst
+from ..engine.spec import SELF_EVIDENT, SELF_TEST, Field, Result, ToolSpec, worst
 from ..engine.processes import local_gpu_count
 from ..shared.safe_write import check_output, output_path, unique_name
 
@@ -60,23 +60,24 @@ Size = Annotated[int, BeforeValidator(parse_size), Field(ge=MIN_SIZE, le=MAX_SIZ
 
 
 class CollectiveBenchParams(RankLayout, PatternFields):
-    ops: list[Literal[OPS]] = Field(["all_reduce"], min_length=1, max_length=5, description=(
-        "Collectives to measure: all_reduce, all_gather, reduce_scatter, all_to_all, broadcast."))
-    dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="Element type.")
-    min_bytes: Size = Field(32 << 10, description="Smallest size (bytes, or 32K/1M/1G).")
+    ops: list[Literal[OPS]] = Field(["all_reduce"], min_length=1, max_length=5,
+            json_schema_extra=SELF_EVIDENT, description=(
+        "Collectives to measure."))
+    dtype: Literal["float32", "bfloat16", "float16"] = Field("float32",
+            json_schema_extra=SELF_EVIDENT, description="Element type.")
+    min_bytes: Size = Field(32 << 10, description="Bytes, or 32K/1M/1G.")
     max_bytes: Size | None = Field(None, description=(
-        "Largest size, at least min_bytes. Default 1G on GPUs, 16M on CPU. Capped to fit free memory on every rank."))
-    factor: int = Field(2, ge=2, le=1024, description="Size multiplier between steps (nccl-tests -f).")
-    iters: int = Field(20, ge=1, le=10000, description="Timed iterations per size, launched back to back.")
-    warmup: int = Field(5, ge=0, le=1000, description="Untimed iterations per size first.")
+        "Default 1G on GPUs, 16M on CPU; capped to free memory."))
+    factor: int = Field(2, ge=2, le=1024, description="Size multiplier per step (nccl-tests -f).")
+    iters: int = Field(20, ge=1, le=10000, json_schema_extra=SELF_EVIDENT, description="Timed iterations per size.")
+    warmup: int = Field(5, ge=0, le=1000, json_schema_extra=SELF_EVIDENT, description="Untimed iterations per size.")
     blocking: bool = Field(False, description=(
-        "Synchronise around every call instead of timing the batch (what a naive loop sees; small sizes "
-        "look several times slower)."))
-    pg_timeout_s: float = Field(120.0, ge=5, le=600, description="Process-group timeout per collective, seconds.")
-    plot: bool = Field(True, description="Draw busbw against size to a PNG (needs matplotlib).")
+        "Sync around every call (naive timing)."))
+    pg_timeout_s: float = Field(120.0, ge=5, le=600, description="Process-group timeout per collective.")
+    plot: bool = Field(True, description="busbw vs size as a PNG (needs matplotlib).")
     plot_path: str | None = Field(None, max_length=4096, description=(
-        "Where to write the PNG (relative: the caller's directory). Default: a new file in $MLENG_HOME/plots/."))
-    overwrite: bool = Field(False, description="Replace plot_path if it already exists (default: refuse).")
+        "PNG path (relative: the caller's cwd); default under $MLENG_HOME/plots/."))
+    overwrite: bool = Field(False, description="Replace plot_path if it exists.")
     plant_error_rank: int | None = Field(None, ge=0, description=(
         "Self-test: this rank corrupts one output element after each checked call; #wrong must count it."),
         json_schema_extra=SELF_TEST)

@@ -23,29 +23,24 @@ class PatternFields(Params):
     """The inputs of the pairwise and bisect patterns (CollectiveBenchParams inherits them)."""
 
     pattern: Literal["all", "pairwise", "bisect"] = Field("all", description=(
-        "all: one run over every rank. pairwise: rounds of two-node runs, N/2 at once, a node x node "
-        "matrix; names a slow node (slow with every partner) apart from a slow link (one partner). "
-        "bisect: the whole set, then halves of what fails or hangs, until the bad node remains."))
+        "all: one run; pairwise: node x node matrix (slow node: slow with every partner; slow link: one pair); "
+        "bisect: halves what fails or hangs until one bad node remains."))
     pair_rounds: int | None = Field(None, ge=1, le=8191, description=(
-        "pairwise: rounds to run; default all of them (N-1 for even N: every pair once)."))
+        "pairwise; default all (every pair once)."))
     group_deadline_s: float = Field(120.0, ge=10, le=3600, description=(
-        "pairwise/bisect: each group's run (start-up included) is stopped after this and counts as hung."))
+        "pairwise/bisect: a group running longer counts as hung."))
     slow_margin: float | None = Field(None, gt=0, lt=1, description=(
-        "pairwise: replaces the stated margin of the verdict rule (knowledge/data/verdict_rules.toml: 10% on "
-        "NCCL, 50% on gloo); a pair is slow below a healthy pair's busbw by more than max(margin, k x spread)."))
+        "pairwise: verdict margin (default verdict_rules.toml: 10% NCCL, 50% gloo)."))
     slow_latency_factor: float = Field(5.0, ge=1.5, le=1000, description=(
-        "pairwise: a pair is also slow when its latency (smallest size) is above this x a healthy pair's."))
+        "pairwise: slow above this x a healthy pair's latency."))
     nodes: list[NodeName] | None = Field(None, min_length=2, max_length=8192, description=(
-        "pairwise/bisect in an allocation: only these of its nodes (default: all)."))
+        "pairwise/bisect: only these nodes of the allocation."))
     hosts: list[NodeName] | None = Field(None, min_length=2, max_length=8192, description=(
-        "pairwise/bisect outside SLURM: every node's address, in order; run the same command on each "
-        "node with its node_rank and rdzv_endpoint (first host:free port), and the same per-run secret in "
-        "MLENG_COORD_SECRET (16+ characters); the first node reports."))
+        "pairwise/bisect outside SLURM: all node addresses in order; call on each with its node_rank, one "
+        "rdzv_endpoint and one MLENG_COORD_SECRET (16+ chars)."))
     node_rank: int | None = Field(None, ge=0, le=8191, description="This node's index in hosts.")
     transport: Literal["nccl", "rdma"] = Field("nccl", description=(
-        "pairwise inside SLURM: nccl runs all_reduce per pair; rdma runs perftest ib_write_bw / ib_write_lat "
-        "per pair on every rail (k-th active port to k-th), so a bad NIC or cable shows apart from NCCL (needs "
-        "perftest and an ACTIVE RDMA port on every node; names the nodes that lack them)."))
+        "pairwise in SLURM: nccl (all_reduce) or rdma (perftest per rail; needs perftest, ACTIVE ports)."))
 
 
 def pattern_nodes(params) -> tuple[list[str], str]:

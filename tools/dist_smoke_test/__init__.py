@@ -32,17 +32,15 @@ VERSION_KEYS = ("torch", "cuda", "nccl", "driver", "python")
 
 class DistSmokeTestParams(RankLayout):
     pg_timeout_s: float = Field(60.0, ge=3, le=240, description=(
-        "Process-group timeout per collective, seconds: a rank that has not joined by then is named."))
-    numel: int = Field(1 << 20, ge=1, le=1 << 28, description="float32 elements all_reduced and checked (default 4 MiB).")
-    alloc_mib: int = Field(64, ge=1, le=65536, description="MiB each rank allocates and fills on its device.")
+        "Per collective; a rank not joined by then is named."))
+    numel: int = Field(1 << 20, ge=1, le=1 << 28, description="float32 elements all_reduced and checked.")
+    alloc_mib: int = Field(64, ge=1, le=65536, description="MiB each rank allocates and fills.")
     inject_fault: Literal[FAULTS] = Field("none", description=(
         "Self-test: make fault_rank misbehave to see the tool name it (exit_in_init, "
         "sleep_before_all_reduce, wrong_size)."), json_schema_extra=SELF_TEST)
     fault_rank: int = Field(1, ge=0, le=1 << 20, description="Rank that injects the fault.", json_schema_extra=SELF_TEST)
     nccl_diagnostics: bool = Field(False, description=(
-        "Set NCCL_RUN_DIAGNOSTICS=1 on every rank: NCCL >= 2.31 then exercises the paths it will use (P2P between "
-        "GPU pairs, network bandwidth across nodes) during init and prints 'NCCL DIAG' reports (a few seconds "
-        "more). On older NCCL it has no effect, and the answer says so."))
+        "NCCL_RUN_DIAGNOSTICS=1: NCCL >= 2.31 tests its P2P and network paths at init (a few s more)."))
 
 
 class RankReport(Record):

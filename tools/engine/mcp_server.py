@@ -7,8 +7,8 @@
 
 Generic: one loop over `registry()` builds the tool list, and every call goes through the same path
 (validate off the event loop -> JobManager.start -> wait up to wait_s -> result or job handle).
-Nothing here names a tool. Tool input schemas are the tools' own Params schemas (so they say
-`additionalProperties: false` and carry every bound), not schemas rebuilt from a function signature.
+Nothing here names a tool. Tool input schemas are the tools' own Params schemas, compacted
+(schemas.py), not schemas rebuilt from a function signature.
 Anything that touches a GPU runs in a child process (runner.py); this process never imports torch.
 """
 
@@ -35,7 +35,7 @@ from pydantic import Field, ValidationError
 from .data import PACKAGE_DIR
 from .jobs import ANONYMOUS, MANAGER, Busy, Cancelled, Job
 from .registry import registry
-from .schemas import compact, for_hosts
+from .schemas import compact, for_hosts, without_guards
 from .rendering import format_result, validation_message
 from .on_node import NODE_MAX_CHARS, NODE_PATTERN
 from .spec import Params, ToolFailure, ToolSpec, takes_node
@@ -46,18 +46,19 @@ log = logging.getLogger("mleng")
 WAIT_MAX_S, TIMEOUT_MAX_S = 3600, 86400
 
 INSTRUCTIONS = f"""mleng runs real diagnostics and benchmarks on this machine's GPUs, network, storage and
-SLURM cluster, and reads the answers against known-good figures. Measure before guessing; start with
-cheap read-only probes (env_report, gpu_health, log_triage) before GPU-heavy benchmarks. Each result
-has a verdict, findings with units, and `next`: tools or knowledge:// pages to go to next. Read
-knowledge://index for the reference shelf.
-Execution options, accepted by every tool that takes them in its schema:
-- wait_s (seconds, 0-{WAIT_MAX_S}, default 60): how long the call waits. A longer run answers with a job
-  handle (result.job.job_id) and goes on: follow it with job_status, stop it with job_cancel.
-- timeout_s (seconds, 1-{TIMEOUT_MAX_S}; each tool's default is in its schema): hard limit; past it every
-  process of the run is killed and the call fails.
-- node (a SLURM node name: letters, digits, _ . -): run the tool on that node through srun (inside the
-  allocation that holds it, else in a one-node job of its own) and return that node's result.
-Optional fields may be left out; null means the same."""
+SLURM cluster and reads them against known-good figures. Measure before guessing; cheap read-only probes
+(env_report, gpu_health, log_triage) before GPU benchmarks. Each result has a verdict, findings with
+units, and `next` (tools or knowledge:// pages; knowledge://index lists them).
+Execution options, where a tool's schema lists them:
+- wait_s (seconds, 0-{WAIT_MAX_S}, default 60): how long the call waits; a longer run answers with a job
+  handle (result.job.job_id): follow it with job_status, stop it with job_cancel.
+- timeout_s (seconds, 1-{TIMEOUT_MAX_S}; default in the schema): past it the run is killed and the call fails.
+- node (a SLURM node name: letters, digits, _ . -): run the tool on that node through srun and return
+  its result.
+Optional fields may be left out (null means the same); a boolean left out is false unless its schema
+says otherwise; unknown arguments are refused. Guards are enforced but not shown: lengths from
+255 characters, lists from 1,024 items, maxima from 100,000, character-set patterns; a refusal names
+the field."""
 
 TEXT_JSON_LIMIT = 12_000  # characters of JSON in the text copy; structuredContent always has everything
 
@@ -89,12 +90,12 @@ def input_schema(spec: ToolSpec) -> dict:
     subprocess tools, with only their type and the tool's own timeout: the server instructions say once what
     they do and their bounds, and CallOptions enforces them (built once per tool)."""
     schema = for_hosts(spec.Params.model_json_schema())
-    schema.setdefault("additionalProperties", False)
     if spec.runs == "subprocess":
         schema["properties"] = {**schema.get("properties", {}), "wait_s": {"type": "number"},
                                 "timeout_s": {"type": "number", "default": spec.timeout_s}}
         if takes_node(spec):
-            schema["properties"]["node"] = {"type": "string", "maxLength": NODE_MAX_CHARS}
+            # its form is in the instructions; NODE_MAX_CHARS is a guard like the tools' own
+            schema["properties"]["node"] = without_guards({"type": "string", "maxLength": NODE_MAX_CHARS})
     return schema
 
 

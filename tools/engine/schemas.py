@@ -15,17 +15,63 @@ An agent reads every tool's schema before its first call, so bytes here are paid
   (anthropics/claude-code#45106), and Claude Code now drops such a tool silently, root `if`/`then` too
   (anthropics/claude-code#95504, Sept 2026); `not` goes with them, as no host documents it there. The
   field descriptions say each rule in words, and the validator still refuses what breaks one.
-Validation is unchanged: `Params(**arguments)` is the authority; every bound and enum stays in the schema,
-and the rules stay in `Params.model_json_schema()`, where tests check them against the validator.
+- `additionalProperties: false` and a boolean's `default: false` are said once, in the server
+  instructions (unknown arguments are refused by name; a boolean left out is false), not per schema;
+- a field marked `SELF_EVIDENT` ('layers', 'iters': name, type and bounds say it) is published without
+  its description (the CLI's --help keeps it);
+- guards (`guard()`) are not published: a bound that only keeps an abusive or broken caller from costing
+  memory or reaching a shell or a command line, which no honest call comes near: string `maxLength` >= 255,
+  `maxItems` / `maxProperties` >= 1024, `maximum` >= 100,000 (overflow guards: 10 M tokens of sequence,
+  1e18 tokens to train), and a `pattern` that only limits the character set (`^[class]+$`, `^[^class]*$`,
+  `^[class]{1,N}$` with N >= 255: node names, control characters). The server instructions say so, and the
+  validator still refuses past each one, naming the field. A bound a caller must plan around (a window of
+  5-120 s, an enum, a port range) stays.
+Validation is unchanged: `Params(**arguments)` is the authority; every other bound and enum stays in the
+schema, and the rules stay in `Params.model_json_schema()`, where tests check them against the validator.
 """
 
+import re
 from typing import Any
 
-from .spec import SELF_TEST
+from .spec import SELF_EVIDENT, SELF_TEST
 
 _MARKER = next(iter(SELF_TEST))
+_EVIDENT = next(iter(SELF_EVIDENT))
 # Keywords that constrain the object as a whole: at the root of a tool's input schema some hosts refuse them.
 ROOT_RULES = ("allOf", "anyOf", "oneOf", "not", "if", "then", "else")
+
+
+# The smallest bound of each kind that is a guard (see the module docstring).
+GUARD_AT_LEAST = {"maxLength": 255, "maxItems": 1024, "maxProperties": 1024, "maximum": 100_000}
+# A pattern that is one character class (or its negation), repeated: it limits characters, not form.
+_CHARSET_ONLY = re.compile(r"\^\[(?:\\.|[^\]\\])+\](?:[+*]|\{\d+,(\d+)\})\$")
+
+
+def guard(key: str, value: Any) -> bool:
+    """Is `key: value` (one keyword of a schema object) a guard, left out of what hosts are shown?"""
+    if key == "pattern" and isinstance(value, str):
+        m = _CHARSET_ONLY.fullmatch(value)
+        return bool(m) and (m.group(1) is None or int(m.group(1)) >= GUARD_AT_LEAST["maxLength"])
+    least = GUARD_AT_LEAST.get(key)
+    return least is not None and isinstance(value, (int, float)) and not isinstance(value, bool) and value >= least
+
+
+def without_guards(schema: Any) -> Any:
+    """`schema` without its guards (a new object)."""
+    if isinstance(schema, list):
+        return [without_guards(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {}
+    for key, value in schema.items():
+        if key in ("properties", "$defs", "definitions") and isinstance(value, dict):
+            out[key] = {name: without_guards(sub) for name, sub in value.items()}   # keys are field names
+        elif not guard(key, value):
+            out[key] = without_guards(value)
+    for key in ("propertyNames", "additionalProperties", "items"):
+        if out.get(key) == {}:   # a sub-schema that held only guards says nothing more than absent
+            del out[key]
+    return out
 
 
 def _is_null(schema: Any) -> bool:
@@ -42,8 +88,9 @@ def compact(schema: Any, inputs: bool = True) -> Any:
     if not isinstance(schema, dict):
         return schema
     out: dict[str, Any] = {}
+    evident = inputs and schema.get(_EVIDENT) is True
     for key, value in schema.items():
-        if key == "title" and isinstance(value, str):
+        if key == "title" and isinstance(value, str) or key == _EVIDENT or evident and key == "description":
             continue
         if key in ("properties", "$defs", "definitions") and isinstance(value, dict):
             # mappings of names: their keys are field names, never schema keywords
@@ -76,8 +123,15 @@ def compact(schema: Any, inputs: bool = True) -> Any:
 
 
 def for_hosts(schema: dict) -> dict:
-    """A Params schema as tools/list publishes it: compacted, and without cross-field rules at its root."""
-    out = compact(schema)
+    """A Params schema as tools/list publishes it: compacted, without guards, and without cross-field rules at
+    its root."""
+    out = without_guards(compact(schema))
     for key in ROOT_RULES:
         out.pop(key, None)
+    # said once in the server instructions: unknown arguments are refused, booleans default to false
+    if out.get("additionalProperties") is False:
+        del out["additionalProperties"]
+    for prop in out.get("properties", {}).values():
+        if prop.get("type") == "boolean" and prop.get("default") is False:
+            del prop["default"]
     return out

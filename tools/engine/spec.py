@@ -17,8 +17,8 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
-__all__ = ["Field", "Params", "SELF_TEST", "present", "needs", "not_both", "Record", "Result", "JobRef", "ToolSpec", "Progress", "ToolFailure", "Verdict",
-           "worst", "VERDICT_ORDER", "takes_node"]
+__all__ = ["Field", "Params", "SELF_TEST", "SELF_EVIDENT", "present", "needs", "not_both", "Record", "Result",
+           "JobRef", "ToolSpec", "Progress", "ToolFailure", "Verdict", "worst", "VERDICT_ORDER", "takes_node"]
 
 Verdict = Literal["ok", "warn", "fail", "info"]
 IN_PROCESS_MAX_S = 60.0
@@ -62,6 +62,9 @@ class Params(BaseModel):
 # A self-test switch (fault injection that proves a tool names a culprit): Field(..., json_schema_extra=SELF_TEST).
 # Accepted like any field, but left out of the published schema (engine/schemas.py): agents never need it.
 SELF_TEST: dict[str, Any] = {"x-self-test": True}
+# A field whose name, type and bounds say all an agent needs ('layers', 'iters'): Field(..., json_schema_extra=
+# SELF_EVIDENT). Its description stays for the CLI's --help and is left out of the published schema.
+SELF_EVIDENT: dict[str, Any] = {"x-self-evident": True}
 
 
 # Cross-field rules as JSON Schema, for a Params model's `json_schema_extra`: the schema an agent reads

@@ -31,34 +31,28 @@ Check = Literal[CHECKS]
 
 class FleetSweepParams(Params):
     checks: list[Check] | None = Field(None, min_length=1, max_length=len(CHECKS), description=(
-        "Per-node checks: env_report, gpu_health, nic_health (link flaps, RDMA port state and errors), "
-        "cpu_probe (single-core CPU matmul and copy throughput), "
-        "matmul_bench (quick, every GPU), memory_bandwidth_bench (every GPU), p2p_bandwidth, storage_bench. "
-        "Default: all but storage_bench (GPU checks only on nodes with GPUs); storage_bench is added when "
-        "storage_path is given."))
+        "Default: all but storage_bench (added by storage_path); GPU checks only where there are GPUs. cpu_probe: CPU"
+        " matmul and copy."))
     job_id: str | None = Field(None, pattern=r"^\d+(_\d+)?$", description=(
-        "Sweep the nodes of this RUNNING job (srun --jobid --overlap, beside its own steps)."))
+        "Sweep this RUNNING job's nodes (srun --overlap)."))
     partition: str | None = Field(None, pattern=r"^[A-Za-z0-9_.\-]+$", max_length=128, description=(
-        "Sweep nodes of this partition in a job of our own (with `nodes`: that many of its reachable nodes)."))
-    nodes: int | None = Field(None, ge=1, le=100000, description="With partition: how many nodes. Default: every reachable one.")
+        "Sweep this partition in a job of our own."))
+    nodes: int | None = Field(None, ge=1, le=100000, description=(
+        "With partition: how many; default all reachable."))
     hosts: list[str] | None = Field(None, max_length=100000, description=(
-        "SLURM node names or hostlists ('gpu-[01-16]'), swept in a job of our own (partition optional). "
-        "['localhost'] sweeps this machine without SLURM; other hosts outside SLURM are refused."))
+        "Node names or hostlists ('gpu-[01-16]'); ['localhost']: this machine without SLURM."))
     storage_path: str | None = Field(None, min_length=1, max_length=4096, description=(
-        "A directory on every node for storage_bench (a shared filesystem mount, a local NVMe)."))
+        "Directory on every node for storage_bench."))
     deadline_s: float = Field(300, ge=10, le=3600, description=(
-        "Whole-sweep deadline, seconds: nodes without an answer by then are named and the step is cancelled."))
+        "Nodes silent by then are named."))
     margin_pct: float | None = Field(None, gt=0, le=90, description=(
-        "Override every figure's margin, %. Default: each figure's own margin in knowledge/data/verdict_rules.toml "
-        "(the threshold is the larger of the margin and k x the figure's run-to-run spread)."))
+        "Override every figure's margin, %."))
     benchmarks_beside_job: bool = Field(False, description=(
-        "With job_id: also run the benchmarks (matmul, memory bandwidth, p2p, CPU probe) beside the running job. "
-        "Default: only env_report, gpu_health and nic_health, which do not disturb it; benchmarks there measure the "
-        "job too and come back busy."))
-    plot: bool = Field(True, description="Draw each figure's per-node values against the median to a PNG.")
+        "With job_id: also benchmarks (they measure the job too: busy)."))
+    plot: bool = Field(True, description="Per-node figures vs the median as a PNG.")
     plot_path: str | None = Field(None, max_length=4096, description=(
-        "Where to write the PNG (relative: the caller's directory). Default: a new file in $MLENG_HOME/plots/."))
-    overwrite: bool = Field(False, description="Replace plot_path if it already exists (default: refuse).")
+        "PNG path (relative: the caller's cwd); default under $MLENG_HOME/plots/."))
+    overwrite: bool = Field(False, description="Replace plot_path if it exists.")
 
 
 def run(params: FleetSweepParams, progress) -> FleetSweepResult:

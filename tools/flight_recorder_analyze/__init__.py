@@ -33,7 +33,7 @@ from .dumps import (
     read_dumps,
 )
 from .torch_trace import torch_analyser
-from ..engine.spec import Field, Params, Record, Result, ToolSpec
+from ..engine.spec import SELF_EVIDENT, Field, Params, Record, Result, ToolSpec
 from ..shared.culprits import rank_list
 
 NEXT_ON_CULPRIT = ["hang_stack_dump", "log_triage", "knowledge://debugging/hangs.md"]
@@ -42,15 +42,14 @@ NEXT_ON_STUCK = ["nccl_log_analyze", "collective_bench", "gpu_health", "knowledg
 
 class FlightRecorderParams(Params):
     path: str = Field("", max_length=4096, description=(
-        "A directory of per-rank dumps (walked) or one file. Empty: $TORCH_FR_DUMP_TEMP_FILE's files, else "
-        "torch's default /tmp/nccl_trace_rank_<rank>."))
+        "Dump directory or file. Empty: $TORCH_FR_DUMP_TEMP_FILE's, else /tmp/nccl_trace_rank_<rank>."))
     prefix: str = Field("", max_length=256, description=(
-        "Only files whose name starts with this (e.g. 'nccl_trace_rank_'); default: names ending in a rank "
-        "number."))
-    max_groups: int = Field(20, ge=1, le=1000, description="Report at most this many process groups.")
-    detail: bool = Field(False, description="Also return each rank's last collectives per group.")
+        "Only file names starting with this."))
+    max_groups: int = Field(20, ge=1, le=1000,
+            json_schema_extra=SELF_EVIDENT, description="Process groups reported, at most.")
+    detail: bool = Field(False, description="Also each rank's last collectives per group.")
     torch_analyser: bool = Field(False, description=(
-        "Also run PyTorch's fr_trace on the same dumps (needs torch; 2-10 s)."))
+        "Also PyTorch's fr_trace (needs torch; 2-10 s)."))
 
 
 class GroupReport(Record):

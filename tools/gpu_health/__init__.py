@@ -37,21 +37,17 @@ __all__ = ["SPEC", "GpuHealthParams", "GpuReading", "GpuHealthResult", "XidSeen"
 
 
 class GpuHealthParams(Params):
-    read_kernel_log: bool = Field(True, description="Look for NVIDIA Xid / NVSwitch SXid events in the kernel log.")
+    read_kernel_log: bool = Field(True, description="Look for Xid / SXid events in the kernel log.")
     sample_s: float = Field(2.0, ge=0, le=60, description=(
-        "Window, seconds, over which NVLink counters and clock events are compared and PCIe read (0: one "
-        "reading)."))
+        "Window for NVLink, clock, PCIe counters (0: one reading)."))
     load: bool = Field(True, description=(
-        "Keep a small matmul load on each GPU in the window, so idle power saving is not taken for a "
-        "downtrained PCIe link."))
+        "Small matmul load, so idle power saving is not taken for a downtrained link."))
     dcgm_level: int = Field(0, ge=0, le=4, description=(
-        "Also run dcgmi diag -r N: 1 seconds, 2 ~2 min, 3 ~15 min, 4 hours; 3-4 occupy every GPU. 0: not run."))
+        "dcgmi diag -r N (1 s, 2 ~2 min, 3 ~15 min, 4 hours; 3-4 fill every GPU)."))
     dcgm_file: str | None = Field(None, max_length=4096, description=(
-        "Read a saved dcgmi diag output (-j JSON or the printed table; a regular file, <= 16 MiB) instead of "
-        "running DCGM."))
+        "Saved dcgmi diag output (-j or table) to read instead."))
     text: str | None = Field(None, max_length=1_000_000, description=(
-        "Pasted `nvidia-smi nvlink -e`, `nvidia-smi nvlink -s` or `dcgmi diag` output (table or -j) to judge "
-        "instead of reading this node; the other fields are not used."))
+        "Pasted `nvidia-smi nvlink -e / -s` or `dcgmi diag` output to judge instead."))
 
 
 class GpuReading(Record):

@@ -32,7 +32,7 @@ from .stacks import (
 )
 from ..shared.process_targets import gpu_targets, launcher_targets, pattern_targets, processes_with_env
 from ..engine.data import IMPORT_ROOT as REPO_ROOT
-from ..engine.spec import Field, Params, Result, ToolFailure, ToolSpec
+from ..engine.spec import SELF_EVIDENT, Field, Params, Result, ToolFailure, ToolSpec
 from ..shared.safe_write import check_output, output_path, write_output
 
 MAX_PROCESSES = 1024
@@ -40,25 +40,24 @@ MAX_PROCESSES = 1024
 
 class HangStackDumpParams(Params):
     pids: list[Annotated[int, Field(ge=1)]] = Field(default_factory=list, max_length=MAX_PROCESSES,
-                                                    description="Process ids to dump.")
+                                                    json_schema_extra=SELF_EVIDENT, description="Process ids to dump.")
     launcher_pid: int | None = Field(None, ge=1, description=(
-        "A launcher's pid (torchrun, deepspeed, python parent): dump its descendants; an srun pid: its job's "
-        "local tasks."))
-    pattern: str = Field("", max_length=200, description="Regex on the command line, e.g. 'train.py'.")
-    gpu_processes: bool = Field(False, description="Dump every process holding GPU memory (NVML).")
+        "torchrun / deepspeed / python parent pid: its descendants; srun pid: its local tasks."))
+    pattern: str = Field("", max_length=200, description="Regex on the command line ('train.py').")
+    gpu_processes: bool = Field(False, description="Every process holding GPU memory.")
     slurm_job_id: str = Field("", max_length=32, pattern=r"^[0-9_]*$", description=(
-        "A SLURM job: its processes on this node (every node with all_nodes)."))
+        "Its processes here (every node with all_nodes)."))
     all_nodes: bool = Field(False, description=(
-        "With slurm_job_id: srun --overlap to every node, reports merged."))
-    native: bool = Field(False, description="Add C/C++ frames (py-spy --native; ~1 s per torch process).")
+        "With slurm_job_id: every node (srun --overlap)."))
+    native: bool = Field(False, description="C/C++ frames too (~1 s per torch process).")
     save_path: str = Field("", max_length=4096, description=(
         (
-            "Write every full dump here ('{host}' becomes the host name; relative: the caller's directory).")))
-    overwrite: bool = Field(False, description="Replace save_path if it already exists (default: refuse).")
-    max_frames: int = Field(12, ge=1, le=200, description="Frames kept per stack in the report.")
-    max_groups: int = Field(8, ge=1, le=200, description="Stack groups reported (largest and odd ones first).")
-    per_process_timeout_s: float = Field(30.0, gt=0, le=600, description="Give up on one py-spy after this.")
-    detail: bool = Field(False, description="Also return each process's stack (always on for --all-nodes tasks).")
+            "Write full dumps here ('{host}': host name).")))
+    overwrite: bool = Field(False, description="Replace save_path if it exists.")
+    max_frames: int = Field(12, ge=1, le=200, json_schema_extra=SELF_EVIDENT, description="Frames kept per stack.")
+    max_groups: int = Field(8, ge=1, le=200, description="Stack groups reported (largest, odd ones first).")
+    per_process_timeout_s: float = Field(30.0, gt=0, le=600, description="Per py-spy call.")
+    detail: bool = Field(False, description="Also each process's stack.")
 
 
 class HangStackDumpResult(Result):

@@ -34,7 +34,7 @@ from pydantic import field_validator, model_validator
 from . import render
 from ..shared import slurm as _slurm
 from ..shared.safe_write import output_path, write_output
-from ..engine.spec import Field, Params, Result, ToolFailure, ToolSpec
+from ..engine.spec import SELF_EVIDENT, Field, Params, Result, ToolFailure, ToolSpec
 
 MLENG_DIST_TOOLS = ("dist_smoke_test", "collective_bench", "hang_stack_dump")
 PASS_THROUGH_PREFIXES = ("NCCL_", "TORCH_NCCL_", "TORCH_DISTRIBUTED_", "TORCH_FR_", "FI_", "UCX_", "GLOO_")
@@ -45,48 +45,50 @@ CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 class LaunchScriptParams(Params):
     command: str | None = Field(None, max_length=2000, pattern=SAFE_TEXT, description=(
-        "Training program and arguments as given to torchrun ('train.py --cfg a.yaml', '-m pkg.train'), split "
-        "like a shell line. Exactly one of command / tool."))
+        "Program and args for torchrun ('train.py --cfg a.yaml', '-m pkg.train'); or tool."))
     tool: Literal[MLENG_DIST_TOOLS] | None = Field(None, description=(
-        "An mleng distributed tool to run instead of a training command."))
+        "An mleng tool to run instead of a command."))
     tool_args: list[str] = Field(default_factory=list, max_length=40, description=(
-        "Extra CLI arguments for the tool, e.g. ['--pg-timeout-s', '30']."))
-    nnodes: int = Field(2, ge=1, le=4096, description="Nodes.")
-    gpus_per_node: int = Field(8, ge=0, le=64, description="GPUs per node to request (0: CPU only, gloo).")
+        "Its CLI arguments, e.g. ['--pg-timeout-s', '30']."))
+    nnodes: int = Field(2, ge=1, le=4096, json_schema_extra=SELF_EVIDENT, description="Nodes.")
+    gpus_per_node: int = Field(8, ge=0, le=64, description="0: CPU only (gloo).")
     nproc_per_node: int | None = Field(None, ge=1, le=256, description=(
-        "Ranks per node (default: gpus_per_node, or 1 without GPUs)."))
+        "Default: gpus_per_node, or 1."))
     mode: Literal["sbatch", "srun", "torchrun"] = Field("sbatch", description=(
-        "sbatch script, srun line for inside salloc, or per-node torchrun commands (no SLURM)."))
-    job_name: str = Field("mleng", pattern=r"^[A-Za-z0-9_.\-]{1,64}$", description="SLURM job name.")
-    partition: str | None = Field(None, pattern=r"^[A-Za-z0-9_.\-,]{1,200}$", description="Partition (-p).")
-    account: str | None = Field(None, pattern=r"^[A-Za-z0-9_.\-]{1,100}$", description="Account (-A).")
+        "sbatch script, srun line (in salloc) or per-node torchrun (no SLURM)."))
+    job_name: str = Field("mleng", pattern=r"^[A-Za-z0-9_.\-]{1,64}$",
+            json_schema_extra=SELF_EVIDENT, description="SLURM job name.")
+    partition: str | None = Field(None, pattern=r"^[A-Za-z0-9_.\-,]{1,200}$",
+            json_schema_extra=SELF_EVIDENT, description="Partition (-p).")
+    account: str | None = Field(None, pattern=r"^[A-Za-z0-9_.\-]{1,100}$",
+            json_schema_extra=SELF_EVIDENT, description="Account (-A).")
     time_limit: str = Field("00:30:00", pattern=r"^(\d+-)?\d+(:\d+){0,2}$", description=(
-        "Time limit in SLURM form: 'MM', 'HH:MM:SS' or 'D-HH:MM:SS'."))
+        "'MM', 'HH:MM:SS' or 'D-HH:MM:SS'."))
     gpu_option: Literal["gpus-per-node", "gres"] = Field("gpus-per-node", description=(
-        "--gpus-per-node=G (cons_tres) or --gres=gpu:G (older clusters)."))
+        "--gpus-per-node (cons_tres) or --gres=gpu:G."))
     cpus_per_task: int | None = Field(None, ge=1, le=1024, description=(
-        "CPUs per node's torchrun task (default: all, with exclusive)."))
-    exclusive: bool = Field(True, description="Whole nodes (#SBATCH --exclusive).")
+        "Per torchrun task; default all (exclusive)."))
+    exclusive: bool = Field(True, json_schema_extra=SELF_EVIDENT, description="Whole nodes (#SBATCH --exclusive).")
     extra_sbatch: list[str] = Field(default_factory=list, max_length=20, description=(
-        "More #SBATCH options, each starting with '-', e.g. ['--qos=high']."))
+        "More #SBATCH options, e.g. ['--qos=high']."))
     env: dict[str, str] = Field(default_factory=dict, max_length=100, description=(
-        "Variables to export on every node, e.g. {'NCCL_DEBUG': 'WARN'}."))
+        "Exported on every node."))
     pass_nccl_env: bool = Field(True, description=(
-        "Export the NCCL_*, TORCH_NCCL_*, TORCH_DISTRIBUTED_*, FI_*, UCX_* variables set now."))
+        "Export the NCCL_*, TORCH_*, FI_*, UCX_* variables set now."))
     rdzv_port: int | None = Field(None, ge=1024, le=65535, description=(
-        "Rendezvous port (default: 20000 + job id % 20000 under SLURM, 29500 for torchrun)."))
+        "Default: 20000 + job id % 20000, else 29500."))
     rdzv_host: str | None = Field(None, pattern=r"^[A-Za-z0-9_.\-:]{1,255}$", description=(
-        "torchrun mode: the first node's address."))
+        "torchrun mode: node 0's address."))
     python: str | None = Field(None, max_length=500, pattern=SAFE_TEXT, description=(
-        "Python on the nodes (default: python3 from the job's PATH; mleng's interpreter for a tool)."))
+        "Default: python3 on the job's PATH."))
     workdir: str | None = Field(None, max_length=1000, pattern=SAFE_TEXT, description=(
-        "Directory the job runs and logs in (default: the current one)."))
+        "Where the job runs and logs; default: the cwd."))
     log_dir: str = Field("logs", pattern=PATH_TEXT, description=(
-        "Log directory under workdir (letters, digits and _ . / % + @ , : = -)."))
-    submit: bool = Field(False, description="Write the script and submit it with sbatch (sbatch mode only).")
+        "Under workdir (letters, digits, _ . / % + @ , : = -)."))
+    submit: bool = Field(False, description="Write and sbatch it (sbatch mode).")
     script_path: str | None = Field(None, max_length=1000, pattern=SAFE_TEXT, description=(
-        "Where to write the script (default with submit: <workdir>/<job_name>.sbatch)."))
-    overwrite: bool = Field(False, description="Replace the script file if it already exists (default: refuse).")
+        "Default with submit: <workdir>/<job_name>.sbatch."))
+    overwrite: bool = Field(False, description="Replace script_path if it exists.")
 
     @field_validator("tool_args", "extra_sbatch")
     @classmethod

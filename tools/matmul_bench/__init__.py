@@ -64,27 +64,26 @@ class MatmulBenchParams(Params):
     model_config = ConfigDict(json_schema_extra=_shape_rules())
 
     dtype: Literal["bf16", "fp16", "tf32", "fp32", "fp8"] = Field(
-        "bf16", description="Input dtype (fp8: e4m3 via torch._scaled_mm; tf32: fp32 on TF32 tensor cores; fp32: TF32 off).")
+        "bf16", description="fp8: e4m3; tf32: fp32 on TF32 cores; fp32: TF32 off.")
     mode: Literal["quick", "thorough", "shapes", "grid"] = Field(
         "quick", description=(
-            "quick (~30 s search), thorough (~5 min), shapes (exactly m/n/k given), grid (every M x N x K, "
-            "default 2048..14336 step 2048, <= 100000 shapes)."))
-    m: list[Dim] = Field(default_factory=list, max_length=512, description="Explicit M values (rows of A and C), for mode shapes/grid.")
-    n: list[Dim] = Field(default_factory=list, max_length=512, description="Explicit N values (columns of B and C), for mode shapes/grid.")
-    k: list[Dim] = Field(default_factory=list, max_length=512, description="Explicit K values (the reduction dimension), for mode shapes/grid.")
+            "quick ~30 s, thorough ~5 min, shapes (m/n/k given), grid (every M x N x K)."))
+    m: list[Dim] = Field(default_factory=list, max_length=512, description="M values (shapes/grid).")
+    n: list[Dim] = Field(default_factory=list, max_length=512, description="N values (shapes/grid).")
+    k: list[Dim] = Field(default_factory=list, max_length=512, description="K values, the reduction dim (shapes/grid).")
     m_range: list[RangeValue] = Field(default_factory=list, max_length=3, json_schema_extra=RANGE_SHAPE, description=(
-        "shapes/grid: M as [START, STOP, STEP] (STOP included), 0..65536."))
+        "[START, STOP, STEP], STOP included (shapes/grid)."))
     n_range: list[RangeValue] = Field(default_factory=list, max_length=3, json_schema_extra=RANGE_SHAPE, description=(
-        "N as [START, STOP, STEP]; as m_range."))
+        "As m_range."))
     k_range: list[RangeValue] = Field(default_factory=list, max_length=3, json_schema_extra=RANGE_SHAPE, description=(
-        "K as [START, STOP, STEP]; as m_range."))
+        "As m_range."))
     device: int | Literal["cpu"] = Field(
-        0, description="GPU index (after CUDA_VISIBLE_DEVICES), or 'cpu' to exercise the search on tiny shapes.")
-    all_gpus: bool = Field(False, description="Every local GPU in turn; flags any >5% below the node median.")
+        0, description="GPU index, or 'cpu' (tiny shapes, for tests).")
+    all_gpus: bool = Field(False, description="Every GPU in turn; flags any >5% below the median.")
     time_budget_s: float | None = Field(
-        None, ge=5, le=7200, description="Target wall time (default quick 30 s, thorough 300 s).")
-    iterations: int = Field(100, ge=1, le=10000, description="Timed iterations per final shape; MAMF is the best mean over these.")
-    warmup: int = Field(50, ge=0, le=10000, description="Untimed iterations before each final shape's timed ones.")
+        None, ge=5, le=7200, description="Default: quick 30 s, thorough 300 s.")
+    iterations: int = Field(100, ge=1, le=10000, description="Timed per final shape; MAMF is the best mean.")
+    warmup: int = Field(50, ge=0, le=10000, description="Untimed per final shape.")
 
     @field_validator("m_range", "n_range", "k_range")
     @classmethod

@@ -19,7 +19,7 @@ from typing import Literal
 from pydantic import ConfigDict, model_validator
 
 from ..engine.figures import Figure, Measured, SweepContract
-from ..engine.spec import Field, Params, Record, Result, ToolFailure, ToolSpec, present
+from ..engine.spec import SELF_EVIDENT, Field, Params, Record, Result, ToolFailure, ToolSpec, present
 
 # PCIe payload rate per lane, per direction, GB/s (after line encoding): Gen1-2 8b/10b, Gen3-5
 # 128b/130b, Gen6 PAM4 with FLIT framing. x16 Gen4 = 31.5 GB/s, x16 Gen5 = 63.0 GB/s.
@@ -48,13 +48,14 @@ class MemoryBandwidthParams(Params):
         {"required": ["tests"],
          "properties": {"tests": {"items": {"enum": ["copy", "read", "write"]}}, "size_mib": {"maximum": 1024}}}]})
 
-    device: int | Literal["cpu"] = Field(0, description="GPU index, or 'cpu' (host copies, for tests: tests from copy/read/write, size_mib <= 1024).")
-    size_mib: int = Field(1024, ge=1, le=65536, description="Device buffer, MiB; far above the L2 cache.")
-    host_size_mib: int = Field(256, ge=1, le=16384, description="Host<->device transfer size, MiB.")
+    device: int | Literal["cpu"] = Field(0, description="GPU index, or 'cpu' (host copies, for tests).")
+    size_mib: int = Field(1024, ge=1, le=65536, description="Device buffer, far above L2.")
+    host_size_mib: int = Field(256, ge=1, le=16384, description="Host<->device transfer size.")
     tests: list[Literal["copy", "read", "write", "h2d", "d2h"]] = Field(
-        default_factory=lambda: list(TESTS), min_length=1, description="Which measurements to run.")
-    iterations: int = Field(20, ge=1, le=1000, description="Timed iterations per measurement.")
-    warmup: int = Field(3, ge=0, le=100, description="Untimed iterations before each measurement.")
+        default_factory=lambda: list(TESTS), min_length=1,
+                json_schema_extra=SELF_EVIDENT, description="Measurements to run.")
+    iterations: int = Field(20, ge=1, le=1000, json_schema_extra=SELF_EVIDENT, description="Timed per test.")
+    warmup: int = Field(3, ge=0, le=100, json_schema_extra=SELF_EVIDENT, description="Untimed per test.")
 
     @model_validator(mode="after")
     def _cpu_limits(self):

@@ -27,7 +27,7 @@ from . import paged
 from . import report
 from .setup import setup_from, unmodelled
 from ..shared.transformer_math import MODEL_DESCRIBED, ModelParams
-from ..engine.spec import Field, Progress, Result, ToolSpec, present
+from ..engine.spec import SELF_EVIDENT, Field, Progress, Result, ToolSpec, present
 
 
 SHARDED = ["zero3", "fsdp_full_shard", "fsdp_hybrid_shard"]
@@ -39,65 +39,60 @@ class MemoryParams(ModelParams):
         {"anyOf": [{"not": present("offload", const="optimizer_and_params")}, present("sharding", enum=SHARDED)]},
         {"anyOf": [{"not": present("gpu_memory_utilization")}, present("mode", const="inference")]}]})
 
-    mode: Literal["train", "inference"] = Field("train", description="train (model states + activations) or inference (weights + KV cache).")
+    mode: Literal["train", "inference"] = Field("train", description=(
+        "train: states + activations; inference: weights + KV cache."))
     precision: Literal["fp32", "bf16_mixed", "fp16_mixed", "fp8", "amp_bf16", "amp_fp8"] = Field(
         "bf16_mixed", description=(
-            "fp32; bf16/fp16_mixed (16-bit weights + fp32 master: Megatron, DeepSpeed); fp8 (Transformer Engine); "
-            "amp_bf16 (fp32 weights, bf16 compute: autocast, FSDP2, torchtitan); amp_fp8 (+ torchao float8). "
-            "Inference: the weight dtype."))
+            "*_mixed: 16-bit + fp32 master (Megatron, DeepSpeed); amp_*: fp32 weights, autocast (FSDP2, torchtitan). "
+            "Inference: weight dtype."))
     optimizer: Literal["adamw", "adam", "adam_8bit", "sgd_momentum", "adafactor"] = Field(
-        "adamw", description="States per parameter: Adam/AdamW 8 B, adam_8bit 2 B, sgd_momentum 4 B, adafactor ~0.")
+        "adamw", description="Bytes/param: Adam(W) 8, adam_8bit 2, sgd_momentum 4, adafactor ~0.")
     fp32_grads: bool = Field(True, description=(
-        "16-bit precisions: fp32 gradients (Megatron main_grad, 18 B/param with Adam) rather than 16-bit (ZeRO "
-        "paper, 16 B/param)."))
+        "16-bit precisions: fp32 grads (Megatron), else 16-bit (ZeRO)."))
     sharding: Literal["none", "zero1", "zero2", "zero3", "fsdp_full_shard", "fsdp_hybrid_shard"] = Field(
-        "none", description="ZeRO stage / FSDP strategy, over dp x cp ranks (hybrid: within shard_group_size).")
-    shard_group_size: int = Field(8, ge=1, le=100000, description="fsdp_hybrid_shard: GPUs per shard "
-                                  "group (usually GPUs per node).")
+        "none", description="Over dp x cp (hybrid: within shard_group_size).")
+    shard_group_size: int = Field(8, ge=1, le=100000, description="Hybrid shard group (usually GPUs per node).")
     reshard_after_forward: Literal["auto", "after_forward", "never"] = Field(
-        "auto", description="ZeRO-3/FSDP: free gathered layers after forward, or never; auto: never with pp > 1.")
-    tp: int = Field(1, ge=1, le=1024, description="Tensor-parallel size (must divide heads).")
-    pp: int = Field(1, ge=1, le=1024, description="Pipeline-parallel stages.")
-    pp_microbatches: int | None = Field(None, ge=1, le=100000, description="Micro batches per step with pp > 1 "
-                                        "(default: pp, torchtitan's default).")
+        "auto", description="ZeRO-3/FSDP; auto: never when pp > 1.")
+    tp: int = Field(1, ge=1, le=1024, description="Tensor parallel (divides heads).")
+    pp: int = Field(1, ge=1, le=1024, json_schema_extra=SELF_EVIDENT, description="Pipeline stages.")
+    pp_microbatches: int | None = Field(None, ge=1, le=100000, description="With pp > 1; default pp.")
     pipeline_schedule: Literal["1f1b", "gpipe", "interleaved_1f1b"] = Field(
-        "1f1b", description="1f1b: first stage holds min(pp, micro batches) in flight; gpipe: all; interleaved: not modelled.")
-    dp: int = Field(1, ge=1, le=1_000_000, description="Data-parallel replicas (FSDP/ZeRO shard over dp x cp).")
-    cp: int = Field(1, ge=1, le=1024, description="Context-parallel size (sequence split across GPUs).")
-    ep: int = Field(1, ge=1, le=100000, description="MoE expert-parallel size (divides experts and dp x cp).")
-    seq_len: int = Field(4096, ge=1, le=10_000_000, description="Training: sequence length. Inference: context per sequence (max_model_len). Default 4096.")
-    micro_batch: int = Field(1, ge=1, le=1_000_000, description="Training: sequences per micro batch per GPU. Inference: concurrent sequences. Default 1.")
+        "1f1b", description="1f1b: min(pp, micro batches) in flight; gpipe: all; interleaved: not modelled.")
+    dp: int = Field(1, ge=1, le=1_000_000, json_schema_extra=SELF_EVIDENT, description="Data-parallel replicas.")
+    cp: int = Field(1, ge=1, le=1024, description="Context parallel (sequence split).")
+    ep: int = Field(1, ge=1, le=100000, description="MoE expert parallel (divides experts and dp x cp).")
+    seq_len: int = Field(4096, ge=1, le=10_000_000, description=(
+        "Inference: context per sequence."))
+    micro_batch: int = Field(1, ge=1, le=1_000_000, description=(
+        "Per GPU; inference: concurrent sequences."))
     activation_checkpointing: Literal["none", "selective", "op_selective", "full"] = Field(
         "none", description=(
-            "none; selective (Megatron: attention scores only); op_selective (torchtitan per-op SAC); full (layer "
-            "inputs only)."))
-    flash_attention: bool | None = Field(None, description="Fused attention (no seq x seq scores). Default: on, off with fp32 (GPU flash kernels are 16-bit).")
+            "selective: Megatron; op_selective: torchtitan SAC; full: layer inputs only."))
+    flash_attention: bool | None = Field(None, description="No seq x seq scores; default on (off with fp32).")
     kernels: Literal["fused", "eager"] = Field(
         "eager", description=(
-            "eager: PyTorch / Hugging Face modules and DTensor TP (more saved tensors); fused: Megatron / "
-            "Transformer Engine."))
+            "eager: PyTorch / HF; fused: Megatron / TE."))
     compile: Literal["none", "blocks", "full"] = Field(
-        "none", description="torch.compile: blocks (loss eager, torchtitan) or full.")
-    loss_parallel: bool = Field(True, description="tp > 1, eager: DTensor vocab-parallel loss (three fp32 logit tensors).")
-    sequence_parallel: bool = Field(True, description="tp > 1: also split norm/dropout activations.")
-    dropout: bool = Field(False, description="Dropout on (stores 1-byte masks); most LLM pretraining runs "
-                          "without it.")
+        "none", description="torch.compile; blocks: loss eager (torchtitan).")
+    loss_parallel: bool = Field(True, description="tp > 1, eager: vocab-parallel loss.")
+    sequence_parallel: bool = Field(True, description="tp > 1: split norm/dropout too.")
+    dropout: bool = Field(False, description="Stores 1-byte masks.")
     finetune: Literal["full", "lora", "qlora"] = Field(
-        "full", description="full, lora (frozen 16-bit base) or qlora (4-bit NF4 base).")
-    lora_rank: int = Field(16, ge=1, le=65536, description="LoRA/QLoRA adapter rank r.")
+        "full", description="lora: frozen 16-bit base; qlora: 4-bit NF4 base.")
+    lora_rank: int = Field(16, ge=1, le=65536, json_schema_extra=SELF_EVIDENT, description="Adapter rank r.")
     offload: Literal["none", "optimizer", "optimizer_and_params"] = Field(
-        "none", description="CPU offload of optimizer states + master + gradients; optimizer_and_params (ZeRO-3): weights too.")
-    offload_device: Literal["cpu", "nvme"] = Field("cpu", description="cpu, or nvme (ZeRO-Infinity).")
-    gpus_per_node: int = Field(8, ge=1, le=1024, description="GPUs per node, for host RAM per node.")
-    kv_dtype: Literal["bf16", "fp16", "fp8", "fp32"] = Field("bf16", description="Inference: KV cache dtype.")
+        "none", description="To CPU: optimizer states, master, grads; +params (ZeRO-3): weights.")
+    offload_device: Literal["cpu", "nvme"] = Field("cpu", description="nvme: ZeRO-Infinity.")
+    gpus_per_node: int = Field(8, ge=1, le=1024, description="For host RAM per node.")
+    kv_dtype: Literal["bf16", "fp16", "fp8", "fp32"] = Field("bf16", description="Inference KV cache.")
     gpu_memory_utilization: float | None = Field(
-        None, gt=0, le=1, description="Inference, vLLM-style paged KV: fraction of GPU memory the engine may use (vLLM 0.9).")
-    max_num_seqs: int | None = Field(None, ge=1, le=1_000_000, description="Paged KV: most sequences scheduled "
-                                     "at once (vLLM --max-num-seqs).")
-    max_num_batched_tokens: int = Field(8192, ge=1, le=10_000_000, description="Inference: tokens per prefill chunk (vLLM --max-num-batched-tokens).")
-    accelerator: str | None = Field(None, max_length=100, description="GPU to check the fit against (h100, h200, a100, mi300x...).")
-    gpu_memory_gib: float | None = Field(None, gt=0, le=10000, description="Usable GPU memory in GiB; "
-                                         "overrides the accelerator's datasheet size.")
+        None, gt=0, le=1, description="Paged KV (vLLM): fraction of GPU memory used.")
+    max_num_seqs: int | None = Field(None, ge=1, le=1_000_000, description="Paged KV: vLLM --max-num-seqs.")
+    max_num_batched_tokens: int = Field(8192, ge=1, le=10_000_000, description=(
+        "Prefill chunk (vLLM)."))
+    accelerator: str | None = Field(None, max_length=100, description="GPU to fit (h100, h200, mi300x...).")
+    gpu_memory_gib: float | None = Field(None, gt=0, le=10000, description="Usable GPU GiB; overrides the datasheet.")
 
     @model_validator(mode="after")
     def _check_parallelism(self):

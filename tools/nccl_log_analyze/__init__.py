@@ -36,7 +36,7 @@ from .checks import NEXT, check_all, largest_comm, name_list
 from .messages import transport_of
 from .outputs import read_all
 from .parse import Parsed, Proc, parse_line, parse_paths, parse_text
-from ..engine.spec import Field, Progress, Record, Result, ToolFailure, ToolSpec, worst
+from ..engine.spec import SELF_EVIDENT, Field, Progress, Record, Result, ToolFailure, ToolSpec, worst
 from ..engine.data import load_data
 
 OUTPUT_READ_BYTES = 16 << 20   # nccl-tests output and RAS reports are small; a huge training log is cut here
@@ -70,7 +70,7 @@ class NicInfo(Record):
 class NcclLogParams(LogInputParams):
     """paths: NCCL_DEBUG=INFO output, e.g. one file per process from NCCL_DEBUG_FILE, or a directory of them."""
 
-    max_ranks: int = Field(64, ge=0, le=100_000, description="List at most this many ranks in the result.")
+    max_ranks: int = Field(64, ge=0, le=100_000, json_schema_extra=SELF_EVIDENT, description="Ranks listed, at most.")
 
 
 class NcclLogResult(Result):

@@ -31,12 +31,9 @@ __all__ = ["SPEC", "NicHealthParams", "NicHealthResult", "run"]
 
 class NicHealthParams(Params):
     sample_s: float = Field(2.0, ge=0, le=300, description=(
-        "Sampling window, seconds: counters and carrier changes are read at its start and end and the change "
-        "is judged. 0: one reading, totals only (nothing is judged on change). Not used with text."))
+        "Counters and carrier changes compared over this (0: one reading)."))
     text: str | None = Field(None, max_length=1_000_000, description=(
-        "Pasted `ibstat`, `ibv_devinfo`, `perfquery` or `ibdiagnet` output to judge instead of reading this node (one "
-        "reading: error counters above zero are named, state and rate judged as on a node; ibdiagnet's checks with "
-        "their error counts, and the fabric ports whose counters rose during its run)."))
+        "Pasted `ibstat`, `ibv_devinfo`, `perfquery` or `ibdiagnet` output to judge instead."))
 
 
 class NicHealthResult(Result):

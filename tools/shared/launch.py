@@ -81,13 +81,13 @@ class RankLayout(Params):
     """Where the ranks run: the fields every distributed tool shares."""
 
     nproc_per_node: int | None = Field(None, ge=1, le=64, description=(
-        "Ranks per node (default: every visible GPU; 2 gloo ranks without GPUs)."))
+        "Default: every GPU; 2 gloo ranks without."))
     nnodes: int | None = Field(None, ge=1, le=4096, description=(
-        "Nodes (default: the SLURM allocation's, else 1); several outside SLURM need rdzv_endpoint."))
+        "Default: the SLURM allocation's, else 1."))
     rdzv_endpoint: str | None = Field(None, pattern=r"^[A-Za-z0-9_.\-\[\]:]+:\d+$", description=(
-        "host:port of the first node's c10d rendezvous, when started by hand on every node."))
+        "host:port of node 0's c10d rendezvous (started by hand on each node, outside SLURM)."))
     backend: Literal["auto", "nccl", "gloo"] = Field("auto", description=(
-        "auto: NCCL when the ranks see GPUs, else gloo."))
+        "auto: NCCL when ranks see GPUs, else gloo."))
     nccl_env: dict[str, str] = nccl_env_field()
 
     @field_validator("nccl_env")

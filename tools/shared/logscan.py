@@ -11,7 +11,7 @@ from pathlib import Path
 
 from pydantic import ConfigDict, model_validator
 
-from ..engine.spec import Field, Params, Progress, ToolFailure, present
+from ..engine.spec import SELF_EVIDENT, Field, Params, Progress, ToolFailure, present
 from .safe_read import kind_of, open_regular
 
 # Lines are matched on their first MAX_MATCH_CHARS characters. Real log lines that matter are far
@@ -45,10 +45,9 @@ class LogInputParams(Params):
     model_config = ConfigDict(json_schema_extra={"oneOf": [present("paths", minItems=1), present("text", minLength=1)]})
 
     paths: list[str] = Field(default_factory=list, max_length=64, description=(
-        "Log files, directories (recursive) or globs; .gz read through. Exactly one of paths / text."))
-    text: str | None = Field(None, max_length=50_000_000, description="Pasted log text instead of paths "
-                             "(exactly one of paths and text).")
-    max_files: int = Field(2000, ge=1, le=100_000, description="Read at most this many files.")
+        "Files, directories, globs (.gz read); or text."))
+    text: str | None = Field(None, max_length=50_000_000, description="Pasted log text instead of paths.")
+    max_files: int = Field(2000, ge=1, le=100_000, json_schema_extra=SELF_EVIDENT, description="Files read, at most.")
 
     @model_validator(mode="after")
     def _one_input(self):

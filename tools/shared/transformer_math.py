@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import ConfigDict, model_validator
 
-from ..engine.spec import Field, Params, ToolFailure, present
+from ..engine.spec import SELF_EVIDENT, Field, Params, ToolFailure, present
 from ..engine.data import load_data
 
 
@@ -168,29 +168,27 @@ class ModelParams(Params):
 
     model: str | None = Field(
         None, json_schema_extra=_preset_enum, description=(
-            "Preset id (enum). Or describe the model by layers + hidden + heads, or by params_b alone; given "
-            "fields override the preset."))
+            "A preset; or layers + hidden + heads, or params_b; given fields override it."))
     params_b: float | None = Field(
         None, gt=0, le=100000, description=(
-            "Total parameters, billions, when the architecture is unknown (then no activations, KV cache or "
-            "attention FLOPs)."))
-    layers: int | None = Field(None, ge=1, le=1000, description="Transformer layers.")
-    hidden: int | None = Field(None, ge=1, le=1_000_000, description="Hidden size.")
-    heads: int | None = Field(None, ge=1, le=10000, description="Attention (query) heads.")
+            "Billions, if the architecture is unknown (no activations, KV cache, attention)."))
+    layers: int | None = Field(None, ge=1, le=1000, json_schema_extra=SELF_EVIDENT, description="Transformer layers.")
+    hidden: int | None = Field(None, ge=1, le=1_000_000, json_schema_extra=SELF_EVIDENT, description="Hidden size.")
+    heads: int | None = Field(None, ge=1, le=10000, description="Query heads.")
     kv_heads: int | None = Field(
-        None, ge=1, le=10000, description="Key/value heads (GQA); default heads.")
-    ffn: int | None = Field(None, ge=1, le=10_000_000, description="MLP intermediate size; default 4 x hidden.")
-    vocab: int | None = Field(None, ge=1, le=10_000_000, description="Vocabulary size; default 32000.")
+        None, ge=1, le=10000, description="GQA; default heads.")
+    ffn: int | None = Field(None, ge=1, le=10_000_000, description="MLP size; default 4 x hidden.")
+    vocab: int | None = Field(None, ge=1, le=10_000_000, description="Default 32000.")
     tied_embeddings: bool | None = Field(
-        None, description="Embedding and output head share one matrix; default false.")
+        None, description="Embedding shared with the head; default false.")
     gated_mlp: bool | None = Field(
-        None, description="SwiGLU MLP (3 matrices); default true.")
-    head_dim: int | None = Field(None, ge=1, le=4096, description="Head size when heads x head_dim != hidden (Qwen3: 128).")
-    experts: int | None = Field(None, ge=0, le=100000, description="MoE: routed experts per layer (0: dense).")
-    top_k: int | None = Field(None, ge=1, le=1024, description="MoE: routed experts per token.")
-    shared_experts: int | None = Field(None, ge=0, le=64, description="MoE: always-used experts (DeepSeek: 1); default 0.")
-    moe_ffn: int | None = Field(None, ge=1, le=1_000_000, description="MoE: one expert's intermediate size; default ffn.")
-    dense_layers: int | None = Field(None, ge=0, le=1000, description="MoE: leading dense layers (DeepSeek-V3: 3); default 0.")
+        None, description="SwiGLU (3 matrices); default true.")
+    head_dim: int | None = Field(None, ge=1, le=4096, description="When heads x head_dim != hidden (Qwen3: 128).")
+    experts: int | None = Field(None, ge=0, le=100000, description="MoE routed experts per layer (0: dense).")
+    top_k: int | None = Field(None, ge=1, le=1024, description="MoE experts per token.")
+    shared_experts: int | None = Field(None, ge=0, le=64, description="MoE always-on experts; default 0.")
+    moe_ffn: int | None = Field(None, ge=1, le=1_000_000, description="MoE expert MLP size; default ffn.")
+    dense_layers: int | None = Field(None, ge=0, le=1000, description="MoE leading dense layers; default 0.")
 
     @model_validator(mode="after")
     def _check_model(self):

@@ -37,16 +37,14 @@ from ..shared.actions import ACTION_FIELD, Action, HealthFinding, worst_action
 
 class SlurmJobDiagnoseParams(Params):
     job_id: str = Field(..., pattern=r"^\d+(_\d+)?$", max_length=40,
-                        description="Job id ('123456') or array task ('123456_7').")
+                        description="'123456' or an array task '123456_7'.")
     log_paths: list[str] = Field(default_factory=list, max_length=20,
                                  description=(
-                                     "Extra log files to triage (default: the job's stdout/stderr, found "
-                                     "automatically)."))
+                                     "Extra logs (default: the job's stdout/stderr)."))
     search_dirs: list[str] = Field(default_factory=list, max_length=10,
                                    description=(
-                                       "Where to look for slurm-<id>.out when SLURM forgot the job (default: the "
-                                       "current directory)."))
-    triage_logs: bool = Field(True, description="Run log_triage on the job's log files.")
+                                       "Where slurm-<id>.out may be (default: cwd)."))
+    triage_logs: bool = Field(True, description="log_triage the job's logs.")
 
 
 class SlurmJobDiagnoseResult(Result):

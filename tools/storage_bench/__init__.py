@@ -36,15 +36,16 @@ MiB = 2**20
 
 
 class StorageParams(Params):
-    path: str = Field("/tmp", min_length=1, max_length=4096, description="Existing writable directory to test (a temporary directory inside it is removed afterwards).")
-    size_mib: int = Field(256, ge=1, le=65536, description="Size of the sequential test file (MiB).")
-    block_kib: int = Field(1024, ge=4, le=65536, multiple_of=4, description="Sequential block size (KiB, multiple of 4).")
-    random_read_s: float = Field(2.0, ge=0, le=600, description="Seconds of random 4 KiB reads (0 skips).")
-    small_files: int = Field(1000, ge=0, le=1_000_000, description="Small files (4 KiB) to create, stat and "
-                             "delete (0 skips).")
-    time_budget_s: float = Field(60.0, ge=1, le=3600, description="Whole-run budget; above ~250 s raise timeout_s too.")
-    engine: Literal["auto", "fio", "python"] = Field("auto", description="fio when installed (auto), fio only, or Python.")
-    direct_io: Literal["auto", "on", "off"] = Field("auto", description="O_DIRECT where supported (auto), required (on) or never (off).")
+    path: str = Field("/tmp", min_length=1, max_length=4096, description=(
+        "Writable directory (a temp dir in it is removed after)."))
+    size_mib: int = Field(256, ge=1, le=65536, description="Sequential test file.")
+    block_kib: int = Field(1024, ge=4, le=65536, multiple_of=4, description="Sequential block.")
+    random_read_s: float = Field(2.0, ge=0, le=600, description="Random 4 KiB reads (0 skips).")
+    small_files: int = Field(1000, ge=0, le=1_000_000, description="4 KiB files created, stat'ed, deleted (0 skips).")
+    time_budget_s: float = Field(60.0, ge=1, le=3600, description="Whole run; past ~250 s raise timeout_s.")
+    engine: Literal["auto", "fio", "python"] = Field("auto", description="auto: fio if installed.")
+    direct_io: Literal["auto", "on", "off"] = Field("auto", description=(
+        "O_DIRECT: where supported, required, never."))
 
 
     @field_validator("block_kib")

@@ -34,17 +34,15 @@ STEP_LINE = re.compile(r"(?i)\b(step|iter(ation)?)\b.*\d.*\b(ms|s|sec|time|elaps
 
 class StragglerFindParams(Params):
     slurm_job_id: str = Field("", max_length=32, pattern=r"^([0-9]+(_[0-9]+)?)?$", description=(
-        "A RUNNING SLURM job (yours, or any as root): every node is sampled at once through "
-        "`srun --overlap --jobid`, one light process per node."))
-    launcher_pid: int | None = Field(None, ge=1, description="A torchrun (or other launcher) pid on this node: its ranks.")
+        "A RUNNING job: every node sampled at once."))
+    launcher_pid: int | None = Field(None, ge=1, description="A launcher pid here: its ranks.")
     pids: list[Annotated[int, Field(ge=1)]] = Field(default_factory=list, max_length=MAX_PIDS, description=(
-        "Rank processes on this node (at most 64)."))
+        "Rank pids here."))
     window_s: float = Field(20.0, ge=5, le=120, description=(
-        "Seconds to sample (5-120). Longer separates a small straggler from noise; 20 s is 100 samples a rank."))
-    rate_hz: int = Field(5, ge=5, le=100, description="Stack samples per second per rank (~1 ms of the node's CPU "
-                                                      "each; the rank is not stopped).")
+        "Longer separates a small straggler from noise."))
+    rate_hz: int = Field(5, ge=5, le=100, description="Samples/s per rank (~1 ms of node CPU each; not stopped).")
     log_paths: list[Annotated[str, Field(max_length=4096)]] = Field(default_factory=list, max_length=8, description=(
-        "The job's log files: their last step-time lines are quoted (the last 64 KiB of each is read)."))
+        "Job logs: last step-time lines quoted."))
 
     @model_validator(mode="after")
     def _one_target(self):

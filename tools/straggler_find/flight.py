@@ -112,9 +112,10 @@ def evidence(rank: int | None, lined: dict) -> str | None:
         return None
     others = [v for r, v in lined["ranks"].items() if r != rank]
     their_late = statistics.median(v["late_ms"] for v in others)
+    skew = "; hosts' clock skew adds to figures across hosts" if len({v["host"] for v in lined["ranks"].values()}) > 1 else ""
     text = (f"flight recorder ({lined['collectives']} collectives in every rank's dump): it issued them a median "
-            f"{me['late_ms']:.1f} ms after the first rank (the others {their_late:.1f} ms; hosts' clock skew adds "
-            f"to figures across hosts) and was last in {me['last_share']:.0%} of them")
+            f"{me['late_ms']:.1f} ms after the first rank (the others {their_late:.1f} ms{skew}) and was last in "
+            f"{me['last_share']:.0%} of them")
     durations = [v["duration_ms"] for v in others if v["duration_ms"] is not None]
     if me["duration_ms"] is not None and durations:
         text += (f"; its collectives ran a median {me['duration_ms']:.1f} ms, the others' {statistics.median(durations):.1f} ms "

@@ -131,8 +131,8 @@ def read_answer(tool: str, answer: dict, context: dict) -> Diagnosis | str | Non
         drain += [m["node"] for m in answer.get("not_answering") or [] if m["node"] not in drain]
         if drain:
             return Diagnosis(culprit_kind="node", culprit=drain, drain=drain, evidence="fleet_sweep drain list")
-        if verdict == "ok":
-            return Diagnosis(culprit_kind="none", evidence="every node within the fleet's rule")
+        if verdict == "ok" or fleet_judged_clean(answer):
+            return Diagnosis(culprit_kind="none", evidence="every node judged, none outside the fleet's rule")
         return Diagnosis(culprit_kind="inconclusive", evidence=" ".join(answer.get("findings", [])[:3]))
     if tool == "hang_stack_dump":
         ranks = answer.get("odd_ranks") or []
@@ -165,6 +165,16 @@ def read_answer(tool: str, answer: dict, context: dict) -> Diagnosis | str | Non
             return Diagnosis(culprit_kind="none", evidence="healthy or busy with another process")
         return None
     return None
+
+
+def fleet_judged_clean(answer: dict) -> bool:
+    """A fleet_sweep 'warn' that still clears every node: each was judged (nothing busy, no group too noisy,
+    every node answered, no drift) and every outlier was measured again and came back within the rule."""
+    outliers = answer.get("outliers") or []
+    return (not any(answer.get(k) for k in ("busy", "not_answering", "drift", "inventory_drift", "below_expected",
+                                              "drain"))
+            and not any(m.get("inconclusive") for m in answer.get("medians") or [])
+            and all(o.get("status") == "not repeated" for o in outliers) and bool(answer.get("rows")))
 
 
 def is_inconclusive(reading) -> bool:
@@ -221,7 +231,7 @@ def solve(message: str, context: dict) -> Attempt:
             attempt.ranking = ranking[:5]
             queue = [t for t in ranking if t in PLAYBOOK]
             tried: set[str] = set()
-            undecided: list[Diagnosis] = []    # "inconclusive" answers: kept, and said if nothing settles it
+            undecided: list[tuple[str, Diagnosis]] = []   # (tool, "inconclusive"): said if nothing settles it
 
             async def call(tool: str, params: dict):
                 nonlocal in_allocation
@@ -265,13 +275,16 @@ def solve(message: str, context: dict) -> Attempt:
                     continue
                 reading = await call(tool, params)
                 if is_inconclusive(reading) and len(attempt.calls) < MAX_CALLS:
-                    # The operator's move on "too noisy to judge, run again": once, the same call.
-                    undecided.append(reading)
+                    # The operator's move on "too noisy to judge, run again": once, the same call. Its answer
+                    # replaces the first one.
+                    undecided.append((tool, reading))
                     reading = await call(tool, params)
+                    if not is_inconclusive(reading):
+                        undecided = [(t, d) for t, d in undecided if t != tool]
                 if is_inconclusive(reading) or (undecided and is_none(reading)):
                     # Another route may still name a culprit; but "nothing wrong" from one check does not
                     # answer a question another check found too noisy to judge: that stays inconclusive.
-                    undecided.append(reading)
+                    undecided.append((tool, reading))
                     continue
                 if isinstance(reading, Diagnosis):
                     return reading
@@ -279,7 +292,7 @@ def solve(message: str, context: dict) -> Attempt:
                     queue.insert(0, reading)
             if undecided:
                 return Diagnosis(culprit_kind="inconclusive",
-                                 evidence=" | ".join(d.evidence for d in undecided if d.evidence)[:2000])
+                                 evidence=" | ".join(d.evidence for _, d in undecided if d.evidence)[:2000])
             return Diagnosis(culprit_kind="inconclusive", evidence="no tool answer named a culprit")
 
     t0 = time.monotonic()
@@ -297,9 +310,10 @@ def solve(message: str, context: dict) -> Attempt:
     return attempt
 
 
-def run_scenario(scenario_id: str) -> Attempt:
+def run_scenario(scenario_id: str, wait_s: float = 600) -> Attempt:
+    """One drill: start (waiting up to wait_s for the namespace cluster), solve, stop, grade."""
     scenario = load_scenario(scenario_id)
-    context = start(scenario.id, wait_s=600)
+    context = start(scenario.id, wait_s=wait_s)
     try:
         attempt = solve(context["message"], context)
     finally:
@@ -312,12 +326,12 @@ def run_scenario(scenario_id: str) -> Attempt:
     return attempt
 
 
-def main(ids: list[str], ci_only: bool = False, as_json: bool = False) -> int:
+def main(ids: list[str], ci_only: bool = False, as_json: bool = False, wait_s: float = 600) -> int:
     scenarios = [load_scenario(i) for i in ids] if ids else [s for s in all_scenarios() if s.ci or not ci_only]
     attempts = []
     for scenario in scenarios:
         try:
-            attempt = run_scenario(scenario.id)
+            attempt = run_scenario(scenario.id, wait_s)
         except DrillError as e:           # the place could not be set up: say so, go on with the others
             attempt = Attempt(scenario=scenario.id, ranking=[], reason=f"not run: {e}")
         attempts.append(attempt)
