@@ -22,7 +22,7 @@ import os
 import time
 from typing import Literal
 
-from ..engine.spec import Field, Params, ToolFailure, ToolSpec
+from ..engine.spec import SELF_EVIDENT, Field, Params, ToolFailure, ToolSpec
 from .checks import CHECKS, DEFAULT_CHECKS, NON_INVASIVE
 from .result import FleetSweepResult
 
@@ -52,7 +52,7 @@ class FleetSweepParams(Params):
     plot: bool = Field(True, description="Per-node figures vs the median as a PNG.")
     plot_path: str | None = Field(None, max_length=4096, description=(
         "PNG path (relative: the caller's cwd); default under $MLENG_HOME/plots/."))
-    overwrite: bool = Field(False, description="Replace plot_path if it exists.")
+    overwrite: bool = Field(False, json_schema_extra=SELF_EVIDENT, description="Replace plot_path if it exists.")
 
 
 def run(params: FleetSweepParams, progress) -> FleetSweepResult:
