@@ -31,8 +31,7 @@ Check = Literal[CHECKS]
 
 class FleetSweepParams(Params):
     checks: list[Check] | None = Field(None, min_length=1, max_length=len(CHECKS), description=(
-        "Default: all but storage_bench (added by storage_path); GPU checks only where there are GPUs. cpu_probe: CPU"
-        " matmul and copy."))
+        "Default: all but storage_bench (storage_path adds it); GPU checks on GPU nodes. cpu_probe: CPU matmul, copy."))
     job_id: str | None = Field(None, pattern=r"^\d+(_\d+)?$", description=(
         "Sweep this RUNNING job's nodes (srun --overlap)."))
     partition: str | None = Field(None, pattern=r"^[A-Za-z0-9_.\-]+$", max_length=128, description=(
