@@ -4,7 +4,7 @@
     mleng drill start ID [--json] [--wait-s S]   set the place up, inject, print the operator's message
     mleng drill grade ID --diagnosis FILE        score a diagnosis (JSON; FILE may be - for stdin)
     mleng drill stop                             undo everything (idempotent; also after a failed start)
-    mleng drill baseline [ID ...] [--ci]         the scripted baseline agent: start, solve, grade, stop
+    mleng drill baseline [ID ...] [--ci] [--wait-s S]  the scripted baseline agent: start, solve, grade, stop
     python -m tools.evals.drills.cli ...          (the same without the console script)
 
 Only one drill runs at a time (the namespace cluster is one per machine). Its state is in
@@ -42,6 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     p_base.add_argument("ids", nargs="*")
     p_base.add_argument("--ci", action="store_true", help="only the scenarios marked ci = true")
     p_base.add_argument("--json", action="store_true")
+    p_base.add_argument("--wait-s", type=float, default=600, help="how long each drill waits for the namespace cluster")
     args = parser.parse_args(argv)
     try:
         if args.command == "list":
@@ -83,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "baseline":
             from .baseline import main as baseline_main
 
-            return baseline_main(args.ids, ci_only=args.ci, as_json=args.json)
+            return baseline_main(args.ids, ci_only=args.ci, as_json=args.json, wait_s=args.wait_s)
     except (ScenarioError, DrillError, ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
