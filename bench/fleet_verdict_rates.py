@@ -1,54 +1,46 @@
-"""fleet_sweep's false-positive and miss rates on the namespace cluster, with a CPU hog outside the nodes.
+"""fleet_sweep's false-positive and miss rates on the namespace cluster (issue 24's acceptance runs).
 
-Issue 24's acceptance run: scripts/cluster-local.sh at 8 nodes; one busy-looping process in the head
-namespace (this machine's own, outside every node's cgroup) for the whole run; then
-  healthy: --healthy sweeps (cpu_probe; --checks adds others): a run that drains any node is a false
-           positive; inconclusive runs, busy rows and suspects a re-run cleared are counted too;
-  faulty:  --faulty sweeps with the last node's CPU capped at --quota-pct (10%) of a core (cgroup
-           quota): a run that drains that node and only it is a hit; a run where its quota hardly
-           bound (the host was busier than the cap) is counted apart, as the test suite skips it;
-  spreads: each node's run-to-run spread (1.4826 x MAD / median) of each cpu_probe figure over the
-           healthy runs, median over the nodes: the `spread` figures of knowledge/data/verdict_rules.toml.
-Holds /tmp/mln-cluster.session.lock for the whole run (as the test fixture does); the hog is killed
-and the cluster stopped at the end. Root, Debian 12.
+scripts/cluster-local.sh at 8 nodes, one cluster session per sweep (bench/cluster_session.py: the lock is
+taken per run, so other engineers' cluster tests run between two of ours); --record appends every run to a
+JSON-lines file and the rates are over the whole file, so it runs in pieces:
+  --fault none:    healthy sweeps (cpu_probe; --checks adds others); a run that drains any node is a false
+                   positive; inconclusive runs, busy rows and suspects a re-run cleared are counted too;
+  --fault cpu:     the last node's CPU capped at --quota-pct (10%) of a core (cgroup quota): a hit drains that
+                   node and only it; a run where the cap hardly bound (< 50% of periods) is counted apart;
+  --fault slurmd:  the last node's slurmd killed before the sweep: a hit drains that node and only it;
+  --hog / --no-hog: one busy-looping process in the head namespace (outside every node) during the sweep,
+                   or none (a quiet host: the miss rates);
+  spreads: each node's run-to-run spread (1.4826 x MAD / median) of each cpu_probe figure over the healthy
+           runs, median over the nodes: the `spread` figures of knowledge/data/verdict_rules.toml.
+A link rate limit (tbf) is not here: no fleet_sweep check measures a link's rate (collective_bench pairwise
+does: bench/pairwise_rates.py). Root, Debian 12.
 
-    python bench/fleet_verdict_rates.py                          # 8 nodes, 10 healthy, 2 faulty (~10 min)
-    python bench/fleet_verdict_rates.py --healthy 5 --faulty 3 --checks env_report gpu_health cpu_probe
+    python bench/fleet_verdict_rates.py --record /tmp/fleet.jsonl --fault none --hog --runs 5
+    python bench/fleet_verdict_rates.py --record /tmp/fleet.jsonl --fault cpu --no-hog --runs 3
+    python bench/fleet_verdict_rates.py --summary /tmp/fleet.jsonl
 """
 
 import argparse
-import fcntl
 import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from cluster_session import REPO, cluster_session, cpu_hog, host_load
+
 sys.path.insert(0, str(REPO))
-SCRIPT = REPO / "scripts" / "cluster-local.sh"
 CHECKS = ["cpu_probe"]   # the check with figures on a CPU cluster; --checks adds env_report, gpu_health
-
-
-def cluster(*args: str) -> str:
-    env = {**os.environ, "MLN_CLUSTER_SESSION": "held"}
-    return subprocess.run(["bash", str(SCRIPT), *args], env=env, check=True, capture_output=True, text=True).stdout
-
-
-def throttled(node: str) -> tuple[int, int]:
-    stat = dict(line.split() for line in Path(f"/sys/fs/cgroup/cpu/mln/{node}/cpu.stat").read_text().splitlines())
-    return int(stat["nr_periods"]), int(stat["nr_throttled"])
 
 
 def one_sweep(n: int, checks: list[str]) -> dict:
     from tools import fleet_sweep as fs
 
     t0 = time.monotonic()
-    r = fs.SPEC.run(fs.SPEC.Params(partition="debug", nodes=n, checks=checks, deadline_s=600, plot=False),
+    r = fs.SPEC.run(fs.SPEC.Params(partition="debug", nodes=n, checks=checks, deadline_s=240, plot=False),
                     lambda f, m: None)
     return {"wall_s": round(time.monotonic() - t0, 1), "verdict": r.verdict, "complete": r.nodes_complete,
             "drained": [d.node for d in r.drain], "busy_rows": len(r.busy),
@@ -96,76 +88,85 @@ def counterfactual(runs: list[dict]) -> dict[str, int]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nodes", type=int, default=8)
-    ap.add_argument("--healthy", type=int, default=10)
-    ap.add_argument("--faulty", type=int, default=2)
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--fault", choices=["none", "cpu", "slurmd"], default="none")
+    ap.add_argument("--hog", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--checks", nargs="+", default=CHECKS)
     ap.add_argument("--quota-pct", type=int, default=10, help="the faulty node's CPU cap, %% of one core")
-    ap.add_argument("--json", help="write every run here too")
-    ap.add_argument("--from-json", help="print the summary of a saved run (no cluster)")
+    ap.add_argument("--record", help="append every run here (JSON lines); the rates are over the whole file")
+    ap.add_argument("--summary", help="print the rates of a record file (no cluster)")
     args = ap.parse_args()
-    if args.from_json:
-        saved = json.loads(Path(args.from_json).read_text())
-        return summary(args, saved["healthy"], saved["faulty"])
-    bad = f"mln{args.nodes}"
-    lock = open("/tmp/mln-cluster.session.lock", "w")
-    fcntl.flock(lock, fcntl.LOCK_EX)
-    home = tempfile.mkdtemp(prefix="mln-verdict-")   # the sweeps' stored rows; removed at the end
-    os.environ["MLENG_HOME"] = home
-    hog = None
-    healthy, faulty = [], []
-    try:
-        env_lines = cluster("start", str(args.nodes))
-        os.environ["SLURM_CONF"] = env_lines.split("SLURM_CONF=")[1].split()[0]
-        hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-        for i in range(args.healthy):
-            run = one_sweep(args.nodes, args.checks)
-            healthy.append(run)
-            print("HEALTHY", i, json.dumps({k: v for k, v in run.items() if k != "figures"}), flush=True)
-        cluster("cpu", bad, str(args.quota_pct))
+    if args.summary:
+        return summary([json.loads(line) for line in Path(args.summary).read_text().splitlines() if line.strip()])
+    runs = []
+    for _ in range(args.runs):
+        home = tempfile.mkdtemp(prefix="mln-verdict-")   # the sweeps' stored rows; removed after the run
+        os.environ["MLENG_HOME"] = home
         try:
-            for i in range(args.faulty):
-                p0, t0 = throttled(bad)
-                run = one_sweep(args.nodes, args.checks)
-                p1, t1 = throttled(bad)
-                run["quota_bound"] = round((t1 - t0) / max(1, p1 - p0), 2)
-                faulty.append(run)
-                print("FAULTY", i, json.dumps({k: v for k, v in run.items() if k != "figures"}), flush=True)
+            with cluster_session(args.nodes) as cluster, cpu_hog(args.hog):
+                run = faulted_sweep(cluster, args)
         finally:
-            cluster("heal", bad)
-    finally:
-        if hog:
-            hog.kill()
-            hog.wait()
-        cluster("stop")
-        lock.close()
-        shutil.rmtree(home, ignore_errors=True)
-    return summary(args, healthy, faulty)
+            shutil.rmtree(home, ignore_errors=True)
+        runs.append(run)
+        print(args.fault.upper(), json.dumps({k: v for k, v in run.items() if k != "figures"}), flush=True)
+        if args.record:
+            with open(args.record, "a") as f:
+                f.write(json.dumps(run) + "\n")
+    return summary(runs if not args.record else
+                   [json.loads(line) for line in Path(args.record).read_text().splitlines() if line.strip()])
 
 
-def summary(args, healthy: list[dict], faulty: list[dict]) -> int:
-    bad = f"mln{args.nodes}"
+def faulted_sweep(cluster, args) -> dict:
+    bad = cluster.nodes[-1]
+    load = host_load()
+    if args.fault == "cpu":
+        cluster.script("cpu", bad, str(args.quota_pct))
+        p0, t0 = cluster.throttled(bad)
+    elif args.fault == "slurmd":
+        os.kill(cluster.slurmd_pid(bad), 9)
+    run = one_sweep(args.nodes, args.checks)
+    if args.fault == "cpu":
+        p1, t1 = cluster.throttled(bad)
+        run["quota_bound"] = round((t1 - t0) / max(1, p1 - p0), 2)
+    return {"fault": args.fault, "bad": bad if args.fault != "none" else None, "hog": args.hog,
+            "load_before": load, "load_after": host_load(), **run}
+
+
+def summary(runs: list[dict]) -> int:
+    for hog in (True, False):
+        for fault in ("none", "cpu", "slurmd"):
+            group = [r for r in runs if r["fault"] == fault and r["hog"] == hog]
+            if group:
+                print(f"\n{'HOG (1 core in the head namespace)' if hog else 'QUIET (no hog)'}, fault {fault}: "
+                      f"{len(group)} runs; load before each: {[r['load_before'] for r in group]}")
+                (healthy_rates if fault == "none" else fault_rates)(group)
+    return 0
+
+
+def healthy_rates(healthy: list[dict]) -> None:
     false_pos = sum(bool(r["drained"]) for r in healthy)
-    # a faulty run can be judged only when the cap bound and the node and >= 3 peers were not busy
-    bound = [r for r in faulty if r["quota_bound"] >= 0.5 and not r["figures"].get(bad, {}).get("busy")
-             and sum(not f["busy"] for node, f in r["figures"].items() if node != bad) >= 3]
-    hits = sum(r["drained"] == [bad] for r in bound)
-    print(f"\nRATES nodes={args.nodes} hog=1 core in the head namespace")
-    print(f"  healthy runs: {len(healthy)}; naming a culprit (false positive): {false_pos}; inconclusive: "
+    print(f"  naming a culprit (false positive): {false_pos}/{len(healthy)}; inconclusive: "
           f"{sum(bool(r['inconclusive']) for r in healthy)}; with busy rows: {sum(bool(r['busy_rows']) for r in healthy)}; "
           f"suspects cleared by the re-run: {sum(s[2] == 'not repeated' for r in healthy for s in r['suspects'])}")
-    print(f"  faulty runs ({bad} at {args.quota_pct}% of a core): {len(faulty)}; judged (cap bound in >= 50% of "
-          f"periods, not busy): {len(bound)}; "
-          f"{bad} drained alone: {hits}; missed: {len(bound) - hits}")
-    print(f"  false-positive rate {false_pos}/{len(healthy)}; miss rate {len(bound) - hits}/{len(bound)}")
-    print(f"  the same healthy figures, runs naming a healthy node: {json.dumps(counterfactual(healthy))}")
-    both = {"quiet": spreads(healthy, False), "all": spreads(healthy, True)}
-    print(f"SPREAD per node over the healthy runs (1.4826 x MAD / median), median over nodes: not busy "
-          f"{json.dumps(both['quiet'])}; busy included {json.dumps(both['all'])}")
     print(f"  busy cpu_probe rows: {sum(f['busy'] for r in healthy for f in r['figures'].values())} of "
           f"{sum(len(r['figures']) for r in healthy)}")
-    if args.json:
-        Path(args.json).write_text(json.dumps({"healthy": healthy, "faulty": faulty, "spreads": both}, indent=1))
-    return 0
+    print(f"  the same healthy figures, runs naming a healthy node: {json.dumps(counterfactual(healthy))}")
+    both = {"quiet": spreads(healthy, False), "all": spreads(healthy, True)}
+    print(f"  SPREAD per node over the runs (1.4826 x MAD / median), median over nodes: not busy "
+          f"{json.dumps(both['quiet'])}; busy included {json.dumps(both['all'])}")
+
+
+def fault_rates(faulty: list[dict]) -> None:
+    bad = faulty[0]["bad"]
+    # a CPU-capped run can be judged only when the cap bound and >= 3 peers were not busy
+    judged = [r for r in faulty if r["fault"] != "cpu" or (r["quota_bound"] >= 0.5 and sum(
+        not f["busy"] for node, f in r["figures"].items() if node != bad) >= 3)]
+    hits = sum(r["drained"] == [bad] for r in judged)
+    wrong = sum(bool(set(r["drained"]) - {bad}) for r in faulty)
+    print(f"  judged: {len(judged)} (CPU cap bound in >= 50% of periods, >= 3 peers not busy); {bad} drained alone: "
+          f"{hits}; missed: {len(judged) - hits}; runs draining a healthy node too: {wrong}")
+    print(f"  miss rate {len(judged) - hits}/{len(judged)}; verdicts {[r['verdict'] for r in faulty]}; "
+          f"{bad} busy in {sum(r['figures'].get(bad, {}).get('busy', False) for r in faulty)} runs")
 
 
 if __name__ == "__main__":

@@ -8,31 +8,25 @@ process in the head namespace (outside every node's cgroup) for the whole run; t
            that node and nothing else is a hit; one that names nothing or says inconclusive is a miss;
   spread:  the spread of healthy pairs' busbw each run measured (1.4826 x MAD / median): the figure behind
            pair_busbw_gbps_gloo in knowledge/data/verdict_rules.toml.
-Holds /tmp/mln-cluster.session.lock for the whole run (as the test fixture does); the hog is killed, the
-qdisc removed and the cluster stopped at the end. Root, Debian 12. Sizes are CPU-sized (32K..256K, gloo).
+Each run is a cluster session of its own (bench/cluster_session.py: lock, start, hog, fault, stop), so other
+engineers' cluster tests run between two of ours; --record appends every run to a JSON-lines file, and the
+rates are over the whole file: run it in pieces. Root, Debian 12. Sizes are CPU-sized (32K..256K, gloo).
 
-    python bench/pairwise_rates.py                         # 8 nodes, 5 healthy, 2 faulty (~30-60 min loaded)
-    python bench/pairwise_rates.py --nodes 4 --healthy 3 --faulty 1 --group-deadline-s 120
+    python bench/pairwise_rates.py --record /tmp/pairwise.jsonl --healthy 2 --faulty 0   # one piece (~5-10 min a run)
+    python bench/pairwise_rates.py --summary /tmp/pairwise.jsonl                          # the rates so far
 """
 
 import argparse
-import fcntl
 import json
-import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-SCRIPT = REPO / "scripts" / "cluster-local.sh"
+from cluster_session import REPO, cluster_session, cpu_hog, host_load
+
 SMALL = ["--backend", "gloo", "--nproc-per-node", "1", "--min-bytes", "32K", "--max-bytes", "256K", "--factor", "8",
          "--iters", "3", "--warmup", "1", "--pg-timeout-s", "30", "--json", "--no-plot", "--pattern", "pairwise"]
-
-
-def cluster(*args: str) -> str:
-    env = {**os.environ, "MLN_CLUSTER_SESSION": "held"}
-    return subprocess.run(["bash", str(SCRIPT), *args], env=env, check=True, capture_output=True, text=True).stdout
 
 
 def one_run(n: int, deadline_s: float) -> dict:
@@ -61,48 +55,47 @@ def main() -> int:
     ap.add_argument("--rate", default="50mbit", help="the faulty node's link rate (tbf)")
     ap.add_argument("--group-deadline-s", type=float, default=150.0)
     ap.add_argument("--no-hog", action="store_true", help="no CPU hog in the head namespace")
-    ap.add_argument("--json", help="write every run here too")
+    ap.add_argument("--record", help="append every run here (JSON lines); the rates are over the whole file")
+    ap.add_argument("--summary", help="print the rates of a record file (no cluster)")
     args = ap.parse_args()
-    bad = f"mln{args.nodes}"
-    lock = open("/tmp/mln-cluster.session.lock", "w")
-    fcntl.flock(lock, fcntl.LOCK_EX)
-    hog, healthy, faulty = None, [], []
-    try:
-        env_lines = cluster("start", str(args.nodes))
-        os.environ["SLURM_CONF"] = env_lines.split("SLURM_CONF=")[1].split()[0]
-        if not args.no_hog:
-            hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-        for i in range(args.healthy):
-            healthy.append(one_run(args.nodes, args.group_deadline_s))
-            print("HEALTHY", i, json.dumps(healthy[-1]), flush=True)
-        netns = ["ip", "netns", "exec", bad, "tc", "qdisc"]
-        subprocess.run(netns + ["add", "dev", "eth0", "root", "tbf", "rate", args.rate, "burst", "32kbit",
-                                "latency", "400ms"], check=True)
-        try:
-            for i in range(args.faulty):
-                faulty.append(one_run(args.nodes, args.group_deadline_s))
-                print("FAULTY", i, json.dumps(faulty[-1]), flush=True)
-        finally:
-            subprocess.run(netns + ["del", "dev", "eth0", "root"], check=False)
-    finally:
-        if hog:
-            hog.kill()
-            hog.wait()
-        cluster("stop")
-        lock.close()
+    if args.summary:
+        return summary([json.loads(line) for line in Path(args.summary).read_text().splitlines() if line.strip()])
+    runs = []
+    for kind in ["healthy"] * args.healthy + ["faulty"] * args.faulty:
+        with cluster_session(args.nodes) as cluster, cpu_hog(not args.no_hog):
+            bad = cluster.nodes[-1]
+            if kind == "faulty":
+                cluster.on_node(bad, "tc", "qdisc", "add", "dev", "eth0", "root", "tbf", "rate", args.rate,
+                                "burst", "32kbit", "latency", "400ms")
+            load = host_load()
+            run = {"kind": kind, "nodes": args.nodes, "bad": bad if kind == "faulty" else None, "rate": args.rate,
+                   "hog": not args.no_hog, "load_before": load, **one_run(args.nodes, args.group_deadline_s),
+                   "load_after": host_load()}
+        runs.append(run)
+        print(kind.upper(), json.dumps(run), flush=True)
+        if args.record:
+            with open(args.record, "a") as f:
+                f.write(json.dumps(run) + "\n")
+    return summary(runs if not args.record else
+                   [json.loads(line) for line in Path(args.record).read_text().splitlines() if line.strip()])
+
+
+def summary(runs: list[dict]) -> int:
+    healthy = [r for r in runs if r["kind"] == "healthy"]
+    faulty = [r for r in runs if r["kind"] == "faulty"]
     false_pos = sum(bool(r.get("named")) for r in healthy)
-    hits = sum(r.get("named") == [("node", [bad])] or r.get("named") == [["node", [bad]]] for r in faulty)
+    hits = sum([list(x) for x in r.get("named") or []] == [["node", [r["bad"]]]] for r in faulty)
     spreads = sorted(r["spread"] for r in healthy if r.get("spread") is not None)
-    print(f"\nRATES nodes={args.nodes} hog={'none' if args.no_hog else '1 core in the head namespace'}")
+    print(f"\nRATES hog={'1 core in the head namespace' if all(r['hog'] for r in runs) else 'mixed/none'}; "
+          f"nodes {sorted({r['nodes'] for r in runs})}")
     print(f"  healthy runs: {len(healthy)}; naming a culprit (false positive): {false_pos}; inconclusive: "
           f"{sum(bool(r.get('inconclusive')) for r in healthy)}; suspects cleared by the second measurement: "
           f"{sum(len(r.get('unconfirmed') or []) for r in healthy)}; errors: {sum('error' in r for r in healthy)}")
-    print(f"  faulty runs ({bad} at {args.rate}): {len(faulty)}; {bad} named alone: {hits}; missed: {len(faulty) - hits}")
+    print(f"  faulty runs (last node rate-limited): {len(faulty)}; that node named alone: {hits}; missed: {len(faulty) - hits}")
     print(f"  false-positive rate {false_pos}/{len(healthy)}; miss rate {len(faulty) - hits}/{len(faulty)}")
     print(f"SPREAD of healthy pairs' busbw per run (1.4826 x MAD / median): {spreads}")
-    print(f"WALL per run, s: healthy {[r['wall_s'] for r in healthy]}, faulty {[r['wall_s'] for r in faulty]}")
-    if args.json:
-        Path(args.json).write_text(json.dumps({"healthy": healthy, "faulty": faulty}, indent=1))
+    print(f"WALL per run, s: healthy {[r.get('wall_s') for r in healthy]}, faulty {[r.get('wall_s') for r in faulty]}")
+    print(f"LOAD before each run: {[r['load_before'] for r in runs]}")
     return 0
 
 

@@ -139,7 +139,7 @@ def build_result(params, target, got, stored: dict, wall_s: float, confirm=None,
     inconclusive = any(s["inconclusive"] for s in agg["stats"].values())
     verdict = ("fail" if agg["missing"] or agg["failed"] or confirmed else
                "warn" if (agg["outliers"] or agg["drift"] or agg["inventory_drift"] or agg["busy"] or inconclusive
-                          or agg["fleet_below_expected"]) else "ok" if rows else "info")
+                          or agg["fleet_below_expected"] or agg["cpu_limited_fleet"]) else "ok" if rows else "info")
     result = FleetSweepResult(
         verdict=verdict, target=f"{target.kind} ({len(target.nodes)} nodes)", nodes_total=len(target.nodes),
         nodes_complete=complete, rows=node_list, gpus=gpu_list, rule=agg["rule"],
