@@ -72,9 +72,9 @@ start_slurmd() {  # start_slurmd NODE: in its netns, its own UTS (hostname) and 
   # The mount namespace only carries /etc/hosts naming every node (gloo resolves its own hostname);
   # /sys stays the host's, so the cgroup tree joined first is seen by slurmd too.
   mkdir -p "$CGROUP/$1" "$D/spool/$1"
-  sh -c 'echo $$ > "$1/tasks" && exec nsenter --net="/run/netns/$2" unshare --uts --mount sh -c \
+  detached sh -c 'echo $$ > "$1/tasks" && exec nsenter --net="/run/netns/$2" unshare --uts --mount sh -c \
     "mount --bind /etc/netns/$2/hosts /etc/hosts && hostname $2 && exec slurmd -N $2"' \
-    sh "$CGROUP/$1" "$1" 9>&-
+    sh "$CGROUP/$1" "$1"
 }
 
 wait_idle() {  # wait_idle N [TENTHS]: every node plain "idle" ("idle*" is not responding yet)
@@ -96,7 +96,7 @@ start() {
   make_network "$n"
   write_conf "$n"
   seq "$n" | sed "s/^/$PREFIX/" > "$D/nodes"
-  slurmctld 9>&-
+  detached slurmctld
   for node in $(cat "$D/nodes"); do start_slurmd "$node"; done
   wait_idle "$n" && print_env
 }

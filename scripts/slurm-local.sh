@@ -53,12 +53,28 @@ install_pkgs() {
 
 munge_works() { munge -n 2>/dev/null | unmunge >/dev/null 2>&1; }
 
+# Daemons keep no descriptor of their caller's: one they inherit stays open for their whole life. Our own
+# op lock is fd 9, but a caller's session lock comes at any number (`flock FILE cmd` passes it as fd 3),
+# and a munged that kept it held the cluster session lock after the session ended (every later session
+# waited). So every descriptor above 2 is closed before a daemon is executed: `detached CMD...` for daemons
+# that fork away themselves; `( close_inherited_fds; exec CMD... ) &` for one kept in the background (a
+# backgrounded `detached` would leave the waiting shell between them holding everything).
+close_inherited_fds() {
+  local fd n
+  for fd in /proc/$BASHPID/fd/*; do
+    n=${fd##*/}
+    [ "$n" -gt 2 ] && eval "exec $n>&-"
+  done
+  return 0
+}
+detached() { ( close_inherited_fds; exec "$@" ); }
+
 start_munge() {
   munge_works && return 0                                   # someone else's munged is fine
   [ -s /etc/munge/munge.key ] || mungekey -c -k /etc/munge/munge.key
   chown munge:munge /etc/munge/munge.key && chmod 400 /etc/munge/munge.key
   install -d -o munge -g munge -m 0755 /run/munge           # no systemd: make the socket dir
-  runuser -u munge -- /usr/sbin/munged 9>&-
+  detached runuser -u munge -- /usr/sbin/munged
   touch "$MUNGE_MARK"
   for _ in $(seq 50); do munge_works && return 0; sleep 0.1; done
   say "munged did not come up"; return 1
@@ -70,9 +86,9 @@ start_accounting() {
     mariadb-install-db --user=root --datadir="$D/mysql" --auth-root-authentication-method=socket \
       --skip-test-db >/dev/null
   fi
-  setsid mariadbd --user=root --datadir="$D/mysql" --socket="$D/run/mysqld.sock" \
+  ( close_inherited_fds; exec setsid mariadbd --user=root --datadir="$D/mysql" --socket="$D/run/mysqld.sock" \
     --pid-file="$D/run/mysqld.pid" --port="$DB_PORT" --bind-address=127.0.0.1 \
-    --innodb-buffer-pool-size=64M --log-error="$D/log/mysqld.err" </dev/null >/dev/null 2>&1 9>&- &
+    --innodb-buffer-pool-size=64M --log-error="$D/log/mysqld.err" ) </dev/null >/dev/null 2>&1 &
   for _ in $(seq 100); do mariadb -S "$D/run/mysqld.sock" -e 'select 1' >/dev/null 2>&1 && break; sleep 0.1; done
   mariadb -S "$D/run/mysqld.sock" -e "
     CREATE USER IF NOT EXISTS 'slurm'@'127.0.0.1' IDENTIFIED BY 'slurmpw';
@@ -94,7 +110,7 @@ StoragePass=slurmpw
 StorageLoc=slurm_acct_db
 EOF
   chmod 600 "$D/etc/slurmdbd.conf"                            # slurmdbd refuses a readable file
-  slurmdbd 9>&-
+  detached slurmdbd
   for _ in $(seq 100); do
     (exec 3<>/dev/tcp/127.0.0.1/$DBD_PORT) 2>/dev/null && return 0; sleep 0.1
   done
@@ -181,8 +197,8 @@ start() {
   start_munge
   write_conf
   [ "$ACCOUNTING" = 1 ] && start_accounting   # slurmdbd must be up before slurmctld registers
-  slurmctld 9>&-
-  for n in $(node_names); do slurmd -N "$n" 9>&-; done
+  detached slurmctld
+  for n in $(node_names); do detached slurmd -N "$n"; done
   for _ in $(seq 300); do                # "idle*" means not responding yet: wait for plain idle
     if [ "$(sinfo -h -N -o '%T' 2>/dev/null | sort -u)" = idle ]; then
       echo "export SLURM_CONF=$SLURM_CONF"; return 0
@@ -251,8 +267,8 @@ stop_munge_if_last() {
 }
 
 # One start/stop at a time on this machine (test sessions also hold /tmp/slurm-local.lock for their
-# whole run, see tests/slurm_cluster.py). Daemons are started with fd 9 closed (`9>&-`): a daemon
-# that inherited it would hold the lock for its whole life.
+# whole run, see tests/slurm_cluster.py). Daemons are started through `detached`, which closes fd 9
+# among every other inherited descriptor: a daemon that kept it would hold the lock for its whole life.
 with_lock() { exec 9>"$D.op.lock"; flock -w 300 9 || { say "another start/stop is still running"; return 1; }; "$@"; }
 
 # Sourced (scripts/cluster-local.sh reuses the functions above): define, do not run.

@@ -44,7 +44,7 @@ class MfuParams(ModelParams):
     samples_per_s: float | None = Field(None, gt=0, le=1e12, description="Sequences/s, seq_len tokens each.")
     achieved_tflops_per_gpu: float | None = Field(None, gt=0, le=1e6, description="As a framework printed.")
     num_gpus: int = Field(1, ge=1, le=1_000_000, json_schema_extra=SELF_EVIDENT, description="GPUs in the job.")
-    seq_len: int = Field(4096, ge=1, le=10_000_000, description="Tokens per sequence.")
+    seq_len: int = Field(4096, ge=1, le=10_000_000, json_schema_extra=SELF_EVIDENT, description="Tokens per sequence.")
     accelerator: str | None = Field(None, max_length=100, description="Default: this machine's GPU.")
     dtype: Literal["bf16", "fp16", "fp8", "tf32", "fp32"] = Field(
         "bf16", description="Selects the datasheet peak.")

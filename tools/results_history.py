@@ -28,7 +28,7 @@ from .shared.judging import FigureRule, compare, is_inconclusive, relative_sprea
 
 class ResultsHistoryParams(Params):
     tool: str = Field("", max_length=64, description="A tool name; empty: all.")
-    host: str = Field("", max_length=255, description="Empty: all.")
+    host: str = Field("", max_length=255, json_schema_extra=SELF_EVIDENT, description="Empty: all.")
     gpu: str = Field("", max_length=128, description="GPU name, UUID or serial contains this.")
     since_days: float = Field(90, gt=0, le=3650, json_schema_extra=SELF_EVIDENT, description="Last N days.")
     limit: int = Field(20, ge=1, le=500, description="Rows, newest first.")

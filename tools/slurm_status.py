@@ -29,7 +29,7 @@ PROBLEM_WORDS = ("DRAIN", "DOWN", "FAIL", "NOT_RESPONDING", "INVAL", "NO_RESPOND
 
 class SlurmStatusParams(Params):
     partition: str | None = Field(None, max_length=200,
-                                  description="Default: every partition.")
+                                  json_schema_extra=SELF_EVIDENT, description="Default: every partition.")
     user: str | None = Field(None, max_length=100,
                              description="Default: you.")
     all_users: bool = Field(False, json_schema_extra=SELF_EVIDENT, description="Every user's jobs.")

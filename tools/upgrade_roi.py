@@ -48,9 +48,9 @@ class RoiParams(Params):
         "First purchase: estimate from params_b."))
     break_even_tolerance: float = Field(0.1, ge=0, le=1, description="Within this of break-even: too close to call.")
     train_tokens: float | None = Field(None, gt=0, le=1e18, description="For time and cost to train.")
-    num_gpus: int = Field(8, ge=1, le=1_000_000, description="On the current one.")
+    num_gpus: int = Field(8, ge=1, le=1_000_000, json_schema_extra=SELF_EVIDENT, description="On the current one.")
     candidate_num_gpus: int | None = Field(None, ge=1, le=1_000_000, description="Default: num_gpus.")
-    gpus_per_node: int = Field(8, ge=1, le=1024, description="Current.")
+    gpus_per_node: int = Field(8, ge=1, le=1024, json_schema_extra=SELF_EVIDENT, description="Current.")
     candidate_gpus_per_node: int | None = Field(None, ge=1, le=1024, description=(
         "GB200 trays: 4; default gpus_per_node."))
 

@@ -77,7 +77,7 @@ class CollectiveBenchParams(RankLayout, PatternFields):
     plot: bool = Field(True, description="busbw vs size as a PNG (needs matplotlib).")
     plot_path: str | None = Field(None, max_length=4096, description=(
         "PNG path (relative: the caller's cwd); default under $MLENG_HOME/plots/."))
-    overwrite: bool = Field(False, description="Replace plot_path if it exists.")
+    overwrite: bool = Field(False, json_schema_extra=SELF_EVIDENT, description="Replace plot_path if it exists.")
     plant_error_rank: int | None = Field(None, ge=0, description=(
         "Self-test: this rank corrupts one output element after each checked call; #wrong must count it."),
         json_schema_extra=SELF_TEST)

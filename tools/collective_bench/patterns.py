@@ -23,8 +23,8 @@ class PatternFields(Params):
     """The inputs of the pairwise and bisect patterns (CollectiveBenchParams inherits them)."""
 
     pattern: Literal["all", "pairwise", "bisect"] = Field("all", description=(
-        "all: one run; pairwise: node x node matrix (slow node: slow with every partner; slow link: one pair); "
-        "bisect: halves what fails or hangs until one bad node remains."))
+        # the tool description says what pairwise and bisect name; said once there
+        "all: one run over every rank; pairwise / bisect: find the bad node or link."))
     pair_rounds: int | None = Field(None, ge=1, le=8191, description=(
         "pairwise; default all (every pair once)."))
     group_deadline_s: float = Field(120.0, ge=10, le=3600, description=(

@@ -46,19 +46,17 @@ log = logging.getLogger("mleng")
 WAIT_MAX_S, TIMEOUT_MAX_S = 3600, 86400
 
 INSTRUCTIONS = f"""mleng runs real diagnostics and benchmarks on this machine's GPUs, network, storage and
-SLURM cluster and reads them against known-good figures. Measure before guessing; cheap read-only probes
-(env_report, gpu_health, log_triage) before GPU benchmarks. Each result has a verdict, findings with
-units, and `next` (tools or knowledge:// pages; knowledge://index lists them).
+SLURM cluster and reads them against known-good figures. Cheap read-only probes (env_report, gpu_health,
+log_triage) before GPU benchmarks. Each result has a verdict, findings with units, and `next` (tools or
+knowledge:// pages; knowledge://index lists them).
 Execution options, where a tool's schema lists them:
 - wait_s (seconds, 0-{WAIT_MAX_S}, default 60): how long the call waits; a longer run answers with a job
   handle (result.job.job_id): follow it with job_status, stop it with job_cancel.
 - timeout_s (seconds, 1-{TIMEOUT_MAX_S}; default in the schema): past it the run is killed and the call fails.
-- node (a SLURM node name: letters, digits, _ . -): run the tool on that node through srun and return
-  its result.
+- node (a SLURM node name: letters, digits, _ . -): run the tool on that node through srun.
 Optional fields may be left out (null means the same); a boolean left out is false unless its schema
-says otherwise; unknown arguments are refused. Guards are enforced but not shown: lengths from
-255 characters, lists from 1,024 items, maxima from 100,000, character-set patterns; a refusal names
-the field."""
+says otherwise; unknown arguments are refused. Guards are enforced but not shown: lengths from 255
+characters, lists from 1,024 items, maxima from 100,000, character-set patterns."""
 
 TEXT_JSON_LIMIT = 12_000  # characters of JSON in the text copy; structuredContent always has everything
 

@@ -22,7 +22,7 @@ import os
 import time
 from typing import Literal
 
-from ..engine.spec import Field, Params, ToolFailure, ToolSpec
+from ..engine.spec import SELF_EVIDENT, Field, Params, ToolFailure, ToolSpec
 from .checks import CHECKS, DEFAULT_CHECKS, NON_INVASIVE
 from .result import FleetSweepResult
 
@@ -31,8 +31,7 @@ Check = Literal[CHECKS]
 
 class FleetSweepParams(Params):
     checks: list[Check] | None = Field(None, min_length=1, max_length=len(CHECKS), description=(
-        "Default: all but storage_bench (added by storage_path); GPU checks only where there are GPUs. cpu_probe: CPU"
-        " matmul and copy."))
+        "Default: all but storage_bench (storage_path adds it); GPU checks on GPU nodes. cpu_probe: CPU matmul, copy."))
     job_id: str | None = Field(None, pattern=r"^\d+(_\d+)?$", description=(
         "Sweep this RUNNING job's nodes (srun --overlap)."))
     partition: str | None = Field(None, pattern=r"^[A-Za-z0-9_.\-]+$", max_length=128, description=(
@@ -52,7 +51,7 @@ class FleetSweepParams(Params):
     plot: bool = Field(True, description="Per-node figures vs the median as a PNG.")
     plot_path: str | None = Field(None, max_length=4096, description=(
         "PNG path (relative: the caller's cwd); default under $MLENG_HOME/plots/."))
-    overwrite: bool = Field(False, description="Replace plot_path if it exists.")
+    overwrite: bool = Field(False, json_schema_extra=SELF_EVIDENT, description="Replace plot_path if it exists.")
 
 
 def run(params: FleetSweepParams, progress) -> FleetSweepResult:

@@ -53,7 +53,7 @@ class HangStackDumpParams(Params):
     save_path: str = Field("", max_length=4096, description=(
         (
             "Write full dumps here ('{host}': host name).")))
-    overwrite: bool = Field(False, description="Replace save_path if it exists.")
+    overwrite: bool = Field(False, json_schema_extra=SELF_EVIDENT, description="Replace save_path if it exists.")
     max_frames: int = Field(12, ge=1, le=200, json_schema_extra=SELF_EVIDENT, description="Frames kept per stack.")
     max_groups: int = Field(8, ge=1, le=200, description="Stack groups reported (largest, odd ones first).")
     per_process_timeout_s: float = Field(30.0, gt=0, le=600, description="Per py-spy call.")

@@ -88,7 +88,7 @@ class LaunchScriptParams(Params):
     submit: bool = Field(False, description="Write and sbatch it (sbatch mode).")
     script_path: str | None = Field(None, max_length=1000, pattern=SAFE_TEXT, description=(
         "Default with submit: <workdir>/<job_name>.sbatch."))
-    overwrite: bool = Field(False, description="Replace script_path if it exists.")
+    overwrite: bool = Field(False, json_schema_extra=SELF_EVIDENT, description="Replace script_path if it exists.")
 
     @field_validator("tool_args", "extra_sbatch")
     @classmethod

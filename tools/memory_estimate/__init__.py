@@ -60,7 +60,7 @@ class MemoryParams(ModelParams):
     pipeline_schedule: Literal["1f1b", "gpipe", "interleaved_1f1b"] = Field(
         "1f1b", description="1f1b: min(pp, micro batches) in flight; gpipe: all; interleaved: not modelled.")
     dp: int = Field(1, ge=1, le=1_000_000, json_schema_extra=SELF_EVIDENT, description="Data-parallel replicas.")
-    cp: int = Field(1, ge=1, le=1024, description="Context parallel (sequence split).")
+    cp: int = Field(1, ge=1, le=1024, json_schema_extra=SELF_EVIDENT, description="Context parallel (sequence split).")
     ep: int = Field(1, ge=1, le=100000, description="MoE expert parallel (divides experts and dp x cp).")
     seq_len: int = Field(4096, ge=1, le=10_000_000, description=(
         "Inference: context per sequence."))

@@ -26,7 +26,7 @@ from .answer import REASON_TOOLS, findings, next_steps
 from .judge import Judgement, Rules, judge
 from .models import GpuSample, NodeReport, NodeSample, RankSample, Straggler
 from .slurm_job import node_line, sample_job
-from ..engine.spec import Field, Params, Result, ToolFailure, ToolSpec
+from ..engine.spec import SELF_EVIDENT, Field, Params, Result, ToolFailure, ToolSpec
 
 MAX_PIDS = 64
 STEP_LINE = re.compile(r"(?i)\b(step|iter(ation)?)\b.*\d.*\b(ms|s|sec|time|elapsed|it/s|s/it|tokens/s|tflops|mfu)\b")
@@ -36,7 +36,8 @@ class StragglerFindParams(Params):
     slurm_job_id: str = Field("", max_length=32, pattern=r"^([0-9]+(_[0-9]+)?)?$", description=(
         "A RUNNING job: every node sampled at once."))
     launcher_pid: int | None = Field(None, ge=1, description="A launcher pid here: its ranks.")
-    pids: list[Annotated[int, Field(ge=1)]] = Field(default_factory=list, max_length=MAX_PIDS, description=(
+    pids: list[Annotated[int, Field(ge=1)]] = Field(default_factory=list, max_length=MAX_PIDS,
+                                                    json_schema_extra=SELF_EVIDENT, description=(
         "Rank pids here."))
     window_s: float = Field(20.0, ge=5, le=120, description=(
         "Longer separates a small straggler from noise."))
