@@ -117,6 +117,6 @@ def test_pairwise_rdma_without_perftest_or_rdma_names_every_node(multinode_clust
     said = proc.stdout + proc.stderr
     assert proc.returncode != 0 and "transport: rdma needs perftest and an ACTIVE RDMA port on every node" in said
     lacks = "no RDMA device with an ACTIVE port" + ("" if shutil.which("ib_write_bw") and shutil.which("ib_write_lat")
-                                                    else ", perftest not present")
+                                                    else ", perftest not present (ib_write_bw / ib_write_lat not on PATH)")
     for node in multinode_cluster.nodes:
         assert re.search(rf"{node}: {re.escape(lacks)}(;|\. Use transport nccl)", said), said[-1500:]
