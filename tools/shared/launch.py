@@ -12,9 +12,11 @@ import json
 import os
 import random
 import re
+import secrets
 import shlex
 import shutil
 import socket
+import subprocess
 import sys
 import tempfile
 import time
@@ -225,10 +227,16 @@ def launch_ranks(command: list[str], world_size: int, *, timeout_s: float, stall
                "PYTHONUNBUFFERED": "1", **(env or {})}
     # A killed torchrun leaves its torchelastic_* log directory behind: give a local launch a scratch
     # TMPDIR of its own and remove it afterwards. Through srun each task makes and removes its own
-    # (slurm.srun_torchrun_command): other nodes would not have a path made here.
+    # (slurm.srun_torchrun_command): other nodes would not have a path made here. A task SIGKILLed by
+    # SLURM cannot remove its own, so the run tags the folders and, when it was stopped or failed, one
+    # cleanup step removes what is left on the allocation's nodes (a caller that runs many steps, as
+    # pairwise does, passes its own tag and cleans up once at the end).
     scratch = None if command[0] == "srun" else tempfile.mkdtemp(prefix="mleng-ranks-")
     if scratch:
         run_env["TMPDIR"] = scratch
+    own_tag = None
+    if command[0] == "srun" and not run_env.get(_slurm.SCRATCH_TAG_ENV):
+        own_tag = run_env[_slurm.SCRATCH_TAG_ENV] = secrets.token_hex(8)
     t0 = time.monotonic()
     reader = sidechannel.Reader(check_event)
     child = Supervised(command, parse_line=rank_reader(reader), env=run_env)
@@ -269,6 +277,8 @@ def launch_ranks(command: list[str], world_size: int, *, timeout_s: float, stall
         child.stop(grace_s=3.0)
         if scratch:
             shutil.rmtree(scratch, ignore_errors=True)
+        if own_tag and (stalled or overran or child.proc.returncode):
+            _remove_tagged_scratch(own_tag, run_env)
     drain()
     end = time.time()
     stderr_tail = child.stderr_text()
@@ -286,6 +296,22 @@ def launch_ranks(command: list[str], world_size: int, *, timeout_s: float, stall
                          skipped_lines=reader.notes(lambda task: "the ranks") + [
                              f"{n} line(s) skipped: {why}" for why, n in child.skipped.items()],
                          launch_failures=failed_nodes)
+
+
+def _remove_tagged_scratch(tag: str, env: dict) -> None:
+    """Best effort: the scratch folders tagged `tag` that killed tasks left on the allocation's nodes. A node
+    that does not answer keeps its own within CLEANUP_S; the answer does not depend on it."""
+    nodes = _slurm.allocation_nodes(env)
+    if not nodes:
+        return
+    try:
+        subprocess.run(_slurm.scratch_cleanup_command(nodes, tag), capture_output=True, env=env,
+                       timeout=CLEANUP_S, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+
+
+CLEANUP_S = 15   # a frozen node's slurmd never starts the cleanup task: do not hold the answer for it
 
 
 def _mark_gone(ranks: dict[int, RankState]) -> None:
