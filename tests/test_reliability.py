@@ -391,7 +391,7 @@ def _strings_without_max_length(schema: dict, defs: dict, path: str) -> list[str
 
 
 async def test_every_string_argument_of_every_tool_has_a_max_length():
-    # in the validator's schema: tools/list leaves out lengths from 255 (guards, engine/schemas.py), which
+    # in the validator's schema: tools/list leaves out lengths from 32 (guards, engine/schemas.py), which
     # Params still enforces (tests/test_schemas.py breaks each one)
     validators = {name: {k: v for k, v in compact(spec.Params.model_json_schema()).items() if k != "allOf"}
                   for name, spec in registry().items()}   # the fields (a root rule's sub-schemas describe none)

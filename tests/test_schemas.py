@@ -10,7 +10,7 @@ from mcp import Client
 from tools.engine.mcp_server import INSTRUCTIONS, build_server, input_schema
 from tools.engine.registry import registry
 from tools.engine.schemas import ROOT_RULES, compact
-from tools.engine.spec import SELF_TEST, Field, Params, present
+from tools.engine.spec import SELF_TEST, SUBPROCESS_TIMEOUT_S, Field, Params, present
 
 
 class Example(Params):
@@ -143,18 +143,19 @@ def test_the_execution_options_bounds_stated_once_are_the_ones_enforced():
                 CallOptions(**{name: bad})
 
 
-def _guards(full, published, path=()):
-    """(path, keyword, value) of every bound in `full` that `published` leaves out."""
+def _guards(full, published, path=(), with_schema=False):
+    """(path, keyword, value) of every bound in `full` that `published` leaves out (and, with_schema, the
+    schema object holding it)."""
     if isinstance(full, dict):
         for key, value in full.items():
             if key in ("properties", "$defs") and isinstance(value, dict):
                 for name, sub in value.items():
-                    yield from _guards(sub, published.get(key, {}).get(name, {}), path + (name,))
+                    yield from _guards(sub, published.get(key, {}).get(name, {}), path + (name,), with_schema)
             elif key in published:
-                yield from _guards(value, published[key], path + (key,))
+                yield from _guards(value, published[key], path + (key,), with_schema)
             elif not isinstance(value, (dict, list)) and not (key in ("additionalProperties", "default")
                                                               and value is False):   # said in the instructions
-                yield path, key, value
+                yield (path, key, value, full) if with_schema else (path, key, value)
 
 
 def _breaking(keyword, value):
@@ -165,6 +166,8 @@ def _breaking(keyword, value):
         return "a" * (value + 1)
     if keyword == "maximum":
         return value * 2 + 1
+    if keyword in ("minimum", "exclusiveMinimum"):
+        return 0                        # the "positive" rule of the instructions (minimum 1, exclusiveMinimum 0)
     return ["a"] * (value + 1)          # maxItems
 
 
@@ -173,19 +176,23 @@ GUARDED = sorted({(spec.name, path) for spec in registry().values()
 
 
 def test_guards_are_what_is_left_out_and_bounds_a_caller_plans_around_stay():
-    from tools.engine.schemas import guard
+    from tools.engine.schemas import guard, positive_only
 
-    left_out = {(spec.name,) + path + (key,): value for spec in registry().values()
-                for path, key, value in _guards(compact(spec.Params.model_json_schema()), input_schema(spec))}
-    assert left_out and all(guard(p[-1], v) for p, v in left_out.items()), left_out
+    left_out = {(spec.name,) + path + (key,): (value, schema) for spec in registry().values()
+                for path, key, value, schema in _guards(compact(spec.Params.model_json_schema()), input_schema(spec),
+                                                         with_schema=True)}
+    neither = {p: v for p, (v, schema) in left_out.items() if not (guard(p[-1], v) or positive_only(p[-1], v, schema))}
+    assert left_out and not neither, neither
+    assert ("memory_estimate", "layers", "minimum") in left_out               # "positive": the instructions say it
+    assert input_schema(registry()["memory_estimate"])["properties"]["experts"]["minimum"] == 0   # 0 allowed: shown
     assert ("collective_bench", "nodes", "items", "pattern") in left_out       # the long node-name pattern
     assert ("memory_estimate", "seq_len", "maximum") in left_out              # an overflow guard
     window = input_schema(registry()["straggler_find"])["properties"]["window_s"]
     assert (window["minimum"], window["maximum"]) == (5, 120)                 # a bound a caller plans around
     job_id = input_schema(registry()["slurm_job_diagnose"])["properties"]["job_id"]
     assert job_id["pattern"] == r"^\d+(_\d+)?$"                                # a form, not a character set
-    assert not guard("maxLength", 254) and not guard("maxItems", 512) and not guard("maximum", 65536)
-    assert not guard("pattern", r"^[A-Za-z0-9_.\-]{1,64}$") and guard("pattern", r"^[^\x00-\x1f\x7f]*$")
+    assert not guard("maxLength", 31) and not guard("maxItems", 12) and not guard("maximum", 65536)
+    assert not guard("pattern", r"^[A-Za-z0-9_.\-]{1,16}$") and guard("pattern", r"^[^\x00-\x1f\x7f]*$")
     node = input_schema(registry()["env_report"])["properties"]["node"]
     assert node == {"type": "string"}
 
@@ -251,4 +258,44 @@ async def test_what_the_instructions_say_once_holds_for_every_tool():
     assert bare >= 10
     async with Client(build_server()) as c:
         r = await c.call_tool("accelerator_specs", {"names": ["h100"], "no_such_argument": 1})
+        timeout_s = {t.name: t.input_schema["properties"].get("timeout_s") for t in (await c.list_tools()).tools}
+    # timeout_s shows its default only where it is not the one the instructions give
+    assert f"{SUBPROCESS_TIMEOUT_S:g} unless the schema shows a default" in INSTRUCTIONS
+    assert timeout_s["env_report"] == {"type": "number"} and registry()["env_report"].timeout_s == SUBPROCESS_TIMEOUT_S
+    assert timeout_s["collective_bench"]["default"] == registry()["collective_bench"].timeout_s != SUBPROCESS_TIMEOUT_S
     assert r.is_error and "no_such_argument" in r.content[0].text
+
+
+def _numbers(schema, path=()):
+    """(path, schema object) of every integer or number in a published schema, items and anyOf branches too."""
+    if isinstance(schema, dict):
+        if schema.get("type") in ("integer", "number"):
+            yield path, schema
+        for key, value in schema.items():
+            if key == "properties":
+                for name, sub in value.items():
+                    yield from _numbers(sub, path + (key, name))
+            elif isinstance(value, (dict, list)):
+                yield from _numbers(value, path + (key,))
+    elif isinstance(schema, list):
+        for i, item in enumerate(schema):
+            yield from _numbers(item, path + (i,))
+
+
+def test_a_number_shown_without_a_lower_bound_is_positive_as_the_instructions_say():
+    """The rule has no exception but the execution options (whose bounds the instructions give): every
+    integer or number published without a lower bound had exactly minimum 1 / exclusiveMinimum 0."""
+    assert "a number shown without a lower bound is positive (an integer >= 1)" in INSTRUCTIONS
+    unbounded = 0
+    for spec in registry().values():
+        full = compact(spec.Params.model_json_schema())
+        for path, shown in _numbers(input_schema(spec)):
+            if path[1] in ("wait_s", "timeout_s") or {"minimum", "exclusiveMinimum"} & set(shown):
+                continue
+            unbounded += 1
+            source = full     # the same place in the unpublished schema: publishing only removes keywords
+            for step in path:
+                source = source[step]
+            positive = {"integer": ("minimum", 1), "number": ("exclusiveMinimum", 0)}[shown["type"]]
+            assert source.get(positive[0]) == positive[1], (spec.name, path, source)
+    assert unbounded >= 80

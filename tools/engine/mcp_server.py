@@ -38,7 +38,7 @@ from .registry import registry
 from .schemas import compact, for_hosts, without_guards
 from .rendering import format_result, validation_message
 from .on_node import NODE_MAX_CHARS, NODE_PATTERN
-from .spec import Params, ToolFailure, ToolSpec, takes_node
+from .spec import SUBPROCESS_TIMEOUT_S, Params, ToolFailure, ToolSpec, takes_node
 
 log = logging.getLogger("mleng")
 
@@ -52,11 +52,13 @@ knowledge:// pages; knowledge://index lists them).
 Execution options, where a tool's schema lists them:
 - wait_s (seconds, 0-{WAIT_MAX_S}, default 60): how long the call waits; a longer run answers with a job
   handle (result.job.job_id): follow it with job_status, stop it with job_cancel.
-- timeout_s (seconds, 1-{TIMEOUT_MAX_S}; default in the schema): past it the run is killed and the call fails.
+- timeout_s (seconds, 1-{TIMEOUT_MAX_S}; {SUBPROCESS_TIMEOUT_S:g} unless the schema shows a default): past it the run is
+  killed and the call fails.
 - node (a SLURM node name: letters, digits, _ . -): run the tool on that node through srun.
 Optional fields may be left out (null means the same); a boolean left out is false unless its schema
-says otherwise; unknown arguments are refused. Guards are enforced but not shown: lengths from 255
-characters, lists from 1,024 items, maxima from 100,000, character-set patterns."""
+says otherwise; a number shown without a lower bound is positive (an integer >= 1);
+unknown arguments are refused. Guards are enforced but not shown: lengths from 32 characters, lists
+from 20 items, maxima from 100,000, character-set patterns."""
 
 TEXT_JSON_LIMIT = 12_000  # characters of JSON in the text copy; structuredContent always has everything
 
@@ -89,8 +91,8 @@ def input_schema(spec: ToolSpec) -> dict:
     they do and their bounds, and CallOptions enforces them (built once per tool)."""
     schema = for_hosts(spec.Params.model_json_schema())
     if spec.runs == "subprocess":
-        schema["properties"] = {**schema.get("properties", {}), "wait_s": {"type": "number"},
-                                "timeout_s": {"type": "number", "default": spec.timeout_s}}
+        timeout = {"type": "number"} | ({} if spec.timeout_s == SUBPROCESS_TIMEOUT_S else {"default": spec.timeout_s})
+        schema["properties"] = {**schema.get("properties", {}), "wait_s": {"type": "number"}, "timeout_s": timeout}
         if takes_node(spec):
             # its form is in the instructions; NODE_MAX_CHARS is a guard like the tools' own
             schema["properties"]["node"] = without_guards({"type": "string", "maxLength": NODE_MAX_CHARS})

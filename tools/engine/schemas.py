@@ -20,17 +20,23 @@ An agent reads every tool's schema before its first call, so bytes here are paid
 - a field marked `SELF_EVIDENT` ('layers', 'iters': name, type and bounds say it) is published without
   its description (the CLI's --help keeps it);
 - guards (`guard()`) are not published: a bound that only keeps an abusive or broken caller from costing
-  memory or reaching a shell or a command line, which no honest call comes near: string `maxLength` >= 255,
-  `maxItems` / `maxProperties` >= 1024, `maximum` >= 100,000 (overflow guards: 10 M tokens of sequence,
-  1e18 tokens to train), and a `pattern` that only limits the character set (`^[class]+$`, `^[^class]*$`,
-  `^[class]{1,N}$` with N >= 255: node names, control characters). The server instructions say so, and the
+  memory or reaching a shell or a command line, which no honest call comes near: string `maxLength` >= 32
+  (identifiers, names and paths: a SLURM job id, an accelerator name), `maxItems` >= 20 (log files, shapes),
+  `maxProperties` >= 1024, `maximum` >= 100,000 (overflow guards: 10 M tokens of sequence, 1e18 tokens to
+  train), and a `pattern` that only limits the character set (`^[class]+$`, `^[^class]*$`, `^[class]{1,N}$`
+  with N >= 32: node names, control characters). The server instructions say so, and the
   validator still refuses past each one, naming the field. A bound a caller must plan around (a window of
-  5-120 s, an enum, a port range) stays.
+  5-120 s, an enum, a port range) stays;
+- a lower bound that only says "positive" (`minimum: 1` on an integer, `exclusiveMinimum: 0` on a number:
+  three lower bounds in four) is said once in the server instructions: a number shown with
+  no lower bound is positive. Every other lower bound (0 allowed, 1.5, 10 s) stays, so the rule has no
+  exception but the execution options, whose bounds the instructions give.
 Validation is unchanged: `Params(**arguments)` is the authority; every other bound and enum stays in the
 schema, and the rules stay in `Params.model_json_schema()`, where tests check them against the validator.
 """
 
 import re
+from collections.abc import Callable
 from typing import Any
 
 from .spec import SELF_EVIDENT, SELF_TEST
@@ -41,8 +47,9 @@ _EVIDENT = next(iter(SELF_EVIDENT))
 ROOT_RULES = ("allOf", "anyOf", "oneOf", "not", "if", "then", "else")
 
 
-# The smallest bound of each kind that is a guard (see the module docstring).
-GUARD_AT_LEAST = {"maxLength": 255, "maxItems": 1024, "maxProperties": 1024, "maximum": 100_000}
+# The smallest bound of each kind that is a guard (see the module docstring). Lengths and list sizes from these
+# are abuse bounds on identifiers and paths (a SLURM job id, a node name, 20 log files): no caller plans by them.
+GUARD_AT_LEAST = {"maxLength": 32, "maxItems": 20, "maxProperties": 1024, "maximum": 100_000}
 # A pattern that is one character class (or its negation), repeated: it limits characters, not form.
 _CHARSET_ONLY = re.compile(r"\^\[(?:\\.|[^\]\\])+\](?:[+*]|\{\d+,(\d+)\})\$")
 
@@ -56,22 +63,43 @@ def guard(key: str, value: Any) -> bool:
     return least is not None and isinstance(value, (int, float)) and not isinstance(value, bool) and value >= least
 
 
-def without_guards(schema: Any) -> Any:
-    """`schema` without its guards (a new object)."""
+def positive_only(key: str, value: Any, schema: dict) -> bool:
+    """Does `key: value`, a keyword of the schema object `schema`, only say "positive" (an integer's minimum 1,
+    a number's exclusiveMinimum 0)?"""
+    if "minimum" in schema and "exclusiveMinimum" in schema or isinstance(value, bool):
+        return False    # two lower bounds: both stay, as neither alone is the rule
+    kind = schema.get("type")
+    return (kind == "integer" and key == "minimum" and value == 1
+            or kind == "number" and key == "exclusiveMinimum" and value == 0)
+
+
+def _pruned(schema: Any, drop: Callable[[str, Any, dict], bool]) -> Any:
+    """`schema` without every keyword `key: value` of a schema object `obj` where drop(key, value, obj) (a new
+    object); a sub-schema left empty by it says nothing more than absent, and goes too."""
     if isinstance(schema, list):
-        return [without_guards(item) for item in schema]
+        return [_pruned(item, drop) for item in schema]
     if not isinstance(schema, dict):
         return schema
     out = {}
     for key, value in schema.items():
         if key in ("properties", "$defs", "definitions") and isinstance(value, dict):
-            out[key] = {name: without_guards(sub) for name, sub in value.items()}   # keys are field names
-        elif not guard(key, value):
-            out[key] = without_guards(value)
+            out[key] = {name: _pruned(sub, drop) for name, sub in value.items()}   # keys are field names
+        elif not drop(key, value, schema):
+            out[key] = _pruned(value, drop)
     for key in ("propertyNames", "additionalProperties", "items"):
-        if out.get(key) == {}:   # a sub-schema that held only guards says nothing more than absent
+        if out.get(key) == {}:
             del out[key]
     return out
+
+
+def without_guards(schema: Any) -> Any:
+    """`schema` without its guards (a new object)."""
+    return _pruned(schema, lambda key, value, _: guard(key, value))
+
+
+def without_positive_bounds(schema: Any) -> Any:
+    """`schema` without lower bounds that only say "positive" (a new object): the instructions say it once."""
+    return _pruned(schema, positive_only)
 
 
 def _is_null(schema: Any) -> bool:
@@ -123,9 +151,9 @@ def compact(schema: Any, inputs: bool = True) -> Any:
 
 
 def for_hosts(schema: dict) -> dict:
-    """A Params schema as tools/list publishes it: compacted, without guards, and without cross-field rules at
-    its root."""
-    out = without_guards(compact(schema))
+    """A Params schema as tools/list publishes it: compacted, without guards or "positive" lower bounds, and
+    without cross-field rules at its root."""
+    out = without_positive_bounds(without_guards(compact(schema)))
     for key in ROOT_RULES:
         out.pop(key, None)
     # said once in the server instructions: unknown arguments are refused, booleans default to false

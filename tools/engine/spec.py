@@ -22,6 +22,8 @@ __all__ = ["Field", "Params", "SELF_TEST", "SELF_EVIDENT", "present", "needs", "
 
 Verdict = Literal["ok", "warn", "fail", "info"]
 IN_PROCESS_MAX_S = 60.0
+# A subprocess tool's deadline unless its spec sets one (the server instructions state it; schemas show others).
+SUBPROCESS_TIMEOUT_S = 300.0
 STR_MAX_CHARS = 4096   # longest free string argument unless a field says otherwise
 RunsIn = Literal["in_process", "subprocess"]
 
@@ -165,7 +167,7 @@ class ToolSpec:
         if self.metric and self.metric not in self.Result.model_fields:
             raise ValueError(f"{self.name}: metric {self.metric!r} is not a Result field")
         if self.timeout_s is None:
-            object.__setattr__(self, "timeout_s", 30.0 if self.runs == "in_process" else 300.0)
+            object.__setattr__(self, "timeout_s", 30.0 if self.runs == "in_process" else SUBPROCESS_TIMEOUT_S)
         if self.runs == "in_process" and self.timeout_s > IN_PROCESS_MAX_S:
             raise ValueError(f"{self.name}: an in-process tool cannot be killed, so it must be short "
                              f"(timeout_s <= {IN_PROCESS_MAX_S:g}); run it as a subprocess instead")

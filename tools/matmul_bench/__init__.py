@@ -77,7 +77,7 @@ class MatmulBenchParams(Params):
         "As m_range."))
     k_range: list[RangeValue] = Field(default_factory=list, max_length=3, json_schema_extra=RANGE_SHAPE, description=(
         "As m_range."))
-    device: int | Literal["cpu"] = Field(
+    device: Annotated[int, Field(ge=0)] | Literal["cpu"] = Field(
         0, description="GPU index, or 'cpu' (tiny shapes, for tests).")
     all_gpus: bool = Field(False, description="Every GPU in turn; flags any >5% below the median.")
     time_budget_s: float | None = Field(

@@ -14,7 +14,7 @@ By hand:
 """
 
 import re
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import ConfigDict, model_validator
 
@@ -48,7 +48,7 @@ class MemoryBandwidthParams(Params):
         {"required": ["tests"],
          "properties": {"tests": {"items": {"enum": ["copy", "read", "write"]}}, "size_mib": {"maximum": 1024}}}]})
 
-    device: int | Literal["cpu"] = Field(0, description="GPU index, or 'cpu' (host copies, for tests).")
+    device: Annotated[int, Field(ge=0)] | Literal["cpu"] = Field(0, description="GPU index, or 'cpu' (host copies, for tests).")
     size_mib: int = Field(1024, ge=1, le=65536, description="Device buffer, far above L2.")
     host_size_mib: int = Field(256, ge=1, le=16384, description="Host<->device transfer size.")
     tests: list[Literal["copy", "read", "write", "h2d", "d2h"]] = Field(
