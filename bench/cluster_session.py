@@ -20,8 +20,10 @@ from contextlib import contextmanager
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-SCRIPT = REPO / "scripts" / "cluster-local.sh"
-SESSION_LOCK = "/tmp/mln-cluster.session.lock"
+sys.path.insert(0, str(REPO))
+
+# the cluster's names (folder, session lock, script) and ways in are the drills' (one place for them)
+from tools.evals.drills import cluster as namespace_cluster  # noqa: E402
 
 
 class Cluster:
@@ -30,12 +32,10 @@ class Cluster:
 
     @staticmethod
     def script(*args: str) -> str:
-        env = {**os.environ, "MLN_CLUSTER_SESSION": "held"}   # we hold the session lock
-        return subprocess.run(["bash", str(SCRIPT), *args], env=env, check=True, capture_output=True,
-                              text=True).stdout
+        return namespace_cluster.cluster_script(*args).stdout    # we hold the session lock
 
     def on_node(self, node: str, *argv: str) -> None:
-        subprocess.run(["ip", "netns", "exec", node, *argv], check=True, capture_output=True)
+        namespace_cluster.on_node(node, *argv)
 
     def throttled(self, node: str) -> tuple[int, int]:
         """(CFS periods, periods throttled) of the node's cgroup so far."""
@@ -43,13 +43,13 @@ class Cluster:
         return int(stat["nr_periods"]), int(stat["nr_throttled"])
 
     def slurmd_pid(self, node: str) -> int:
-        return int(Path(f"/tmp/mln-cluster/run/slurmd-{node}.pid").read_text())
+        return namespace_cluster.slurmd_pid(node)
 
 
 @contextmanager
 def cluster_session(nodes: int):
     """Hold the session lock, start `nodes` nodes, point SLURM_CONF at them; stop and release after."""
-    lock = open(SESSION_LOCK, "w")
+    lock = open(namespace_cluster.SESSION_LOCK, "w")
     fcntl.flock(lock, fcntl.LOCK_EX)   # waits in the kernel's queue behind other sessions
     old = os.environ.get("SLURM_CONF")
     try:

@@ -79,8 +79,9 @@ def stuck_job(ptrace_ok, tmp_path_factory):
     work = tmp_path_factory.mktemp("stuck")
     (work / f"{JOB}.py").write_text(STUCK_JOB)
     cmd = torchrun_command(JOB, WORLD, [])
+    # TMPDIR: torchrun's torchelastic_* folder, which a killed torchrun leaves behind, goes to the test's folder
     proc = subprocess.Popen(cmd, cwd=work, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                            start_new_session=True, env=dict(os.environ, PYTHONPATH=str(work)))
+                            start_new_session=True, env=dict(os.environ, PYTHONPATH=str(work), TMPDIR=str(work)))
     try:
         seen, deadline = [], time.monotonic() + 120
         while len(seen) < WORLD and time.monotonic() < deadline:

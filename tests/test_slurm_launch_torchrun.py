@@ -44,7 +44,8 @@ def _run_nodes(tmp_path, backend: str, gpus_per_node: int) -> list[str]:
     assert len(commands) == 2
     procs = []
     for node, cmd in enumerate(commands):
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        # TMPDIR: torchrun's torchelastic_* folder, which a killed torchrun leaves behind, goes to the test's folder
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path)}
         if gpus_per_node:
             env["CUDA_VISIBLE_DEVICES"] = str(node)
         procs.append(subprocess.Popen(["bash", "-c", cmd], cwd=tmp_path, env=env, text=True,

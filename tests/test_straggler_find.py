@@ -56,8 +56,9 @@ def _start(tmp_path, *args, steps=100000, name="job", env=None):
     """torchrun --standalone with 3 ranks of the workload; returns (torchrun process, its log path)."""
     cmd = torchrun_command("straggler_workload", 3, ["--steps", str(steps), *args])
     log = tmp_path / f"{name}.log"
+    # TMPDIR: torchrun's torchelastic_* folder, which a killed torchrun leaves behind, goes to the test's folder
     proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True,
-                            env=dict(os.environ, PYTHONPATH=str(WORKLOAD.parent), **(env or {})))
+                            env=dict(os.environ, PYTHONPATH=str(WORKLOAD.parent), TMPDIR=str(tmp_path), **(env or {})))
     deadline = time.monotonic() + 120
     while "step 5 " not in log.read_text() and time.monotonic() < deadline:
         assert proc.poll() is None, log.read_text()[-2000:]
