@@ -17,6 +17,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
@@ -222,3 +223,32 @@ def test_hang_stack_dump_reports_the_stopped_rank_and_why(multinode_cluster, tmp
     assert result["verdict"] == "warn" and "mln3" in result["odd_nodes"], result["findings"]
     assert "stopped (state T" in result["findings"][0] and "mln3" in result["findings"][0], result["findings"]
     assert "another tracer" not in " ".join(result["findings"])
+
+
+SIGKILLED_TASKS = r'''
+import json, sys
+from tools.shared.launch import launch_ranks
+marks = sys.argv[1]
+# each task makes a scratch folder with the run's tag, as srun_torchrun_command's wrapper does, marks that it
+# ran, then dies by SIGKILL as SLURM kills a task past KillWait: its own EXIT trap never runs
+task = ('d="${TMPDIR:-/tmp}/mleng-ranks-${MLENG_SCRATCH_TAG}-probe$SLURM_PROCID"; mkdir "$d" && '
+        f'echo "$d" > {marks}/task$SLURM_PROCID && kill -9 $$')
+out = launch_ranks(["srun", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "bash", "-c", task], 0,
+                   timeout_s=20, stall_s=60, deadline_s=90)
+print(json.dumps({"returncode": out.returncode}))
+'''
+
+
+def test_a_failed_srun_run_removes_the_scratch_its_sigkilled_tasks_left(multinode_cluster, tmp_path):  # noqa: F811
+    """launch_ranks through srun tags its tasks' scratch folders; when the run failed, one cleanup step on the
+    allocation's nodes removes what SIGKILLed tasks left (a clean-clone CI run left 3 before 22c75a4)."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    proc = multinode_cluster.cmd("salloc", "-N2", "--no-kill", "--time=5", sys.executable, "-c", SIGKILLED_TASKS,
+                                 str(marks), check=False, timeout=180)
+    assert "{" in proc.stdout, proc.stderr[-2000:]
+    assert json.loads(proc.stdout[proc.stdout.index("{"):])["returncode"] != 0
+    made = [Path(p.read_text().strip()) for p in sorted(marks.iterdir())]
+    assert len(made) == 2 and all("-probe" in p.name for p in made), made    # both tasks made their folder
+    left = [p for p in made if p.exists()]
+    assert not left, f"scratch left on the nodes: {left}"

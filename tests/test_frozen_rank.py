@@ -110,3 +110,45 @@ def test_a_stall_of_the_launcher_that_silenced_every_rank_names_nobody_frozen():
                      last_beat=53.8, longest_silence=(30.2, 45.1), error="Timed out waiting 30000ms")
     culprits, findings = diagnose(_outcome(*waiting, also), timeout_s=30)
     assert culprits == [] and "frozen" not in " ".join(findings), findings
+
+
+def test_a_frozen_rank_thawed_after_its_peers_stopped_beating_is_still_named():
+    """Namespace cluster under two CPU hogs (2026-12-01; 4 of 5 runs unnamed before the fix): the peers timed
+    out and stopped beating 2.3-3.1 s before SLURM's SIGCONT let the frozen rank beat once more, so they did not
+    beat 'to the end' of its 32.9 s silence; they beat through 30 s of it. Figures from that run (seconds)."""
+    peers = [RankState(r, host=f"mln{r + 1}", status="error", stage="all_reduce 4194304", stages_seen=5,
+                       first_beat=0.5, last_beat=last, longest_silence=(2.0, 3.2),
+                       error="Timed out waiting 30000ms for recv operation to complete")
+             for r, last in ((0, 35.8), (1, 36.6), (3, 36.3))]
+    thawed = RankState(2, host="mln3", status="terminated", stage="all_reduce 4194304", stages_seen=5,
+                       first_beat=0.0, last_beat=38.9, longest_silence=(6.0, 38.9))
+    culprits, findings = diagnose(_outcome(*peers, thawed), timeout_s=30)
+    assert culprits == [2] and "rank 2 (mln3" in findings[0] and "frozen" in findings[0], findings
+    assert "communication path" not in " ".join(findings)
+
+
+def test_peers_that_stopped_beating_soon_after_a_silence_began_do_not_make_it_frozen():
+    """The other side of the rule: peers that beat only 4 s into the rank's silence (they ended with it, as
+    after a crash elsewhere) are not evidence that it alone stopped."""
+    peers = [RankState(r, host=f"mln{r + 1}", status="error", stage="all_reduce 4194304", stages_seen=5,
+                       first_beat=0.5, last_beat=10.0, longest_silence=(2.0, 3.2),
+                       error="Timed out waiting 30000ms for recv operation to complete")
+             for r in (0, 1, 3)]
+    quiet = RankState(2, host="mln3", status="terminated", stage="all_reduce 4194304", stages_seen=5,
+                      first_beat=0.0, last_beat=38.9, longest_silence=(6.0, 38.9))
+    culprits, findings = diagnose(_outcome(*peers, quiet), timeout_s=30)
+    assert "frozen" not in " ".join(findings), findings
+
+
+def test_a_frozen_rank_that_found_its_peers_gone_once_thawed_is_still_named():
+    """Thawed after its peers timed out and exited, the rank's own wait fails with 'Connection closed by peer',
+    not a timeout: that error is a consequence, and its 30 s without a beat says it was frozen."""
+    peers = [RankState(r, host=f"mln{r + 1}", status="error", stage="all_reduce 4194304", stages_seen=5,
+                       first_beat=0.5, last_beat=36.0, longest_silence=(2.0, 3.2),
+                       error="Timed out waiting 30000ms for recv operation to complete")
+             for r in (0, 1, 3)]
+    thawed = RankState(2, host="mln3", status="error", stage="all_reduce 4194304", stages_seen=5, first_beat=0.0,
+                       last_beat=38.0, longest_silence=(6.0, 38.0),
+                       error="[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [10.213.0.1]:4123")
+    culprits, findings = diagnose(_outcome(*peers, thawed), timeout_s=30)
+    assert culprits == [2] and "frozen" in findings[0], findings

@@ -37,12 +37,24 @@ def find(cluster, job: str, *extra: str, user: str | None = None) -> tuple[int, 
     with tempfile.TemporaryDirectory(prefix="sf-home-") as home:
         if user:                                 # its own MLENG_HOME: the test's belongs to root
             os.chown(home, pwd.getpwnam(user).pw_uid, pwd.getpwnam(user).pw_gid)
-            cmd = ["runuser", "-u", user, "--", "env", f"PYTHONPATH={sysconfig.get_paths()['purelib']}:{REPO}",
-                   f"MLENG_HOME={home}", _system_python(), *cmd[1:]]
+            as_user = ["runuser", "-u", user, "--", "env", f"PYTHONPATH={sysconfig.get_paths()['purelib']}:{REPO}",
+                       f"MLENG_HOME={home}", _system_python()]
+            _skip_unless_importable(as_user, user)
+            cmd = [*as_user, *cmd[1:]]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO, env=env)
     if "{" in proc.stdout:
         return proc.returncode, json.loads(proc.stdout[proc.stdout.index("{"):])
     return proc.returncode, proc.stdout + proc.stderr
+
+
+def _skip_unless_importable(as_user: list[str], user: str) -> None:
+    """Skip where `user` cannot read the checkout or the venv (a clone in a private folder, e.g. one made by
+    `mktemp -d`, mode 0700): the test needs the tool's code to run as that user."""
+    probe = subprocess.run([*as_user, "-c", "import tools.straggler_find"], capture_output=True, text=True,
+                           timeout=60, cwd="/")
+    if probe.returncode:
+        pytest.skip(f"user {user} cannot import the tool from {REPO} and this venv (a private folder on the way?): "
+                    f"{probe.stderr.strip().splitlines()[-1][:200] if probe.stderr.strip() else probe.returncode}")
 
 
 def _system_python() -> str:
