@@ -66,8 +66,8 @@ def guard(key: str, value: Any) -> bool:
 def positive_only(key: str, value: Any, schema: dict) -> bool:
     """Does `key: value`, a keyword of the schema object `schema`, only say "positive" (an integer's minimum 1,
     a number's exclusiveMinimum 0)?"""
-    if "minimum" in schema and "exclusiveMinimum" in schema or isinstance(value, bool):
-        return False    # two lower bounds: both stay, as neither alone is the rule
+    if isinstance(value, bool) or "minimum" in schema and "exclusiveMinimum" in schema:
+        return False    # True is not 1; and of two lower bounds both stay, as neither alone is the rule
     kind = schema.get("type")
     return (kind == "integer" and key == "minimum" and value == 1
             or kind == "number" and key == "exclusiveMinimum" and value == 0)
