@@ -11,7 +11,6 @@ Outside SLURM the same rounds run through per-node agents (node_agents.py).
 from __future__ import annotations
 
 import json
-import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
@@ -68,10 +67,7 @@ def group_run(nodes: list[int], outcome: LaunchOutcome | None, pg_timeout_s: flo
 def remove_scratch(names: list[str], tag: str) -> None:
     """After the last round: remove the scratch folders that killed tasks left on the nodes (best effort: a
     node that is down keeps its own; the answer does not depend on it)."""
-    try:
-        subprocess.run(_slurm.scratch_cleanup_command(names, tag), capture_output=True, timeout=60, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        pass
+    _slurm.remove_tagged_scratch(names, tag, timeout_s=60)
 
 
 def node_addresses(names: list[str]) -> dict[str, str]:

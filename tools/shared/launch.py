@@ -16,7 +16,6 @@ import secrets
 import shlex
 import shutil
 import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -278,7 +277,9 @@ def launch_ranks(command: list[str], world_size: int, *, timeout_s: float, stall
         if scratch:
             shutil.rmtree(scratch, ignore_errors=True)
         if own_tag and (stalled or overran or child.proc.returncode):
-            _remove_tagged_scratch(own_tag, run_env)
+            nodes = _slurm.allocation_nodes(run_env)
+            if nodes:   # 15 s at most: a frozen node keeps its own, and the answer does not wait for it
+                _slurm.remove_tagged_scratch(nodes, own_tag, timeout_s=15, env=run_env)
     drain()
     end = time.time()
     stderr_tail = child.stderr_text()
@@ -296,22 +297,6 @@ def launch_ranks(command: list[str], world_size: int, *, timeout_s: float, stall
                          skipped_lines=reader.notes(lambda task: "the ranks") + [
                              f"{n} line(s) skipped: {why}" for why, n in child.skipped.items()],
                          launch_failures=failed_nodes)
-
-
-def _remove_tagged_scratch(tag: str, env: dict) -> None:
-    """Best effort: the scratch folders tagged `tag` that killed tasks left on the allocation's nodes. A node
-    that does not answer keeps its own within CLEANUP_S; the answer does not depend on it."""
-    nodes = _slurm.allocation_nodes(env)
-    if not nodes:
-        return
-    try:
-        subprocess.run(_slurm.scratch_cleanup_command(nodes, tag), capture_output=True, env=env,
-                       timeout=CLEANUP_S, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        pass
-
-
-CLEANUP_S = 15   # a frozen node's slurmd never starts the cleanup task: do not hold the answer for it
 
 
 def _mark_gone(ranks: dict[int, RankState]) -> None:

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 __all__ = [
     "SlurmError", "failures_as_tool_failure", "in_allocation", "allocation_nodes", "allocation_head_address", "job_allocation_env", "expand_hostlist",
     "hostlist_size", "MAX_HOSTS", "SrunTasks", "srun_tasks_line",
-    "srun_torchrun_command", "rdzv_is_host", "launch_failures", "scratch_cleanup_command", "split_labelled_output", "client_configured", "run_cmd", "json_or_none", "parse_kv_line",
+    "srun_torchrun_command", "rdzv_is_host", "launch_failures", "scratch_cleanup_command", "remove_tagged_scratch", "split_labelled_output", "client_configured", "run_cmd", "json_or_none", "parse_kv_line",
     "parse_exit_code", "decode_wait_status", "parse_duration_s", "format_duration",
     "explain_pending_reason", "explain_state", "signal_name",
 ]
@@ -285,6 +285,16 @@ def scratch_cleanup_command(nodes: list[str], tag: str, job_id: str | None = Non
     return ["srun", "--overlap", f"--nodes={len(nodes)}", f"--ntasks={len(nodes)}", "--ntasks-per-node=1",
             f"--nodelist={','.join(nodes)}", *([f"--jobid={job_id}"] if job_id else []),
             "bash", "-c", f'rm -rf "${{TMPDIR:-/tmp}}"/mleng-ranks-{tag}-*']
+
+
+def remove_tagged_scratch(nodes: list[str], tag: str, *, timeout_s: float, env: dict | None = None) -> None:
+    """Best effort: run scratch_cleanup_command on `nodes`. A node that does not answer within timeout_s
+    keeps its own (a frozen slurmd never starts the task); no answer depends on it."""
+    try:
+        subprocess.run(scratch_cleanup_command(nodes, tag), capture_output=True, env=env, timeout=timeout_s,
+                       check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        pass
 
 
 def split_labelled_output(text: str) -> dict[int, str]:
