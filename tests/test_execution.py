@@ -148,3 +148,29 @@ def test_sigterm_ends_a_stdio_server_with_a_call_in_flight(tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_one_caller_of_a_shared_server_cannot_hold_every_run_slot(tmp_path):
+    """Review 2026-12-02 R16: an HTTP session starting long runs with wait_s 0 took all MLENG_MAX_RUNS slots
+    and every other session got 'busy'. One caller now holds at most max_runs - 1."""
+    manager = JobManager(max_runs=2)
+    mine = manager.start(fault_tools.SLEEPER, fault_tools.FaultParams(pid_file=str(tmp_path / "a")), owner="session:a")
+    theirs = None
+    try:
+        with pytest.raises(Busy, match=r"the most one caller of a shared server may hold \(1 of MLENG_MAX_RUNS=2\)"):
+            manager.start(fault_tools.SLEEPER, fault_tools.FaultParams(pid_file=str(tmp_path / "b")), owner="session:a")
+        theirs = manager.start(fault_tools.SLEEPER, fault_tools.FaultParams(pid_file=str(tmp_path / "c")),
+                               owner="session:b")
+    finally:
+        for job in (mine, theirs):
+            if job is not None:
+                job.cancel()
+    assert not (tmp_path / "b").exists(), "the refused call started nothing"
+
+
+def test_the_one_client_of_stdio_or_the_cli_may_use_every_slot(tmp_path):
+    manager = JobManager(max_runs=2)
+    jobs_ = [manager.start(fault_tools.SLEEPER, fault_tools.FaultParams(pid_file=str(tmp_path / f"p{k}")))
+             for k in range(2)]
+    for job in jobs_:
+        job.cancel()

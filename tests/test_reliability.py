@@ -1193,3 +1193,55 @@ async def test_f9_hang_stack_dump_answers_command_lines_redacted(tmp_path):
     finally:
         proc.kill()
         proc.wait(10)
+
+
+def _initialize(url: str, token: str) -> tuple[int, str]:
+    """One legacy (stateful) initialize over HTTP: its status and the Mcp-Session-Id it was given."""
+    body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}).encode()
+    req = urllib.request.Request(url, data=body, headers={
+        "Content-Type": "application/json", "Accept": "application/json, text/event-stream",
+        "Authorization": f"Bearer {token}"})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return resp.status, resp.headers.get("mcp-session-id") or ""
+    except urllib.error.HTTPError as e:
+        return e.code, ""
+
+
+def _list_tools_status(url: str, token: str, session_id: str) -> int:
+    body = json.dumps({"jsonrpc": "2.0", "id": 2, "method": "tools/list", "params": {}}).encode()
+    req = urllib.request.Request(url, data=body, headers={
+        "Content-Type": "application/json", "Accept": "application/json, text/event-stream",
+        "Authorization": f"Bearer {token}", "Mcp-Session-Id": session_id, "MCP-Protocol-Version": "2025-06-18"})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            resp.read()
+            return resp.status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+def test_r16_http_sessions_expire_when_idle_and_their_number_is_bounded(tmp_path, monkeypatch):
+    """Review 2026-12-02 R16: sessions were kept for the SDK's 30 minutes, up to 10,000 of them."""
+    token = "t" * 40
+    port = _free_port()
+    monkeypatch.setenv("MLENG_HTTP_SESSION_IDLE_S", "1.5")
+    monkeypatch.setenv("MLENG_HTTP_MAX_SESSIONS", "2")
+    proc = _start_http(tmp_path, f"127.0.0.1:{port}", token)
+    url = f"http://127.0.0.1:{port}/mcp"
+    try:
+        _wait_up(url, {"Authorization": f"Bearer {token}"})
+        time.sleep(2.5)                              # the probe's own session has gone idle and closed
+        status, first = _initialize(url, token)
+        assert status == 200 and first
+        assert _list_tools_status(url, token, first) == 200
+        status, second = _initialize(url, token)
+        assert status == 200 and second
+        assert _initialize(url, token)[0] >= 400      # a third while two are open: refused
+        time.sleep(3.5)                               # both idle past 1.5 s: closed
+        assert _list_tools_status(url, token, first) == 404
+        assert _initialize(url, token)[0] == 200      # room again
+    finally:
+        proc.terminate()
+        proc.wait(10)

@@ -14,6 +14,10 @@ loopback port is reachable by every user of the host (login nodes are shared). S
   answer): uvicorn alone kept half-sent requests open forever, and ~1,000 of them, sent without any
   token, used up a 1,024-descriptor limit and shut every token holder out (review 2026-12-01, F17). The
   descriptor limit is also raised to its hard limit at start.
+- A session that sends nothing for SESSION_IDLE_S is closed, and at most MAX_SESSIONS are open at once
+  (a new one beyond that is refused): each costs ~8 KB, and a token holder opening thousands would
+  otherwise keep them for the SDK's default 30 minutes, up to 10,000 of them. Both can be set from the
+  environment (MLENG_HTTP_SESSION_IDLE_S, MLENG_HTTP_MAX_SESSIONS).
 """
 
 import argparse
@@ -28,6 +32,8 @@ from urllib.parse import urlsplit
 TOKEN_ENV = "MLENG_HTTP_TOKEN"
 MIN_TOKEN_CHARS = 32
 HEADER_TIMEOUT_S = 10.0   # a real client sends its headers in milliseconds
+SESSION_IDLE_S = 600.0    # an agent polling a job handle calls well within this
+MAX_SESSIONS = 64         # one person's agents and inspectors, with room to spare
 
 
 def is_loopback(host: str) -> bool:
@@ -134,8 +140,24 @@ class TokenFile:
 def http_app(server, host: str, token: str | None):
     """The streamable-HTTP ASGI app: the bearer token checked on every request, or, with no token
     (--no-auth, loopback only), Host/Origin checks against DNS rebinding."""
-    app = server.streamable_http_app(host=host)
+    app = server.streamable_http_app(host=host, session_idle_timeout=_env_number("MLENG_HTTP_SESSION_IDLE_S",
+                                                                                   SESSION_IDLE_S),
+                                     max_sessions=int(_env_number("MLENG_HTTP_MAX_SESSIONS", MAX_SESSIONS)))
     return BearerTokenMiddleware(app, token) if token else LoopbackOnlyMiddleware(app)
+
+
+def _env_number(name: str, default: float) -> float:
+    """A positive number from the environment, or a clear error naming the variable."""
+    text = os.environ.get(name)
+    if text is None:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value < 1e7:
+        raise SystemExit(f"{name}={text!r}: expected a positive number (default {default:g})")
+    return value
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:

@@ -10,7 +10,9 @@ are also in the results store.
 At most `max_runs` subprocess runs go at once per process (MLENG_MAX_RUNS, default 4): beyond that a
 call is refused with a "busy" answer naming the caller's own runs in progress and counting the others,
 rather than letting twenty smoke tests take the host's memory. In-process calls are short and never
-count, so job_status and job_cancel always answer.
+count, so job_status and job_cancel always answer. Over HTTP, where many clients share the server, one
+caller (a session, or all sessionless requests together) holds at most max_runs - 1 of the slots, so a
+token holder starting long runs with wait_s 0 cannot shut every other session out.
 
 Sessions own their jobs: a job records the caller that started it (an HTTP session; ANONYMOUS for a
 sessionless HTTP request; None for stdio and the CLI, the process's one client), and `visible` / `find`
@@ -26,6 +28,7 @@ import time
 import uuid
 
 from .printable import printable
+from .redact import redact
 from .runner import Cancelled, DeadlineExceeded, deadline_message, execute
 from .spec import JobRef, Params, Progress, Result, ToolFailure, ToolSpec
 
@@ -69,7 +72,7 @@ class Job:
     def _progress(self, fraction: float, message: str) -> None:
         # Progress notifications must increase: keep the running maximum.
         self.fraction = max(self.fraction, min(max(fraction, 0.0), 1.0))
-        self.message = message = printable(str(message))
+        self.message = message = redact(printable(str(message)))
         self.progress_log.append((round(time.time() - self.started, 2), self.fraction, message))
         del self.progress_log[:-50]  # bounded: the last 50 events are enough to see where it is
 
@@ -78,7 +81,7 @@ class Job:
         with self._end_lock:
             if self.finished.is_set():
                 return False
-            self.state, self.result, self.error = state, result, printable(error) if error else error
+            self.state, self.result, self.error = state, result, redact(printable(error)) if error else error
             self.ended = time.time()
             self.finished.set()
             return True
@@ -151,6 +154,9 @@ class JobManager:
                 running = [j for j in self._jobs.values() if j.spec.runs == "subprocess" and not j.finished.is_set()]
                 if len(running) >= self.max_runs:
                     raise Busy(_busy_message(running, owner, self.max_runs))
+                own = [j for j in running if owner is not None and j.owner == owner]
+                if self.max_runs > 1 and len(own) >= self.max_runs - 1:
+                    raise Busy(_busy_message(running, owner, self.max_runs, per_caller=True))
             self._jobs[job.id] = job
             finished = [j for j in self._jobs.values() if j.finished.is_set()]
             for old in sorted(finished, key=lambda j: j.started)[:-MAX_FINISHED_KEPT]:
@@ -182,11 +188,13 @@ class JobManager:
                 job.cancel()
 
 
-def _busy_message(running: list[Job], owner: str | None, max_runs: int) -> str:
+def _busy_message(running: list[Job], owner: str | None, max_runs: int, per_caller: bool = False) -> str:
     mine = [j for j in running if j.owner == owner and owner != ANONYMOUS]
     listed = "".join(f"; yours: {j.spec.name} ({j.id}, {j.elapsed_s():.0f} s)" for j in mine)
+    limit = (f"the most one caller of a shared server may hold ({max_runs - 1} of MLENG_MAX_RUNS={max_runs})"
+             if per_caller else f"the most this server runs at once (MLENG_MAX_RUNS={max_runs})")
     return (f"busy: {len(running)} runs are in progress ({len(mine)} of this session, {len(running) - len(mine)} of "
-            f"other sessions{listed}), the most this server runs at once (MLENG_MAX_RUNS={max_runs}). Wait for one "
+            f"other sessions{listed}), {limit}. Wait for one "
             "with job_status, stop one of yours with job_cancel, or try again later; nothing was started.")
 
 

@@ -23,30 +23,36 @@ import re
 
 MASK = "[REDACTED]"
 _SECRET_WORDS = r"token|secret|passw(?:or)?d|passphrase|pwd|api[_-]?key|access[_-]?key|private[_-]?key|" \
-                r"account[_-]?key|shared[_-]?access[_-]?key|credentials?|auth[_-]?key|session[_-]?key|signing[_-]?key"
+                r"account[_-]?key|shared[_-]?access[_-]?key|credentials?|auth[_-]?key|session[_-]?key|signing[_-]?key|" \
+                r"sharedaccesssignature"
 
 # key=value and key: value; a quoted value is taken whole (password="correct horse battery").
 _KEYED = re.compile(   # no leading [\w.-]* before the keyword: that would backtrack over every word
     r"""(?ix)
     (?P<key>(?:""" + _SECRET_WORDS + r""")[\w.-]{0,64}+)
-    (?P<sep>["']?\s{0,8}[:=]\s{0,8})
-    (?:(?P<q>["'])(?P<quoted>[^"'\n]{0,256})(?P=q)|(?P<value>[^\s"',;&]+))""")
+    (?P<sep>\\?["']?\s{0,8}(?:=>|:=|[:=])\s{0,8})
+    (?:(?P<q>\\?["'])(?P<quoted>[^"'\\\n]{0,256})(?P=q)|(?P<value>[^\s"'\\,;&}]+))""")
 # A flag or a word, then whitespace, then the secret: --password X, --api-key X, netrc "password X",
 # "the db password is X". Only words that are secrets themselves (not "token", a unit in ML logs).
 _WORD_THEN_VALUE = re.compile(
     r"(?i)(?P<key>--?[\w-]{0,40}?(?:token|secret|passw(?:or)?d|passphrase|api[_-]?key|access[_-]?key)[\w-]{0,40}+"
-    r"|\b(?:passw(?:or)?d|passphrase|secret))(?P<sep>\s{1,8}(?:is\s{1,8}|was\s{1,8})?)(?P<value>[^\s\"',;]+)")
+    r"|--pass\b|\b(?:passw(?:or)?d|passphrase|secret))(?P<sep>\s{1,8}(?:is\s{1,8}|was\s{1,8})?)(?P<value>[^\s\"',;]+)")
+_FLAG_WITHOUT_VALUE = re.compile(r"(?i)-stdin$|-file$|-env$|-prompt$")   # --password-stdin takes no secret
 _AUTH_HEADER = re.compile(r"(?i)\b(authorization|proxy-authorization)(\s*[:=]\s*)(bearer|basic|token|digest)?(\s*)([^\s\"',;]+)")
-_BEARER = re.compile(r"\b(Bearer\s+)([A-Za-z0-9._~+/=-]{8,})")
+_BEARER = re.compile(r"(?i)\b(bearer\s+)([A-Za-z0-9._~+/=-]{8,})")
 _COOKIE = re.compile(r"(?i)\b((?:set-)?cookie\s*:\s*)([^\n\"']+)")
 _URL_CREDENTIALS = re.compile(r"(?i)\b([a-z][a-z0-9+.-]{0,20}://[^\s/:@]{0,256}:)([^\s/@]{1,256})(@)")
+_URL_TOKEN_USER = re.compile(r"(?i)\b([a-z][a-z0-9+.-]{0,20}://)([A-Za-z0-9_-]{32,256})(@)")   # https://<token>@host
 _SIGNED_QUERY = re.compile(
     r"(?i)([?&;](?:sig|signature|x-amz-signature|x-amz-credential|x-amz-security-token|x-goog-signature|"
     r"x-goog-credential|awsaccesskeyid|access_token|id_token|refresh_token|api_key|apikey|key|token|code|"
     r"client_secret|password|se|skoid|sktid)=)([^&\s\"'#]+)")
+_SAS_SIGNATURE = re.compile(r"(?i)((?:^|[\s&;?])sig=)([^&\s\"'#;]+)")
 _WEBHOOK = re.compile(r"(?i)(https://(?:hooks\.slack\.com/services|discord(?:app)?\.com/api/webhooks)/)([^\s\"'<>]+)")
 _DASH_P_ATTACHED = re.compile(r"(?<=\s)(-p)(?=[^\s-])(\S+)")                 # mysql -pSECRET
-_DASH_P_SPACED = re.compile(r"(?<=\s)(-p\s+)(\S+)")                         # sshpass -p SECRET
+_DASH_P_SPACED = re.compile(r"(?<=\s)(-p\s+)(\S+)")                         # sshpass -p / docker login -p SECRET
+_DASH_A_SPACED = re.compile(r"(?<=\s)(-a\s+)(\S+)")                         # redis-cli -a SECRET
+_WANDB_LOGIN = re.compile(r"(?i)\b(wandb\s{1,8}login\s{1,8}(?:--?[\w-]{1,20}\s{1,8}){0,4})([0-9a-f]{40})\b")   # W&B key
 _USER_PASS = re.compile(r"(?<=\s)((?:-u|--user)\s{1,8}[^\s:]{1,128}:)(\S+)")          # curl -u user:SECRET
 _TOKEN_SHAPES = re.compile(
     r"\b(?:AKIA|ASIA|AROA|AIDA)[0-9A-Z]{16}\b"       # AWS key ids
@@ -55,7 +61,8 @@ _TOKEN_SHAPES = re.compile(
     r"|\bhf_[A-Za-z0-9]{10,}\b"                       # Hugging Face
     r"|\bsk-[A-Za-z0-9_-]{20,}\b"                     # OpenAI / Anthropic secret keys
     r"|\b(?:sk|rk)_(?:live|test)_[A-Za-z0-9]{16,}\b"  # Stripe
-    r"|\bxox[abprs]-[A-Za-z0-9-]{10,}\b"              # Slack
+    r"|\bxox[abprse]-[A-Za-z0-9-]{10,}\b|\bxapp-[A-Za-z0-9-]{10,}\b"   # Slack bot/user/refresh, app-level
+    r"|\bnvapi-[A-Za-z0-9_-]{20,}|\bwhsec_[A-Za-z0-9]{16,}\b"            # NGC API key, Stripe webhook secret
     r"|\bAIza[0-9A-Za-z_-]{35}\b|\bya29\.[0-9A-Za-z_-]{20,}"   # Google API key, OAuth access token
     r"|\bnpm_[A-Za-z0-9]{36}\b|\bpypi-[A-Za-z0-9_-]{50,}"      # npm, PyPI
     r"|\bSG\.[A-Za-z0-9_-]{20,}\.[A-Za-z0-9_-]{20,}"           # SendGrid
@@ -66,12 +73,27 @@ _PEM = re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY(?: BLOCK)?-----.*?(?:-----END 
 # Names of variables and JSON keys whose whole value is secret (env_report, stored params): the words
 # above, and names ending in KEY (NVIDIA_NGC_KEY, OPENAI_API_KEY; not NCCL_IB_PKEY, a partition number).
 _SECRET_KEY = re.compile(r"(?i)[\w.-]{0,64}(?:" + _SECRET_WORDS + r")[\w.-]{0,64}")
-_ENV_KEY = re.compile(r"[A-Z0-9_]{0,64}_KEY")     # case-sensitive: a JSON field "key" is a figure's name
-_ENV_ASSIGN = re.compile(r"\b([A-Z][A-Z0-9_]{0,64}_KEY\s{0,8}[:=]\s{0,8})([^\s\"',;]+)")   # NGC_KEY=..., env dumps
+_ENV_KEY = re.compile(r"[A-Z0-9_]{0,64}_(?:KEY|PASS|PW|PASSWD)")     # case-sensitive: a JSON field "key" is a figure's name
+_ENV_ASSIGN = re.compile(r"\b([A-Z][A-Z0-9_]{0,64}_(?:KEY|PASS|PW|PASSWD)\s{0,8}[:=]\s{0,8})([^\s\"',;]+)")   # NGC_KEY=, DB_PASS=
+_DOCKER_AUTH = re.compile(r"""(\\?["']auth\\?["']\s{0,8}:\s{0,8}\\?["'])([A-Za-z0-9+/=]{8,4096})""")
+# A bare AWS secret access key: 40 characters of base64's alphabet with upper, lower and a digit (a git sha
+# is lowercase hex and stays), standing alone between separators.
+_AWS_SECRET = re.compile(r"(?<![A-Za-z0-9/+=])(?=[A-Za-z0-9/+]{0,39}[A-Z])(?=[A-Za-z0-9/+]{0,39}[a-z])"
+                         r"(?=[A-Za-z0-9/+]{0,39}[0-9])[A-Za-z0-9/+]{40}(?![A-Za-z0-9/+=])")
+# A token a terminal wrapped: a known prefix running to the end of a line, its rest on the next line alone.
+_WRAPPED_TOKEN = re.compile(r"\b(?:hf_|gh[pousr]_|github_pat_|glpat-|sk-|nvapi-|xox[abprse]-|xapp-)[A-Za-z0-9_-]{4,256}"
+                            r"\r?\n[A-Za-z0-9_-]{6,256}(?=\s|$)")
+# A keyed value at a line's end whose rest a terminal wrapped onto the next line alone.
+_WRAPPED_VALUE = re.compile(r"(?i)((?:" + _SECRET_WORDS + r")[\w.-]{0,64}+\s{0,8}[:=]\s{0,8})[^\s\"',;]{1,256}\r?\n"
+                            r"([A-Za-z0-9_/+=-]{6,256})(?=\s|$)")
+# Separators and letters written so that a plain search misses them: URL-encoded, fullwidth, zero-width.
+_DISGUISES = {"%3d": "=", "%3D": "=", "%3a": ":", "%3A": ":", "\uff1d": "=", "\uff1a": ":"}
+_INVISIBLE = dict.fromkeys(map(ord, "\u200b\u200c\u200d\u2060\ufeff\u00ad"))
 _NUMBER = re.compile(r"[\d.,]+")
 _KEY_WORDS = ("token", "secret", "passw", "passphrase", "pwd", "key", "credential")
 _SHAPE_MARKS = ("AKIA", "ASIA", "AROA", "AIDA", "ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_", "glpat-",
-                "hf_", "sk-", "sk_", "rk_", "xox", "AIza", "ya29.", "npm_", "pypi-", "SG.", "dop_v1_", "dapi", "eyJ")
+                "hf_", "sk-", "sk_", "rk_", "xox", "xapp-", "AIza", "ya29.", "npm_", "pypi-", "SG.", "dop_v1_", "dapi",
+                "eyJ", "nvapi-", "whsec_")
 
 
 def _keyed(m: re.Match) -> str:
@@ -83,15 +105,35 @@ def _keyed(m: re.Match) -> str:
 
 
 def _word_then_value(m: re.Match) -> str:
-    if m["value"] == MASK or m["value"].startswith("[REDACTED"):
+    if m["value"] == MASK or m["value"].startswith("[REDACTED") or _FLAG_WITHOUT_VALUE.search(m["key"]):
         return m[0]
     return f"{m['key']}{m['sep']}{MASK}"
 
 
 def redact(text: str) -> str:
-    """`text` with every secret in a common form replaced by [REDACTED]; text without one is returned as is."""
+    """`text` with every secret in a common form replaced by [REDACTED]; text without one is returned as is.
+
+    A separator or keyword written so that a plain search misses it (`password%3DX`, a fullwidth `＝`, a
+    zero-width space inside `password`) is read as its plain form; the line then comes back in that form,
+    and unchanged when nothing in it was secret."""
     if not text:
         return text
+    plain = _undisguised(text)
+    out = _redact_plain(plain)
+    return text if out == plain else out
+
+
+def _undisguised(text: str) -> str:
+    if text.isascii() and "%3" not in text:
+        return text
+    text = text.translate(_INVISIBLE)
+    for disguise, plain in _DISGUISES.items():
+        if disguise in text:
+            text = text.replace(disguise, plain)
+    return text
+
+
+def _redact_plain(text: str) -> str:
     low = text.lower()
     if "private key" in low:
         text = _PEM.sub(MASK, text)
@@ -104,22 +146,37 @@ def redact(text: str) -> str:
     if "://" in text:
         if "@" in text:
             text = _URL_CREDENTIALS.sub(lambda m: f"{m[1]}{MASK}{m[3]}", text)
+            text = _URL_TOKEN_USER.sub(lambda m: f"{m[1]}{MASK}{m[3]}", text)
         if "=" in text:
             text = _SIGNED_QUERY.sub(lambda m: m[1] + MASK, text)
         if "hooks" in low or "webhooks" in low:
             text = _WEBHOOK.sub(lambda m: m[1] + MASK, text)
+    if "sig=" in low:
+        text = _SAS_SIGNATURE.sub(lambda m: m[1] + (m[2] if m[2] == MASK else MASK), text)
     if " -p" in text and ("mysql" in low or "mariadb" in low):
         text = _DASH_P_ATTACHED.sub(lambda m: m[1] + MASK, text)
-    if " -p" in text and "sshpass" in low:
+    if " -p" in text and ("sshpass" in low or " login" in low):
         text = _DASH_P_SPACED.sub(lambda m: m[1] + MASK, text)
+    if " -a" in text and "redis-cli" in low:
+        text = _DASH_A_SPACED.sub(lambda m: m[1] + MASK, text)
+    if "wandb" in low:
+        text = _WANDB_LOGIN.sub(lambda m: m[1] + MASK, text)
     if " -u" in text or " --user" in text:
         text = _USER_PASS.sub(lambda m: m[1] + MASK, text)
-    if any(word in low for word in _KEY_WORDS):
+    if "auth" in low:
+        text = _DOCKER_AUTH.sub(lambda m: m[1] + MASK, text)
+    if "\n" in text:
+        text = _WRAPPED_TOKEN.sub(MASK, text)
+        if any(word in low for word in _KEY_WORDS):
+            text = _WRAPPED_VALUE.sub(lambda m: m[1] + MASK, text)
+    if any(word in low for word in _KEY_WORDS) or "_pass" in low or "_pw" in low or "--pass" in low:
         text = _KEYED.sub(_keyed, text)
         text = _ENV_ASSIGN.sub(lambda m: m[1] + (m[2] if m[2] == MASK else MASK), text)
         text = _WORD_THEN_VALUE.sub(_word_then_value, text)
     if any(mark in text for mark in _SHAPE_MARKS):
         text = _TOKEN_SHAPES.sub(MASK, text)
+    if len(text) >= 40:
+        text = _AWS_SECRET.sub(MASK, text)
     return text
 
 

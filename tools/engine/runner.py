@@ -23,6 +23,7 @@ from . import store
 from .bounds import bound_result
 from .on_node import NodeUnavailable, node_command
 from .printable import printable_data
+from .redact import redact_data
 from .processes import Supervised, python_module_command
 from .registry import module_of
 from .spec import Params, Progress, Result, ToolFailure, ToolSpec, takes_node
@@ -73,7 +74,7 @@ def execute(spec: ToolSpec, params: Params, progress: Progress | None = None, *,
         if node:
             result.findings.append(f"Ran on node {node} (host {child_prov.get('host', node)}) through srun.")
     result = bound_result(spec, result)   # what is answered and what is stored have one size limit
-    result = _printable(spec, result)     # no ESC, CR or bidi override reaches a terminal, answered or stored
+    result = _outbound(spec, result)      # no secret, ESC, CR or bidi override leaves, answered or stored
     if spec.runs == "subprocess":
         result._images = _decode_images(spec, images)
     if spec.store and save:
@@ -84,12 +85,14 @@ def execute(spec: ToolSpec, params: Params, progress: Progress | None = None, *,
     return result
 
 
-def _printable(spec: ToolSpec, result: Result) -> Result:
-    """`result` with control characters escaped in every string; the same object when there were none.
+def _outbound(spec: ToolSpec, result: Result) -> Result:
+    """`result` as it may leave the engine: secrets redacted and control characters escaped in every
+    string (the same object when there were none). One pass for every tool, so a reader that quotes a
+    line from a pasted table or a file the agent never saw cannot forget to redact it.
     A finding or a `next` entry is one line: a newline in it (a node name carrying one, then a forged
     line) is escaped too, so nothing on screen looks like a finding the tool did not make."""
     data = result.model_dump(mode="json")
-    clean = printable_data(data)
+    clean = redact_data(printable_data(data))
     for key in ("findings", "next"):
         clean[key] = [line.replace("\n", "\\n") for line in clean.get(key) or []]
     if clean == data:
