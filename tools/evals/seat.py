@@ -1,0 +1,175 @@
+"""The agent's seat: a shell command through which a model (or a person) uses mleng exactly as an MCP host
+offers it, for drills played by a real model that has no MCP client of its own.
+
+    python -m tools.evals.seat start            # a real server over HTTP on loopback, in the background
+    python -m tools.evals.seat tools            # server instructions + every tool as a model sees it
+    python -m tools.evals.seat call log_triage '{"paths": ["/tmp/x/rank0.log"]}'
+    python -m tools.evals.seat stop
+
+`call` prints what a host hands the model: the result's text blocks (and a line per attached image), or
+the error. It keeps a log of every call (tool, arguments, characters answered, seconds) in the seat's
+folder, so a drill's calls and answer sizes can be counted afterwards (`python -m tools.evals.seat log`).
+
+The server is one process for the whole session (a job handle from one call is followed by the next);
+its token and port live in a private folder ($MLENG_SEAT_DIR, default $MLENG_HOME/seat), 0700.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import anyio
+
+from ..engine.store import private_dir
+
+
+def seat_dir() -> Path:
+    explicit = os.environ.get("MLENG_SEAT_DIR")
+    if explicit:
+        folder = Path(explicit)
+        folder.mkdir(mode=0o700, exist_ok=True)
+        if folder.stat().st_uid != os.geteuid() or folder.stat().st_mode & 0o077:
+            raise SystemExit(f"{folder}: not a private folder of yours (owner and mode 0700 needed)")
+        return folder
+    return private_dir("seat")
+
+
+def _state() -> dict:
+    path = seat_dir() / "seat.json"
+    if not path.exists():
+        raise SystemExit("no seat is running: start one with `python -m tools.evals.seat start`")
+    return json.loads(path.read_text())
+
+
+def start() -> None:
+    folder = seat_dir()
+    if (folder / "seat.json").exists():
+        raise SystemExit(f"a seat is already running ({folder / 'seat.json'}); stop it first")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    token = secrets.token_urlsafe(32)
+    env = {**os.environ, "MLENG_HTTP_TOKEN": token}
+    root = Path(__file__).resolve().parents[2]
+    with open(folder / "server.log", "ab") as log:
+        proc = subprocess.Popen([sys.executable, str(root / "server.py"), "--http", f"127.0.0.1:{port}"],
+                                cwd=os.getcwd(), env=env, stdout=log, stderr=log, start_new_session=True)
+    state = {"pid": proc.pid, "port": port, "token": token}
+    fd = os.open(folder / "seat.json", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(state, f)
+    for _ in range(300):
+        try:
+            anyio.run(_list, state)
+            print(f"seat ready: server pid {proc.pid} on 127.0.0.1:{port}")
+            return
+        except Exception:
+            if proc.poll() is not None:
+                break
+            time.sleep(0.2)
+    stop()
+    raise SystemExit(f"the server did not come up; see {folder / 'server.log'}")
+
+
+def stop() -> None:
+    path = seat_dir() / "seat.json"
+    if not path.exists():
+        return
+    state = json.loads(path.read_text())
+    try:
+        os.killpg(state["pid"], signal.SIGTERM)
+        for _ in range(50):
+            os.killpg(state["pid"], 0)
+            time.sleep(0.1)
+        os.killpg(state["pid"], signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    path.unlink()
+
+
+def _client(state: dict):
+    import httpx2 as httpx
+    from mcp import Client
+    from mcp.client.streamable_http import streamable_http_client
+
+    http = httpx.AsyncClient(headers={"Authorization": f"Bearer {state['token']}"},
+                             timeout=httpx.Timeout(30, read=900))
+    return Client(streamable_http_client(f"http://127.0.0.1:{state['port']}/mcp", http_client=http))
+
+
+async def _list(state: dict):
+    async with _client(state) as c:
+        return await c.list_tools()
+
+
+async def _instructions(state: dict) -> str:
+    async with _client(state) as c:
+        return c.instructions or ""
+
+
+def show_tools() -> None:
+    state = _state()
+    tools = anyio.run(_list, state).tools
+    print("SERVER INSTRUCTIONS:\n" + anyio.run(_instructions, state) + "\n")
+    for tool in tools:
+        print(f"## {tool.name}\n{tool.description}\ninput schema: "
+              f"{json.dumps(tool.input_schema, separators=(',', ':'))}\n")
+
+
+async def _call(state: dict, name: str, arguments: dict):
+    async with _client(state) as c:
+        return await c.call_tool(name, arguments)
+
+
+def call(name: str, arguments_json: str) -> None:
+    state = _state()
+    try:
+        arguments = json.loads(arguments_json or "{}")
+    except json.JSONDecodeError as e:
+        raise SystemExit(f"arguments must be a JSON object: {e.msg}") from None
+    t0 = time.monotonic()
+    result = anyio.run(_call, state, name, arguments)
+    texts = [b.text for b in result.content if getattr(b, "type", "") == "text"]
+    images = sum(1 for b in result.content if getattr(b, "type", "") == "image")
+    answer = ("ERROR: " if result.is_error else "") + "\n".join(texts) + (f"\n[{images} image(s) attached]"
+                                                                         if images else "")
+    print(answer)
+    record = {"tool": name, "arguments": arguments, "chars": len(answer), "seconds": round(time.monotonic() - t0, 1),
+              "error": bool(result.is_error), "at": time.time()}
+    with open(seat_dir() / "calls.jsonl", "a") as log:
+        log.write(json.dumps(record) + "\n")
+
+
+def show_log() -> None:
+    path = seat_dir() / "calls.jsonl"
+    for line in (path.read_text().splitlines() if path.exists() else []):
+        print(line)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m tools.evals.seat", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="verb", required=True)
+    sub.add_parser("start")
+    sub.add_parser("stop")
+    sub.add_parser("tools")
+    sub.add_parser("log")
+    c = sub.add_parser("call")
+    c.add_argument("name")
+    c.add_argument("arguments", nargs="?", default="{}")
+    args = parser.parse_args(argv)
+    {"start": start, "stop": stop, "tools": show_tools, "log": show_log}.get(args.verb, lambda: None)()
+    if args.verb == "call":
+        call(args.name, args.arguments)
+
+
+if __name__ == "__main__":
+    main()
