@@ -36,7 +36,7 @@ from .data import PACKAGE_DIR
 from .jobs import ANONYMOUS, MANAGER, Busy, Cancelled, Job
 from .registry import registry
 from .schemas import compact, for_hosts, without_guards
-from .rendering import format_result, validation_message
+from .rendering import answer_record, answer_text, validation_message
 from .on_node import NODE_MAX_CHARS, NODE_PATTERN
 from .spec import SUBPROCESS_TIMEOUT_S, Params, ToolFailure, ToolSpec, takes_node
 
@@ -60,7 +60,6 @@ says otherwise; a number shown without a lower bound is positive (an integer >= 
 unknown arguments are refused. Guards are enforced but not shown: lengths from 32 characters, lists
 from 20 items, maxima from 100,000, character-set patterns."""
 
-TEXT_JSON_LIMIT = 12_000  # characters of JSON in the text copy; structuredContent always has everything
 
 
 def version() -> str:
@@ -134,19 +133,17 @@ def _split_arguments(spec: ToolSpec, arguments: dict) -> tuple[Params, CallOptio
 
 
 def to_call_result(spec: ToolSpec, result) -> CallToolResult:
-    """Text: the human summary, then the result's JSON, bounded. Structured content: the whole result.
-    PNGs the result declares (Result.image_fields) are attached as images: the bytes the run wrote, read
-    back from its own descriptor (attachments.py); a path is never re-opened here."""
-    data = json.dumps(result.model_dump(mode="json", exclude_none=True), separators=(",", ":"))
-    if len(data) > TEXT_JSON_LIMIT:
-        data = (data[:TEXT_JSON_LIMIT] + f"… [truncated: {len(data)} characters in all; the structured result "
-                "holds everything]")
-    content: list[Any] = [TextContent(type="text", text=f"{format_result(spec, result)}\n\nResult JSON:\n{data}")]
+    """Text: the human view and the rows, each fact once (rendering.answer_text). Structured content: the
+    record with long quotes cut (rendering.answer_record; the store keeps it whole). A host hands its model
+    one of the two, never both (docs/benchmarks.md), so neither repeats the other's facts. PNGs the result declares
+    (Result.image_fields) are attached as images: the bytes the run wrote, read back from its own
+    descriptor (attachments.py); a path is never re-opened here."""
+    content: list[Any] = [TextContent(type="text", text=answer_text(spec, result))]
     for field in type(result).image_fields:
         png = result._images.get(field)
         if png and getattr(result, field, None):
             content.append(ImageContent(type="image", mime_type="image/png", data=base64.b64encode(png).decode()))
-    return CallToolResult(content=content, structured_content=result.model_dump(mode="json"))
+    return CallToolResult(content=content, structured_content=answer_record(result))
 
 
 async def _follow(ctx: Context | None, job: Job, wait_s: float):

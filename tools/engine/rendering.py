@@ -32,6 +32,79 @@ def validation_message(spec: ToolSpec, *errors: ValidationError) -> str:
     return f"invalid arguments for {spec.name}: " + "; ".join(p for e in errors for p in validation_problems(e))
 
 
+ROW_TEXT_LIMIT = 2_000   # characters of the rows section of an answer's text; the record has every row
+ROW_VALUE_LIMIT = 80     # a longer string in a row is prose already said in a finding (evidence, meaning)
+
+
+def answer_text(spec: ToolSpec, result: Result) -> str:
+    """What an MCP host that reads a result's text hands the model: the human view, then the rows of the
+    result's lists as one line each (short scalar values only), each fact once. Hosts that read the
+    structured content instead get the whole record there (Claude Code, VS Code and Copilot's CLI forward
+    only structuredContent to the model; Claude Desktop and others only the text: docs/benchmarks.md)."""
+    text = format_result(spec, result)
+    rows = _row_lines(result)
+    if not rows:
+        return text
+    shown, used = [], 0
+    for line in rows:
+        if used + len(line) > ROW_TEXT_LIMIT:
+            break
+        shown.append(line)
+        used += len(line) + 1
+    left = len(rows) - len(shown)
+    more = [f"    ... {left} more row(s) in the structured result"] if left else []
+    return "\n".join([text, "  rows:", *shown, *more])
+
+
+RECORD_STRING_LIMIT = 160   # a quoted log line or a paragraph of meaning, in the structured answer
+RECORD_INNER_ITEMS = 1      # evidence lines and other lists inside a row: the first
+
+
+def answer_record(result: Result) -> dict:
+    """The structured content of an answer: the whole result without null fields, with long quoted text
+    and the lists inside rows cut (the first RECORD_INNER_ITEMS; a string at RECORD_STRING_LIMIT
+    characters, marked). Findings, `next` and every row stay whole; the record as stored keeps everything
+    (results_history returns it by result id). Hosts that forward structured content forward it alone,
+    so this is what their model reads."""
+    data = result.model_dump(mode="json", exclude_none=True)
+    return {k: v if k in ("findings", "next") else _lean(v, depth=0) for k, v in data.items()}
+
+
+def _lean(value, depth: int):
+    if isinstance(value, str):
+        return value if len(value) <= RECORD_STRING_LIMIT else value[:RECORD_STRING_LIMIT] + "…[cut]"
+    if isinstance(value, list):
+        kept = value if depth < 2 else value[:RECORD_INNER_ITEMS]
+        return [_lean(v, depth + 1) for v in kept]
+    if isinstance(value, dict):
+        return {k: _lean(v, depth + 1) for k, v in value.items()}
+    return value
+
+
+def _row_lines(result: Result) -> list[str]:
+    lines = []
+    for name, value in result.model_dump(mode="json", exclude_none=True).items():
+        if name in Result.model_fields:
+            continue
+        items = value if isinstance(value, list) else [value] if isinstance(value, dict) else []
+        for k, item in enumerate(items):
+            if isinstance(item, dict):
+                cells = [f"{key}={_cell(v)}" for key, v in item.items() if _is_short_scalar(v)]
+                if cells:
+                    lines.append(f"    {name}[{k}]: " + ", ".join(cells) if isinstance(value, list)
+                                 else f"    {name}: " + ", ".join(cells))
+    return lines
+
+
+def _is_short_scalar(value) -> bool:
+    return (isinstance(value, (int, float, bool)) or
+            (isinstance(value, str) and value != "" and len(value) <= ROW_VALUE_LIMIT))
+
+
+def _cell(value) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
 def format_result(spec: ToolSpec, result: Result) -> str:
     """Human view: verdict, findings, the tool's scalar figures, and where to go next."""
     lines = [f"{spec.name}: {VERDICT_MARK[result.verdict].strip()}"]
