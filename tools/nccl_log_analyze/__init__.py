@@ -33,6 +33,7 @@ from collections.abc import Iterator
 from ..shared.logscan import LogInputParams, looks_binary, resolve_paths
 from ..shared.safe_read import read_head
 from .checks import NEXT, check_all, largest_comm, name_list
+from .hosts import HostRow, host_rows
 from .messages import transport_of
 from .outputs import read_all
 from .parse import Parsed, Proc, parse_line, parse_paths, parse_text
@@ -83,6 +84,10 @@ class NcclLogResult(Result):
     nccl_tests_runs: int = Field(0, description="nccl-tests outputs (text tables or -J JSON) found in the input.")
     nccl_versions: dict[str, int] = Field(default_factory=dict, description="NCCL version -> number of processes.")
     hosts: list[str] = Field(default_factory=list, description="Hosts seen.")
+    host_rows: list[HostRow] = Field(default_factory=list, description="Per host: NCCL, CUDA driver, net plugin, "
+                                     "transport, NICs, GDR, GID index, what differs from the other hosts.")
+    odd_hosts: list[str] = Field(default_factory=list, description="Hosts whose net plugin, transport or GID "
+                                 "index differs from the rest (a cause of hangs).")
     processes: int = Field(0, description="Processes that printed NCCL lines.")
     world_size: int | None = Field(None, description="nranks of the largest communicator.")
     nodes: int | None = Field(None, description="nNodes NCCL reported, else distinct hosts.")
@@ -202,7 +207,8 @@ def analyse(parsed: Parsed, max_ranks: int = 64) -> NcclLogResult:
     comm = largest_comm(parsed)
     hosts = sorted({p.host for p in procs if p.host != "?"})
     nodes = parsed.nnodes or len(hosts) or 1
-    rep, versions, gdr, env = check_all(parsed, procs, comm, nodes)
+    rows = host_rows(parsed, procs)
+    rep, versions, gdr, env = check_all(parsed, procs, comm, nodes, rows)
     nics = _nic_models(parsed, procs)
     expected = expected_per_nic(nics)
     closing = []
@@ -217,6 +223,7 @@ def analyse(parsed: Parsed, max_ranks: int = 64) -> NcclLogResult:
     return NcclLogResult(
         verdict=verdict, findings=rep.findings + _summary(parsed, procs, versions, comm, hosts, nodes, gdr, nics) + closing,
         next=nxt, problems=rep.problems, nccl_versions=dict(versions), hosts=hosts, processes=len(procs),
+        host_rows=rows, odd_hosts=rep.odd_hosts,
         world_size=comm["nranks"] if comm else None, nodes=nodes if hosts else parsed.nnodes,
         network=sorted(set().union(*(p.networks for p in procs))),
         net_plugin=sorted({p.plugin for p in procs if p.plugin}), nics=nics,

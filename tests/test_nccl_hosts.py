@@ -1,0 +1,107 @@
+"""nccl_log_analyze reads a multi-host NCCL_DEBUG=INFO log host by host (net plugin, transport, GID index...)
+and names the host that differs; RoCE completion error 12 names NCCL_IB_GID_INDEX; nic_health judges pasted
+GID tables. Fixtures are cut from public reports (tests/fixtures/nccl/public/SOURCE.md,
+tests/fixtures/nic_text/SOURCE.md)."""
+
+from pathlib import Path
+
+import pytest
+
+from tools.nccl_log_analyze import NcclLogParams, run
+from tools.nic_health import NicHealthParams
+from tools.nic_health import run as nic_run
+
+FIX = Path(__file__).parent / "fixtures"
+PUBLIC = FIX / "nccl" / "public"
+NIC_TEXT = FIX / "nic_text"
+
+
+def analyze(*paths):
+    return run(NcclLogParams(paths=[str(p) for p in paths]), lambda *_: None)
+
+
+def nic(text):
+    return nic_run(NicHealthParams(text=text), lambda *_: None)
+
+
+def test_the_host_without_the_sites_net_plugin_is_the_headline():
+    """NVIDIA/nccl #1634: HGX-H100-04 loads HPC-X's libnccl-net.so, HGX-H100-11 falls back to internal IB."""
+    r = analyze(PUBLIC / "plugin_mismatch_nccl1634.log")
+    assert r.verdict == "fail" and r.problems[0] == "net_plugin_mismatch" and r.odd_hosts == ["HGX-H100-11"]
+    head = r.findings[0]
+    assert head.startswith("HGX-H100-11 differs") and "cause" in head and "NCCL_NET_PLUGIN" in head
+    assert "/opt/hpcx/nccl_rdma_sharp_plugin/lib/libnccl-net.so on HGX-H100-04" in head
+    rows = {h.host: h for h in r.host_rows}
+    assert rows["HGX-H100-11"].net_plugin == "internal" and rows["HGX-H100-11"].differs_in == ["net_plugin"]
+    assert rows["HGX-H100-04"].net_plugin.endswith("libnccl-net.so") and rows["HGX-H100-04"].differs_in == []
+
+
+def test_the_same_plugin_split_over_several_files_is_still_one_host_each(tmp_path):
+    lines = (PUBLIC / "plugin_mismatch_nccl1634.log").read_text().splitlines()
+    for n, line in enumerate(lines):
+        (tmp_path / f"nccl.{n}.log").write_text(line + "\n")
+    r = analyze(tmp_path)
+    assert r.odd_hosts == ["HGX-H100-11"] and r.findings[0].startswith("HGX-H100-11 differs")
+
+
+@pytest.mark.parametrize("name, plugin", [("uniform_hpcx_nccltests319.log", "NCCL RDMA Plugin v8"),
+                                          ("uniform_internal_nccltests244.log", "internal")])
+def test_hosts_that_agree_give_no_mismatch(name, plugin):
+    r = analyze(PUBLIC / name)
+    assert r.odd_hosts == [] and not {"net_plugin_mismatch", "transport_mismatch", "gid_mismatch"} & set(r.problems)
+    assert len(r.host_rows) == 2 and {h.net_plugin for h in r.host_rows} == {plugin}
+
+
+@pytest.mark.parametrize("path", ["two_node_ib_healthy.log", "single_node_8gpu_nvls.log", "real/nccl_2gpu.log"])
+def test_clean_logs_give_no_false_mismatch(path):
+    r = analyze(FIX / "nccl" / path)
+    assert r.odd_hosts == [] and all(h.differs_in == [] for h in r.host_rows)
+    assert not any(p.endswith("_mismatch") for p in r.problems), r.findings[:2]
+
+
+def test_roce_error_12_names_the_gid_index_setting():
+    """pytorch/pytorch #81628: RoCE between hosts behind different switches, fixed by NCCL_IB_GID_INDEX=3."""
+    r = analyze(PUBLIC / "roce_error12_pytorch81628.log")
+    assert r.verdict == "fail" and r.problems[0] == "roce_gid"
+    head = r.findings[0]
+    assert "NCCL_IB_GID_INDEX" in head and "error 12" in head and "IBV_WC_RETRY_EXC_ERR" in head
+    assert "do" in head and "not route between subnets" in head and "tf144" in head and "192.168.17.147" in head
+    assert r.host_rows[0].transport == "RoCE"
+
+
+def test_roce_error_12_with_routable_gids_does_not_blame_the_gid_index():
+    """NVIDIA/nccl #1814: the WARN prints IPv4-mapped GIDs on both ends; the index is not the cause."""
+    r = analyze(PUBLIC / "roce_error12_routable_nccl1814.log")
+    assert r.problems[0] == "roce_unreachable" and "roce_gid" not in r.problems
+    assert "::ffff:29.87.4.221" in r.findings[0] and "not the cause" in r.findings[0]
+
+
+def test_gid_words_as_nccl_prints_them():
+    from tools.nccl_log_analyze.messages import gid_scope_of_words
+
+    # NCCL prints the GID's two 64-bit words little-endian: fe80:: -> prefix 0x80FE; ::ffff:192.168.17.144
+    assert gid_scope_of_words(0x80FE, 0x1234) == "link-local"
+    assert gid_scope_of_words(0, 0x9011A8C0FFFF0000) == "ipv4"
+    assert gid_scope_of_words(0x0000B80D0120, 0x1) == "global"
+
+
+@pytest.mark.parametrize("name, index", [("show_gids_ibm_nsdperf4.txt", 5), ("show_gids_nccl1131.txt", 3),
+                                         ("show_gids_k8s_nccl1573.txt", 7), ("ibv_devinfo_gids_nccl769.txt", 3)])
+def test_nic_health_names_the_roce_v2_routable_gid_index(name, index):
+    r = nic((NIC_TEXT / name).read_text())
+    assert f"use NCCL_IB_GID_INDEX={index}," in r.findings[0] and "RoCE v2" in r.findings[0]
+    assert any(g.index == index and g.roce == "v2" and g.scope == "ipv4" for g in r.gids)
+
+
+def test_nic_health_says_the_gid_index_in_use_is_wrong_or_right():
+    table = (NIC_TEXT / "ibv_devinfo_gids_nccl769.txt").read_text()
+    wrong = nic(table + "\nNCCL_IB_GID_INDEX=1\n")        # NVIDIA/nccl #769: index 1 timed out, 3 worked
+    assert wrong.verdict == "fail" and "NCCL_IB_GID_INDEX=1 is wrong" in wrong.findings[0]
+    assert "link-local" in wrong.findings[0] and "Set NCCL_IB_GID_INDEX=3" in wrong.findings[0]
+    right = nic(table + "\nNCCL INFO NCCL_IB_GID_INDEX set by environment to 3.\n")
+    assert right.verdict == "ok" and "NCCL_IB_GID_INDEX=3 is right" in right.findings[0]
+
+
+def test_ibv_devinfo_without_gids_is_judged_as_before():
+    r = nic((NIC_TEXT / "ibv_devinfo_azhpc44.txt").read_text())
+    assert r.gids == [] and r.verdict == "ok" and r.findings[0].startswith("1 RDMA port(s)")
