@@ -105,3 +105,26 @@ def test_nic_health_says_the_gid_index_in_use_is_wrong_or_right():
 def test_ibv_devinfo_without_gids_is_judged_as_before():
     r = nic((NIC_TEXT / "ibv_devinfo_azhpc44.txt").read_text())
     assert r.gids == [] and r.verdict == "ok" and r.findings[0].startswith("1 RDMA port(s)")
+
+
+def test_three_hosts_one_with_another_aws_ofi_version_is_named_as_a_warning():
+    """Wordings as aws-ofi-nccl and NCCL print them ("Loaded net plugin AWS Libfabric (v6)", "NET/OFI Using
+    aws-ofi-nccl 1.6.0-..."); a plugin of another version is worth a warning, not the verdict of a mismatch."""
+    from tools.nccl_log_analyze import analyse, parse_text
+
+    lines = []
+    for host, version in (("p5-a", "1.7.4-aws"), ("p5-b", "1.7.4-aws"), ("p5-c", "1.6.0-aws")):
+        head = f"{host}:100:101 [0] NCCL INFO "
+        lines += [head + "NET/Plugin: Loaded net plugin AWS Libfabric (v6)", head + f"NET/OFI Using aws-ofi-nccl {version}",
+                  head + ("Using network AWS Libfabric")]
+    r = analyse(parse_text("\n".join(lines)))
+    assert r.problems[0] == "plugin_version_mismatch" and r.verdict == "warn" and r.odd_hosts == []
+    assert r.findings[0].startswith("p5-c differs") and "aws-ofi-nccl 1.6.0-aws on p5-c" in r.findings[0]
+    assert {h.net_plugin for h in r.host_rows} == {"AWS Libfabric"}
+
+
+def test_one_plugin_network_printed_by_two_nccl_releases_is_not_a_transport_mismatch():
+    from tools.nccl_log_analyze import analyse, parse_text
+
+    r = analyse(parse_text("a:1:2 [0] NCCL INFO Using network IBext\nb:1:2 [0] NCCL INFO Using network IBext_v8"))
+    assert "transport_mismatch" not in r.problems and {h.transport for h in r.host_rows} == {"IBext"}

@@ -1,5 +1,10 @@
 """nccl_log_analyze — what NCCL set up, read from NCCL_DEBUG=INFO output, and what in it is wrong.
 
+Reads the log host by host (tools/nccl_log_analyze/hosts.py): NCCL version, CUDA driver, net plugin, transport,
+NICs, GDR and RoCE GID index per host, and names the host whose net plugin, transport or GID index differs from
+the rest (a cause of hangs after init). RoCE "Got completion ... error 12" is judged with the GID index in
+tools/nccl_log_analyze/roce.py.
+
 Parses the INFO/WARN lines NCCL prints at communicator init (any NCCL 2.x; lines may carry torchrun /
 srun / mpirun prefixes and come from many processes interleaved): NCCL version per process, each rank's
 host / GPU / PCI bus id, network plugin and transport (IB, RoCE, Socket, a plugin), NICs and their speed,
@@ -287,7 +292,8 @@ SPEC = ToolSpec(
         "-> host/GPU, network (IB, RoCE, Socket, plugin), NICs such as mlx5_0 / ib0 / eth0, GPUDirect RDMA, "
         "P2P / SHM / NVLS, rings and trees, NCCL_* overrides vs NCCL's defaults, WARN lines; flags socket "
         "fallback where InfiniBand exists ('NET/IB : No device found', 'Failed to open libibverbs.so'), GDR "
-        "off, mismatched versions or NICs, inits that never completed. Also pasted nccl-tests output "
+        "off, mismatched versions or NICs, a host whose net plugin differs, RoCE completion error 12 (GID index), "
+        "inits that never completed. Also pasted nccl-tests output "
         "(all_reduce_perf tables or -J JSON: busbw vs expected, #wrong, stragglers) and ncclras reports. "
         "Reads files only. Not for which rank crashed (log_triage) or measuring bandwidth (collective_bench)."),
     Params=NcclLogParams, Result=NcclLogResult, run=run,

@@ -5,27 +5,30 @@ A net plugin loaded on some hosts only is a cause, not a detail: in NVIDIA/nccl 
 that loaded HPC-X's libnccl-net.so and one that fell back to NCCL's internal IB hung right after init.
 """
 
+import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 
-from ..engine.spec import Field, Record
+from ..engine.spec import SELF_EVIDENT, Field, Record
 from .parse import Parsed, Proc
 
 
 class HostRow(Record):
-    host: str = Field(description="Host name as NCCL printed it.")
-    processes: int = Field(description="Processes of this host in the log.")
-    nccl_version: str | None = Field(None, description="NCCL version its processes printed.")
-    cuda_driver: str | None = Field(None, description="CUDA driver API version (cudaDriverVersion 12040 = 12.4).")
+    host: str = Field(json_schema_extra=SELF_EVIDENT, description="Host name as NCCL printed it.")
+    processes: int = Field(json_schema_extra=SELF_EVIDENT, description="Processes of this host in the log.")
+    nccl_version: str | None = Field(None, json_schema_extra=SELF_EVIDENT, description="NCCL version.")
+    cuda_driver: str | None = Field(None, json_schema_extra=SELF_EVIDENT, description="CUDA driver API version (12.4).")
     net_plugin: str | None = Field(None, description="External net plugin (name, else its path), or 'internal' when "
-                                   "NCCL fell back to its own IB/Socket transports; None when not printed.")
+                                   "NCCL fell back to its own IB/Socket.")
+    net_plugin_version: str | None = Field(None, json_schema_extra=SELF_EVIDENT, description=(
+        "The plugin's version (aws-ofi-nccl 1.6.0) or its API (v8)."))
     transport: str | None = Field(None, description="IB | RoCE | Socket | the plugin's network (IBext_v8, ...).")
-    nics: list[str] = Field(default_factory=list, description="RDMA devices (or socket interfaces) NCCL listed.")
-    gdr: str = Field("n/a", description="GPUDirect RDMA on its network connections: on | off | partial | n/a.")
-    gid_index: str | None = Field(None, description="RoCE GID index: NCCL_IB_GID_INDEX, else the index its QP lines "
-                                  "show, with the GID's kind (link-local, ipv4, global) when printed.")
-    completion_errors: int = Field(0, description="'Got completion ... error' WARN lines of this host.")
-    differs_in: list[str] = Field(default_factory=list, description="Fields in which this host differs from the rest.")
+    nics: list[str] = Field(default_factory=list, json_schema_extra=SELF_EVIDENT, description="NICs NCCL listed.")
+    gdr: str = Field("n/a", json_schema_extra=SELF_EVIDENT, description="GPUDirect RDMA: on | off | partial | n/a.")
+    gid_index: str | None = Field(None, description="RoCE GID index (NCCL_IB_GID_INDEX or NCCL's QP lines) and kind.")
+    completion_errors: int = Field(0, json_schema_extra=SELF_EVIDENT, description="'Got completion ... error' WARNs.")
+    differs_in: list[str] = Field(default_factory=list, json_schema_extra=SELF_EVIDENT, description=(
+        "Fields in which this host differs from the rest."))
 
 
 @dataclass(frozen=True)
@@ -40,6 +43,7 @@ class Compared:
 COMPARED = (Compared("net_plugin", "NCCL net plugin", "fail", "net_plugin_mismatch"),
             Compared("transport", "network transport", "fail", "transport_mismatch"),
             Compared("gid_index", "RoCE GID index", "fail", "gid_mismatch"),
+            Compared("net_plugin_version", "net plugin version", "warn", "plugin_version_mismatch"),
             Compared("cuda_driver", "CUDA driver", "warn", "driver_mismatch"))
 
 
@@ -51,8 +55,14 @@ def _plugin(procs: list[Proc]) -> str | None:
     return "internal" if any(p.plugin == "internal" for p in procs) else None
 
 
+def _plugin_version(procs: list[Proc]) -> str | None:
+    versions = Counter(p.plugin_version for p in procs if p.plugin_version)
+    return versions.most_common(1)[0][0] if versions else None
+
+
 def _transport(procs: list[Proc]) -> str | None:
-    nets = Counter(n for p in procs for n in p.networks)
+    # "IBext" and "IBext_v8" are one plugin network printed by different NCCL releases
+    nets = Counter(re.sub(r"_v\d+$", "", n) for p in procs for n in p.networks)
     if not nets:
         return None
     net = nets.most_common(1)[0][0]
@@ -92,7 +102,8 @@ def host_rows(parsed: Parsed, procs: list[Proc]) -> list[HostRow]:
         versions = Counter(p.version for p in ps if p.version)
         nics = sorted({n[0] for p in ps for n in p.ib_nics.values()} or {i for p in ps for i in p.socket_ifaces})
         rows.append(HostRow(host=host, processes=len(ps), nccl_version=versions.most_common(1)[0][0] if versions else None,
-                            cuda_driver=_driver(ps), net_plugin=_plugin(ps), transport=_transport(ps), nics=nics,
+                            cuda_driver=_driver(ps), net_plugin=_plugin(ps),
+                            net_plugin_version=_plugin_version(ps), transport=_transport(ps), nics=nics,
                             gdr=_gdr(ps), gid_index=_gid(ps), completion_errors=errors[host]))
     return rows
 

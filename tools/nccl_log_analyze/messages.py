@@ -16,6 +16,7 @@ MSG = {name: re.compile(rx) for name, rx in {
     "plugin_none": r"^NET/Plugin ?: .*?(?:No plugin found|Could not find: libnccl-net|Plugin load .*?returned|"
                    r"Using internal network plugin)",
     "plugin_path": r"^Plugin Path ?: (?P<path>\S+)",
+    "ofi_version": r"^NET/OFI (?:Using|Initializing) aws-ofi-nccl (?P<version>[\w.\-]+)",
     "cuda_driver": r"^cudaDriverVersion (?P<version>\d+)",
     # RoCE QP setup (NCCL_DEBUG_SUBSYS=NET): "NET/IB: [NCCL Dev 0 IbDev 0 ]Dev 0 Port 1 qpn 1234 mtu 5 GID 3
     # (0/9011A8C0FFFF0000)": the GID index and the GID's subnet prefix / interface id as little-endian words.
@@ -49,7 +50,7 @@ MSG = {name: re.compile(rx) for name, rx in {
 }.items()}
 
 # A literal each message of that kind contains: a cheap test before the regex (NCCL logs run to millions of lines).
-HINTS = {"bootstrap": "Bootstrap", "plugin_loaded": "NET/Plugin", "plugin_none": "NET/Plugin", "plugin_path": "Plugin Path",
+HINTS = {"bootstrap": "Bootstrap", "plugin_loaded": "NET/Plugin", "plugin_none": "NET/Plugin", "plugin_path": "Plugin Path", "ofi_version": "aws-ofi-nccl",
          "cuda_driver": "cudaDriverVersion", "ib_gid": " GID ", "ib_using": "NET/IB",
          "ib_none": "NET/IB", "socket_using": "NET/Socket", "network": "network ", "init": " - Init ", "nodes": "nNodes",
          "env": "NCCL_", "gdr": "GPU Direct RDMA", "p2p_off": "P2P is disabled", "nvls": "NVLS multicast",
@@ -68,6 +69,11 @@ def _on_bootstrap(parsed, proc, m):
 
 def _on_plugin_loaded(parsed, proc, m):
     proc.plugin = m["name"]
+    proc.plugin_version = proc.plugin_version or m["api"]
+
+
+def _on_ofi_version(parsed, proc, m):
+    proc.plugin_version = f"aws-ofi-nccl {m['version']}"
 
 
 def _on_plugin_none(parsed, proc, m):

@@ -30,6 +30,7 @@ class Proc:
     env: dict = field(default_factory=dict)
     networks: set = field(default_factory=set)
     plugin: str | None = None                        # a loaded plugin's name, or "internal" (NCCL fell back)
+    plugin_version: str | None = None                # aws-ofi-nccl's version, else the plugin API ("v8")
     plugin_path: str | None = None                   # "Plugin Path : ..." (nccl-rdma-sharp-plugins)
     cuda_driver: int | None = None                   # cudaDriverVersion 12040 = CUDA 12.4
     gids: dict = field(default_factory=dict)         # GID index NCCL set up a RoCE QP with -> link-local | ipv4 | global
