@@ -128,3 +128,28 @@ def test_one_plugin_network_printed_by_two_nccl_releases_is_not_a_transport_mism
 
     r = analyse(parse_text("a:1:2 [0] NCCL INFO Using network IBext\nb:1:2 [0] NCCL INFO Using network IBext_v8"))
     assert "transport_mismatch" not in r.problems and {h.transport for h in r.host_rows} == {"IBext"}
+
+
+def _qp_line(host, index, words):
+    # NCCL's RoCE QP line (src/transport/net_ib, NCCL_DEBUG_SUBSYS=NET), GID words as NCCL prints them
+    return f"{host}:7:8 [0] NCCL INFO NET/IB: NCCL Dev 0 IbDev 0 Port 1 qpn 4660 mtu 5 GID {index} ({words}) fifoRkey=0x1 fifoLkey=0x2"
+
+
+def test_the_gid_nccl_printed_decides_and_a_link_local_host_is_named():
+    from tools.nccl_log_analyze import analyse, parse_text
+
+    using = "NCCL INFO NET/IB : Using [0]mlx5_0:1/RoCE [RO]; OOB eth0:10.0.0.{n}<0>"
+    lines = [f"rack1-a:7:8 [0] {using.format(n=1)}", f"rack2-b:7:8 [0] {using.format(n=2)}",
+             _qp_line("rack1-a", 3, "0/1000000AFFFF0000"), _qp_line("rack2-b", 0, "80FE/1C1AEBFFFEDA0C0A"),
+             "rack2-b:7:9 [0] transport/net_ib.cc:839 NCCL WARN NET/IB : Got completion with error 12, opcode 1, len 0, vendor err 129"]
+    r = analyse(parse_text("\n".join(lines)))
+    assert r.problems[:2] == ["gid_mismatch", "roce_gid"] and r.odd_hosts == ["rack2-b"]
+    assert r.findings[0].startswith("rack2-b differs") and "NCCL_IB_GID_INDEX" in r.findings[0]
+    assert "GID index 0, a link-local" in r.findings[1]
+    assert {h.host: h.gid_index for h in r.host_rows} == {"rack1-a": "3 (ipv4)", "rack2-b": "0 (link-local)"}
+
+
+def test_nic_health_reads_the_index_in_use_from_ncclS_qp_line():
+    table = (NIC_TEXT / "show_gids_nccl1131.txt").read_text()
+    r = nic(table + "\n" + _qp_line("h", 0, "80FE/1C1AEBFFFEDA0C0A") + "\n")
+    assert r.verdict == "fail" and "NCCL_IB_GID_INDEX=0 is wrong" in r.findings[0] and "Set NCCL_IB_GID_INDEX=3" in r.findings[0]

@@ -109,7 +109,8 @@ def host_rows(parsed: Parsed, procs: list[Proc]) -> list[HostRow]:
 
 
 def odd_hosts(values: dict[str, str]) -> list[str]:
-    """Hosts whose value fewer hosts share; on a tie (1 against 1) the one that fell back to 'internal'."""
+    """Hosts whose value fewer hosts share; on a tie (1 against 1) the one that fell back to 'internal' or
+    uses a link-local GID."""
     groups: dict[str, list[str]] = defaultdict(list)
     for host, value in values.items():
         groups[value].append(host)
@@ -118,7 +119,8 @@ def odd_hosts(values: dict[str, str]) -> list[str]:
     largest = max(len(h) for h in groups.values())
     odd = [h for hs in groups.values() if len(hs) < largest for h in hs]
     if not odd:
-        odd = groups.get("internal", [])
+        odd = [h for v, hs in groups.items() if v == "internal" or "link-local" in v for h in hs]
+        odd = odd if len(odd) < len(values) else []
     return sorted(odd)
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import ipaddress
 import re
 
-from ..engine.spec import Field, Record
+from ..engine.spec import SELF_EVIDENT, Field, Record
 
 # show_gids (MLNX_OFED): DEV PORT INDEX GID IPv4 VER DEV, the IPv4 column empty for non-IPv4 GIDs.
 _SHOW_GIDS = re.compile(r"^\s*(?P<dev>[\w.\-]+)\s+(?P<port>\d+)\s+(?P<index>\d+)\s+(?P<gid>[0-9a-fA-F:]{15,39})\s+"
@@ -21,17 +21,19 @@ _SHOW_GIDS = re.compile(r"^\s*(?P<dev>[\w.\-]+)\s+(?P<port>\d+)\s+(?P<index>\d+)
 _DEVINFO_GID = re.compile(r"^\s*GID\[\s*(?P<index>\d+)\]:\s*(?P<gid>[0-9a-fA-F:.]+)(?:,\s*(?:RoCE (?P<ver>v[12])|IB))?")
 _HCA = re.compile(r"^\s*hca_id:\s*(?P<dev>\S+)")
 _PORT = re.compile(r"^\s*port:\s*(?P<port>\d+)\s*$")
-_IN_USE = re.compile(r"NCCL_IB_GID_INDEX(?:=|\s+set by environment to\s+|\s+set to\s+)(?P<index>-?\d+)")
+# The index in use: the setting, or NCCL's own QP line ("NET/IB: ... qpn 1234 mtu 5 GID 3 (0/...)").
+_IN_USE = re.compile(r"NCCL_IB_GID_INDEX(?:=|\s+set by environment to\s+|\s+set to\s+)(?P<index>-?\d+)|"
+                     r"\bqpn \d+ mtu \d+ .{0,80}?GID (?P<qp_index>\d+) \(")
 
 
 class GidRow(Record):
-    device: str = Field(description="RDMA device ('?' where the paste does not say).")
-    port: int = Field(description="Port number.")
-    index: int = Field(description="GID index (what NCCL_IB_GID_INDEX selects).")
-    gid: str = Field(description="The GID as pasted.")
+    device: str = Field(json_schema_extra=SELF_EVIDENT, description="RDMA device ('?' where the paste does not say).")
+    port: int = Field(json_schema_extra=SELF_EVIDENT, description="Port number.")
+    index: int = Field(json_schema_extra=SELF_EVIDENT, description="GID index (what NCCL_IB_GID_INDEX selects).")
+    gid: str = Field(json_schema_extra=SELF_EVIDENT, description="The GID as pasted.")
     roce: str | None = Field(None, description="RoCE version: v1 | v2 (None: not printed).")
     scope: str = Field(description="link-local (fe80::) | ipv4 (::ffff:a.b.c.d) | global (routable IPv6).")
-    address: str | None = Field(None, description="The IP address the GID carries.")
+    address: str | None = Field(None, json_schema_extra=SELF_EVIDENT, description="The IP address the GID carries.")
 
 
 def _row(device: str, port: int, index: int, gid: str, ver: str | None) -> GidRow | None:
@@ -69,7 +71,7 @@ def parse(text: str) -> list[GidRow]:
 
 def index_in_use(text: str) -> int | None:
     m = _IN_USE.search(text[:1_000_000])
-    return int(m["index"]) if m else None
+    return int(m["index"] or m["qp_index"]) if m else None
 
 
 def best_index(rows: list[GidRow]) -> GidRow | None:
