@@ -78,7 +78,7 @@ def check_all(parsed: Parsed, procs: list[Proc], comm: dict | None, nodes: int,
     causes), then the rest. Returns (report, NCCL version -> processes, GPUDirect RDMA state, the NCCL_*
     settings the processes reported)."""
     rep = Report()
-    rep.odd_hosts = check_hosts(hosts, rep, name_list)
+    rep.odd_hosts = check_hosts(hosts, rep, name_list, "fail")
     check_roce_gid(parsed, procs, rep, name_list)
     rank_hosts = Counter(i["host"] for i in comm["ranks"].values()) if comm else Counter()
     versions = _check_versions(parsed, procs, rep)
@@ -88,6 +88,7 @@ def check_all(parsed: Parsed, procs: list[Proc], comm: dict | None, nodes: int,
     _check_intra(parsed, procs, rank_hosts, rep)
     _check_fabrics(procs, rep)
     env = _check_settings(parsed, procs, rep)
+    check_hosts(hosts, rep, name_list, "warn")     # another driver or plugin release: worth a look, not the headline
     return rep, versions, gdr, env
 
 

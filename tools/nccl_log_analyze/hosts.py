@@ -124,11 +124,11 @@ def odd_hosts(values: dict[str, str]) -> list[str]:
     return sorted(odd)
 
 
-def check_hosts(rows: list[HostRow], rep, name_list) -> list[str]:
-    """Flag every compared field in which hosts differ, naming the odd host(s); returns the odd hosts of
-    the fields that fail."""
+def check_hosts(rows: list[HostRow], rep, name_list, severity: str) -> list[str]:
+    """Flag every compared field of this severity in which hosts differ, naming the odd host(s); returns the
+    odd hosts of the fields that fail."""
     culprits: list[str] = []
-    for c in COMPARED:
+    for c in (c for c in COMPARED if c.severity == severity):
         values = {r.host: getattr(r, c.field) for r in rows if getattr(r, c.field) is not None}
         if len(set(values.values())) < 2:
             continue
