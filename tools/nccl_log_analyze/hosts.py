@@ -158,4 +158,6 @@ def _consequence(c: Compared) -> str:
     if c.field == "gid_index":
         return ("A mismatch is a cause: both ends of a RoCE connection must use a GID of the same kind. Set "
                 "NCCL_IB_GID_INDEX to the RoCE v2 routable index on every host (show_gids).")
+    if c.field == "net_plugin_version":
+        return "Another release of the same plugin: install one release everywhere to rule it out."
     return "Different drivers rarely hang NCCL by themselves; install the same driver everywhere to rule it out."
