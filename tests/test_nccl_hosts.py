@@ -120,6 +120,7 @@ def test_three_hosts_one_with_another_aws_ofi_version_is_named_as_a_warning():
     r = analyse(parse_text("\n".join(lines)))
     assert r.problems[0] == "plugin_version_mismatch" and r.verdict == "warn" and r.odd_hosts == []
     assert r.findings[0].startswith("p5-c differs") and "aws-ofi-nccl 1.6.0-aws on p5-c" in r.findings[0]
+    assert "Another release of the same plugin" in r.findings[0]
     assert {h.net_plugin for h in r.host_rows} == {"AWS Libfabric"}
 
 
