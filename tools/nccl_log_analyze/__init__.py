@@ -1,5 +1,10 @@
 """nccl_log_analyze — what NCCL set up, read from NCCL_DEBUG=INFO output, and what in it is wrong.
 
+Reads the log host by host (tools/nccl_log_analyze/hosts.py): NCCL version, CUDA driver, net plugin, transport,
+NICs, GDR and RoCE GID index per host, and names the host whose net plugin, transport or GID index differs from
+the rest (a cause of hangs after init). RoCE "Got completion ... error 12" is judged with the GID index in
+tools/nccl_log_analyze/roce.py.
+
 Parses the INFO/WARN lines NCCL prints at communicator init (any NCCL 2.x; lines may carry torchrun /
 srun / mpirun prefixes and come from many processes interleaved): NCCL version per process, each rank's
 host / GPU / PCI bus id, network plugin and transport (IB, RoCE, Socket, a plugin), NICs and their speed,
@@ -33,6 +38,7 @@ from collections.abc import Iterator
 from ..shared.logscan import LogInputParams, looks_binary, resolve_paths
 from ..shared.safe_read import read_head
 from .checks import NEXT, check_all, largest_comm, name_list
+from .hosts import HostRow, host_rows
 from .messages import transport_of
 from .outputs import read_all
 from .parse import Parsed, Proc, parse_line, parse_paths, parse_text
@@ -83,6 +89,10 @@ class NcclLogResult(Result):
     nccl_tests_runs: int = Field(0, description="nccl-tests outputs (text tables or -J JSON) found in the input.")
     nccl_versions: dict[str, int] = Field(default_factory=dict, description="NCCL version -> number of processes.")
     hosts: list[str] = Field(default_factory=list, description="Hosts seen.")
+    host_rows: list[HostRow] = Field(default_factory=list, description="Per host: NCCL, CUDA driver, net plugin, "
+                                     "transport, NICs, GDR, GID index, what differs from the other hosts.")
+    odd_hosts: list[str] = Field(default_factory=list, description="Hosts whose net plugin, transport or GID "
+                                 "index differs from the rest (a cause of hangs).")
     processes: int = Field(0, description="Processes that printed NCCL lines.")
     world_size: int | None = Field(None, description="nranks of the largest communicator.")
     nodes: int | None = Field(None, description="nNodes NCCL reported, else distinct hosts.")
@@ -202,7 +212,8 @@ def analyse(parsed: Parsed, max_ranks: int = 64) -> NcclLogResult:
     comm = largest_comm(parsed)
     hosts = sorted({p.host for p in procs if p.host != "?"})
     nodes = parsed.nnodes or len(hosts) or 1
-    rep, versions, gdr, env = check_all(parsed, procs, comm, nodes)
+    rows = host_rows(parsed, procs)
+    rep, versions, gdr, env = check_all(parsed, procs, comm, nodes, rows)
     nics = _nic_models(parsed, procs)
     expected = expected_per_nic(nics)
     closing = []
@@ -217,6 +228,7 @@ def analyse(parsed: Parsed, max_ranks: int = 64) -> NcclLogResult:
     return NcclLogResult(
         verdict=verdict, findings=rep.findings + _summary(parsed, procs, versions, comm, hosts, nodes, gdr, nics) + closing,
         next=nxt, problems=rep.problems, nccl_versions=dict(versions), hosts=hosts, processes=len(procs),
+        host_rows=rows, odd_hosts=rep.odd_hosts,
         world_size=comm["nranks"] if comm else None, nodes=nodes if hosts else parsed.nnodes,
         network=sorted(set().union(*(p.networks for p in procs))),
         net_plugin=sorted({p.plugin for p in procs if p.plugin}), nics=nics,
@@ -280,7 +292,8 @@ SPEC = ToolSpec(
         "-> host/GPU, network (IB, RoCE, Socket, plugin), NICs such as mlx5_0 / ib0 / eth0, GPUDirect RDMA, "
         "P2P / SHM / NVLS, rings and trees, NCCL_* overrides vs NCCL's defaults, WARN lines; flags socket "
         "fallback where InfiniBand exists ('NET/IB : No device found', 'Failed to open libibverbs.so'), GDR "
-        "off, mismatched versions or NICs, inits that never completed. Also pasted nccl-tests output "
+        "off, mismatched versions or NICs, a host whose net plugin differs, RoCE completion error 12 (GID index), "
+        "inits that never completed. Also pasted nccl-tests output "
         "(all_reduce_perf tables or -J JSON: busbw vs expected, #wrong, stragglers) and ncclras reports. "
         "Reads files only. Not for which rank crashed (log_triage) or measuring bandwidth (collective_bench)."),
     Params=NcclLogParams, Result=NcclLogResult, run=run,

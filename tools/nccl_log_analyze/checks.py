@@ -8,7 +8,9 @@ from dataclasses import dataclass, field
 from ..engine.data import load_data
 
 from ..shared.logscan import ranks_phrase
+from .hosts import HostRow, check_hosts
 from .parse import Parsed, Proc
+from .roce import check_roce_gid
 
 # Paths NCCL's topology reports, nearest first: NVLink, PCIe switch (one or several), host bridge, the
 # CPU's PCIe root (NODE), across the CPU interconnect (SYS).
@@ -33,6 +35,12 @@ NEXT = {
     "init_incomplete": ["dist_smoke_test", "log_triage", "knowledge://network/nccl-debugging.md"],
     "nccl_warnings": ["log_triage", "knowledge://network/nccl-debugging.md"],
     "forced_settings": ["env_report", "knowledge://network/nccl-env.md"],
+    "net_plugin_mismatch": ["fleet_sweep", "knowledge://network/inter-node.md"],
+    "transport_mismatch": ["fleet_sweep", "knowledge://network/inter-node.md"],
+    "gid_mismatch": ["nic_health", "knowledge://network/inter-node.md"],
+    "driver_mismatch": ["fleet_sweep", "knowledge://debugging/version-drift.md"],
+    "roce_gid": ["nic_health", "knowledge://network/inter-node.md"],
+    "roce_unreachable": ["nic_health", "collective_bench", "knowledge://network/inter-node.md"],
 }
 FORCING_VARS = ("NCCL_ALGO", "NCCL_PROTO", "NCCL_IB_DISABLE", "NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE", "NCCL_NET_GDR_LEVEL",
                 "NCCL_P2P_LEVEL", "NCCL_MAX_NCHANNELS", "NCCL_MIN_NCHANNELS", "NCCL_NVLS_ENABLE", "NCCL_NET",
@@ -46,6 +54,7 @@ class Report:
     findings: list = field(default_factory=list)
     problems: list = field(default_factory=list)
     severities: list = field(default_factory=list)
+    odd_hosts: list = field(default_factory=list)     # hosts whose set-up differs in a way that fails
 
     def flag(self, problem: str, severity: str, text: str) -> None:
         if problem not in self.problems:
@@ -63,10 +72,14 @@ def largest_comm(parsed: Parsed) -> dict | None:
     return max(parsed.comms.values(), key=lambda c: (c["nranks"], len(c["ranks"])), default=None)
 
 
-def check_all(parsed: Parsed, procs: list[Proc], comm: dict | None, nodes: int) -> tuple[Report, Counter, str, dict]:
-    """Every check, in the order its findings are read. Returns (report, NCCL version -> processes,
-    GPUDirect RDMA state, the NCCL_* settings the processes reported)."""
+def check_all(parsed: Parsed, procs: list[Proc], comm: dict | None, nodes: int,
+              hosts: list[HostRow]) -> tuple[Report, Counter, str, dict]:
+    """Every check, in the order its findings are read: what sets one host apart and RoCE's GID first (the
+    causes), then the rest. Returns (report, NCCL version -> processes, GPUDirect RDMA state, the NCCL_*
+    settings the processes reported)."""
     rep = Report()
+    rep.odd_hosts = check_hosts(hosts, rep, name_list, "fail")
+    check_roce_gid(parsed, procs, rep, name_list)
     rank_hosts = Counter(i["host"] for i in comm["ranks"].values()) if comm else Counter()
     versions = _check_versions(parsed, procs, rep)
     _check_init(comm, rep)
@@ -75,6 +88,7 @@ def check_all(parsed: Parsed, procs: list[Proc], comm: dict | None, nodes: int) 
     _check_intra(parsed, procs, rank_hosts, rep)
     _check_fabrics(procs, rep)
     env = _check_settings(parsed, procs, rep)
+    check_hosts(hosts, rep, name_list, "warn")     # another driver or plugin release: worth a look, not the headline
     return rep, versions, gdr, env
 
 

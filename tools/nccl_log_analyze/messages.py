@@ -8,8 +8,19 @@ from ..engine.redact import redact
 
 MSG = {name: re.compile(rx) for name, rx in {
     "bootstrap": r"^Bootstrap ?: Using (?P<iface>[^:\s]+):(?P<ip>[^<\s]+)<\d+>",
-    "plugin_loaded": r"^NET/Plugin ?: Loaded (?:net )?plugin (?P<name>.+?)(?: \(v\d+\))?$",
-    "plugin_none": r"^NET/Plugin ?: (?:No plugin found|Could not find: libnccl-net|Plugin load .* returned)",
+    "plugin_loaded": r"^NET/Plugin ?: Loaded (?:net )?plugin (?P<name>.+?)(?: \((?P<api>v\d+)\))?$",
+    # NCCL's wordings for "no external plugin, internal IB/Socket used": 2.4-2.17 "No plugin found
+    # (libnccl-net.so)[, using internal implementation]" (2.19 with "dlerror=..." before it), 2.18 "Plugin load
+    # (libnccl-net.so) returned 2 : ...", 2.21 "Plugin load returned 2 : ..." / "Using internal network plugin.",
+    # 2.23+ "Could not find: libnccl-net.so. Using internal network plugin." (NVIDIA/nccl #1634, #1231; nccl-tests #244)
+    "plugin_none": r"^NET/Plugin ?: .*?(?:No plugin found|Could not find: libnccl-net|Plugin load .*?returned|"
+                   r"Using internal network plugin)",
+    "plugin_path": r"^Plugin Path ?: (?P<path>\S+)",
+    "ofi_version": r"^NET/OFI (?:Using|Initializing) aws-ofi-nccl (?P<version>[\w.\-]+)",
+    "cuda_driver": r"^cudaDriverVersion (?P<version>\d+)",
+    # RoCE QP setup (NCCL_DEBUG_SUBSYS=NET): "NET/IB: [NCCL Dev 0 IbDev 0 ]Dev 0 Port 1 qpn 1234 mtu 5 GID 3
+    # (0/9011A8C0FFFF0000)": the GID index and the GID's subnet prefix / interface id as little-endian words.
+    "ib_gid": r"^NET/IB ?: .*?\bqpn \d+ mtu \d+ .*?GID (?P<index>-?\d+) \((?P<prefix>[0-9A-Fa-f]+)/(?P<iid>[0-9A-Fa-f]+)\)",
     "ib_using": r"^NET/IB ?: Using (?P<list>[^;]*)(?:;\s*OOB (?P<oob>[^:\s]+):(?P<ip>[^<\s]+)<\d+>)?",
     "ib_none": r"^NET/IB ?: No device found",
     "socket_using": r"^NET/Socket ?: Using (?P<list>.*)$",
@@ -39,7 +50,8 @@ MSG = {name: re.compile(rx) for name, rx in {
 }.items()}
 
 # A literal each message of that kind contains: a cheap test before the regex (NCCL logs run to millions of lines).
-HINTS = {"bootstrap": "Bootstrap", "plugin_loaded": "NET/Plugin", "plugin_none": "NET/Plugin", "ib_using": "NET/IB",
+HINTS = {"bootstrap": "Bootstrap", "plugin_loaded": "NET/Plugin", "plugin_none": "NET/Plugin", "plugin_path": "Plugin Path", "ofi_version": "aws-ofi-nccl",
+         "cuda_driver": "cudaDriverVersion", "ib_gid": " GID ", "ib_using": "NET/IB",
          "ib_none": "NET/IB", "socket_using": "NET/Socket", "network": "network ", "init": " - Init ", "nodes": "nNodes",
          "env": "NCCL_", "gdr": "GPU Direct RDMA", "p2p_off": "P2P is disabled", "nvls": "NVLS multicast",
          "channels": "coll channels", "edge": " via ", "ring": " : ", "trees": "Tree", "pattern": "Pattern ",
@@ -57,10 +69,38 @@ def _on_bootstrap(parsed, proc, m):
 
 def _on_plugin_loaded(parsed, proc, m):
     proc.plugin = m["name"]
+    proc.plugin_version = proc.plugin_version or m["api"]
+
+
+def _on_ofi_version(parsed, proc, m):
+    proc.plugin_version = f"aws-ofi-nccl {m['version']}"
 
 
 def _on_plugin_none(parsed, proc, m):
     proc.plugin = proc.plugin or "internal"
+
+
+def _on_plugin_path(parsed, proc, m):
+    proc.plugin_path = m["path"]
+
+
+def _on_cuda_driver(parsed, proc, m):
+    proc.cuda_driver = int(m["version"])
+
+
+def _on_ib_gid(parsed, proc, m):
+    proc.gids[int(m["index"])] = gid_scope_of_words(int(m["prefix"], 16), int(m["iid"], 16))
+
+
+def gid_scope_of_words(prefix: int, iid: int) -> str:
+    """'link-local', 'ipv4' or 'global' for a GID NCCL printed as two little-endian 64-bit words (the GID's
+    bytes in order): fe80::/10 is link-local, ::ffff:a.b.c.d an IPv4-mapped (routable) address."""
+    first, second = prefix & 0xFF, (prefix >> 8) & 0xFF
+    if first == 0xFE and second & 0xC0 == 0x80:
+        return "link-local"
+    if prefix == 0 and iid & 0xFFFFFFFF == 0xFFFF0000:
+        return "ipv4"
+    return "global"
 
 
 def _on_ib_using(parsed, proc, m):

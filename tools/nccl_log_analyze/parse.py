@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from ..shared.logscan import MAX_MATCH_CHARS, iter_text_blocks, iter_text_chunks_of_string, read_each, resolve_paths
 from .messages import HANDLERS, HINTS, MSG
+from .roce import note_completion_error
 from ..engine.redact import redact
 from ..engine.spec import Progress
 
@@ -28,7 +29,11 @@ class Proc:
     version: str | None = None
     env: dict = field(default_factory=dict)
     networks: set = field(default_factory=set)
-    plugin: str | None = None
+    plugin: str | None = None                        # a loaded plugin's name, or "internal" (NCCL fell back)
+    plugin_version: str | None = None                # aws-ofi-nccl's version, else the plugin API ("v8")
+    plugin_path: str | None = None                   # "Plugin Path : ..." (nccl-rdma-sharp-plugins)
+    cuda_driver: int | None = None                   # cudaDriverVersion 12040 = CUDA 12.4
+    gids: dict = field(default_factory=dict)         # GID index NCCL set up a RoCE QP with -> link-local | ipv4 | global
     ib_nics: dict = field(default_factory=dict)       # index -> (name, port, link layer)
     socket_ifaces: list = field(default_factory=list)
     bootstrap: str | None = None
@@ -59,6 +64,7 @@ class Parsed:
     tuning: dict = field(default_factory=dict)
     algo_choices: Counter = field(default_factory=Counter)
     warnings: Counter = field(default_factory=Counter)
+    completion_errors: list = field(default_factory=list)   # CompletionError, first 200
     lines: int = 0
     nccl_lines: int = 0
 
@@ -90,6 +96,7 @@ def parse_line(parsed: Parsed, line: str) -> None:
         level, msg = m["level"], m["msg"].strip()
     parsed.nccl_lines += 1
     if level == "WARN":
+        note_completion_error(parsed, proc.host, msg)
         parsed.warnings[redact(re.sub(r"\b\d+\b|0x[0-9a-f]+", "N", msg)[:200])] += 1
         return
     _parse_info(parsed, proc, msg)

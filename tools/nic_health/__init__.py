@@ -21,8 +21,9 @@ import time
 from ..engine.figures import Figure, Measured, SweepContract
 from ..engine.spec import Field, Params, Result, ToolFailure, ToolSpec, worst
 from ..shared.actions import ACTION_FIELD, Action, HealthFinding, by_action, verdict_of, worst_action
-from . import ibdiagnet, pasted, sample
+from . import gids, ibdiagnet, pasted, sample
 from .assess import judge_peers, judge_port, judge_totals, rules
+from .gids import GidRow
 from .ibdiagnet import FabricCheck
 from .models import NetdevReading, NicAffinity, PortReading, Presence
 
@@ -33,7 +34,7 @@ class NicHealthParams(Params):
     sample_s: float = Field(2.0, ge=0, le=300, description=(
         "Counters and carrier changes compared over this (0: one reading)."))
     text: str | None = Field(None, max_length=1_000_000, description=(
-        "Pasted `ibstat`, `ibv_devinfo`, `perfquery` or `ibdiagnet` output to judge instead."))
+        "Pasted `ibstat`, `ibv_devinfo [-v]`, `show_gids`, `perfquery` or `ibdiagnet` output to judge instead."))
 
 
 class NicHealthResult(Result):
@@ -46,6 +47,7 @@ class NicHealthResult(Result):
     window_s: float = Field(0.0, description="Length of the sampling window, s.")
     fabric_checks: list[FabricCheck] = Field(default_factory=list, description="Pasted ibdiagnet: its Summary rows (check, warnings, errors).")
     fabric: list[HealthFinding] = Field(default_factory=list, description="Pasted ibdiagnet: checks with errors and fabric ports whose counters rose, with an action each.")
+    gids: list[GidRow] = Field(default_factory=list, description="Pasted show_gids / ibv_devinfo -v: the RoCE GID tables.")
 
 
 def run(params: NicHealthParams, progress) -> NicHealthResult:
@@ -67,14 +69,27 @@ def read_pasted(text: str) -> NicHealthResult:
     checks, rose = ibdiagnet.parse(text)
     if checks or rose:
         return read_ibdiagnet(checks, rose)
+    table = gids.parse(text)
     try:
         kind, raw = pasted.parse(text)
     except ValueError as e:
+        if table:
+            return read_gids(table, text, NicHealthResult())
         raise ToolFailure(str(e)) from None
     ports = [judge_totals(judge_port(p, p, 0.0)) for p in raw]
     judge_peers(ports)
     result = summarise(ports, [], [], [], 0.0)
     result.findings.insert(1, f"Read pasted {kind} output: {len(ports)} port(s); one reading, so totals only.")
+    return read_gids(table, text, result) if table else result
+
+
+def read_gids(table: list[GidRow], text: str, result: NicHealthResult) -> NicHealthResult:
+    """The GID judgement goes first: between racks it is what decides whether RoCE connects at all."""
+    verdict, found = gids.judge(table, gids.index_in_use(text))
+    result.gids = table
+    result.verdict = worst([result.verdict, verdict]) if result.rdma_ports else verdict
+    result.findings = found + [f"Read {len(table)} RoCE GID(s)."] + result.findings
+    result.next = ["knowledge://network/inter-node.md", "nccl_log_analyze"]
     return result
 
 

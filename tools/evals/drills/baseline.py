@@ -111,10 +111,15 @@ def read_answer(tool: str, answer: dict, context: dict) -> Diagnosis | str | Non
                              evidence="ranks the others waited for")
         return "flight_recorder_analyze"
     if tool == "nccl_log_analyze":
+        problems = set(answer.get("problems") or [])
+        odd = answer.get("odd_hosts") or []
+        if odd and problems & {"net_plugin_mismatch", "transport_mismatch", "gid_mismatch"}:
+            return Diagnosis(culprit_kind="node", culprit=odd, evidence="set up differently from the other hosts")
+        if "roce_gid" in problems:
+            return Diagnosis(culprit_kind="setting", culprit=["NCCL_IB_GID_INDEX"], evidence="RoCE error 12, GID index")
         stuck = [str(r["rank"]) for r in answer.get("ranks") or [] if r.get("init_complete") is False]
         if stuck:
             return Diagnosis(culprit_kind="rank", culprit=stuck, evidence="never printed Init COMPLETE")
-        problems = set(answer.get("problems") or [])
         env = answer.get("env") or {}
         if "socket_fallback" in problems and "NCCL_IB_DISABLE" in env:
             return Diagnosis(culprit_kind="setting", culprit=["NCCL_IB_DISABLE"], evidence="sockets instead of IB")
