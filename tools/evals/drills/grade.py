@@ -6,7 +6,11 @@ The diagnosis is a small JSON object:
 
 culprit_kind: node | link | rank | gpu | setting | none | inconclusive. Scoring, in this order:
 1. A drain of any node the truth does not allow (`drain_ok`) scores 0 and counts as a false drain,
-   whatever else is right: that is the mistake a user pays for.
+   whatever else is right: that is the mistake a user pays for. A drain is a name in `drain`, or a
+   node named in a clause of `action` (or of any field the schema does not know) that drains
+   (`drain mln1 mln2`, `scontrol update nodename=mln[1-4] state=drain`) and is not negated
+   ("do not drain mln1"): an operator runs the action, not the list (review 2026-12-02, R11).
+   `evidence` is not read for drains: it quotes what the tools saw.
 2. Truth "none" (a control): "none" scores 1, "inconclusive" 0.5, any culprit 0.
 3. "inconclusive" on a real fault scores 0 (no harm done, nothing found).
 4. The right kind and exactly the right culprits: 1. The right kind, every culprit named plus others
@@ -24,11 +28,22 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from ...shared.slurm import expand_hostlist
+from .cluster import NODE_NAME
 from .scenarios import Scenario
+
+MAX_DIAGNOSIS_BYTES = 1 << 20
+# Clauses of an action, and in one clause: a drain, a negation, the names (a SLURM hostlist allowed).
+# Linear patterns over text cut to MAX_ACTION_CHARS.
+MAX_ACTION_CHARS = 2000
+CLAUSE_END = re.compile(r"[;\n]|\.\s|&&|\|\||\bthen\b|\bbut\b", re.IGNORECASE)
+DRAINS = re.compile(r"\bdrain(?:s|ed|ing)?\b|\bstate\s*=\s*(?:drain|down|fail)\b", re.IGNORECASE)
+NEGATED = re.compile(r"\b(?:no|not|never|without|avoid|don't|dont)\b", re.IGNORECASE)
+HOST_TOKEN = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,62}(?:\[[0-9,-]{1,64}\])?")
 
 
 class Diagnosis(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="allow")     # read for drains (drains_named), otherwise ignored
     culprit_kind: Literal["node", "link", "rank", "gpu", "setting", "none", "inconclusive"]
     culprit: list[str] = Field(default=[], max_length=64)
     drain: list[str] = Field(default=[], max_length=64)
@@ -55,6 +70,9 @@ def parse_diagnosis(text: str) -> Diagnosis:
     except json.JSONDecodeError as e:
         raise ValueError(f"the diagnosis is not JSON ({e.msg} at line {e.lineno}); expected an object like "
                          '{"culprit_kind": "node", "culprit": ["mln3"], "drain": []}') from None
+    except RecursionError:
+        raise ValueError("the diagnosis nests too deeply to be a diagnosis; expected a flat object like "
+                         '{"culprit_kind": "node", "culprit": ["mln3"], "drain": []}') from None
     if not isinstance(data, dict):
         raise ValueError("the diagnosis must be a JSON object with culprit_kind, culprit, drain")
     try:
@@ -78,10 +96,29 @@ def normal_name(kind: str, name: str) -> str:
     return name
 
 
+def drains_named(diagnosis: Diagnosis, known: set[str]) -> set[str]:
+    """Every node the diagnosis drains: its `drain` list, and the known names (the cluster's, the truth's,
+    the culprits) in each clause of `action` and of unknown fields that says drain without a negation."""
+    drained = {n.strip().lower() for n in diagnosis.drain}
+    texts = [diagnosis.action] + [v for v in (diagnosis.model_extra or {}).values() if isinstance(v, str)]
+    for text in texts:
+        for clause in CLAUSE_END.split(text[:MAX_ACTION_CHARS]):
+            if not DRAINS.search(clause) or NEGATED.search(clause):
+                continue
+            for token in HOST_TOKEN.findall(clause):
+                try:
+                    names = expand_hostlist(token, limit=64) if "[" in token else [token]
+                except ValueError:
+                    names = []
+                drained |= {n.lower() for n in names if NODE_NAME.fullmatch(n.lower()) or n.lower() in known}
+    return drained
+
+
 def grade(scenario: Scenario, diagnosis: Diagnosis) -> Grade:
     truth = scenario.truth
     allowed = {n.lower() for n in truth.drain_ok}
-    wrong_drains = sorted({n.strip().lower() for n in diagnosis.drain} - allowed)
+    known = {n.lower() for n in [*scenario.node_names, *truth.identity, *truth.drain_ok, *diagnosis.culprit]}
+    wrong_drains = sorted(drains_named(diagnosis, known) - allowed)
     if wrong_drains:
         return Grade(scenario.id, 0.0, False, wrong_drains, f"drains {', '.join(wrong_drains)}, which the truth does not allow")
     if truth.kind == "none":
