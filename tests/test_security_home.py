@@ -82,6 +82,16 @@ def test_r1_a_home_another_user_made_is_refused_and_gets_no_token(tmp_path):
 
 
 @as_root
+def test_r1_a_home_inside_another_users_folder_is_refused(tmp_path):
+    """nobody owns the folder the home is in: nobody could rename our home away and put theirs in its place."""
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o755)
+    nobodys(theirs)
+    out = mleng(theirs / "home", "drill", "stop")
+    assert out.returncode == 2 and f"{theirs} is the home's folder" in out.stderr and f"owner uid {NOBODY}" in out.stderr
+
+
+@as_root
 def test_r1_a_planted_lock_link_is_refused_and_creates_nothing(tmp_path):
     home = tmp_path / "home"
     lock_dir = home / "locks" / socket.gethostname()
@@ -325,3 +335,19 @@ def test_r11_a_drain_written_in_the_action_counts_as_a_drain(tmp_path, scenario,
     graded = json.loads(out.stdout)
     assert graded["score"] == score, graded
     assert bool(graded["false_drain"]) == (score == 0)
+
+
+def test_a_hard_link_in_the_home_to_one_of_our_files_is_not_opened_nor_chmodded(tmp_path, monkeypatch):
+    """Red team of this change: a second name for a file of ours (e.g. made while the home was still open
+    to others) would have had its mode set to 0600 through the lock's descriptor."""
+    from tools.engine.home import UnsafeHome, open_lock, private_dir
+
+    monkeypatch.setenv("MLENG_HOME", str(tmp_path / "home"))
+    elsewhere = tmp_path / "config"
+    elsewhere.write_text("x")
+    elsewhere.chmod(0o644)
+    lock = private_dir("locks") / "gpu0.lock"
+    os.link(elsewhere, lock)
+    with pytest.raises(UnsafeHome, match="a hard link"):
+        open_lock(lock)
+    assert stat.S_IMODE(elsewhere.stat().st_mode) == 0o644

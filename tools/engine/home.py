@@ -65,6 +65,8 @@ def _check_owned(fd: int, path: Path, mode: int, kind=stat.S_ISDIR) -> os.stat_r
         raise refusal(path, info, "not a folder" if kind is stat.S_ISDIR else "not a regular file")
     if info.st_uid != os.geteuid():
         raise refusal(path, info, "owned by another user")
+    if kind is stat.S_ISREG and info.st_nlink != 1:    # a name planted for one of our files elsewhere
+        raise refusal(path, info, f"a file with {info.st_nlink} names (a hard link)")
     if stat.S_IMODE(info.st_mode) != mode:
         os.fchmod(fd, mode)
     return info
@@ -86,9 +88,10 @@ def _open_home() -> tuple[int, Path]:
     """A descriptor on the home, created 0700 if missing, after checking it and the folder it sits in."""
     home = mleng_home()
     home.mkdir(parents=True, exist_ok=True, mode=DIR_MODE)   # parents (~/.local/share) keep the umask's mode
-    parent = os.stat(home.parent)
-    if parent.st_mode & stat.S_IWOTH and not parent.st_mode & stat.S_ISVTX:
-        raise refusal(home.parent, parent, "writable by every user and not sticky (anyone may replace the home in it)")
+    parent = os.stat(home.parent)     # whoever may rename entries there may swap the home for their own
+    if not parent.st_mode & stat.S_ISVTX and (parent.st_mode & stat.S_IWOTH or parent.st_uid not in (os.geteuid(), 0)):
+        raise refusal(home.parent, parent, "the home's folder, and another user may replace the home in it "
+                      "(writable by every user, or another user's, and not sticky as /tmp is)")
     link = os.lstat(home)
     if stat.S_ISLNK(link.st_mode) and link.st_uid not in (os.geteuid(), 0):
         raise refusal(home, link, "a symbolic link made by another user")
