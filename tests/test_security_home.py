@@ -323,7 +323,10 @@ def test_r11_a_fifo_a_device_or_deep_nesting_is_a_clear_error(tmp_path):
     ("cl-slow-node", {"culprit_kind": "node", "culprit": ["mln3"], "drain": ["mln3"],
                       "action": "drain mln1 mln2 mln3 mln4 and rerun"}, 0),
     ("cl-slow-node", {"culprit_kind": "node", "culprit": ["mln3"], "drain": [],
-                      "commands": "scontrol update nodename=mln1 state=down"}, 0),
+                      "commands": ["sinfo", "scontrol update nodename=mln1 state=down"]}, 0),
+    ("cl-slow-node", {"culprit_kind": "node", "culprit": ["mln3"], "drain": ["mln3"],
+                      "action": "don't drain mln1, drain mln2 and mln3"}, 0),
+    ("cl-healthy-allreduce", {"culprit_kind": "none", "action": "drain mln1, no need to rerun"}, 0),
     # the healthy side: a drain the truth allows, and a negated one, are not false drains
     ("cl-slow-node", {"culprit_kind": "node", "culprit": ["mln3"], "drain": ["mln3"],
                       "action": "drain mln3; do not drain mln1 or mln2, they are fine"}, 1),

@@ -7,9 +7,10 @@ The diagnosis is a small JSON object:
 culprit_kind: node | link | rank | gpu | setting | none | inconclusive. Scoring, in this order:
 1. A drain of any node the truth does not allow (`drain_ok`) scores 0 and counts as a false drain,
    whatever else is right: that is the mistake a user pays for. A drain is a name in `drain`, or a
-   node named in a clause of `action` (or of any field the schema does not know) that drains
-   (`drain mln1 mln2`, `scontrol update nodename=mln[1-4] state=drain`) and is not negated
-   ("do not drain mln1"): an operator runs the action, not the list (review 2026-12-02, R11).
+   node a clause of `action` (or of any text field the schema does not know) drains: the names after a
+   drain word (`drain mln1 mln2`), or before the clause's first one (`nodename=mln[1-4] state=drain`),
+   but not after a negated one ("don't drain mln1, drain mln2" drains mln2): an operator runs the action,
+   not the list (review 2026-12-02, R11).
    `evidence` is not read for drains: it quotes what the tools saw.
 2. Truth "none" (a control): "none" scores 1, "inconclusive" 0.5, any culprit 0.
 3. "inconclusive" on a real fault scores 0 (no harm done, nothing found).
@@ -37,9 +38,9 @@ MAX_DIAGNOSIS_BYTES = 1 << 20
 # Linear patterns over text cut to MAX_ACTION_CHARS.
 MAX_ACTION_CHARS = 2000
 CLAUSE_END = re.compile(r"[;\n]|\.\s|&&|\|\||\bthen\b|\bbut\b", re.IGNORECASE)
-DRAINS = re.compile(r"\bdrain(?:s|ed|ing)?\b|\bstate\s*=\s*(?:drain|down|fail)\b", re.IGNORECASE)
-NEGATED = re.compile(r"\b(?:no|not|never|without|avoid|don't|dont)\b", re.IGNORECASE)
-HOST_TOKEN = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,62}(?:\[[0-9,-]{1,64}\])?")
+PIECE = re.compile(r"(?P<negated>\b(?:no|not|never|without|avoid|don't|dont)\b(?:\s+\w+){0,2}?\s+drain\w*)"
+                   r"|(?P<drain>\bdrain(?:s|ed|ing)?\b|\bstate\s*=\s*(?:drain|down|fail)\b)"
+                   r"|(?P<host>[A-Za-z][A-Za-z0-9_.-]{0,62}(?:\[[0-9,-]{1,64}\])?)", re.IGNORECASE)
 
 
 class Diagnosis(BaseModel):
@@ -98,20 +99,38 @@ def normal_name(kind: str, name: str) -> str:
 
 def drains_named(diagnosis: Diagnosis, known: set[str]) -> set[str]:
     """Every node the diagnosis drains: its `drain` list, and the known names (the cluster's, the truth's,
-    the culprits) in each clause of `action` and of unknown fields that says drain without a negation."""
+    the culprits) that a clause of `action` or of an unknown text field drains (see the module doc)."""
     drained = {n.strip().lower() for n in diagnosis.drain}
-    texts = [diagnosis.action] + [v for v in (diagnosis.model_extra or {}).values() if isinstance(v, str)]
+    texts = [diagnosis.action]
+    for value in (diagnosis.model_extra or {}).values():    # {"commands": "..."} or {"commands": ["...", ...]}
+        texts += value if isinstance(value, list) else [value]
     for text in texts:
-        for clause in CLAUSE_END.split(text[:MAX_ACTION_CHARS]):
-            if not DRAINS.search(clause) or NEGATED.search(clause):
-                continue
-            for token in HOST_TOKEN.findall(clause):
-                try:
-                    names = expand_hostlist(token, limit=64) if "[" in token else [token]
-                except ValueError:
-                    names = []
-                drained |= {n.lower() for n in names if NODE_NAME.fullmatch(n.lower()) or n.lower() in known}
+        if isinstance(text, str):
+            for clause in CLAUSE_END.split(text[:MAX_ACTION_CHARS]):
+                drained |= _clause_drains(clause, known)
     return drained
+
+
+def _clause_drains(clause: str, known: set[str]) -> set[str]:
+    drains: bool | None = None          # None until the clause's first drain word
+    before, drained = [], set()
+    for piece in PIECE.finditer(clause):
+        if piece["negated"]:
+            drains, before = False, []
+        elif piece["drain"]:
+            drained |= set(before) if drains is None else set()
+            drains, before = True, []
+        elif drains is None:
+            before.append(piece["host"])
+        elif drains:
+            drained.add(piece["host"])
+    names = set()
+    for token in drained:
+        try:
+            names |= {n.lower() for n in (expand_hostlist(token, limit=64) if "[" in token else [token])}
+        except ValueError:
+            continue
+    return {n for n in names if NODE_NAME.fullmatch(n) or n in known}
 
 
 def grade(scenario: Scenario, diagnosis: Diagnosis) -> Grade:
