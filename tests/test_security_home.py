@@ -295,10 +295,11 @@ def test_r17_a_frozen_slurmd_is_recorded_before_it_stops_and_resumed_by_stop(tmp
         state = DrillState(scenario="cl-dead-slurmd", work_dir=str(work_dir()), started_cluster=True)
         faults.apply(FreezeSlurmd(kind="freeze_slurmd", node="mln2"), state, load_scenario("cl-dead-slurmd"))
         assert seen == [slurmd.pid], "SIGSTOP went out before the pid was in the state file"
-        assert "State:\tT" in Path(f"/proc/{slurmd.pid}/status").read_text()
+        stopped = lambda: "State:\tT" in Path(f"/proc/{slurmd.pid}/status").read_text()  # noqa: E731
+        assert _wait_for(stopped, 5), "slurmd was not stopped"         # a signal lands asynchronously
         monkeypatch.setattr(session, "cluster_script", lambda *a, **k: subprocess.CompletedProcess(a, 0, "", ""))
         assert session.stop() == []
-        assert "State:\tT" not in Path(f"/proc/{slurmd.pid}/status").read_text(), "stop left slurmd stopped"
+        assert _wait_for(lambda: not stopped(), 5), "stop left slurmd stopped"
     finally:
         slurmd.kill()
         slurmd.wait()
