@@ -13,7 +13,7 @@
 #   ip netns exec mln3 tc qdisc add dev eth0 root netem delay 100ms     (kernels with sch_netem)
 #   cluster-local.sh cpu mln2 20          (20% of one CPU for everything on mln2; 0 lifts it)
 #   kill "$(cat $CLUSTER_LOCAL_DIR/run/slurmd-mln2.pid)"
-#   cluster-local.sh heal [NODE...]       (undo all three, restart slurmd, wait until idle)
+#   cluster-local.sh heal [NODE...]       (undo all three, resume or restart slurmd, wait until idle)
 #
 # Debian 12 (SLURM 22.05), root. Packages as scripts/slurm-local.sh (installed when missing).
 # Knobs: CLUSTER_LOCAL_DIR (default /tmp/mln-cluster), PORT_BASE (slurmctld P, slurmd P+1 inside each
@@ -133,7 +133,8 @@ stop_cluster() {  # everything but munged (shared with other clusters; start kee
 }
 
 cpu_limit() {  # cpu_limit NODE PCT: PCT% of one CPU for every process on NODE (0: no limit)
-  [ -d "$CGROUP/$1" ] || { say "cpu: unknown node '$1' (nodes: $(tr '\n' ' ' < "$D/nodes"))"; return 2; }
+  # A name, not a path: "../x" once passed the -d test and wrote another cgroup's quota (review 2026-12-02, R4).
+  { grep -qxF -- "$1" "$D/nodes" && [ -d "$CGROUP/$1" ]; } || { say "cpu: unknown node '$1' (nodes: $(tr '\n' ' ' < "$D/nodes"))"; return 2; }
   [[ "$2" =~ ^[0-9]+$ ]] || { say "cpu: PCT must be a whole number, got '$2'"; return 2; }
   local quota=-1
   [ "$2" -gt 0 ] && quota=$(( $2 * 1000 ))
@@ -141,13 +142,15 @@ cpu_limit() {  # cpu_limit NODE PCT: PCT% of one CPU for every process on NODE (
   echo "$quota" > "$CGROUP/$1/cpu.cfs_quota_us"
 }
 
-heal() {  # heal [NODE...]: lift injected faults (qdisc, CPU limit, dead slurmd); wait for idle
+heal() {  # heal [NODE...]: lift injected faults (qdisc, CPU limit, stopped or dead slurmd); wait for idle
   local nodes n
   nodes=${*:-$(cat "$D/nodes")}
   for node in $nodes; do
     grep -qx "$node" "$D/nodes" || { say "heal: unknown node '$node'"; return 2; }
     ip netns exec "$node" tc qdisc del dev eth0 root 2>/dev/null || true
     cpu_limit "$node" 0
+    # A SIGSTOPped slurmd is "alive" but answers nothing: resume it before asking.
+    pkill -CONT -F "$D/run/slurmd-$node.pid" slurmd 2>/dev/null || true
     alive "$D/run/slurmd-$node.pid" slurmd || start_slurmd "$node"
   done
   n=$(wc -l < "$D/nodes")

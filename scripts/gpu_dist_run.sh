@@ -27,7 +27,8 @@ BUDGET_S=${BUDGET_S:-560}                 # stop starting steps once this much w
 MAXB=${MAXB:-16G} SMALLMAX=${SMALLMAX:-64M}  # sweep tops; MAXB=1M SMALLMAX=256K tries the script on a CPU box
 WORK=$(mktemp -d /tmp/gpu_dist_run.XXXXXX)
 mkdir -p "$OUT" "$WORK/nccl_logs" "$WORK/fr"
-[ -f scripts/gpu_env.sh ] && . scripts/gpu_env.sh       # carried wheels (pydantic...) when present
+MLENG_GPU_ENV_DIR=$WORK      # gpu_env.sh installs the carried wheels (pydantic...) under the run's private folder
+[ -f scripts/gpu_env.sh ] && . scripts/gpu_env.sh
 export MLENG_HOME=${MLENG_HOME:-$WORK/mleng-home} PYTHONUNBUFFERED=1
 export MLENG_RUN_TAG=$WORK        # inherited by every process we start: how cleanup finds ours, and only ours
 PY=${PYTHON:-python3}

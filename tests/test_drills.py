@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tools.evals.drills import session as drill_cli
-from tools.evals.drills.faults import DrillState, state_file
+from tools.evals.drills.state import DrillState, state_file
 from tools.evals.drills.grade import Diagnosis, grade, parse_diagnosis
 from tests.multinode_cluster import multinode_cluster  # noqa: F401  (fixture, requested by the cluster test only)
 from tools.evals.drills.scenarios import Scenario, TOPICS, all_scenarios, load_scenario
@@ -212,7 +212,7 @@ def test_cluster_faults_are_injected_and_stop_takes_every_one_out(home, monkeypa
         assert "tbf" in cluster.on_node("mln3", "tc", "qdisc", "show", "dev", "eth0").stdout
         quota = Path("/sys/fs/cgroup/cpu/mln/mln4/cpu.cfs_quota_us").read_text().strip()
         assert quota == "20000"
-        assert DrillState.load().steps[-1]["kind"] == "kill_slurmd"
+        assert DrillState.load().steps[-1].fault.kind == "kill_slurmd"
     finally:
         assert drill_cli.stop() == []
     assert "tbf" not in cluster.on_node("mln3", "tc", "qdisc", "show", "dev", "eth0").stdout

@@ -21,13 +21,16 @@ loopback port is reachable by every user of the host (login nodes are shared). S
 """
 
 import argparse
+import errno
 import hmac
 import ipaddress
 import os
 import secrets
+import socket
 import sys
-from pathlib import Path
 from urllib.parse import urlsplit
+
+from .home import private_dir, remove_private, write_private
 
 TOKEN_ENV = "MLENG_HTTP_TOKEN"
 MIN_TOKEN_CHARS = 32
@@ -118,23 +121,43 @@ def check_token(host: str, no_auth: bool) -> str | None:
 
 
 class TokenFile:
-    """A token made at start: printed once with the URL, kept 0600 under $MLENG_HOME while the server runs."""
+    """A token made at start: printed once with the URL, kept 0600 under $MLENG_HOME while the server runs.
+
+    Written as a new file renamed into place (home.write_private), never into one that was there: a file
+    another user made first would otherwise receive the token (review 2026-12-02, R1). Made only once the
+    port is ours (`listening_socket`), and at exit removed only if it is still the file this process wrote:
+    a second server that could not bind once deleted the first one's token (R13)."""
 
     def __init__(self, url: str, port: int):
-        from .store import private_dir
-
         self.token = secrets.token_urlsafe(32)      # 256 random bits, 43 characters
-        self.path = private_dir() / f"http-{port}.token"
-        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(self.token + "\n")
+        try:
+            self.path = private_dir() / f"http-{port}.token"
+            self._identity = write_private(self.path, self.token + "\n")
+        except OSError as e:
+            raise SystemExit(f"mleng: cannot keep the HTTP token under $MLENG_HOME: {e}") from None
         print(f"mleng: serving MCP at {url}\n"
               f"mleng: every request needs the header  Authorization: Bearer {self.token}\n"
               f"mleng: (a new random token at every start; also in {self.path}, mode 0600, removed at exit. "
               f"Set {TOKEN_ENV} to choose your own.)", file=sys.stderr, flush=True)
 
     def remove(self) -> None:
-        Path(self.path).unlink(missing_ok=True)
+        remove_private(self.path, self._identity)
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """The server's socket, bound before the token file is written; a port in use is SystemExit saying so."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)   # as uvicorn: a just-closed port is free
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        if e.errno == errno.EADDRINUSE:
+            raise SystemExit(f"mleng: {host}:{port} is taken: another program (another `mleng serve --http`?) "
+                             "listens there. Choose another port, or stop that one first.") from None
+        raise SystemExit(f"mleng: cannot listen on {host}:{port}: {e.strerror or e}.") from None
+    return sock
 
 
 def http_app(server, host: str, token: str | None):

@@ -33,6 +33,7 @@ from mcp.types import Tool as MCPTool
 from pydantic import Field, ValidationError
 
 from .data import PACKAGE_DIR
+from .home import UnsafeHome, private_dir, read_private, write_private
 from .jobs import ANONYMOUS, MANAGER, Busy, Cancelled, Job
 from .registry import registry
 from .schemas import compact, for_hosts, without_guards
@@ -219,21 +220,22 @@ def _trusted_cache(path: Path, key: str) -> list[dict] | None:
     """The cached list, only if it is ours, writable by nobody else, and built from this exact code and
     data: whoever can write the cache rewrites what every agent is told about every tool."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        text = read_private(path, MAX_CACHE_BYTES)
+    except UnsafeHome as e:
+        log.warning("ignoring the cached tool list: %s", e)
+        return None
     except OSError:
         return None
-    with os.fdopen(fd, "rb") as f:
-        info = os.fstat(f.fileno())
-        if info.st_uid != os.geteuid() or info.st_mode & 0o022:
-            log.warning("ignoring the cached tool list %s: not owned by this user or writable by others", path)
-            return None
-        try:
-            cached = json.loads(f.read())
-        except ValueError:
-            return None
+    try:
+        cached = json.loads(text) if text is not None else None
+    except ValueError:
+        return None
     if not isinstance(cached, dict) or cached.get("key") != key or not isinstance(cached.get("tools"), list):
         return None
     return cached["tools"]
+
+
+MAX_CACHE_BYTES = 16 << 20     # the list is ~100 KB; anything far larger is not one we wrote
 
 
 def cached_tool_list() -> list[dict]:
@@ -245,12 +247,11 @@ def cached_tool_list() -> list[dict]:
     A broken tool module is never cached.
     """
     from .registry import BROKEN
-    from .store import private_dir
 
     key = _source_key()
     try:
         folder = private_dir("cache")
-    except OSError as e:   # a read-only home costs start-up time, nothing else
+    except OSError as e:   # a read-only home costs start-up time, nothing else (an unsafe one: said once here)
         log.info("tool list not cached (%s)", e)
         return [tool_entry(spec) for spec in registry().values()]
     path = folder / f"tools-{key[:16]}.json"
@@ -259,14 +260,10 @@ def cached_tool_list() -> list[dict]:
         return tools
     tools = [tool_entry(spec) for spec in registry().values()]
     if not BROKEN:
-        tmp = folder / f".tools-{os.getpid()}.tmp"
         try:
-            with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600), "w") as f:
-                f.write(json.dumps({"key": key, "tools": tools}))
-            tmp.replace(path)
+            write_private(path, json.dumps({"key": key, "tools": tools}))
         except OSError as e:
             log.info("tool list not cached (%s)", e)
-            tmp.unlink(missing_ok=True)
     return tools
 
 
@@ -392,12 +389,13 @@ async def _serve_http(server: ToolServer, host: str, port: int, no_auth: bool) -
     import uvicorn
 
     from .http_guard import (NO_AUTH_WARNING, TokenFile, check_token, header_deadline_protocol, http_app,
-                             raise_descriptor_limit)
+                             listening_socket, raise_descriptor_limit)
 
     global _SERVING_HTTP
     _SERVING_HTTP = True
     token = check_token(host, no_auth)
     url = f"http://{f'[{host}]' if ':' in host else host}:{port}/mcp"
+    sock = listening_socket(host, port)       # the port first: a busy one leaves its server's token alone
     made = TokenFile(url, port) if token == "" else None
     if no_auth:
         print(f"mleng: serving MCP at {url} WITHOUT authentication.\nmleng: {NO_AUTH_WARNING}", file=sys.stderr,
@@ -412,9 +410,10 @@ async def _serve_http(server: ToolServer, host: str, port: int, no_auth: bool) -
         web.install_signal_handlers = lambda: None   # our handler answers calls in flight first
         async with anyio.create_task_group() as tg:
             tg.start_soon(_exit_on_signal, made)
-            await web.serve()
+            await web.serve(sockets=[sock])
             tg.cancel_scope.cancel()
     finally:
+        sock.close()
         if made:
             made.remove()
 

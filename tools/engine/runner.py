@@ -14,6 +14,7 @@ import binascii
 import contextlib
 import fcntl
 import json
+import os
 import signal
 import socket
 import threading
@@ -21,6 +22,7 @@ import time
 
 from . import store
 from .bounds import bound_result
+from .home import open_lock, private_dir
 from .on_node import NodeUnavailable, node_command
 from .printable import printable_data
 from .redact import redact_data
@@ -213,27 +215,27 @@ def _describe_exit(code: int | None) -> str:
 def gpu_locks(devices: list[int], cancel: threading.Event, progress: Progress):
     # Per host: $MLENG_HOME may be a home directory shared by every node, and flock on NFS locks
     # cluster-wide; GPU 0 of one node is not GPU 0 of another.
-    lock_dir = store.private_dir("locks", socket.gethostname())
+    lock_dir = private_dir("locks", socket.gethostname())
     held = []
     try:
         for device in devices:  # sorted by the caller: a fixed order cannot deadlock
-            f = open(lock_dir / f"gpu{device}.lock", "a+")
+            fd = open_lock(lock_dir / f"gpu{device}.lock")   # O_NOFOLLOW, ours: a planted link is refused
             told = False
             while True:
                 try:
-                    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                     break
                 except BlockingIOError:
                     if cancel.is_set():
-                        f.close()
+                        os.close(fd)
                         raise Cancelled("cancelled while waiting for a GPU lock") from None
                     if not told:
                         progress(0.0, f"waiting for GPU {device}: another mleng benchmark is using it")
                         told = True
                     time.sleep(0.2)
-            held.append(f)
+            held.append(fd)
         yield
     finally:
-        for f in held:
-            fcntl.flock(f, fcntl.LOCK_UN)
-            f.close()
+        for fd in held:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)

@@ -1,8 +1,9 @@
 """The results store: every tool result, with where and on what it was measured.
 
 One SQLite file, `$MLENG_HOME/results.sqlite3` (default: the user's data directory,
-~/.local/share/mleng on Linux). SQLite because it is embedded, safe across the server and CLI
-processes at once (WAL), and queryable by anyone with the sqlite3 shell.
+~/.local/share/mleng on Linux; folder and file made and checked by home.py). SQLite because it is
+embedded, safe across the server and CLI processes at once (WAL), and queryable by anyone with the
+sqlite3 shell.
 
 Provenance is collected where it is cheapest: the host, the GPUs and the driver through NVML in the
 parent; torch / CUDA / NCCL versions in the child that imported torch (a parent never imports torch).
@@ -13,12 +14,12 @@ import os
 import platform
 import socket
 import sqlite3
-import stat
 import sys
 from importlib import metadata
 from pathlib import Path
 
 from .bounds import MAX_RESULT_CHARS, bound_data
+from .home import mleng_home, private_dir, private_file  # noqa: F401  (mleng_home: callers' old import path)
 from .redact import redact_data
 
 SCHEMA = """
@@ -57,53 +58,11 @@ LATEST_TIME = 4_102_444_800.0  # 2100-01-01: a start time past it (1e18) would s
 VOLATILE_PARAMS = {"detail", "wait_s", "timeout_s", "time_budget_s", "json"}
 
 
-def mleng_home() -> Path:
-    """$MLENG_HOME, else the XDG data directory (~/.local/share/mleng)."""
-    if os.environ.get("MLENG_HOME"):
-        return Path(os.environ["MLENG_HOME"])
-    base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
-    return Path(base) / "mleng"
-
-
-def _tighten(path: Path, mode: int) -> None:
-    """Our own file or folder gets `mode`; one another user owns is left alone (and not trusted by callers)."""
-    info = os.lstat(path)
-    if info.st_uid == os.geteuid() and stat.S_IMODE(info.st_mode) != mode and not stat.S_ISLNK(info.st_mode):
-        os.chmod(path, mode)
-
-
-def private_dir(*parts: str) -> Path:
-    """$MLENG_HOME (or a folder under it), created 0700; an existing one of ours is tightened to 0700.
-
-    Everything under it (results with log evidence and params, tokens, plots, dumps) is the owner's
-    only: on a shared login node the process umask (usually 022) would make it world-readable."""
-    path = mleng_home()
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)   # parents (~/.local/share) keep the umask's mode
-    _tighten(path, 0o700)
-    for part in parts:
-        path = path / part
-        path.mkdir(exist_ok=True, mode=0o700)
-        _tighten(path, 0o700)
-    return path
-
-
-def private_file(path: Path) -> Path:
-    """Create `path` empty with mode 0600 if missing (so a library that opens it later inherits the
-    mode: SQLite gives its -wal and -shm files the database's mode); an existing one of ours is tightened."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-    os.close(fd)
-    _tighten(path, 0o600)
-    return path
-
-
 def connect() -> sqlite3.Connection:
     home = private_dir()
     db = private_file(home / "results.sqlite3")
     for side in ("-wal", "-shm"):          # left by an older version with the umask's mode
-        try:
-            _tighten(Path(f"{db}{side}"), 0o600)
-        except FileNotFoundError:          # absent, or removed by SQLite as another connection closed
-            pass
+        private_file(Path(f"{db}{side}"), create=False)   # absent, or removed as another connection closed
     conn = sqlite3.connect(db, timeout=30)
     conn.row_factory = sqlite3.Row
     conn.execute("PRAGMA journal_mode=WAL")

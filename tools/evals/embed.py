@@ -8,11 +8,13 @@ Only `tokenizers` (Rust, no torch), `safetensors` and numpy are needed at run ti
 
 import functools
 import hashlib
+import io
 import json
-import os
 from pathlib import Path
 
 import numpy as np
+
+from ..engine.home import private_dir, read_private, write_private
 
 MAX_TOKENS = 256  # sentence_bert_config.json: max_seq_length
 
@@ -119,6 +121,9 @@ class MiniLM:
         return np.concatenate(out).astype(np.float32) if out else np.zeros((0, 384), np.float32)
 
 
+MAX_CACHE_BYTES = 64 << 20     # ~40,000 vectors of 384 floats; the eval corpus needs a few thousand
+
+
 class CachedEncoder:
     """MiniLM with a disk cache of vectors keyed by the text's hash, in $MLENG_HOME/cache/.
 
@@ -127,16 +132,17 @@ class CachedEncoder:
     """
 
     def __init__(self, cache_file: Path | None = None):
-        from ..engine.store import mleng_home
-
         self.model = None  # loaded on the first miss
-        self.cache_file = cache_file or mleng_home() / "cache" / "minilm-l6-v2.npz"
+        self.cache_file = cache_file
         self.vectors: dict[str, np.ndarray] = {}
         try:
-            with np.load(self.cache_file) as data:
-                self.vectors = {k: data[k] for k in data.files}
+            self.cache_file = cache_file or private_dir("cache") / "minilm-l6-v2.npz"
+            data = read_private(self.cache_file, MAX_CACHE_BYTES)   # ours and 0600, or refused
+            if data is not None:
+                with np.load(io.BytesIO(data)) as arrays:     # allow_pickle stays False: arrays only
+                    self.vectors = {k: arrays[k] for k in arrays.files}
         except (OSError, ValueError):
-            pass  # no cache yet, or a damaged one: start afresh
+            pass  # no cache yet, a damaged one, or a home that is not ours: start afresh
 
     @staticmethod
     def key(text: str) -> str:
@@ -153,11 +159,12 @@ class CachedEncoder:
         return np.stack([self.vectors[self.key(t)] for t in texts])
 
     def _save(self) -> None:
+        if self.cache_file is None:
+            return
+        buffer = io.BytesIO()
+        np.savez(buffer, **self.vectors)
         try:
-            self.cache_file.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.cache_file.with_suffix(f".{os.getpid()}.tmp.npz")
-            np.savez(tmp, **self.vectors)
-            os.replace(tmp, self.cache_file)
+            write_private(self.cache_file, buffer.getvalue())
         except OSError:
             pass  # a read-only home only costs speed
 

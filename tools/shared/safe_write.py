@@ -24,7 +24,7 @@ from typing import BinaryIO
 
 from ..engine import attachments
 from ..engine.spec import ToolFailure
-from ..engine.store import private_dir
+from ..engine.home import private_dir
 
 
 def unique_name(stem: str, suffix: str = ".png") -> str:

@@ -16,10 +16,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
-from .faults import DrillError
-from .grade import grade, parse_diagnosis
+from ...shared.safe_read import read_limited
+from .cluster import DrillError
+from .grade import MAX_DIAGNOSIS_BYTES, grade, parse_diagnosis
 from .scenarios import ScenarioError, all_scenarios, load_scenario
 from .session import start, stop
 
@@ -70,8 +70,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.command == "grade":
             scenario = load_scenario(args.id)
-            text = sys.stdin.read() if args.diagnosis == "-" else Path(args.diagnosis).read_text(encoding="utf-8")
-            result = grade(scenario, parse_diagnosis(text))
+            result = grade(scenario, parse_diagnosis(read_diagnosis(args.diagnosis)))
             print(json.dumps(result.as_dict(), indent=1) if args.json
                   else f"{result.scenario}: score {result.score:g} — {result.reason}")
             return 0
@@ -89,6 +88,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 2
+
+
+def read_diagnosis(name: str) -> str:
+    """The diagnosis text: standard input for "-", else a regular file (safe_read: a FIFO, a device or a
+    directory is refused, never waited on), at most MAX_DIAGNOSIS_BYTES either way (the agent wrote it)."""
+    data = (sys.stdin.buffer.read(MAX_DIAGNOSIS_BYTES + 1) if name == "-"
+            else read_limited(name, MAX_DIAGNOSIS_BYTES, field="--diagnosis"))
+    if len(data) > MAX_DIAGNOSIS_BYTES:
+        raise ValueError(f"the diagnosis is larger than {MAX_DIAGNOSIS_BYTES >> 20} MiB; a diagnosis is a small JSON object")
+    return data.decode("utf-8", errors="replace")
 
 
 if __name__ == "__main__":

@@ -8,19 +8,20 @@ time (tests/multinode_cluster.py takes the same lock for a test module).
 from __future__ import annotations
 
 import os
+import re
 import shutil
-import signal
 import subprocess
-import sys
-import time
+from collections.abc import Callable
 from pathlib import Path
 
 from ...engine.data import PACKAGE_DIR
+from .stamps import ProcessStamp, start_detached
 
 CLUSTER_SCRIPT = PACKAGE_DIR.parent / "scripts" / "cluster-local.sh"   # a checkout's; the wheel has none
 CLUSTER_DIR = "/tmp/mln-cluster"
 SESSION_LOCK = "/tmp/mln-cluster.session.lock"
 PORT_BASE = 7817                                  # slurmctld's port; each node's slurmd listens on the next
+NODE_NAME = re.compile(r"mln[1-8]")               # the script's nodes: mln1..mlnN, N = 1..8
 
 
 class DrillError(RuntimeError):
@@ -58,6 +59,8 @@ def cluster_nodes() -> list[str]:
 
 
 def on_node(node: str, *argv: str, check: bool = True) -> subprocess.CompletedProcess:
+    if not NODE_NAME.fullmatch(node):
+        raise DrillError(f"{node!r} is not a node of the namespace cluster (mln1..mln8)")
     return run(["ip", "netns", "exec", node, *argv], check=check)
 
 
@@ -67,6 +70,8 @@ def address(node: str) -> str:
 
 
 def slurmd_pid(node: str) -> int:
+    if not NODE_NAME.fullmatch(node):
+        raise DrillError(f"{node!r} is not a node of the namespace cluster (mln1..mln8)")
     return int(Path(f"{CLUSTER_DIR}/run/slurmd-{node}.pid").read_text())
 
 
@@ -81,48 +86,27 @@ def why_no_cluster() -> str | None:
     return None
 
 
-def hold_session_lock(wait_s: float) -> int:
-    """A detached process that holds the cluster's session lock until `drill stop` ends it."""
+def hold_session_lock(wait_s: float, record: Callable[[ProcessStamp], None]) -> ProcessStamp:
+    """A detached process that holds the cluster's session lock until `drill stop` ends it; `record` gets
+    its stamp before it takes the lock (stamps.start_detached)."""
     # A blocking flock waits in the kernel's queue beside `flock -w` and the test sessions (a poller that
     # sleeps between tries loses the lock to them every time it is released); SIGALRM ends the wait.
-    code = ("import fcntl,signal,sys\n"
+    code = ("import fcntl,signal\n"
             f"h=open({SESSION_LOCK!r},'w')\n"
             "signal.signal(signal.SIGALRM,lambda *a: sys.exit(3))\n"
             f"signal.alarm({max(1, int(wait_s))})\n"
             "fcntl.flock(h,fcntl.LOCK_EX)\n"
             "signal.alarm(0)\n"
             "print('held',flush=True)\nsignal.pause()\n")
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                            stdin=subprocess.DEVNULL, start_new_session=True, text=True)
-    line = proc.stdout.readline()
-    if line.strip() != "held":
+    stamps = []
+    proc, line = start_detached(code, lambda stamp: (stamps.append(stamp), record(stamp)))
+    if line != "held":
         proc.wait()
         raise DrillError(f"the namespace cluster is in use ({SESSION_LOCK} held for more than {wait_s:.0f} s); "
                          "a test run or another drill has it")
-    proc.stdout.close()
-    return proc.pid
+    return stamps[0]
 
 
 def lock_is_ours() -> bool:
     """True when our caller already holds the session lock (a test session that says so)."""
     return os.environ.get("MLN_CLUSTER_SESSION") == "held"
-
-
-def signal_quietly(pid: int, sig: int) -> None:
-    """Signal a pid (a process group when negative) that may be gone already."""
-    try:
-        os.kill(pid, sig) if pid > 0 else os.killpg(-pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def hold_released(pid: int | None) -> None:
-    if pid:
-        signal_quietly(pid, signal.SIGTERM)
-        for _ in range(50):
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                return
-            time.sleep(0.1)
-        signal_quietly(pid, signal.SIGKILL)

@@ -6,7 +6,12 @@ The diagnosis is a small JSON object:
 
 culprit_kind: node | link | rank | gpu | setting | none | inconclusive. Scoring, in this order:
 1. A drain of any node the truth does not allow (`drain_ok`) scores 0 and counts as a false drain,
-   whatever else is right: that is the mistake a user pays for.
+   whatever else is right: that is the mistake a user pays for. A drain is a name in `drain`, or a
+   node a clause of `action` (or of any text field the schema does not know) drains: the names after a
+   drain word (`drain mln1 mln2`), or before the clause's first one (`nodename=mln[1-4] state=drain`),
+   but not after a negated one ("don't drain mln1, drain mln2" drains mln2): an operator runs the action,
+   not the list (review 2026-12-02, R11).
+   `evidence` is not read for drains: it quotes what the tools saw.
 2. Truth "none" (a control): "none" scores 1, "inconclusive" 0.5, any culprit 0.
 3. "inconclusive" on a real fault scores 0 (no harm done, nothing found).
 4. The right kind and exactly the right culprits: 1. The right kind, every culprit named plus others
@@ -24,11 +29,22 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from ...shared.slurm import expand_hostlist
+from .cluster import NODE_NAME
 from .scenarios import Scenario
+
+MAX_DIAGNOSIS_BYTES = 1 << 20
+# Clauses of an action, and in one clause: a drain, a negation, the names (a SLURM hostlist allowed).
+# Linear patterns over text cut to MAX_ACTION_CHARS.
+MAX_ACTION_CHARS = 2000
+CLAUSE_END = re.compile(r"[;\n]|\.\s|&&|\|\||\bthen\b|\bbut\b", re.IGNORECASE)
+PIECE = re.compile(r"(?P<negated>\b(?:no|not|never|without|avoid|don't|dont)\b(?:\s+\w+){0,2}?\s+drain\w*)"
+                   r"|(?P<drain>\bdrain(?:s|ed|ing)?\b|\bstate\s*=\s*(?:drain|down|fail)\b)"
+                   r"|(?P<host>[A-Za-z][A-Za-z0-9_.-]{0,62}(?:\[[0-9,-]{1,64}\])?)", re.IGNORECASE)
 
 
 class Diagnosis(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="allow")     # read for drains (drains_named), otherwise ignored
     culprit_kind: Literal["node", "link", "rank", "gpu", "setting", "none", "inconclusive"]
     culprit: list[str] = Field(default=[], max_length=64)
     drain: list[str] = Field(default=[], max_length=64)
@@ -55,6 +71,9 @@ def parse_diagnosis(text: str) -> Diagnosis:
     except json.JSONDecodeError as e:
         raise ValueError(f"the diagnosis is not JSON ({e.msg} at line {e.lineno}); expected an object like "
                          '{"culprit_kind": "node", "culprit": ["mln3"], "drain": []}') from None
+    except RecursionError:
+        raise ValueError("the diagnosis nests too deeply to be a diagnosis; expected a flat object like "
+                         '{"culprit_kind": "node", "culprit": ["mln3"], "drain": []}') from None
     if not isinstance(data, dict):
         raise ValueError("the diagnosis must be a JSON object with culprit_kind, culprit, drain")
     try:
@@ -78,10 +97,47 @@ def normal_name(kind: str, name: str) -> str:
     return name
 
 
+def drains_named(diagnosis: Diagnosis, known: set[str]) -> set[str]:
+    """Every node the diagnosis drains: its `drain` list, and the known names (the cluster's, the truth's,
+    the culprits) that a clause of `action` or of an unknown text field drains (see the module doc)."""
+    drained = {n.strip().lower() for n in diagnosis.drain}
+    texts = [diagnosis.action]
+    for value in (diagnosis.model_extra or {}).values():    # {"commands": "..."} or {"commands": ["...", ...]}
+        texts += value if isinstance(value, list) else [value]
+    for text in texts:
+        if isinstance(text, str):
+            for clause in CLAUSE_END.split(text[:MAX_ACTION_CHARS]):
+                drained |= _clause_drains(clause, known)
+    return drained
+
+
+def _clause_drains(clause: str, known: set[str]) -> set[str]:
+    drains: bool | None = None          # None until the clause's first drain word
+    before, drained = [], set()
+    for piece in PIECE.finditer(clause):
+        if piece["negated"]:
+            drains, before = False, []
+        elif piece["drain"]:
+            drained |= set(before) if drains is None else set()
+            drains, before = True, []
+        elif drains is None:
+            before.append(piece["host"])
+        elif drains:
+            drained.add(piece["host"])
+    names = set()
+    for token in drained:
+        try:
+            names |= {n.lower() for n in (expand_hostlist(token, limit=64) if "[" in token else [token])}
+        except ValueError:
+            continue
+    return {n for n in names if NODE_NAME.fullmatch(n) or n in known}
+
+
 def grade(scenario: Scenario, diagnosis: Diagnosis) -> Grade:
     truth = scenario.truth
     allowed = {n.lower() for n in truth.drain_ok}
-    wrong_drains = sorted({n.strip().lower() for n in diagnosis.drain} - allowed)
+    known = {n.lower() for n in [*scenario.node_names, *truth.identity, *truth.drain_ok, *diagnosis.culprit]}
+    wrong_drains = sorted(drains_named(diagnosis, known) - allowed)
     if wrong_drains:
         return Grade(scenario.id, 0.0, False, wrong_drains, f"drains {', '.join(wrong_drains)}, which the truth does not allow")
     if truth.kind == "none":

@@ -30,10 +30,10 @@ from typing import Annotated, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from ...engine.data import EVAL_CASES_DIR
+from .cluster import NODE_NAME
 
 SCENARIOS_DIR = EVAL_CASES_DIR / "scenarios"
 FIXTURES_DIR = SCENARIOS_DIR / "fixtures"
-NODE_NAME = re.compile(r"mln[1-8]")
 TOOL_WORDS = ("fleet_sweep", "collective_bench", "dist_smoke_test", "hang_stack_dump", "straggler_find",
               "log_triage", "nccl_log_analyze", "flight_recorder_analyze", "gpu_health", "nic_health", "mleng")
 

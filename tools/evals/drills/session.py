@@ -5,9 +5,11 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from .cluster import CLUSTER_DIR, DrillError, cluster_script, hold_released
-from .faults import DrillState, apply, bring_up_cluster, drill_dir, state_file, undo
+from ...engine.home import private_dir
+from .cluster import CLUSTER_DIR, DrillError, cluster_script
+from .faults import apply, bring_up_cluster, undo
 from .scenarios import Scenario, load_scenario
+from .state import DrillState, state_file, work_dir
 
 
 def context_for(scenario: Scenario, state: DrillState) -> dict:
@@ -19,7 +21,8 @@ def context_for(scenario: Scenario, state: DrillState) -> dict:
         context["env"] = {"SLURM_CONF": f"{CLUSTER_DIR}/etc/slurm.conf"}
         context["nodes"] = scenario.node_names
         context["partition"] = "debug"
-    context.update(state.context)
+    if state.job_id:
+        context["job_id"] = state.job_id
     return context
 
 
@@ -30,9 +33,9 @@ def start(scenario_id: str, wait_s: float) -> dict:
     scenario = load_scenario(scenario_id)
     if scenario.place == "gpu" and not shutil.which("nvidia-smi"):
         raise DrillError(f"scenario {scenario.id!r} needs an NVIDIA GPU machine; this one has no nvidia-smi")
-    state = DrillState(scenario=scenario.id, work_dir=str(drill_dir() / "work"))
+    state = DrillState(scenario=scenario.id, work_dir=str(work_dir()))
     state.save()                                  # from here on, `stop` can clean up whatever happens
-    Path(state.work_dir).mkdir(mode=0o700, parents=True, exist_ok=True)
+    private_dir("drill", "work")
     try:
         if scenario.place == "cluster":
             bring_up_cluster(state, scenario, wait_s)
@@ -47,7 +50,8 @@ def start(scenario_id: str, wait_s: float) -> dict:
 
 
 def stop() -> list[str]:
-    """Undo the running drill, if any. Returns what could not be undone."""
+    """Undo the running drill, if any (a state that is not one `start` wrote is refused: DrillError).
+    Returns what could not be undone."""
     state = DrillState.load()
     if state is None:
         return []
@@ -60,9 +64,9 @@ def stop() -> list[str]:
             problems.append(f"cluster-local.sh stop -> {proc.returncode}: {proc.stderr.strip()[-300:]}")
         shutil.rmtree(CLUSTER_DIR, ignore_errors=True)
         Path(CLUSTER_DIR + ".op.lock").unlink(missing_ok=True)
-    hold_released(state.holder_pid)
-    if state.work_dir:
-        shutil.rmtree(state.work_dir, ignore_errors=True)
+    if state.holder:
+        state.holder.end()
+    shutil.rmtree(work_dir(), ignore_errors=True)   # validated on load: the drill's own folder, never a link
     if not problems:
         state_file().unlink(missing_ok=True)
     return problems
