@@ -11,7 +11,7 @@ the error. It keeps a log of every call (tool, arguments, characters answered, s
 folder, so a drill's calls and answer sizes can be counted afterwards (`python -m tools.evals.seat log`).
 
 The server is one process for the whole session (a job handle from one call is followed by the next);
-its token and port live in a private folder ($MLENG_SEAT_DIR, default $MLENG_HOME/seat), 0700.
+its token and port live in $MLENG_HOME/seat (0700, through the home's door).
 """
 
 from __future__ import annotations
@@ -29,25 +29,21 @@ from pathlib import Path
 
 import anyio
 
-from ..engine.store import private_dir
+from ..engine.home import private_dir, read_private, write_private
+
+MAX_STATE_BYTES = 4096
+MAX_LOG_BYTES = 4 << 20
 
 
 def seat_dir() -> Path:
-    explicit = os.environ.get("MLENG_SEAT_DIR")
-    if explicit:
-        folder = Path(explicit)
-        folder.mkdir(mode=0o700, exist_ok=True)
-        if folder.stat().st_uid != os.geteuid() or folder.stat().st_mode & 0o077:
-            raise SystemExit(f"{folder}: not a private folder of yours (owner and mode 0700 needed)")
-        return folder
     return private_dir("seat")
 
 
 def _state() -> dict:
-    path = seat_dir() / "seat.json"
-    if not path.exists():
+    data = read_private(seat_dir() / "seat.json", MAX_STATE_BYTES)
+    if data is None:
         raise SystemExit("no seat is running: start one with `python -m tools.evals.seat start`")
-    return json.loads(path.read_text())
+    return json.loads(data)
 
 
 def start() -> None:
@@ -60,13 +56,11 @@ def start() -> None:
     token = secrets.token_urlsafe(32)
     env = {**os.environ, "MLENG_HTTP_TOKEN": token}
     root = Path(__file__).resolve().parents[2]
-    with open(folder / "server.log", "ab") as log:
-        proc = subprocess.Popen([sys.executable, str(root / "server.py"), "--http", f"127.0.0.1:{port}"],
-                                cwd=os.getcwd(), env=env, stdout=log, stderr=log, start_new_session=True)
+    proc = subprocess.Popen([sys.executable, str(root / "server.py"), "--http", f"127.0.0.1:{port}"],
+                            cwd=os.getcwd(), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
     state = {"pid": proc.pid, "port": port, "token": token}
-    fd = os.open(folder / "seat.json", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump(state, f)
+    write_private(folder / "seat.json", json.dumps(state))
     for _ in range(300):
         try:
             anyio.run(_list, state)
@@ -77,14 +71,15 @@ def start() -> None:
                 break
             time.sleep(0.2)
     stop()
-    raise SystemExit(f"the server did not come up; see {folder / 'server.log'}")
+    raise SystemExit(f"the server did not come up; run `python server.py --http 127.0.0.1:{port}` to see why")
 
 
 def stop() -> None:
     path = seat_dir() / "seat.json"
-    if not path.exists():
+    data = read_private(path, MAX_STATE_BYTES)
+    if data is None:
         return
-    state = json.loads(path.read_text())
+    state = json.loads(data)
     try:
         os.killpg(state["pid"], signal.SIGTERM)
         for _ in range(50):
@@ -145,14 +140,12 @@ def call(name: str, arguments_json: str) -> None:
     print(answer)
     record = {"tool": name, "arguments": arguments, "chars": len(answer), "seconds": round(time.monotonic() - t0, 1),
               "error": bool(result.is_error), "at": time.time()}
-    with open(seat_dir() / "calls.jsonl", "a") as log:
-        log.write(json.dumps(record) + "\n")
+    path = seat_dir() / "calls.jsonl"
+    write_private(path, (read_private(path, MAX_LOG_BYTES) or b"") + json.dumps(record).encode() + b"\n")
 
 
 def show_log() -> None:
-    path = seat_dir() / "calls.jsonl"
-    for line in (path.read_text().splitlines() if path.exists() else []):
-        print(line)
+    print((read_private(seat_dir() / "calls.jsonl", MAX_LOG_BYTES) or b"").decode(), end="")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -166,6 +159,7 @@ def main(argv: list[str] | None = None) -> None:
     c.add_argument("name")
     c.add_argument("arguments", nargs="?", default="{}")
     args = parser.parse_args(argv)
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)   # `... tools | head` ends quietly
     {"start": start, "stop": stop, "tools": show_tools, "log": show_log}.get(args.verb, lambda: None)()
     if args.verb == "call":
         call(args.name, args.arguments)
