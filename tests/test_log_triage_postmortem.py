@@ -1,0 +1,59 @@
+"""log_triage's headline on real post-mortem logs (tests/fixtures/logs/public/SOURCE.md): the first finding names
+the culprit by its kind (a GPU by host + bus id + serial, a node, a rank), weighs events by the job's failure
+window, tells the victim of an IB error from the host whose port failed, and does not headline an echo."""
+
+from pathlib import Path
+
+from tools.shared.triage.core import triage_paths, triage_text
+
+LOGS = Path(__file__).parent / "fixtures" / "logs"
+PUBLIC = LOGS / "public"
+
+
+def test_the_gpu_event_at_the_crash_is_the_headline_not_the_older_application_xids():
+    r = triage_paths([str(PUBLIC / "xid_window")])
+    assert r.first_failure.signature == "xid" and r.first_failure.details["xid"] == "94"
+    assert r.culprit_kind == "gpu"
+    assert (r.culprit.node, r.culprit.gpu_bus, r.culprit.gpu_serial) == ("node4", "0000:00:08", "1652923018111")
+    head = r.findings[0]
+    assert "node4 GPU 0000:00:08 (serial 1652923018111)" in head and "Xid (PCI:0000:00:05)" not in head
+    assert "before the job's first death" in r.findings[1]
+    # the application Xid 43 two weeks earlier is still reported, with its host, below the headline
+    assert any(f.startswith("XID 43 on node4") for f in r.findings[2:])
+
+
+def test_without_the_job_output_there_is_no_window_and_no_false_gpu_culprit():
+    r = triage_paths([str(PUBLIC / "xid_window" / "dmesg-node4.log")])
+    assert r.first_failure.details["xid"] == "43" and r.first_failure.action == "none"
+    assert r.culprit is None    # an application fault names no GPU to drain
+
+
+def test_ib_port_error_names_the_host_whose_port_failed_not_the_victim():
+    r = triage_paths([str(PUBLIC / "ib_port_error_4nodes.log")])
+    assert r.culprit_kind == "node" and r.culprit.node == "...-48"
+    head = r.findings[0]
+    assert "Culprit (node): ...-48" in head and "...-51 printed the completion errors: the victim" in head
+    assert "peer node48" in head
+
+
+def test_host_oom_during_checkpoint_save_names_the_node_that_ran_out():
+    r = triage_paths([str(PUBLIC / "olmo_ckpt_host_oom.log")])
+    assert r.culprit_kind == "node" and r.culprit.node == "nid006190"
+    assert "Culprit (node): nid006190" in r.findings[0] and "nid005143" not in r.findings[0]
+    meaning = next(h.meaning for h in r.signatures if h.id == "srun_task_oom")
+    assert "checkpoint" in meaning and "--mem" in meaning
+
+
+def test_sigabrt_after_a_watchdog_timeout_is_an_echo_not_the_failure():
+    r = triage_paths([str(PUBLIC / "watchdog_terminate_rank3.log")])
+    assert r.first_failure.signature == "nccl_watchdog_timeout" and r.first_failure.role == "cascade"
+    assert r.culprit is None and "C++ exception" not in r.findings[0]
+    hit = next(h for h in r.signatures if h.id == "cpp_terminate")
+    assert hit.details["after"].startswith("a watchdog timeout")
+
+
+def test_healthy_and_noisy_logs_name_no_culprit():
+    assert triage_paths([str(LOGS / "clean_training.log")]).culprit is None
+    noisy = triage_text("Dec  2 11:38:47 worker4 kernel: NVRM: loading NVIDIA UNIX x86_64 Kernel Module 535\n"
+                        "worker4:1:2 [0] NCCL INFO Bootstrap : Using bond0:10.0.0.4<0>\nstep 10 loss 2.1\n")
+    assert noisy.culprit is None and noisy.verdict == "ok"
