@@ -114,6 +114,8 @@ def culprit_of(state: ScanState, tally: Tally, hit: Hit) -> Culprit | None:
         hosts = failed or peers
         return node_culprit(", ".join(hosts)) if hosts else None
     if category == "gpu_hardware":
+        if hit.details.get("action", tally.sig.action) == "none":
+            return None        # an application fault (Xid 13, 31, 43) or an echo (Xid 45): no GPU to blame
         pci = hit.details.get("pci", "")
         if pci:
             serial, uuid = _serial(state, hit.host, pci)
