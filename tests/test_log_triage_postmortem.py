@@ -57,3 +57,8 @@ def test_healthy_and_noisy_logs_name_no_culprit():
     noisy = triage_text("Dec  2 11:38:47 worker4 kernel: NVRM: loading NVIDIA UNIX x86_64 Kernel Module 535\n"
                         "worker4:1:2 [0] NCCL INFO Bootstrap : Using bond0:10.0.0.4<0>\nstep 10 loss 2.1\n")
     assert noisy.culprit is None and noisy.verdict == "ok"
+
+
+def test_saved_py_spy_dumps_are_sent_to_the_stack_reader_not_called_healthy():
+    r = triage_paths([str(Path(__file__).parent / "fixtures" / "pyspy" / "json")])
+    assert r.verdict == "info" and r.next == ["hang_stack_dump"] and r.findings[0].startswith("These are saved py-spy")

@@ -143,9 +143,16 @@ def _summarise(state: ScanState, scanned: list[str], skipped: list[str], max_sig
     severities = {t.sig.severity for t in tallies}
     verdict = "fail" if "error" in severities else "warn" if severities or quiet else (
         "info" if state.lines == 0 else "ok")
+    stacks = state.pyspy_threads and "error" not in severities
+    if stacks:
+        findings.insert(0, f"These are saved py-spy dumps ({state.pyspy_threads} thread stacks), not a log: "
+                           "hang_stack_dump reads them (dump_paths / dump_text), groups identical stacks and names "
+                           "the odd ranks.")
+        verdict = "info"
     hits = [_hit_model(t) for t in shown]
     return LogTriageResult(
-        verdict=verdict, findings=findings, next=_next_steps(first_tally, shown)[:6],
+        verdict=verdict, findings=findings,
+        next=["hang_stack_dump"] if stacks else _next_steps(first_tally, shown)[:6],
         first_failure=FirstFailure(signature=first_tally.sig.id, name=first_tally.sig.name, role=first.role,
                                    location=_where(first), rank=first.rank, host=first.host or "", text=first.text,
                                    details={k: str(v) for k, v in first.details.items()},

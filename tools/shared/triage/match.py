@@ -65,8 +65,11 @@ class ScanState:
     hits: int = 0
     gpu_ids: dict = field(default_factory=dict)      # (host, PCI bus as printed) -> (GPU UUID, board serial)
     addresses: dict = field(default_factory=dict)    # IPv4 address -> host (from NCCL's own lines)
+    pyspy_threads: int = 0                            # py-spy dump thread headers: saved stacks, not a log
 
 
+_PYSPY_THREAD = re.compile(r'^Thread (?:0x[0-9A-Fa-f]+|\d+) \((?:idle|active)[^)]*\)|^\s*"os_thread_id": \d+,$',
+                           re.MULTILINE)
 _LABELS = re.compile(r"^(\[(?:rank|default)\d+\]:|\d{1,6}: |\[\d+,\d+\]<std(?:out|err)>:)", re.MULTILINE)
 _LABELS_NO_SRUN = re.compile(r"^(\[(?:rank|default)\d+\]:|\[\d+,\d+\]<std(?:out|err)>:)", re.MULTILINE)
 
@@ -138,6 +141,8 @@ def scan_block(block: str, base_line: int, label: str, file_rank: int | None, st
     if len(state.ranks_seen) < MAX_RANKS_TRACKED:
         _track_ranks(block, srun, state)
     _track_identities(block, label, state)
+    if "Thread " in block or "os_thread_id" in block:
+        state.pyspy_threads += len(_PYSPY_THREAD.findall(block))
     gate_at = _suspect_lines(block, block.lower(), state.gates)
     if not gate_at:
         return nlines
@@ -257,6 +262,7 @@ def merge(into: ScanState, part: ScanState, line_offset: int) -> None:
             hit.line_no += line_offset
             hit.order += order_offset
     into.hits += part.hits
+    into.pyspy_threads += part.pyspy_threads
     into.lines += part.lines
     into.bytes += part.bytes
     if len(into.ranks_seen) < MAX_RANKS_TRACKED:
