@@ -342,8 +342,8 @@ SPEC = ToolSpec(
         "stack with py-spy without stopping the job, groups identical stacks and names the odd ranks ('ranks "
         "0-6 wait in all_reduce at train.py:212; rank 7 is in data.py:88'). Targets: pids, a torchrun or "
         "deepspeed launcher pid, a command regex, GPU processes, or a SLURM job (all_nodes). Needs ptrace "
-        "permission (says how). Seconds per node. The job already died: log_triage or "
-        "flight_recorder_analyze."),
+        "permission (says how). Seconds per node. Also saved py-spy dumps (dump_paths, dump_text). The job "
+        "already died: log_triage or flight_recorder_analyze."),
     Params=HangStackDumpParams, Result=HangStackDumpResult, run=run, runs="subprocess",
     read_only=False, destructive=True, idempotent=True, open_world=False, timeout_s=300, store=False,
 )
