@@ -26,9 +26,9 @@ class Culprit(Record):
 
 
 def gpu_culprit(node: str | None, bus: str, serial: str = "", uuid: str = "") -> Culprit:
-    where = node or "the host whose kernel log this is"
     ident = f" (serial {serial})" if serial else f" ({uuid})" if uuid else ""
-    return Culprit(kind="gpu", name=f"{where} GPU {bus}{ident}", node=node or "", gpu_bus=bus,
+    name = f"{node} GPU {bus}{ident}" if node else f"GPU {bus}{ident} (the log does not name its host)"
+    return Culprit(kind="gpu", name=name, node=node or "", gpu_bus=bus,
                    gpu_serial=serial or uuid)
 
 

@@ -69,14 +69,16 @@ def tally_of(tallies: list[Tally], hit: Hit) -> Tally:
     return next(t for t in tallies if hit is t.first or hit is t.first_cause or any(hit is h for h in t.timed))
 
 
-def window_action(tally: Tally, hit: Hit, crash: float | None) -> str:
-    """The strongest action of the events on the same GPU inside the window (Xid 48 then 64 on one GPU: reboot)."""
+def window_action(tallies: list[Tally], tally: Tally, hit: Hit, crash: float | None) -> str:
+    """The strongest action of the events on the same GPU inside the window (Xid 48 then 64 on one GPU: reboot),
+    and of the job's own GPU errors there (a rank's 'uncorrectable ECC error' names no bus: it is that GPU's)."""
     action = hit.details.get("action", tally.sig.action)
     if crash is None or tally.sig.category != "gpu_hardware":
         return action
     bus = short_bus(hit.details.get("pci", ""))
-    same = [h.details.get("action", "none") for h in tally.timed
-            if _near(h, crash) and h.host == hit.host and short_bus(h.details.get("pci", "")) == bus]
+    same = [h.details.get("action", t.sig.action) for t in tallies if t.sig.category == "gpu_hardware"
+            for h in t.timed if (_near(h, crash) and h.host == hit.host and short_bus(h.details.get("pci", "")) == bus)
+            or (h.rank is not None and not h.details.get("pci"))]    # a rank's own GPU error is the job's death
     return worst_action([action, *same])
 
 

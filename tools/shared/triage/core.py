@@ -87,6 +87,8 @@ class LogTriageResult(Result):
     action: Action = Field("none", description="The strongest action any signature calls for. " + ACTION_FIELD)
     culprit_kind: CulpritKind | None = Field(None, description=CULPRIT_KIND_FIELD)
     culprit: Culprit | None = Field(None, description="The culprit the first failure names, and how to name it.")
+    action_on: list[str] = Field(default_factory=list, description=(
+        "Hosts the strongest action applies to (the hosts of the lines that call for it), when the logs name them."))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -127,7 +129,7 @@ def _summarise(state: ScanState, scanned: list[str], skipped: list[str], max_sig
     first, crash = weigh(tallies, _pick_first_failure(tallies))
     first_tally = tally_of(tallies, first) if first else None
     culprit = culprit_of(state, first_tally, first) if first else None
-    first_action = window_action(first_tally, first, crash) if first else "none"
+    first_action = window_action(tallies, first_tally, first, crash) if first else "none"
     ordered = sorted(tallies, key=lambda t: (t is not first_tally, t.sig.severity != "error", t.first.order))
     shown = ordered[:max_signatures]
     by_rank = _by_rank(state)
@@ -141,6 +143,7 @@ def _summarise(state: ScanState, scanned: list[str], skipped: list[str], max_sig
                         f"No known failure signature in {state.lines} lines. If the job hangs without an error, "
                         "dump the stacks of the live ranks (hang_stack_dump).")
     severities = {t.sig.severity for t in tallies}
+    worst = worst_action([_tally_action(t) for t in tallies])
     verdict = "fail" if "error" in severities else "warn" if severities or quiet else (
         "info" if state.lines == 0 else "ok")
     stacks = state.pyspy_threads and "error" not in severities
@@ -159,7 +162,8 @@ def _summarise(state: ScanState, scanned: list[str], skipped: list[str], max_sig
                                    action=first_action) if first else None,
         culprit=culprit, culprit_kind=culprit.kind if culprit else None,
         signatures=hits, signatures_omitted=len(ordered) - len(shown),
-        action=worst_action([_tally_action(t) for t in tallies]),
+        action=worst, action_on=sorted(set(_action_hosts(tallies, worst)) | (
+            {culprit.node} if culprit and culprit.node and first_action == worst != "none" else set())),
         files_scanned=scanned[:50], files_skipped=skipped[:50], lines_scanned=state.lines,
         bytes_scanned=state.bytes, ranks_seen=format_ranks(state.ranks_seen), seconds=round(seconds, 3),
         by_rank=by_rank, suspect_ranks=suspects[:64])
@@ -230,6 +234,15 @@ def _parse_ranges(text: str) -> list[int]:
         lo, _, hi = part.partition("-")
         out.extend(range(int(lo), int(hi or lo) + 1))
     return out
+
+
+def _action_hosts(tallies: list[Tally], action: str) -> list[str]:
+    """The hosts whose lines call for `action` (an Xid on node7 drains node7, not the job)."""
+    if action == "none":
+        return []
+    hosts = {h.host for t in tallies for h in (t.first, *t.evidence, *t.timed)
+             if h is not None and h.host and h.details.get("action", _tally_action(t)) == action}
+    return sorted(hosts)[:64]
 
 
 def _tally_action(t: Tally) -> str:

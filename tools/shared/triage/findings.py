@@ -143,12 +143,13 @@ def special_findings(tally: Tally) -> list[str]:
         host = f" on {first.host}" if first.host else ""
         return [f"XID {d['xid']}{host} on GPU at PCI {d['pci']}{cause}: {d.get('xid_meaning', 'see the XID table')} "
                 f"[action: {d.get('action', 'monitor')}{host}]."]
+    host = f" on {first.host}" if first.host else ""
     if sig_id == "nvswitch_sxid":
-        return [f"NVSwitch {d['switch']} SXid {d['sxid']} ({d.get('fatal') or 'severity not printed'}): "
-                f"{d.get('sxid_meaning', '')} [action: {d.get('action', 'monitor')}]."]
+        return [f"NVSwitch {d['switch']}{host} SXid {d['sxid']} ({d.get('fatal') or 'severity not printed'}): "
+                f"{d.get('sxid_meaning', '')} [action: {d.get('action', 'monitor')}{host}]."]
     if sig_id == "gpu_lost_multiline":
-        return [f"GPU {d['pci']}: {d.get('state', '')} (the driver's multi-line message; Xid 79 class) "
-                f"[action: {d.get('action', 'drain_node')}]."]
+        return [f"GPU {d['pci']}{host}: {d.get('state', '')} (the driver's multi-line message; Xid 79 class) "
+                f"[action: {d.get('action', 'drain_node')}{host}]."]
     if sig_id == "nccl_ib_completion_error" and "likely" in d:
         vendor = f", vendor err {d['vendor']} ({d['vendor_hex']})" if "vendor" in d else ""
         return [f"IB completion status {d['status']}{vendor}: {d['likely']} [action: {d.get('action', 'monitor')}]."]
