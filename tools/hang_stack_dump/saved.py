@@ -17,7 +17,8 @@ from pathlib import Path
 
 from .stacks import ProcessStack, summarise_threads
 from ..engine.spec import ToolFailure
-from ..shared.logscan import host_of_path, resolve_paths
+from ..shared.log_hosts import host_of_path
+from ..shared.logscan import MAX_MATCH_CHARS, resolve_paths
 from ..shared.safe_read import read_limited
 
 MAX_DUMP_BYTES = 4 << 20
@@ -34,6 +35,7 @@ def parse_text(text: str) -> list[tuple[int, str, list[dict]]]:
     procs: list[tuple[int, str, list[dict]]] = []
     thread: dict | None = None
     for line in text.splitlines()[:200_000]:
+        line = line[:MAX_MATCH_CHARS]          # a frame line is short; a megabyte "line" is not one to match
         if m := _PROCESS.match(line.strip()):
             procs.append((int(m[1]), m[2][:300], []))
             thread = None

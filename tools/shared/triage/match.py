@@ -13,10 +13,8 @@ from ..actions import worst_action
 from ...engine.redact import redact
 from .signatures import MAX_RANKS_TRACKED, POST, Signature, gates_for, load_signatures
 from ..safe_read import read_head
-from ..logscan import (
-    MAX_MATCH_CHARS, gpu_identities, host_addresses, host_of_path, iter_text_blocks, line_host, line_ranges, line_rank,
-    timestamp_near,
-)
+from ..log_hosts import gpu_identities, host_addresses, host_of_path, line_host
+from ..logscan import MAX_MATCH_CHARS, iter_text_blocks, line_ranges, line_rank, timestamp_near
 
 MAX_LINE_CHARS = 400           # evidence lines are cut to this
 PARALLEL_MIN_BYTES = 96 << 20   # plain files at least this large are split across worker processes
