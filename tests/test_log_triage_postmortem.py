@@ -71,3 +71,34 @@ def test_every_drain_names_the_node():
     r = triage_paths([str(LOGS / "slurm_xid")])
     assert r.action == "drain_node" and r.action_on == ["gpu-node02"]
     assert "Action: drain_node on gpu-node02." in r.findings[0]
+
+
+def _twelve_ranks_one_oom() -> str:
+    """3 nodes x 4 ranks in torchrun's line formats (as tests/fixtures/logs/torchrun_oom_rank3.log): rank 11 hits a
+    CUDA OOM at 14:20:43, its torchrun SIGTERMs ranks 8-10; ranks 0-7 go on until their watchdog fires 10 min later."""
+    lines = [f"[rank{r}]:[I1129 14:20:{40 + s}.000000 {51000 + r} train.py:211] step {40 + s} loss 3.0"
+             for s in range(3) for r in range(12)]
+    lines += ["[rank11]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 3 has a total "
+              "capacity of 79.19 GiB of which 1.10 GiB is free."]
+    lines += [f"[rank{r}]:[I1129 14:{m}:10.000000 {51000 + r} train.py:199] waiting on step 43"
+              for m in (22, 25, 28) for r in range(8)]
+    lines += [f"[rank{r}]:[E1129 14:30:43.000000 {51000 + r} ProcessGroupNCCL.cpp:632] [Rank {r}] Watchdog caught "
+              "collective operation timeout: WorkNCCL(SeqNum=880, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, "
+              "Timeout(ms)=600000) ran for 600078 milliseconds before timing out." for r in range(8)]
+    lines += ["torch.distributed.elastic.multiprocessing.errors.ChildFailedError:",
+              "============================================================", "train.py FAILED",
+              "------------------------------------------------------------", "Failures:"] + [f"[{i}]:\n  time      : 2026-11-29_14:20:44\n  host      : node3\n  rank      : {r} "
+                              f"(local_rank: {r - 8})\n  exitcode  : -15 (pid: {51000 + r})" for i, r in
+                              enumerate(range(8, 11), 1)]
+    lines += ["------------------------------------------------------------",
+              "Root Cause (first observed failure):", "[0]:", "  time      : 2026-11-29_14:20:43",
+              "  host      : node3", "  rank      : 11 (local_rank: 3)", "  exitcode  : 1 (pid: 51011)",
+              "============================================================"]
+    return "\n".join(lines) + "\n"
+
+
+def test_ranks_their_torchrun_stopped_after_an_oom_are_not_called_stuck():
+    r = triage_text(_twelve_ranks_one_oom())
+    assert r.first_failure.signature == "cuda_oom" and r.culprit.rank == 11
+    assert not any("stopped writing first" in f or "likely stuck" in f for f in r.findings), r.findings
+    assert not set(r.suspect_ranks) & set(range(8, 11))
