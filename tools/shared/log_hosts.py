@@ -52,6 +52,6 @@ def gpu_identities(block: str) -> dict[str, tuple[str, str]]:
 
 def host_addresses(block: str) -> dict[str, str]:
     """IPv4 address -> the host NCCL said it uses it on (bootstrap / NET lines)."""
-    if "NCCL INFO" not in block:
+    if " : Using " not in block:      # NCCL says each address once, at init: most blocks have none
         return {}
     return {m.group(2): m.group(1) for m in _NCCL_ADDRESS.finditer(block)}
