@@ -102,3 +102,15 @@ def test_ranks_their_torchrun_stopped_after_an_oom_are_not_called_stuck():
     assert r.first_failure.signature == "cuda_oom" and r.culprit.rank == 11
     assert not any("stopped writing first" in f or "likely stuck" in f for f in r.findings), r.findings
     assert not set(r.suspect_ranks) & set(range(8, 11))
+
+
+def test_a_completion_error_names_the_peer_host_through_nccls_own_address_lines():
+    """Bootstrap lines as in NVIDIA/nccl-tests#244 (hosts ranokau, lascar); the completion error is composed in
+    NCCL's format: ranokau is the victim, the peer address it names is lascar's, and no port error was logged."""
+    log = ("ranokau:398189:398189 [0] NCCL INFO Bootstrap : Using enp45s0f0:146.155.155.83<0>\n"
+           "lascar:73214:73214 [0] NCCL INFO Bootstrap : Using enp45s0f0:146.155.155.84<0>\n"
+           "ranokau:398189:398231 [0] transport/net_ib.cc:1696 NCCL WARN NET/IB : Got completion from peer "
+           "146.155.155.84<49391> with status=12 opcode=0 len=0 vendor err 129 (Recv) localGid ::ffff:146.155.155.83\n")
+    r = triage_text(log)
+    assert r.culprit_kind == "node" and r.culprit.node == "lascar"
+    assert "ranokau printed the completion errors: the victim, waiting on peer lascar" in r.findings[0]
