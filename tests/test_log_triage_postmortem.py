@@ -19,7 +19,7 @@ def test_the_gpu_event_at_the_crash_is_the_headline_not_the_older_application_xi
     assert "node4 GPU 0000:00:08 (serial 1652923018111)" in head and "Xid (PCI:0000:00:05)" not in head
     assert "before the job's first death" in r.findings[1]
     # the rank's own "uncorrectable ECC error" is that GPU's: reset it, on the node the action names
-    assert r.first_failure.action == "reset_gpu" and "Action: reset_gpu on node4." in head
+    assert r.first_failure.action == "reset_gpu" and "Action: reset_gpu on node4 GPU 0000:00:08 (serial 1652923018111)." in head
     assert r.action == "reset_gpu" and r.action_on == ["node4"]
     # the application Xid 43 two weeks earlier is still reported, with its host, below the headline
     assert any(f.startswith("XID 43 on node4") for f in r.findings[2:])
@@ -70,7 +70,7 @@ def test_saved_py_spy_dumps_are_sent_to_the_stack_reader_not_called_healthy():
 def test_every_drain_names_the_node():
     r = triage_paths([str(LOGS / "slurm_xid")])
     assert r.action == "drain_node" and r.action_on == ["gpu-node02"]
-    assert "Action: drain_node on gpu-node02." in r.findings[0]
+    assert "Action: drain_node on gpu-node02 GPU 0000:b7:00 (GPU-3c5f1a2e" in r.findings[0]
 
 
 def _twelve_ranks_one_oom() -> str:

@@ -8,7 +8,7 @@ the host whose port failed ("Got async event : port error") or, failing that, th
 culprit. The culprit then gets its kind and its name (shared/culprit_kind.py).
 """
 
-from .match import Hit, ScanState, Tally
+from .match import TIMED_CATEGORIES, Hit, ScanState, Tally
 from ..actions import worst_action
 from ..culprit_kind import Culprit, gpu_culprit, node_culprit, rank_culprit
 from ..xid import short_bus
@@ -26,10 +26,11 @@ def seconds(ts: tuple) -> float:
 
 def crash_time(tallies: list[Tally]) -> float | None:
     """When the job first died: the earliest time-stamped error of the job's own output (a launcher's failure line,
-    a watchdog, an exception). GPU and network events are what we weigh against it, not part of it."""
+    a watchdog, an exception). GPU, network and host-memory events (kernel logs of days) are what we weigh against
+    it, not part of it."""
     times = [seconds(h.ts) for t in tallies if t.sig.severity == "error"
              for h in (t.first, t.first_cause)
-             if h is not None and h.ts is not None and t.sig.category not in ("gpu_hardware", "network")]
+             if h is not None and h.ts is not None and t.sig.category not in TIMED_CATEGORIES]
     return min(times) if times else None
 
 
@@ -48,7 +49,9 @@ def weigh(tallies: list[Tally], first: Hit | None) -> tuple[Hit | None, float | 
     near = sorted((h for h in hardware if _near(h, crash)), key=lambda h: (not h.details.get("pci"), seconds(h.ts), h.order))
     if near:
         return near[0], crash
-    if first is not None and first.ts is not None and seconds(first.ts) < crash - STALE_S:
+    # history: a kernel-side event long before the crash (the job's own earlier errors stay its first failure)
+    stale = first is not None and first.ts is not None and seconds(first.ts) < crash - STALE_S
+    if stale and tally_of(tallies, first).sig.category in TIMED_CATEGORIES:
         live = [h for t in tallies if t.sig.severity == "error"
                 for h in (t.first_cause, *t.timed) if h is not None and h.role == "cause"
                 and (h.ts is None or seconds(h.ts) >= crash - STALE_S)]

@@ -173,7 +173,8 @@ def _headline(first: Hit, first_tally: Tally, culprit: Culprit | None, action: s
     """The answer first: what failed, the culprit by kind and name, and the action on what."""
     where = f" on {first.host}" if first.host and not culprit else ""
     blame = f" Culprit ({culprit.kind}): {culprit.name}." if culprit else ""
-    act = f" Action: {action} on {culprit.node or culprit.name}." if action != "none" and culprit else (
+    target = (culprit.name if culprit.kind == "gpu" else culprit.node or culprit.name) if culprit else ""
+    act = f" Action: {action} on {target}." if action != "none" and culprit else (
         f" Action: {action}." if action != "none" else "")
     ib = f" {ib_sentence(state)}" if first_tally.sig.id in ("nccl_ib_completion_error", "nccl_ib_async_event") else ""
     return (f"First failure: {first_tally.sig.name}{on_rank(first.rank)}{where} at {_where(first)}: "
