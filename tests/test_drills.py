@@ -53,6 +53,20 @@ def diag(**kw) -> Diagnosis:
     return Diagnosis(**kw)
 
 
+def test_a_gpu_is_scored_by_its_node_and_bus_id():
+    """Issue 34: an agent that named the right node for a GPU fault scored 0 when the message asked 'which machine'."""
+    window = load_scenario("pm-t-xid-window")         # truth: gpu "node4 0000:00:08", drain_ok node4
+    off_bus = load_scenario("pm-gpu-off-the-bus")     # truth: gpu "gpu-node02" (no bus id given)
+    assert grade(window, diag(culprit_kind="gpu", culprit=["node4 GPU 0000:00:08.0 (serial 1652923018111)"],
+                              drain=["node4"])).score == 1
+    assert grade(window, diag(culprit_kind="gpu", culprit=["node4:00:08"])).score == 1
+    assert grade(window, diag(culprit_kind="gpu", culprit=["node4 0000:00:05"])).score == 0     # another GPU
+    assert grade(window, diag(culprit_kind="node", culprit=["node4"])).score == 0               # which GPU?
+    assert grade(off_bus, diag(culprit_kind="node", culprit=["gpu-node02"], drain=["gpu-node02"])).score == 1
+    assert grade(off_bus, diag(culprit_kind="gpu", culprit=["gpu-node02 0000:b7:00"])).score == 1
+    assert grade(off_bus, diag(culprit_kind="gpu", culprit=["gpu-node01"])).score == 0
+
+
 def test_grading_rules():
     slow = load_scenario("cl-slow-node")           # node mln3, drain_ok mln3
     link = load_scenario("cl-slow-link")           # link mln1-mln2, no drain

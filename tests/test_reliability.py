@@ -601,13 +601,14 @@ def test_every_log_regex_is_linear_on_a_line_at_the_cap():
     a quadratic one takes 0.2-3 s at the cap and 16x its quarter-line time; a linear one 4x a millisecond."""
     import re
 
+    from tools.hang_stack_dump import saved
     from tools.nccl_log_analyze import messages, parse, roce
     from tools.nic_health import gids
-    from tools.shared import logscan, nccl_ras, nccl_tests
-    from tools.shared.triage import signatures
+    from tools.shared import log_hosts, logscan, nccl_ras, nccl_tests
+    from tools.shared.triage import match, signatures
 
     patterns = [s.regex for s in signatures.load_signatures()] + list(messages.MSG.values())
-    for mod in (parse, roce, gids, nccl_tests, nccl_ras, logscan, signatures):
+    for mod in (parse, roce, gids, nccl_tests, nccl_ras, logscan, log_hosts, signatures, match, saved):
         patterns += [v for v in vars(mod).values() if isinstance(v, re.Pattern)]
     fills = ["a", " ", "0", ":", "[", "a:", "0 ", "x.", "'", "1.", ", ", "\t", "[0]", "0:", "a.cu:1: ", "[PG ", "a.so "]
     cap, slow = logscan.MAX_MATCH_CHARS, []

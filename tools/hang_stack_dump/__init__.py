@@ -11,6 +11,8 @@ By hand (the node the job runs on, as the job's user or root):
     python -m tools.hang_stack_dump --pattern 'train.py'             # processes whose command matches
     python -m tools.hang_stack_dump --gpu-processes                  # every process holding GPU memory
     python -m tools.hang_stack_dump --pids 101 102 --native --save-path /tmp/stacks.txt
+Saved dumps (the job is gone, or someone else ran py-spy): one `py-spy dump` (text or --json) per rank,
+    python -m tools.hang_stack_dump --dump-paths dumps/            # files, folders per node, globs
 Under SLURM (from a login node or inside the allocation; needs this checkout on a shared filesystem):
     python -m tools.hang_stack_dump --slurm-job-id 4242              # prints the all-nodes srun command
     python -m tools.hang_stack_dump --slurm-job-id 4242 --all-nodes  # runs it: every node, one report
@@ -21,6 +23,8 @@ import socket
 import sys
 from typing import Annotated
 
+from .report import findings_for, odd_groups, odd_headline
+from .saved import read_saved
 from .stacks import (
     ProcessStack,
     StackGroup,
@@ -33,6 +37,7 @@ from .stacks import (
 from ..shared.process_targets import gpu_targets, launcher_targets, pattern_targets, processes_with_env
 from ..engine.data import IMPORT_ROOT as REPO_ROOT
 from ..engine.spec import SELF_EVIDENT, Field, Params, Result, ToolFailure, ToolSpec
+from ..shared.culprit_kind import CULPRIT_KIND_FIELD, Culprit, CulpritKind, rank_culprit
 from ..shared.safe_write import check_output, output_path, write_output
 
 MAX_PROCESSES = 1024
@@ -58,6 +63,10 @@ class HangStackDumpParams(Params):
     max_groups: int = Field(8, ge=1, le=200, description="Stack groups reported (largest, odd ones first).")
     per_process_timeout_s: float = Field(30.0, gt=0, le=600, description="Per py-spy call.")
     detail: bool = Field(False, description="Also each process's stack.")
+    dump_paths: list[str] = Field(default_factory=list, max_length=64, description=(
+        "Saved `py-spy dump` output (text or --json): files, folders, globs; rank from 'rank3' / "
+        "'node1/local_rank0' in the path or --local_rank in the dump."))
+    dump_text: str | None = Field(None, max_length=20_000_000, description="Pasted py-spy dumps instead.")
 
 
 class HangStackDumpResult(Result):
@@ -76,6 +85,8 @@ class HangStackDumpResult(Result):
     silent_nodes: list[str] = Field(default_factory=list, description=(
         "all_nodes: nodes of the job that sent no report (frozen, unreachable, or the dump failed there); why is "
         "in findings."))
+    culprit_kind: CulpritKind | None = Field(None, description=CULPRIT_KIND_FIELD)
+    culprit: Culprit | None = Field(None, description="The one odd rank, when exactly one is outside the majority.")
 
 
 def resolve_targets(params: HangStackDumpParams) -> list[int]:
@@ -90,75 +101,6 @@ def resolve_targets(params: HangStackDumpParams) -> list[int]:
         pids += processes_with_env("SLURM_JOB_ID", params.slurm_job_id)
     pids = [p for p in dict.fromkeys(pids) if p != os.getpid()]
     return pids[:MAX_PROCESSES]
-
-
-# ---------------------------------------------------------------------------------------------------
-# Judging: which ranks are the odd ones out
-
-def _who(ranks: list[int], pids: list[int]) -> str:
-    from ..shared.culprits import rank_list
-
-    if ranks:
-        extra = f" (+{len(pids) - len(ranks)} processes without a rank)" if len(pids) > len(ranks) else ""
-        return f"rank{'s' if len(ranks) > 1 else ''} {rank_list(ranks)}{extra}"
-    return f"pid{'s' if len(pids) > 1 else ''} {', '.join(map(str, pids[:8]))}"
-
-
-def odd_groups(groups: list[StackGroup]) -> list[StackGroup]:
-    """The groups to look at first: outside a collective while others wait in one, else the minority."""
-    if len(groups) < 2:
-        return []
-    waiting = [g for g in groups if g.in_collective]
-    elsewhere = [g for g in groups if not g.in_collective]
-    if waiting and elsewhere:
-        return elsewhere
-    if len(groups[0].pids) > len(groups[1].pids):
-        return groups[1:]
-    return []                              # a tie: no majority to measure the others against
-
-
-def _place(g: StackGroup) -> str:
-    via = f", called from {g.called_from}" if g.called_from and g.called_from != g.where else ""
-    return f"{g.where}{via}"
-
-
-def _one_group(g: StackGroup) -> str:
-    """Every process in one place: a stuck collective only when a collective (or a rank) is there."""
-    distributed = bool(g.ranks) or any("torch/distributed/" in frame for frame in g.stack)
-    if g.in_collective and distributed:
-        what = ("the collective itself is stuck (network, NCCL, a GPU) or a rank not dumped here (another node?) "
-                "never arrived: run flight_recorder_analyze on the dumps, nccl_log_analyze on the log")
-    elif g.in_collective:
-        what = ("no collective on the stack and no rank: it waits in torch.cuda.synchronize for its own GPU work, "
-                "so it is busy on the GPU; a wait that never ends is a slow or stuck kernel (gpu_health, the GPU's "
-                "utilisation; py-spy dump --native shows the CUDA call)")
-    elif distributed:
-        what = "no rank is behind the others at the Python level"
-    else:
-        what = "no collective on the stack: this is what it is doing (not distributed, so nothing to wait for)"
-    who = _who(g.ranks, g.pids)
-    head = f"All {len(g.pids)} processes ({who}) sit in the same place" if len(g.pids) > 1 else f"The process ({who}) is in"
-    return f"{head}: {_place(g)}; {what}."
-
-
-def findings_for(groups: list[StackGroup], odd: list[StackGroup]) -> list[str]:
-    if not groups:
-        return []
-    if len(groups) == 1:
-        return [_one_group(groups[0])]
-    out = []
-    for g in groups:
-        verb = "wait in" if g.in_collective else "are in"
-        if len(g.pids) == 1:
-            verb = "waits in" if g.in_collective else "is in"
-        tag = " <- the odd one out: look here first" if g in odd else ""
-        out.append(f"{_who(g.ranks, g.pids)} {verb} {_place(g)}{tag}.")
-    if odd and any(g.in_collective for g in groups):
-        out.append(f"The ranks in a collective are waiting for {_who(sorted(r for g in odd for r in g.ranks), [p for g in odd for p in g.pids])}, "
-                   "which never reached it.")
-    elif not odd:
-        out.append("No majority stack: compare the groups' frames side by side.")
-    return out
 
 
 def slurm_all_nodes_command(params: HangStackDumpParams, nnodes: int | None) -> list[str]:
@@ -179,7 +121,12 @@ def slurm_all_nodes_command(params: HangStackDumpParams, nnodes: int | None) -> 
 # The tool
 
 def _require_targets(params: HangStackDumpParams) -> None:
-    if params.pids or params.launcher_pid or params.pattern or params.gpu_processes or params.slurm_job_id:
+    live = params.pids or params.launcher_pid or params.pattern or params.gpu_processes or params.slurm_job_id
+    saved = params.dump_paths or params.dump_text
+    if live and saved:
+        raise ToolFailure("give either live targets (pids, launcher_pid, pattern, gpu_processes, slurm_job_id) or "
+                          "saved dumps (dump_paths, dump_text), not both")
+    if live or saved:
         return
     job = os.environ.get("SLURM_JOB_ID", "")
     hint = (f" This shell is inside SLURM job {job}: slurm_job_id={job} dumps its processes on this node, "
@@ -240,8 +187,12 @@ def run(params: HangStackDumpParams, progress) -> HangStackDumpResult:
         cmd = slurm_all_nodes_command(params, job_nodes(params.slurm_job_id) if params.all_nodes else None)
         result.slurm_command = " ".join(cmd)
     progress(0.05, "finding processes")
-    problems, full = [], []
-    if params.slurm_job_id and params.all_nodes:
+    problems, full, derived = [], [], []
+    if params.dump_paths or params.dump_text:
+        procs, notes = read_saved(params.dump_paths, params.dump_text, params.max_frames)
+        problems = [n for n in notes if n.startswith("not read") or ": not py-spy" in n]
+        derived = [n for n in notes if n not in problems]
+    elif params.slurm_job_id and params.all_nodes:
         procs, problems, result.silent_nodes = run_all_nodes(params.slurm_job_id, cmd, params.per_process_timeout_s,
                                                              job_node_names(params.slurm_job_id))
     else:
@@ -266,7 +217,8 @@ def run(params: HangStackDumpParams, progress) -> HangStackDumpResult:
         result.odd_nodes = sorted({h for g in odd for h in g.hosts})
     shown = procs if (params.detail or len(procs) <= 64) else [p for p in procs if p.error][:64]
     result.processes = shown if params.detail else [p.model_copy(update={"stack": []}) for p in shown]
-    result.findings = findings_for(groups, odd) + _uncompared_findings(procs, problems)
+    result.findings = odd_headline(odd, groups, procs) + findings_for(groups, odd) + derived + _uncompared_findings(
+        procs, problems)
     frozen = [p for p in procs if p.frozen]
     result.frozen_ranks = sorted({p.rank for p in frozen if p.rank is not None})
     result.findings[:0] = [f"{'rank ' + str(p.rank) if p.rank is not None else 'a process'} on {p.host}: {p.frozen}. "
@@ -284,6 +236,11 @@ def run(params: HangStackDumpParams, progress) -> HangStackDumpResult:
     if not result.dumped and not frozen and not result.silent_nodes:
         errors = [p.error for p in procs if p.error] + problems
         raise ToolFailure("no stack could be read. " + "; ".join(dict.fromkeys(errors))[:1500])
+    culprits = result.frozen_ranks or result.odd_ranks
+    if len(culprits) == 1 and not result.silent_nodes:
+        host = next((p.host for p in procs if p.rank == culprits[0]), "")
+        result.culprit = rank_culprit(culprits[0], host or None)
+        result.culprit_kind = "rank"
     result.verdict = "warn" if odd or result.failed or problems or frozen or result.silent_nodes else "info"
     result.next = (["flight_recorder_analyze", "log_triage", "knowledge://debugging/hangs.md"] if odd else
                    ["flight_recorder_analyze", "nccl_log_analyze", "knowledge://debugging/hangs.md"])
@@ -301,8 +258,8 @@ SPEC = ToolSpec(
         "stack with py-spy without stopping the job, groups identical stacks and names the odd ranks ('ranks "
         "0-6 wait in all_reduce at train.py:212; rank 7 is in data.py:88'). Targets: pids, a torchrun or "
         "deepspeed launcher pid, a command regex, GPU processes, or a SLURM job (all_nodes). Needs ptrace "
-        "permission (says how). Seconds per node. The job already died: log_triage or "
-        "flight_recorder_analyze."),
+        "permission (says how). Seconds per node. Also saved py-spy dumps (dump_paths, dump_text). The job "
+        "already died: log_triage or flight_recorder_analyze."),
     Params=HangStackDumpParams, Result=HangStackDumpResult, run=run, runs="subprocess",
     read_only=False, destructive=True, idempotent=True, open_world=False, timeout_s=300, store=False,
 )

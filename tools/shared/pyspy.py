@@ -87,10 +87,18 @@ def dump_one(pid: int, native: bool, timeout_s: float, py_spy: str,
         return None, f"unreadable py-spy output: {proc.stdout[:200]}"
 
 
+# py-spy's text form prints paths short ("torch/distributed/distributed_c10d.py"): packages known by their folder.
+SHORT_LIBRARY_PREFIXES = ("torch/", "deepspeed/", "accelerate/", "transformers/", "megatron/core/", "apex/", "numpy/",
+                          "tqdm/", "lightning/", "pytorch_lightning/", "multiprocessing/", "concurrent/", "importlib/",
+                          "asyncio/", "threading.py", "queue.py", "selectors.py", "socket.py", "runpy.py",
+                          "subprocess.py")
+
+
 def library_file(path: str) -> bool:
     """Not the user's code: installed packages, the stdlib, frozen modules, native libraries."""
     return ("/site-packages/" in path or "/dist-packages/" in path or "/lib/python3" in path
-            or path.startswith("<frozen") or ".so" in Path(path).name)
+            or path.startswith("<frozen") or ".so" in Path(path).name
+            or (not path.startswith("/") and path.startswith(SHORT_LIBRARY_PREFIXES)))
 
 
 def waits_on_peers(frame: dict) -> bool:

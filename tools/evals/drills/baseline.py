@@ -78,6 +78,8 @@ def params_for(tool: str, message: str, context: dict) -> dict | None:
             return {"job_id": str(job), "checks": ["env_report", "cpu_probe"]}
         return {"partition": partition, "checks": ["env_report", "cpu_probe"]} if partition else None
     if tool == "hang_stack_dump":
+        if paths:
+            return {"dump_paths": paths[:1]}       # saved py-spy dumps the message points at
         return {"slurm_job_id": str(job), "all_nodes": True} if job else None
     if tool == "straggler_find":
         return {"slurm_job_id": str(job)} if job else None
@@ -98,7 +100,12 @@ def read_answer(tool: str, answer: dict, context: dict) -> Diagnosis | str | Non
     if tool == "log_triage":
         first = answer.get("first_failure")
         if not first:
+            if verdict == "info" and answer.get("next"):
+                return answer["next"][0]             # not a log it reads (saved stacks): the tool it names
             return Diagnosis(culprit_kind="none", evidence="no failure signature") if verdict == "ok" else None
+        named = named_culprit(answer)
+        if named:
+            return named
         if first.get("signature") == "xid" or first.get("action") in ("drain_node", "replace"):
             host = first.get("host") or _host_in_path(first.get("location", ""))
             return Diagnosis(culprit_kind="gpu", culprit=[host] if host else [], drain=[host] if host else [],
@@ -140,6 +147,9 @@ def read_answer(tool: str, answer: dict, context: dict) -> Diagnosis | str | Non
             return Diagnosis(culprit_kind="none", evidence="every node judged, none outside the fleet's rule")
         return Diagnosis(culprit_kind="inconclusive", evidence=" ".join(answer.get("findings", [])[:3]))
     if tool == "hang_stack_dump":
+        named = named_culprit(answer)
+        if named:
+            return named
         ranks = answer.get("odd_ranks") or []
         if ranks:
             return Diagnosis(culprit_kind="rank", culprit=[str(r) for r in ranks], evidence="odd stacks")
@@ -169,6 +179,24 @@ def read_answer(tool: str, answer: dict, context: dict) -> Diagnosis | str | Non
         if verdict in ("ok", "info") or "busy" in json.dumps(answer.get("findings", [])).lower():
             return Diagnosis(culprit_kind="none", evidence="healthy or busy with another process")
         return None
+    return None
+
+
+def named_culprit(answer: dict) -> Diagnosis | None:
+    """The culprit the headline names, by its kind: a GPU as its node and bus id (that node may be drained), a
+    node, a rank."""
+    culprit = answer.get("culprit") or {}
+    kind = answer.get("culprit_kind")
+    if not culprit or kind not in ("gpu", "node", "rank"):
+        return None
+    evidence = (answer.get("findings") or [""])[0]
+    if kind == "gpu" and culprit.get("node"):
+        name = f"{culprit['node']} {culprit.get('gpu_bus', '')}".strip()
+        return Diagnosis(culprit_kind="gpu", culprit=[name], drain=[culprit["node"]], evidence=evidence)
+    if kind == "rank" and culprit.get("rank") is not None:
+        return Diagnosis(culprit_kind="rank", culprit=[str(culprit["rank"])], evidence=evidence)
+    if kind == "node" and culprit.get("node"):
+        return Diagnosis(culprit_kind="node", culprit=[n.strip() for n in culprit["node"].split(",")], evidence=evidence)
     return None
 
 

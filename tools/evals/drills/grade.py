@@ -17,7 +17,9 @@ culprit_kind: node | link | rank | gpu | setting | none | inconclusive. Scoring,
 4. The right kind and exactly the right culprits: 1. The right kind, every culprit named plus others
    (not drained): 0.5. The right kind, some but not all of several culprits: 0.5. Otherwise 0.
 Names compare case-insensitively; a link is the same in either direction ("mln2-mln1" = "mln1-mln2");
-a rank may be written "3" or "rank 3"; a setting by its variable name.
+a rank may be written "3" or "rank 3"; a setting by its variable name. A GPU is named by its node, and its PCI bus
+id or serial where the truth gives one ("node4 GPU 0000:00:08", "node4:00:08.0"): the node alone names it when the
+truth names only the node, and a node answer (kind "node") naming the GPU's host is that GPU too.
 """
 
 from __future__ import annotations
@@ -132,6 +134,24 @@ def _clause_drains(clause: str, known: set[str]) -> set[str]:
             continue
     return {n for n in names if NODE_NAME.fullmatch(n) or n in known}
 
+_BUS = re.compile(r"(?:[0-9a-f]{4,8}:)?([0-9a-f]{2}:[0-9a-f]{2})(?:\.[0-7])?\b")
+
+
+def gpu_name(name: str) -> tuple[str, str]:
+    """'node4 GPU 0000:00:08 (serial 1652)' / 'node4:00:08.0' -> ('node4', '00:08'); the bus is '' when not given."""
+    low = name.strip().lower()
+    host = re.split(r"[\s:,(]", low, maxsplit=1)[0]
+    bus = _BUS.search(low, len(host))
+    return host, bus.group(1) if bus else ""
+
+
+def _same_gpus(want: list[str], got: list[str]) -> bool:
+    """Every GPU the truth names is named (host equal, bus equal where the truth gives one), and nothing else."""
+    wanted = [gpu_name(n) for n in want]
+    named = [gpu_name(n) for n in got]
+    hit = lambda w, g: w[0] == g[0] and (not w[1] or w[1] == g[1])   # noqa: E731
+    return all(any(hit(w, g) for g in named) for w in wanted) and all(any(hit(w, g) for w in wanted) for g in named)
+
 
 def grade(scenario: Scenario, diagnosis: Diagnosis) -> Grade:
     truth = scenario.truth
@@ -148,6 +168,11 @@ def grade(scenario: Scenario, diagnosis: Diagnosis) -> Grade:
         return Grade(scenario.id, 0.0, False, reason=f"nothing is wrong, but the answer names a {diagnosis.culprit_kind}")
     if diagnosis.culprit_kind == "inconclusive":
         return Grade(scenario.id, 0.0, False, reason="a fault was injected; the answer is inconclusive")
+    if truth.kind == "gpu" and diagnosis.culprit_kind in ("gpu", "node") and diagnosis.culprit:
+        if _same_gpus(truth.identity, diagnosis.culprit) and (diagnosis.culprit_kind == "gpu" or
+                                                              not any(gpu_name(n)[1] for n in truth.identity)):
+            return Grade(scenario.id, 1.0, True, reason="the right GPU (by its node" + (
+                " and bus id)" if any(gpu_name(n)[1] for n in truth.identity) else ")"))
     if diagnosis.culprit_kind != truth.kind:
         return Grade(scenario.id, 0.0, False, reason=f"the culprit is a {truth.kind}; the answer names a {diagnosis.culprit_kind}")
     want = {normal_name(truth.kind, n) for n in truth.identity}

@@ -14,6 +14,7 @@ writes the per-signature and per-rank findings.
 import time
 
 
+from .blame import coincidence, culprit_of, ib_sentence, tally_of, weigh, window_action
 from .findings import on_rank, quiet_ranks, silent_ranks, special_findings
 from .match import Hit, ScanState, Tally, merge, new_state, scan_block, scan_file
 from ..logscan import (
@@ -30,6 +31,7 @@ from ..logscan import (
 )
 from ...engine.spec import Field, Progress, Record, Result, ToolFailure
 from ..actions import ACTION_FIELD, Action, worst_action
+from ..culprit_kind import CULPRIT_KIND_FIELD, Culprit, CulpritKind
 
 # ---------------------------------------------------------------------------------------------------
 # Result
@@ -58,6 +60,7 @@ class FirstFailure(Record):
     role: str = Field(description="cause, or cascade when no cause was found in the logs.")
     location: str = Field(description="'file:line'.")
     rank: int | None = Field(None, description="Rank of that line, when known.")
+    host: str = Field("", description="Host that printed the line (syslog / NCCL prefix, or the file's name).")
     text: str = Field("", description="The line (cut at 400 characters).")
     details: dict[str, str] = Field(default_factory=dict, description="Values parsed from it.")
     action: Action = Field("none", description=ACTION_FIELD)
@@ -82,6 +85,10 @@ class LogTriageResult(Result):
     ranks_seen: str = Field("", description="Ranks that appear in rank labels, as ranges.")
     seconds: float = Field(0.0, description="Wall time of the scan (s).")
     action: Action = Field("none", description="The strongest action any signature calls for. " + ACTION_FIELD)
+    culprit_kind: CulpritKind | None = Field(None, description=CULPRIT_KIND_FIELD)
+    culprit: Culprit | None = Field(None, description="The culprit the first failure names, and how to name it.")
+    action_on: list[str] = Field(default_factory=list, description=(
+        "Hosts the strongest action applies to (the hosts of the lines that call for it), when the logs name them."))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -107,7 +114,8 @@ def _pick_first_failure(tallies: list[Tally]) -> Hit | None:
             if first.order in weak and later.file == first.file and 0 < later.line_no - first.line_no <= 3:
                 return later
         return first
-    cascades = [t.first for t in errors if t.first]
+    # a generic echo (SIGABRT after the watchdog) says less than the timeout it echoes
+    cascades = [t.first for t in errors if t.first and not t.sig.weak] or [t.first for t in errors if t.first]
     return _chronological(cascades)[0] if cascades else None
 
 
@@ -118,12 +126,16 @@ def _where(hit: Hit) -> str:
 def _summarise(state: ScanState, scanned: list[str], skipped: list[str], max_signatures: int,
                seconds: float) -> LogTriageResult:
     tallies = list(state.tallies.values())
-    first = _pick_first_failure(tallies)
-    first_tally = state.tallies[next(t.sig.id for t in tallies if first in (t.first, t.first_cause))] if first else None
+    first, crash = weigh(tallies, _pick_first_failure(tallies))
+    first_tally = tally_of(tallies, first) if first else None
+    culprit = culprit_of(state, first_tally, first) if first else None
+    first_action = window_action(tallies, first_tally, first, crash) if first else "none"
     ordered = sorted(tallies, key=lambda t: (t is not first_tally, t.sig.severity != "error", t.first.order))
     shown = ordered[:max_signatures]
     by_rank = _by_rank(state)
-    findings, suspects, quiet = _findings(state, first, first_tally, shown, by_rank)
+    findings, suspects, quiet = _findings(state, first, first_tally, shown, by_rank, culprit, first_action)
+    if first is not None and crash is not None and first.ts is not None and first_tally.sig.category == "gpu_hardware":
+        findings.insert(1, coincidence(first, crash))
     findings.append(f"Read {len(scanned)} file(s), {state.bytes / (1 << 20):.1f} MiB, {state.lines} lines in "
                     f"{seconds:.1f} s.")
     if not tallies:
@@ -131,39 +143,63 @@ def _summarise(state: ScanState, scanned: list[str], skipped: list[str], max_sig
                         f"No known failure signature in {state.lines} lines. If the job hangs without an error, "
                         "dump the stacks of the live ranks (hang_stack_dump).")
     severities = {t.sig.severity for t in tallies}
+    worst = worst_action([_tally_action(t) for t in tallies])
     verdict = "fail" if "error" in severities else "warn" if severities or quiet else (
         "info" if state.lines == 0 else "ok")
+    stacks = state.pyspy_threads and "error" not in severities
+    if stacks:
+        findings.insert(0, f"These are saved py-spy dumps ({state.pyspy_threads} thread stacks), not a log: "
+                           "hang_stack_dump reads them (dump_paths / dump_text), groups identical stacks and names "
+                           "the odd ranks.")
+        verdict = "info"
     hits = [_hit_model(t) for t in shown]
     return LogTriageResult(
-        verdict=verdict, findings=findings, next=_next_steps(first_tally, shown)[:6],
+        verdict=verdict, findings=findings,
+        next=["hang_stack_dump"] if stacks else _next_steps(first_tally, shown)[:6],
         first_failure=FirstFailure(signature=first_tally.sig.id, name=first_tally.sig.name, role=first.role,
-                                   location=_where(first), rank=first.rank, text=first.text,
+                                   location=_where(first), rank=first.rank, host=first.host or "", text=first.text,
                                    details={k: str(v) for k, v in first.details.items()},
-                                   action=first.details.get("action", first_tally.sig.action)) if first else None,
+                                   action=first_action) if first else None,
+        culprit=culprit, culprit_kind=culprit.kind if culprit else None,
         signatures=hits, signatures_omitted=len(ordered) - len(shown),
-        action=worst_action([_tally_action(t) for t in tallies]),
+        action=worst, action_on=sorted(set(_action_hosts(tallies, worst)) | (
+            {culprit.node} if culprit and culprit.node and first_action == worst != "none" else set())),
         files_scanned=scanned[:50], files_skipped=skipped[:50], lines_scanned=state.lines,
         bytes_scanned=state.bytes, ranks_seen=format_ranks(state.ranks_seen), seconds=round(seconds, 3),
         by_rank=by_rank, suspect_ranks=suspects[:64])
 
 
+def _headline(first: Hit, first_tally: Tally, culprit: Culprit | None, action: str, state: ScanState) -> str:
+    """The answer first: what failed, the culprit by kind and name, and the action on what."""
+    where = f" on {first.host}" if first.host and not culprit else ""
+    blame = f" Culprit ({culprit.kind}): {culprit.name}." if culprit else ""
+    target = (culprit.name if culprit.kind == "gpu" else culprit.node or culprit.name) if culprit else ""
+    act = f" Action: {action} on {target}." if action != "none" and culprit else (
+        f" Action: {action}." if action != "none" else "")
+    ib = f" {ib_sentence(state)}" if first_tally.sig.id in ("nccl_ib_completion_error", "nccl_ib_async_event") else ""
+    return (f"First failure: {first_tally.sig.name}{on_rank(first.rank)}{where} at {_where(first)}: "
+            f"{first.text[:240].rstrip('.')}.{blame}{act}{ib}")
+
+
 def _findings(state: ScanState, first: Hit | None, first_tally: Tally | None, shown: list[Tally],
-              by_rank: dict[str, str]) -> tuple[list[str], list[int], list[int]]:
+              by_rank: dict[str, str], culprit: Culprit | None = None,
+              action: str = "none") -> tuple[list[str], list[int], list[int]]:
     """The first failure and what it means, then per-signature and per-rank findings, then the other
     signatures. Returns (findings, suspect ranks, ranks that went quiet)."""
     findings: list[str] = []
     if first:
         sig = first_tally.sig
-        findings.append(f"First failure: {sig.name}{on_rank(first.rank)} at {_where(first)}: {first.text[:240]}")
+        findings.append(_headline(first, first_tally, culprit, action, state))
         if first.role == "cascade":
             findings.append("No root cause line in these logs, only consequences: add the logs of every rank "
                             "(and the kernel log for XIDs / OOM kills) or dump stacks of a live job.")
         findings.append(sig.meaning)
     for tally in shown:
         findings.extend(special_findings(tally))
-    suspects, silent_findings = silent_ranks(state)
+    cause = first if first is not None and first.role == "cause" else None
+    suspects, silent_findings = silent_ranks(state, cause)
     findings.extend(silent_findings)
-    quiet, quiet_findings = quiet_ranks(state)
+    quiet, quiet_findings = quiet_ranks(state, cause)
     findings.extend(quiet_findings)
     if len(state.rank_first) > 1 and len(by_rank) > 1:
         names = {t.sig.id: t.sig.name for t in state.tallies.values()}
@@ -199,6 +235,15 @@ def _parse_ranges(text: str) -> list[int]:
         lo, _, hi = part.partition("-")
         out.extend(range(int(lo), int(hi or lo) + 1))
     return out
+
+
+def _action_hosts(tallies: list[Tally], action: str) -> list[str]:
+    """The hosts whose lines call for `action` (an Xid on node7 drains node7, not the job)."""
+    if action == "none":
+        return []
+    hosts = {h.host for t in tallies for h in (t.first, *t.evidence, *t.timed)
+             if h is not None and h.host and h.details.get("action", _tally_action(t)) == action}
+    return sorted(hosts)[:64]
 
 
 def _tally_action(t: Tally) -> str:

@@ -1,7 +1,7 @@
 """What log_triage says about a tally beyond its match: OOM fragmentation, watchdog SeqNum mismatches,
 torchrun's root cause, and the ranks that are silent or went quiet first while others timed out."""
 
-from .match import ScanState, Tally
+from .match import Hit, ScanState, Tally
 from .signatures import describe_exit
 from ..logscan import ranks_phrase
 
@@ -32,9 +32,15 @@ def _watchdog_findings(per_rank: dict) -> list[str]:
 TIMEOUT_SIGNATURES = ("nccl_watchdog_timeout", "gloo_timeout", "nccl_watchdog_work_state")
 
 
-def silent_ranks(state: ScanState) -> tuple[list[int], list[str]]:
-    """Ranks that timed out waiting vs ranks that said nothing: the silent ones are the suspects.
-    Returns (suspect ranks, findings)."""
+def stopped_by_launcher(state: ScanState) -> set[int]:
+    """Ranks torchrun ended with SIGTERM after another rank failed (exitcode -15 in its summary): bystanders."""
+    summary = state.tallies["torchrun_child_failed"].extra if "torchrun_child_failed" in state.tallies else {}
+    return {r for r, code in summary.get("failures", {}).items() if code in (-15, 143)}
+
+
+def silent_ranks(state: ScanState, cause: Hit | None = None) -> tuple[list[int], list[str]]:
+    """Ranks that timed out waiting vs ranks that said nothing: the silent ones are the suspects, unless a rank's own
+    failure (`cause`) already explains them and their launcher stopped them. Returns (suspect ranks, findings)."""
     tallies = state.tallies
     waiting = set().union(*(tallies[i].ranks for i in TIMEOUT_SIGNATURES if i in tallies))
     if not waiting:
@@ -47,6 +53,8 @@ def silent_ranks(state: ScanState) -> tuple[list[int], list[str]]:
     failed_themselves = set().union(*(t.ranks for t in tallies.values()
                                       if t.first_cause is not None and t.sig.severity == "error"))
     silent = sorted(known - waiting - failed_themselves)
+    if cause is not None and cause.rank is not None:
+        silent = sorted(set(silent) - stopped_by_launcher(state))
     if not silent:
         return [], []
     verb = "reports" if len(silent) == 1 else "report"
@@ -64,15 +72,24 @@ def _clock(ts: tuple) -> str:
     return f"{secs // 3600:02d}:{secs // 60 % 60:02d}:{secs % 60:02d}"
 
 
-def quiet_ranks(state: ScanState) -> tuple[list[int], list[str]]:
-    """A minority of ranks whose output stops well before the others': where a hang usually starts."""
+def _seconds(ts: tuple) -> float:
+    return ts[0] * 31 * 86400 + ts[1] * 86400 + ts[2]
+
+
+def quiet_ranks(state: ScanState, cause: Hit | None = None) -> tuple[list[int], list[str]]:
+    """A minority of ranks whose output stops well before the others': where a hang usually starts. Not when a
+    rank's own failure (`cause`) came first: ranks that stop with it or after were stopped by it (torchrun
+    SIGTERMs a failed rank's siblings), and ranks torchrun stopped are bystanders."""
     last = state.rank_last_ts
     if len(last) < 2:
         return [], []
     latest = max(last.values())
     seconds = {r: (latest[0] - ts[0]) * 31 * 86400 + (latest[1] - ts[1]) * 86400 + latest[2] - ts[2]
                for r, ts in last.items()}
-    quiet = sorted(r for r, gap in seconds.items() if gap > QUIET_GAP_S)
+    echoes = stopped_by_launcher(state)
+    if cause is not None and cause.rank is not None and cause.ts is not None:
+        echoes |= {r for r, ts in last.items() if _seconds(ts) >= _seconds(cause.ts) - QUIET_GAP_S}
+    quiet = sorted(r for r, gap in seconds.items() if gap > QUIET_GAP_S and r not in echoes)
     if not quiet or len(quiet) * 2 >= len(last):
         return [], []
     first = min(quiet, key=lambda r: last[r])
@@ -123,14 +140,16 @@ def special_findings(tally: Tally) -> list[str]:
                 "LOCAL_RANK (torch.cuda.set_device) or give each task its own CUDA_VISIBLE_DEVICES.")]
     if sig_id == "xid":
         cause = f" (caused by {d['caused_by']}: act on that one)" if "caused_by" in d else ""
-        return [f"XID {d['xid']} on GPU at PCI {d['pci']}{cause}: {d.get('xid_meaning', 'see the XID table')} "
-                f"[action: {d.get('action', 'monitor')}]."]
+        host = f" on {first.host}" if first.host else ""
+        return [f"XID {d['xid']}{host} on GPU at PCI {d['pci']}{cause}: {d.get('xid_meaning', 'see the XID table')} "
+                f"[action: {d.get('action', 'monitor')}{host}]."]
+    host = f" on {first.host}" if first.host else ""
     if sig_id == "nvswitch_sxid":
-        return [f"NVSwitch {d['switch']} SXid {d['sxid']} ({d.get('fatal') or 'severity not printed'}): "
-                f"{d.get('sxid_meaning', '')} [action: {d.get('action', 'monitor')}]."]
+        return [f"NVSwitch {d['switch']}{host} SXid {d['sxid']} ({d.get('fatal') or 'severity not printed'}): "
+                f"{d.get('sxid_meaning', '')} [action: {d.get('action', 'monitor')}{host}]."]
     if sig_id == "gpu_lost_multiline":
-        return [f"GPU {d['pci']}: {d.get('state', '')} (the driver's multi-line message; Xid 79 class) "
-                f"[action: {d.get('action', 'drain_node')}]."]
+        return [f"GPU {d['pci']}{host}: {d.get('state', '')} (the driver's multi-line message; Xid 79 class) "
+                f"[action: {d.get('action', 'drain_node')}{host}]."]
     if sig_id == "nccl_ib_completion_error" and "likely" in d:
         vendor = f", vendor err {d['vendor']} ({d['vendor_hex']})" if "vendor" in d else ""
         return [f"IB completion status {d['status']}{vendor}: {d['likely']} [action: {d.get('action', 'monitor')}]."]

@@ -13,10 +13,14 @@ from ..actions import worst_action
 from ...engine.redact import redact
 from .signatures import MAX_RANKS_TRACKED, POST, Signature, gates_for, load_signatures
 from ..safe_read import read_head
+from ..log_hosts import gpu_identities, host_addresses, host_of_path, line_host
 from ..logscan import MAX_MATCH_CHARS, iter_text_blocks, line_ranges, line_rank, timestamp_near
 
 MAX_LINE_CHARS = 400           # evidence lines are cut to this
 PARALLEL_MIN_BYTES = 96 << 20   # plain files at least this large are split across worker processes
+MAX_TIMED_HITS = 256           # per signature: cause lines kept with their time stamp, to weigh against the crash
+# Events judged by when they happened, not by being first: a GPU or a port that failed at the second a rank died.
+TIMED_CATEGORIES = ("gpu_hardware", "network", "host_memory")
 
 
 @dataclass
@@ -29,6 +33,7 @@ class Hit:
     role: str
     order: int            # global scan order, for ties and logs without time stamps
     ts: tuple | None = None
+    host: str | None = None   # the host the line says it came from (syslog / NCCL prefix, or the file's name)
 
 
 @dataclass
@@ -40,6 +45,8 @@ class Tally:
     evidence: list[Hit] = field(default_factory=list)
     ranks: set = field(default_factory=set)
     extra: dict = field(default_factory=dict)   # per-signature aggregates (watchdog per rank, loss scale)
+    timed: list[Hit] = field(default_factory=list)  # cause lines with time stamps (TIMED_CATEGORIES only)
+    hosts: set = field(default_factory=set)         # hosts whose lines match
 
 
 @dataclass
@@ -54,8 +61,13 @@ class ScanState:
     lines: int = 0
     bytes: int = 0
     hits: int = 0
+    gpu_ids: dict = field(default_factory=dict)      # (host, PCI bus as printed) -> (GPU UUID, board serial)
+    addresses: dict = field(default_factory=dict)    # IPv4 address -> host (from NCCL's own lines)
+    pyspy_threads: int = 0                            # py-spy dump thread headers: saved stacks, not a log
 
 
+_PYSPY_THREAD = re.compile(r'^Thread (?:0x[0-9A-Fa-f]+|\d+) \((?:idle|active)[^)]*\)|^\s*"os_thread_id": \d+,$',
+                           re.MULTILINE)
 _LABELS = re.compile(r"^(\[(?:rank|default)\d+\]:|\d{1,6}: |\[\d+,\d+\]<std(?:out|err)>:)", re.MULTILINE)
 _LABELS_NO_SRUN = re.compile(r"^(\[(?:rank|default)\d+\]:|\[\d+,\d+\]<std(?:out|err)>:)", re.MULTILINE)
 
@@ -75,6 +87,16 @@ def _track_ranks(block: str, srun: bool, state: ScanState) -> None:
         ts = timestamp_near(block, pos, max_lines=3)
         if ts is not None and ts >= state.rank_last_ts.get(rank, ts):
             state.rank_last_ts[rank] = ts
+
+
+def _track_identities(block: str, label: str, state: ScanState) -> None:
+    """GPU serials per (host, bus) and NCCL's address -> host map: what names a culprit beyond its line."""
+    for bus, ident in gpu_identities(block).items():
+        if len(state.gpu_ids) < 4096:
+            state.gpu_ids[(host_of_path(label), bus)] = ident
+    for address, host in host_addresses(block).items():
+        if len(state.addresses) < 4096:
+            state.addresses.setdefault(address, host)
 
 
 def new_state(evidence_lines: int) -> ScanState:
@@ -116,6 +138,9 @@ def scan_block(block: str, base_line: int, label: str, file_rank: int | None, st
     nlines = block.count("\n") + (0 if block.endswith("\n") else 1)
     if len(state.ranks_seen) < MAX_RANKS_TRACKED:
         _track_ranks(block, srun, state)
+    _track_identities(block, label, state)
+    if "Thread " in block or "os_thread_id" in block:
+        state.pyspy_threads += len(_PYSPY_THREAD.findall(block))
     gate_at = _suspect_lines(block, block.lower(), state.gates)
     if not gate_at:
         return nlines
@@ -168,12 +193,18 @@ def _record(state: ScanState, sig: Signature, m: re.Match, line: str, line_no: i
         state.rank_first.setdefault(rank, sig.id)
     # Secrets leave no reader: the line and what was captured from it are redacted here, once.
     details = {k: redact(v) if isinstance(v, str) else v for k, v in details.items()}
-    hit = Hit(label, line_no, rank, redact(line[:MAX_LINE_CHARS]), details, role, state.hits)
+    hit = Hit(label, line_no, rank, redact(line[:MAX_LINE_CHARS]), details, role, state.hits,
+              host=line_host(line) or details.get("host") or host_of_path(label))
     tally.count += 1
     if rank is not None and len(tally.ranks) < MAX_RANKS_TRACKED:
         tally.ranks.add(rank)
-    if tally.first is None or (role == "cause" and tally.first_cause is None):
+    if hit.host and len(tally.hosts) < 1024:
+        tally.hosts.add(hit.host)
+    timed = role == "cause" and sig.category in TIMED_CATEGORIES and len(tally.timed) < MAX_TIMED_HITS
+    if timed or tally.first is None or (role == "cause" and tally.first_cause is None):
         hit.ts = timestamp_near(block, line_start)
+    if timed:
+        tally.timed.append(hit)
     if tally.first is None:
         tally.first = hit
     if role == "cause" and tally.first_cause is None:
@@ -225,10 +256,11 @@ def merge(into: ScanState, part: ScanState, line_offset: int) -> None:
     """Fold a later part of the same scan into `into`: its hits come after everything already there."""
     order_offset = into.hits
     for tally in part.tallies.values():
-        for hit in {id(h): h for h in (tally.first, tally.first_cause, *tally.evidence) if h}.values():
+        for hit in {id(h): h for h in (tally.first, tally.first_cause, *tally.evidence, *tally.timed) if h}.values():
             hit.line_no += line_offset
             hit.order += order_offset
     into.hits += part.hits
+    into.pyspy_threads += part.pyspy_threads
     into.lines += part.lines
     into.bytes += part.bytes
     if len(into.ranks_seen) < MAX_RANKS_TRACKED:
@@ -237,6 +269,10 @@ def merge(into: ScanState, part: ScanState, line_offset: int) -> None:
         into.rank_last_ts[rank] = max(ts, into.rank_last_ts.get(rank, ts))
     for rank, sig_id in part.rank_first.items():
         into.rank_first.setdefault(rank, sig_id)
+    for key, value in part.gpu_ids.items():
+        into.gpu_ids.setdefault(key, value)
+    for key, value in part.addresses.items():
+        into.addresses.setdefault(key, value)
     for sig_id, t in part.tallies.items():
         cur = into.tallies.get(sig_id)
         if cur is None:
@@ -244,6 +280,8 @@ def merge(into: ScanState, part: ScanState, line_offset: int) -> None:
             continue
         cur.count += t.count
         cur.ranks |= t.ranks
+        cur.hosts |= t.hosts
+        cur.timed += t.timed[:max(0, MAX_TIMED_HITS - len(cur.timed))]
         cur.first = cur.first or t.first
         cur.first_cause = cur.first_cause or t.first_cause
         room = into.evidence_lines - len(cur.evidence)

@@ -184,10 +184,19 @@ def _post_root_cause(details, extra, rank, line, after):
     return "cause" if code in SILENT_DEATHS else None
 
 
+_WATCHDOG_WORDS = ("watchdog caught", "watchdog thread terminated", "collective operation timeout")
+
+
 def _post_terminate(details, extra, rank, line, after):
+    """A C++ exception that ended the process; the watchdog's own (DistBackendError after a collective timed out)
+    is the echo of a rank that did not arrive, not a failure of this one."""
     what = next((ln.strip() for ln in after(2) if "what()" in ln), None)
     if what:
         details["what"] = what[:300]
+    if "DistBackendError" in details.get("exception", "") or any(w in (what or "").lower() for w in _WATCHDOG_WORDS):
+        details["after"] = "a watchdog timeout: this rank was waiting, not failing"
+        return "cascade"
+    return None
 
 
 def _note_action(details, extra, action: str) -> None:
