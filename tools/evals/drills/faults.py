@@ -16,6 +16,7 @@ import shlex
 import signal
 import sys
 import time
+from pathlib import Path
 
 from ...engine.data import PACKAGE_DIR
 from ...engine.home import private_dir, write_private
@@ -84,13 +85,16 @@ def apply(fault, state: DrillState, scenario: Scenario) -> None:
 def copy_fixtures(fault: Fixture) -> None:
     """The fixture files into the drill's work folder, each a new 0600 file (fixtures are a few KB)."""
     for name in fault.files:
-        src = FIXTURES_DIR / name
-        if src.is_dir():
-            folder = private_dir("drill", "work", src.name)
-            for file in sorted(p for p in src.iterdir() if p.is_file()):
-                write_private(folder / file.name, file.read_bytes())
-        else:
-            write_private(private_dir("drill", "work") / src.name, src.read_bytes())
+        _copy_fixture(FIXTURES_DIR / name, ("drill", "work"))
+
+
+def _copy_fixture(src: Path, parts: tuple[str, ...]) -> None:
+    """A fixture file, or a folder with its subfolders (saved py-spy dumps: a folder per node)."""
+    if not src.is_dir():
+        write_private(private_dir(*parts) / src.name, src.read_bytes())
+        return
+    for child in sorted(src.iterdir()):
+        _copy_fixture(child, (*parts, src.name))
 
 
 def undo(step: Step, state: DrillState) -> list[str]:
