@@ -1,6 +1,6 @@
 """straggler_find — the rank that holds a RUNNING job back, its host and GPU, and why; the job untouched.
 
-For 10 s (longer while a rank leads unclearly, up to window_s: look.py) every rank's main-thread Python
+For 6 s (longer while a rank leads unclearly, up to window_s: look.py) every rank's main-thread Python
 stack is sampled with py-spy (5 Hz, never stopping the rank), each
 sample classed as waiting in a collective, loading data, copying to the device or computing; beside it
 each rank's CPU time, run-queue wait and cpu-cgroup throttling, each node's steal, load, memory
@@ -44,8 +44,8 @@ class StragglerFindParams(Params):
                                                     json_schema_extra=SELF_EVIDENT, description=(
         "Rank pids here."))
     window_s: float = Field(60.0, ge=5, le=120, description=(
-        "Most seconds to sample: answers after 10 s if ranks separate, else samples on to this."))
-    rate_hz: int = Field(5, ge=5, le=100, description="Samples/s per rank (~1 ms of node CPU each; not stopped).")
+        "Most seconds to sample: answers after 6 s if ranks separate, else samples on to this."))
+    rate_hz: int = Field(5, ge=5, le=100, description="Samples/s per rank (~1 ms of node CPU each; not stopped); x2 in longer looks.")
     log_paths: list[Annotated[str, Field(max_length=4096)]] = Field(default_factory=list, max_length=8, description=(
         "Job logs: last step-time lines quoted."))
 
@@ -81,16 +81,16 @@ def _local(spec: dict, progress) -> tuple[list[NodeReport], list[str]]:
     return [report], []
 
 
-def _spec(params: StragglerFindParams, window_s: float) -> dict:
+def _spec(params: StragglerFindParams, window_s: float, rate_hz: int) -> dict:
     return {"pids": params.pids, "launcher_pid": params.launcher_pid, "window_s": window_s,
-            "rate_hz": params.rate_hz, "max_ranks": 64}
+            "rate_hz": rate_hz, "max_ranks": 64}
 
 
 def _sampler(params: StragglerFindParams, progress):
-    """One look of `seconds` at the target: (node reports, problems)."""
+    """One look of `seconds` at `rate` samples/s at the target: (node reports, problems)."""
     if params.slurm_job_id:
-        return lambda seconds: sample_job(params.slurm_job_id, _spec(params, seconds), progress)
-    return lambda seconds: _local(_spec(params, seconds), progress)
+        return lambda seconds, rate: sample_job(params.slurm_job_id, _spec(params, seconds, rate), progress)
+    return lambda seconds, rate: _local(_spec(params, seconds, rate), progress)
 
 
 def _step_lines(paths: list[str]) -> list[str]:
@@ -126,7 +126,7 @@ def _check_inputs(params: StragglerFindParams) -> None:
 def run(params: StragglerFindParams, progress) -> StragglerFindResult:
     _check_inputs(params)
     result = StragglerFindResult(step_time_lines=_step_lines(params.log_paths))
-    looked = look(_sampler(params, progress), params.window_s, Rules.load(), progress)
+    looked = look(_sampler(params, progress), params.window_s, params.rate_hz, Rules.load(), progress)
     reports, problems = looked.reports, looked.problems
     result.window_s = sum(looked.looks_s)
     result.ranks = sorted((r for rep in reports for r in rep.ranks),
@@ -164,7 +164,7 @@ SPEC = ToolSpec(
     summary="Names the rank that slows a RUNNING job (rank -> host -> GPU serial), how much and why, from live samples.",
     description=(
         "For a job that is running but slow ('the job got slower', 'one rank is slow', 'MFU dropped mid-run'): "
-        "samples every rank's Python stack with py-spy (10 s, longer while a rank leads unclearly), plus CPU, cgroup, memory, "
+        "samples every rank's Python stack with py-spy (6 s, longer while a rank leads unclearly), plus CPU, cgroup, memory, "
         "network and NVML per node, without touching the job or its code. The rank that waits least while the "
         "others wait in collectives, or whose host starves it (throttling, run-queue wait), is the straggler; the answer names rank, host, GPU index and serial, how "
         "much the others wait on it, the reason (cpu, memory, data_loading, h2d, gpu, network) with evidence, "

@@ -148,8 +148,8 @@ def cpus_allowed(pid: int) -> frozenset[int] | None:
         return None
 
 
-def runnable_tasks() -> list[tuple[int, int, int]]:
-    """Every runnable thread on this node, as (process id, parent process id, CPU it is queued on)."""
+def runnable_tasks() -> list[tuple[int, int, int, str]]:
+    """Every runnable thread on this node, as (process id, parent process id, CPU it is queued on, command)."""
     found = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
@@ -159,11 +159,12 @@ def runnable_tasks() -> list[tuple[int, int, int]]:
         except OSError:
             continue
         for task in tasks:
-            text = read(task / "stat")
-            fields = text.rsplit(")", 1)[1].split() if text else []
+            text = read(task / "stat") or ""
+            head, _, tail = text.rpartition(")")
+            fields = tail.split()
             # fields[0] is the state (field 3 of stat), fields[1] the parent, fields[36] the CPU last run on
             if len(fields) > 36 and fields[0] == "R":
-                found.append((int(proc.name), int(fields[1]), int(fields[36])))
+                found.append((int(proc.name), int(fields[1]), int(fields[36]), head.partition("(")[2]))
     return found
 
 
@@ -172,7 +173,7 @@ class RunnableWatch:
 
     A rank that shares its CPUs with busy processes waits on the run queue: the count says who it waits
     behind. Not counted: the job's ranks and their children (dataloader workers), this sampler and its
-    py-spy children. One scan of /proc costs ~1 ms per 100 threads, so it runs a few times a window.
+    py-spy children (by name: a sampler run in-process, by hand, may have other children that do count). One scan of /proc costs ~1 ms per 100 threads, so it runs a few times a window.
     """
 
     def __init__(self, pids: list[int], interval_s: float):
@@ -199,8 +200,8 @@ class RunnableWatch:
             self.scan()
 
     def scan(self) -> None:
-        others = [(tgid, cpu) for tgid, ppid, cpu in runnable_tasks()
-                  if not ({tgid, ppid} & self.job) and self.ours not in (tgid, ppid)]
+        others = [(tgid, cpu) for tgid, ppid, cpu, command in runnable_tasks()
+                  if not ({tgid, ppid} & self.job) and tgid != self.ours and not (ppid == self.ours and command == "py-spy")]
         for pid, cpus in self.allowed.items():
             if cpus is not None:
                 self.counts[pid].append(len({tgid for tgid, cpu in others if cpu in cpus}))
