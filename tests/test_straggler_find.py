@@ -22,7 +22,6 @@ from tools.shared import pyspy
 from tools.straggler_find.classify import stack_class
 from tools.straggler_find import flight
 from tools.straggler_find.judge import Rules, judge
-from tools.straggler_find.look import look
 from tools.straggler_find.models import FlightRank, GpuSample, NodeReport, NodeSample, RankSample
 from tools.straggler_find.node import parse_raw
 
@@ -259,6 +258,7 @@ def test_cpu_contention_is_the_reason_and_no_gpu_is_blamed_on_a_cpu_job():
 
 
 def test_a_rank_that_leads_unclearly_is_sampled_longer_then_named():
+    from tools.straggler_find.look import look
     # Issue 35: a rank 15% slower was "no straggler" at 20 s and named at 60 s. The first look (6 s at 5 Hz: 30
     # samples a rank) leaves its lead short of the threshold (sampling error); a second look at twice the rate adds
     # 60 samples, and the merged 90 name it.
@@ -277,7 +277,7 @@ def test_a_rank_that_leads_unclearly_is_sampled_longer_then_named():
 
     done = look(sampler(0.40), 60, 5, Rules.load())
     assert looks == [(6, 5), (6, 10)] and [s.rank for s in done.verdict.stragglers] == [3], done.verdict.findings
-    assert "Sampled 12 s in 2 looks (6 + 6 s, bound 60 s)" in done.sentence(60)
+    assert "Sampled 12 s in 2 looks (6 + 6 s, bound 60 s; " in done.sentence(60) and "stood out" in done.sentence(60)
     assert sum(r.samples for r in done.reports[3].ranks) == 90      # both looks' samples judged together
     looks.clear()
     healthy = look(sampler(0.61), 60, 5, Rules.load())

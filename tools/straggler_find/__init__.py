@@ -154,7 +154,8 @@ def _fill(result: StragglerFindResult, v: Judgement, problems: list[str]) -> Non
     if unsampled:
         result.findings.append(f"{len(unsampled)} rank(s) not sampled; first: rank {unsampled[0].rank} on "
                                f"{unsampled[0].host}: {unsampled[0].error}")
-    result.verdict = "warn" if v.stragglers else ("info" if v.inconclusive or v.spread is None or unsampled else "ok")
+    unsure = v.inconclusive or v.unsettled or v.spread is None or unsampled      # unsettled: a lead short of the margin
+    result.verdict = "warn" if v.stragglers else ("info" if unsure else "ok")
     result.next = sorted({n for s in v.stragglers for n in next_tools(s)}) + [
         "knowledge://debugging/stragglers.md"]
 

@@ -29,13 +29,14 @@ class Looked:
     looks_s: list[float] = field(default_factory=list)     # each look's length, s
 
     def sentence(self, bound_s: float) -> str:
-        total = sum(self.looks_s)
+        """How long it sampled and why it stopped there (the answer states it)."""
+        total, v = sum(self.looks_s), self.verdict
+        why = ("still unsettled at the bound: the answer above is what the samples so far support" if v.unsettled
+               else "a straggler stood out" if v.stragglers else "no rank led the others")
         if len(self.looks_s) == 1:
-            return f"Sampled {total:.0f} s in one look (bound {bound_s:.0f} s): the ranks separated, or the bound was reached."
-        why = ("still unsettled at the bound" if self.verdict.unsettled else "settled")
+            return f"Sampled {total:.0f} s in one look (bound {bound_s:.0f} s): {why}."
         return (f"Sampled {total:.0f} s in {len(self.looks_s)} looks ({' + '.join(f'{s:.0f}' for s in self.looks_s)} s, "
-                f"bound {bound_s:.0f} s): a rank led unclearly or the ranks scattered after {self.looks_s[0]:.0f} s; "
-                f"{why}.")
+                f"bound {bound_s:.0f} s; a rank led unclearly or the ranks scattered after {self.looks_s[0]:.0f} s): {why}.")
 
 
 def plan(bound_s: float, sampled_s: float) -> float:
