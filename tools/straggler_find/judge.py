@@ -196,8 +196,8 @@ def _named(r: RankSample, ranks: list[RankSample], node: NodeSample | None, gpus
         s.evidence += [c.evidence for c in causes]
         if s.others_wait_fraction < 0.1:         # its stacks do not set it apart: say why that does not clear it
             s.others_wait_fraction, s.work_ratio = round(others_wait, 3), None
-            s.evidence.append("its stacks look like the others' because gloo spins on the CPU inside a collective: "
-                              "a starved rank reads as waiting")
+            s.evidence.append("its stacks look like the others': a rank starved of CPU still reads as waiting inside "
+                              "collectives (gloo spins on the CPU there)")
         return s
     s.reason = _reason(r, _others(ranks, r), node, gpus, rules, s.evidence)
     return s
