@@ -1,12 +1,15 @@
 """straggler_find — the rank that holds a RUNNING job back, its host and GPU, and why; the job untouched.
 
-For a window (default 20 s) every rank's main-thread Python stack is sampled with py-spy (5 Hz, never stopping the rank), each
+For 6 s (longer while a rank leads unclearly, up to window_s: look.py) every rank's main-thread Python
+stack is sampled with py-spy (5 Hz, never stopping the rank), each
 sample classed as waiting in a collective, loading data, copying to the device or computing; beside it
 each rank's CPU time, run-queue wait and cpu-cgroup throttling, each node's steal, load, memory
 pressure, TCP retransmits and shaped links, each GPU through NVML (clocks, power, heat, utilisation,
 clock-event reasons, who holds it) and NCCL RAS where `ncclras` runs. In synchronous data parallel
 every rank runs at the pace of the slowest: the straggler is the rank that waits least while the others
-wait in collectives (the rule and its margins: judge.py, knowledge/data/straggler_rules.toml).
+wait in collectives, or whose host starves it far more than its peers' (throttled, run-queue wait, steal,
+memory pressure: host_causes.py) whatever its stacks say (the rules and margins: judge.py,
+knowledge/data/straggler_rules.toml).
 Bounds: window 5-120 s, at most 64 ranks per node and 64 nodes (SLURM), 64 pids.
 
 By hand (as the job's user or root; needs py-spy):
@@ -22,8 +25,9 @@ from typing import Annotated
 
 from pydantic import model_validator
 
-from .answer import REASON_TOOLS, findings, next_steps
-from .judge import Judgement, Rules, judge
+from .answer import findings, next_steps, next_tools
+from .judge import Judgement, Rules
+from .look import look
 from .models import GpuSample, NodeReport, NodeSample, RankSample, Straggler
 from .slurm_job import node_line, sample_job
 from ..engine.spec import SELF_EVIDENT, Field, Params, Result, ToolFailure, ToolSpec
@@ -39,9 +43,9 @@ class StragglerFindParams(Params):
     pids: list[Annotated[int, Field(ge=1)]] = Field(default_factory=list, max_length=MAX_PIDS,
                                                     json_schema_extra=SELF_EVIDENT, description=(
         "Rank pids here."))
-    window_s: float = Field(20.0, ge=5, le=120, description=(
-        "Longer separates a small straggler from noise."))
-    rate_hz: int = Field(5, ge=5, le=100, description="Samples/s per rank (~1 ms of node CPU each; not stopped).")
+    window_s: float = Field(60.0, ge=5, le=120, description=(
+        "Most seconds to sample: answers after 6 s if ranks separate, else samples on to this."))
+    rate_hz: int = Field(5, ge=5, le=100, description="Samples/s per rank (~1 ms of node CPU each; not stopped); x2 in longer looks.")
     log_paths: list[Annotated[str, Field(max_length=4096)]] = Field(default_factory=list, max_length=8, description=(
         "Job logs: last step-time lines quoted."))
 
@@ -65,21 +69,28 @@ class StragglerFindResult(Result):
         "Relative spread of the healthy ranks' own-work shares (scaled MAD / median), %."))
     threshold_pct: float | None = Field(None, description="How far above the others' median a rank must be, %.")
     step_time_lines: list[str] = Field(default_factory=list, description="Last step-time lines of log_paths.")
-    window_s: float = Field(0.0, description="Seconds sampled.")
+    window_s: float = Field(0.0, description="Seconds sampled (looks added up).")
 
 
-def _local(params: StragglerFindParams, progress) -> tuple[list[NodeReport], list[str]]:
+def _local(spec: dict, progress) -> tuple[list[NodeReport], list[str]]:
     from .node import sample_node
 
-    progress(0.05, f"sampling this node's ranks for {params.window_s:.0f} s")
-    report = sample_node(_spec(params))
+    progress(0.05, f"sampling this node's ranks for {spec['window_s']:.0f} s")
+    report = sample_node(spec)
     progress(0.9, f"{report.host}: {node_line(report)}")
     return [report], []
 
 
-def _spec(params: StragglerFindParams) -> dict:
-    return {"pids": params.pids, "launcher_pid": params.launcher_pid, "window_s": params.window_s,
-            "rate_hz": params.rate_hz, "max_ranks": 64}
+def _spec(params: StragglerFindParams, window_s: float, rate_hz: int) -> dict:
+    return {"pids": params.pids, "launcher_pid": params.launcher_pid, "window_s": window_s,
+            "rate_hz": rate_hz, "max_ranks": 64}
+
+
+def _sampler(params: StragglerFindParams, progress):
+    """One look of `seconds` at `rate` samples/s at the target: (node reports, problems)."""
+    if params.slurm_job_id:
+        return lambda seconds, rate: sample_job(params.slurm_job_id, _spec(params, seconds, rate), progress)
+    return lambda seconds, rate: _local(_spec(params, seconds, rate), progress)
 
 
 def _step_lines(paths: list[str]) -> list[str]:
@@ -114,11 +125,10 @@ def _check_inputs(params: StragglerFindParams) -> None:
 
 def run(params: StragglerFindParams, progress) -> StragglerFindResult:
     _check_inputs(params)
-    result = StragglerFindResult(window_s=params.window_s, step_time_lines=_step_lines(params.log_paths))
-    if params.slurm_job_id:
-        reports, problems = sample_job(params.slurm_job_id, _spec(params), progress)
-    else:
-        reports, problems = _local(params, progress)
+    result = StragglerFindResult(step_time_lines=_step_lines(params.log_paths))
+    looked = look(_sampler(params, progress), params.window_s, params.rate_hz, Rules.load(), progress)
+    reports, problems = looked.reports, looked.problems
+    result.window_s = sum(looked.looks_s)
     result.ranks = sorted((r for rep in reports for r in rep.ranks),
                           key=lambda r: (r.rank if r.rank is not None else 1 << 30, r.host, r.pid))
     result.nodes = [rep.node for rep in reports]
@@ -126,8 +136,7 @@ def run(params: StragglerFindParams, progress) -> StragglerFindResult:
     if not result.ranks:
         raise ToolFailure("no rank process found to sample: " + "; ".join(
             [e for n in result.nodes for e in n.errors] + problems)[:1200])
-    verdict = judge(reports, Rules.load())
-    _fill(result, verdict, problems)
+    _fill(result, looked.verdict, problems + [looked.sentence(params.window_s)])
     progress(1.0, "done")
     return result
 
@@ -145,8 +154,9 @@ def _fill(result: StragglerFindResult, v: Judgement, problems: list[str]) -> Non
     if unsampled:
         result.findings.append(f"{len(unsampled)} rank(s) not sampled; first: rank {unsampled[0].rank} on "
                                f"{unsampled[0].host}: {unsampled[0].error}")
-    result.verdict = "warn" if v.stragglers else ("info" if v.inconclusive or v.spread is None or unsampled else "ok")
-    result.next = sorted({n for s in v.stragglers for n in REASON_TOOLS.get(s.reason, ())}) + [
+    unsure = v.inconclusive or v.unsettled or v.spread is None or unsampled      # unsettled: a lead short of the margin
+    result.verdict = "warn" if v.stragglers else ("info" if unsure else "ok")
+    result.next = sorted({n for s in v.stragglers for n in next_tools(s)}) + [
         "knowledge://debugging/stragglers.md"]
 
 
@@ -155,9 +165,9 @@ SPEC = ToolSpec(
     summary="Names the rank that slows a RUNNING job (rank -> host -> GPU serial), how much and why, from live samples.",
     description=(
         "For a job that is running but slow ('the job got slower', 'one rank is slow', 'MFU dropped mid-run'): "
-        "samples every rank's Python stack with py-spy for a window (default 20 s), plus CPU, cgroup, memory, "
+        "samples every rank's Python stack with py-spy (6 s, longer while a rank leads unclearly), plus CPU, cgroup, memory, "
         "network and NVML per node, without touching the job or its code. The rank that waits least while the "
-        "others wait in collectives is the straggler; the answer names rank, host, GPU index and serial, how "
+        "others wait in collectives, or whose host starves it (throttling, run-queue wait), is the straggler; the answer names rank, host, GPU index and serial, how "
         "much the others wait on it, the reason (cpu, memory, data_loading, h2d, gpu, network) with evidence, "
         "and the next step; or 'no straggler' with the measured spread. Targets: a SLURM job id (every node "
         "via srun --overlap), a torchrun pid, or pids on this node. Needs py-spy and ptrace rights. Not for a "

@@ -12,6 +12,11 @@ REASON_TOOLS = {"gpu": ("gpu_health",), "network": ("collective_bench",), "unkno
                 "data_loading": ("storage_bench",)}
 
 
+def next_tools(s: Straggler) -> tuple[str, ...]:
+    """The tools to call next for a straggler; no GPU tool for a rank that holds no GPU."""
+    return tuple(t for t in REASON_TOOLS.get(s.reason, ()) if t != "gpu_health" or s.gpu_index is not None)
+
+
 def _where(s: Straggler) -> str:
     gpu = f", GPU {s.gpu_index} (serial {s.gpu_serial or '?'})" if s.gpu_index is not None else ""
     return f"rank {s.rank if s.rank is not None else '?'} on {s.host} (pid {s.pid}{gpu})"
@@ -53,6 +58,7 @@ def next_steps(s: Straggler) -> list[str]:
         "h2d": ["pin the batches (pin_memory=True) and copy with non_blocking=True; check the GPU's PCIe link (gpu_topology)"],
         "gpu": [f"gpu_health on {s.host} (GPU {s.gpu_index})", drain],
         "network": [f"collective_bench pairwise between {s.host} and a healthy node", "nccl_log_analyze on the job's log", drain],
-        "unknown": [f"gpu_health on {s.host}", "hang_stack_dump with native=true on that rank for C++ frames"],
+        "unknown": ([f"gpu_health on {s.host}"] if s.gpu_index is not None else []) + [
+            "hang_stack_dump with native=true on that rank for C++ frames"],
     }
     return steps.get(s.reason, [])

@@ -15,6 +15,7 @@ import math
 import statistics
 from dataclasses import dataclass, field
 
+from .host_causes import HostCause, cpu_starved, host_causes
 from .flight import evidence as fr_evidence, finding as fr_finding, line_up as fr_line_up
 from .models import GpuSample, NodeReport, NodeSample, RankSample, Straggler
 from ..engine.data import load_data
@@ -43,6 +44,8 @@ class Judgement:
     spread: float | None = None
     threshold: float | None = None
     inconclusive: bool = False
+    leading: list[str] = field(default_factory=list)     # ranks ahead of the others, short of being named
+    unsettled: bool = False                              # nobody named, but a longer look may tell (look.py)
 
 
 def _wait(r: RankSample) -> float:
@@ -75,7 +78,8 @@ def _stands_out(r: RankSample, ranks: list[RankSample], rules: Rules) -> tuple[f
 
 
 def _in_every_part(r: RankSample, ranks: list[RankSample], rules: Rules) -> bool:
-    """Whether r stands out in each consecutive part of the window too (a steady straggler, not a blip)."""
+    """Whether r leads in each consecutive part of the window too (a steady straggler, not a blip): by half the
+    threshold in each third, as a third holds a third of the samples (the whole window must pass it all)."""
     for i, mine in enumerate(r.part_fractions):
         others = [o for o in _others(ranks, r) if len(o.part_fractions) > i]
         if not others:
@@ -86,7 +90,7 @@ def _in_every_part(r: RankSample, ranks: list[RankSample], rules: Rules) -> bool
         spread = max(relative_spread(shares), _sampling_error(ref, samples))
         waiting = statistics.median(o.part_fractions[i].get("collective", 0) for o in others)
         short = deficit(mine.get("collective", 0), ref, "higher") if ref > 0 else 0.0
-        if waiting < rules.min_others_wait or short <= threshold(rules.share, spread):
+        if waiting < rules.min_others_wait or short <= threshold(rules.share, spread) / 2:
             return False
     return True
 
@@ -98,6 +102,7 @@ def judge(reports: list[NodeReport], rules: Rules) -> Judgement:
     out = Judgement()
     if len(ranks) >= 2:
         _compare(ranks, nodes, gpus, rules, out)
+        out.findings[:0] = out.leading
     shared = [g for g in gpus if g.job_pids and g.other_holders]
     for g in shared:
         if not any(s.gpu_serial == g.serial and s.host == g.host for s in out.stragglers):
@@ -123,38 +128,78 @@ def _flight_recorder(reports: list[NodeReport], out: Judgement) -> None:
     out.findings += fr_finding(lined, dumps)
 
 
+def _others_wait(r: RankSample, ranks: list[RankSample]) -> float:
+    return statistics.median(_wait(o) for o in _others(ranks, r))
+
+
 def _compare(ranks, nodes, gpus, rules: Rules, out: Judgement) -> None:
     scored = [(r, *_stands_out(r, ranks, rules)) for r in ranks]
-    candidates = [(r, d) for r, d, thr, _ in scored if d > thr
-                  and statistics.median(o.fractions.get("collective", 0) for o in _others(ranks, r)) >= rules.min_others_wait]
-    healthy = [_wait(r) for r in ranks if r not in [c for c, _ in candidates]]
+    held = {id(r) for r in ranks if _others_wait(r, ranks) >= rules.min_others_wait}     # the others wait on someone
+    candidates = [(r, d) for r, d, thr, _ in scored if d > thr and id(r) in held]
+    caused = {id(r): c for r in ranks if (c := host_causes(r, ranks, nodes, rules.reason))}
+    _caused_not_held(ranks, caused, held, out)
+    caused = {k: c for k, c in caused.items() if k in held}
+    healthy = [_wait(r) for r in ranks if r not in [c for c, _ in candidates] and id(r) not in caused]
     out.spread = relative_spread(healthy)
     out.threshold = threshold(rules.share, out.spread)
+    # A hard cause on the host names its rank whatever the stacks say (host_causes.py), noise or not.
+    for r in (r for r in ranks if id(r) in caused):
+        out.stragglers.append(_named(r, ranks, nodes.get(r.host), gpus, rules, caused[id(r)]))
     if is_inconclusive(healthy, rules.share):
-        out.inconclusive = True
+        out.inconclusive = not out.stragglers
+        out.unsettled = not out.stragglers
         return
-    if candidates and len(candidates) <= len(ranks) // 2:
+    candidates = [(r, d) for r, d in candidates if id(r) not in caused]
+    if candidates and len(candidates) + len(caused) <= len(ranks) // 2:
         steady = [(r, d) for r, d in candidates if _in_every_part(r, ranks, rules)]
         for r, _ in sorted(steady, key=lambda c: -c[1]):
             out.stragglers.append(_named(r, ranks, nodes.get(r.host), gpus, rules))
-        for r, _ in (c for c in candidates if c not in steady):
-            out.findings.append(f"Rank {r.rank} on {r.host} worked longer than the others over the window but not in "
-                                "every third of it: a passing slowdown (another process on the host, a burst of "
-                                "I/O), not named; sample again if it persists.")
+        for r, d in (c for c in candidates if c not in steady):
+            out.leading.append(f"Rank {r.rank} on {r.host} worked longer than the others over the window ({d:.0%} "
+                               "less waiting) but not in every third of it: a passing slowdown (another process on "
+                               "the host, a burst of I/O) or a small steady one; not named.")
+        out.unsettled = not out.stragglers and bool(out.leading)
         return
-    _network(ranks, nodes, rules, out)
+    if not out.stragglers:
+        _leads(scored, held, out)
+        _network(ranks, nodes, rules, out)
 
 
-def _named(r: RankSample, ranks: list[RankSample], node: NodeSample | None, gpus: list[GpuSample], rules: Rules) -> Straggler:
-    others = _others(ranks, r)
-    others_wait = statistics.median(o.fractions.get("collective", 0) for o in others)
+def _leads(scored, held: set[int], out: Judgement) -> None:
+    """Ranks ahead of the others by more than half the margin but not past it: worth a longer look."""
+    for r, d, thr, _ in sorted(scored, key=lambda x: -x[1]):
+        if id(r) in held and thr / 2 < d <= thr:
+            out.leading.append(f"Rank {r.rank} on {r.host} waits {d:.0%} less than the others, short of the "
+                               f"{thr:.0%} that names a straggler: not named.")
+    out.unsettled = bool(out.leading)
+
+
+def _caused_not_held(ranks, caused: dict, held: set[int], out: Judgement) -> None:
+    """A hard cause on a rank nobody waits for: said, not named (the rows show it; the headline must too)."""
+    for r in (r for r in ranks if id(r) in caused and id(r) not in held):
+        out.findings.append(f"Rank {r.rank} on {r.host}: {'; '.join(c.evidence for c in caused[id(r)])}; but the "
+                            f"others wait only {_others_wait(r, ranks):.0%} of the window in collectives: nobody is "
+                            "held back by it now.")
+
+
+def _named(r: RankSample, ranks: list[RankSample], node: NodeSample | None, gpus: list[GpuSample], rules: Rules,
+           causes: list[HostCause] = ()) -> Straggler:
+    others_wait = _others_wait(r, ranks)
     own = own_work(r)
     s = Straggler(rank=r.rank, host=r.host, pid=r.pid, gpu_index=r.gpu_index, gpu_serial=r.gpu_serial,
-                  others_wait_fraction=round(max(0.0, others_wait - r.fractions.get("collective", 0)), 3),
+                  others_wait_fraction=round(max(0.0, others_wait - _wait(r)), 3),
                   work_ratio=round(own / (1 - others_wait), 2) if others_wait < 1 else None)
     s.evidence.append(f"the other ranks wait {others_wait:.0%} of the window in collectives, it waits "
-                      f"{r.fractions.get('collective', 0):.0%} ({r.samples} samples)")
-    s.reason = _reason(r, others, node, gpus, rules, s.evidence)
+                      f"{_wait(r):.0%} ({r.samples} samples)")
+    if causes:
+        s.reason = causes[0].reason
+        s.evidence += [c.evidence for c in causes]
+        if s.others_wait_fraction < 0.1:         # its stacks do not set it apart: say why that does not clear it
+            s.others_wait_fraction, s.work_ratio = round(others_wait, 3), None
+            s.evidence.append("its stacks look like the others': a rank starved of CPU still reads as waiting inside "
+                              "collectives (gloo spins on the CPU there)")
+        return s
+    s.reason = _reason(r, _others(ranks, r), node, gpus, rules, s.evidence)
     return s
 
 
@@ -171,37 +216,19 @@ def _reason(r: RankSample, others, node: NodeSample | None, gpus, rules: Rules, 
             evidence.append(f"{mine:.0%} of its own work is {label} (others {theirs:.0%}), mostly at "
                             f"{r.top_frames.get(cls, '?')}")
             return name
-    if _cpu_starved(r, others, rules, evidence):
+    if cpu_starved(r, others, rules.reason, evidence):
         return "cpu"
     if node and node.psi_memory_some_pct is not None and node.psi_memory_some_pct >= rr["psi_memory_some_min_pct"]:
         evidence.append(f"memory pressure on {r.host}: some avg10 = {node.psi_memory_some_pct:.1f}%")
         return "memory"
     if _gpu_slow(r, gpus, rules, evidence):
         return "gpu"
+    # No GPU seen (a CPU-only job, or no NVML): nothing says a GPU is slower, so none is blamed.
+    suspects = "a slower GPU or kernel path, or more work on this rank" if gpus else (
+        "more work on this rank or a slower code path (no GPU seen on its node)")
     evidence.append(f"it computes ({r.fractions.get('compute', 0):.0%} of samples, mostly at "
-                    f"{r.top_frames.get('compute', '?')}) with no host cause seen: a slower GPU or kernel path, "
-                    "or more work on this rank")
+                    f"{r.top_frames.get('compute', '?')}) with no host cause seen: {suspects}")
     return "unknown"
-
-
-def _efficiency(r: RankSample) -> float | None:
-    busy = r.fractions.get("compute", 0) + r.fractions.get("data", 0) + r.fractions.get("h2d", 0)
-    return r.cpu_fraction / busy if r.cpu_fraction is not None and busy > 0.05 else None
-
-
-def _cpu_starved(r: RankSample, others, rules: Rules, evidence: list[str]) -> bool:
-    rr = rules.reason
-    if r.cgroup_throttled_fraction is not None and r.cgroup_throttled_fraction >= rr["throttled_periods_min"]:
-        evidence.append(f"its cpu cgroup {r.cgroup or '?'} was throttled in {r.cgroup_throttled_fraction:.0%} of "
-                        f"CFS periods (a CPU limit); it used {r.cpu_fraction or 0:.2f} CPU-s per s")
-        return True
-    mine = _efficiency(r)
-    theirs = [e for e in (_efficiency(o) for o in others) if e is not None]
-    if mine is not None and theirs and mine < rr["cpu_efficiency_max"] and mine * 1.5 < statistics.median(theirs):
-        wait = f", waited for a CPU {r.runqueue_wait_fraction:.2f} s per s" if r.runqueue_wait_fraction is not None else ""
-        evidence.append(f"while computing it got {mine:.2f} CPU-s per s (others {statistics.median(theirs):.2f}){wait}")
-        return True
-    return False
 
 
 def _gpu_slow(r: RankSample, gpus: list[GpuSample], rules: Rules, evidence: list[str]) -> bool:

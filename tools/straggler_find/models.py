@@ -24,6 +24,9 @@ class RankSample(Record):
     cgroup_throttled_fraction: float | None = Field(None, description=(
         "Share of CFS periods in the window in which the rank's cpu cgroup was throttled (a CPU limit bit)."))
     cgroup: str = Field("", description="The rank's cpu cgroup path.")
+    cpus: str = Field("", description="The CPUs it may run on (its affinity: taskset, cpuset), e.g. '0-15'.")
+    others_runnable: float | None = Field(None, description=(
+        "Other processes runnable on its CPUs, mean over the window (not the job's): who it waits behind."))
     gpu_index: int | None = Field(None, description="NVML index of the GPU the rank holds (from NVML's process list).")
     gpu_serial: str = Field("", description="That GPU's serial number.")
     error: str = Field("", description="Why this rank could not be sampled (py-spy attach, permissions, gone).")

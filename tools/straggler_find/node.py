@@ -28,7 +28,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from .probes import mem_available_fraction, psi_some_avg10, read, snapshot_node, snapshot_rank
+from .probes import RunnableWatch, mem_available_fraction, psi_some_avg10, read, snapshot_node, snapshot_rank
 from .classify import CLASSES, stack_class
 from .flight import read_rank
 from .gpus import GpuWatch
@@ -188,16 +188,24 @@ def _ncclras() -> list[str]:
     return (report.problems + [f"RAS names {n}" for n in report.named])[:20] or ["NCCL RAS: every communicator OK"]
 
 
+def _sampler_cpu_s() -> float:
+    """CPU seconds this process and its finished children (py-spy) used so far."""
+    used = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+    return sum(u.ru_utime + u.ru_stime for u in used)
+
+
 def sample_node(spec: dict, progress=None) -> NodeReport:
     """Sample this node's ranks for spec['window_s'] seconds."""
     host = socket.gethostname()
     window_s, rate_hz = float(spec.get("window_s", 20)), int(spec.get("rate_hz", 5))
     pids = find_ranks(spec)
     report = NodeReport(host=host)
+    cpu_before = _sampler_cpu_s()
     node_before = snapshot_node()
     rank_before = {p: snapshot_rank(p) for p in pids}
     results: dict[int, tuple] = {}
-    with tempfile.TemporaryDirectory(prefix="mleng-straggler-") as tmp, GpuWatch(host, interval_s=0.5) as gpus:
+    with (tempfile.TemporaryDirectory(prefix="mleng-straggler-") as tmp, GpuWatch(host, interval_s=0.5) as gpus,
+          RunnableWatch(pids, interval_s=max(2.0, window_s / 6)) as runnable):
         threads = [threading.Thread(target=lambda p=p: results.__setitem__(p, record(p, window_s, rate_hz, tmp)))
                    for p in pids]
         t0 = time.monotonic()
@@ -210,12 +218,13 @@ def sample_node(spec: dict, progress=None) -> NodeReport:
     for p in pids:
         after = snapshot_rank(p)
         stacks, error = results.get(p, (None, "not sampled"))
-        report.ranks.append(_rank_sample(p, host, rank_before[p], after, min(elapsed, window_s + 5), stacks, error))
+        row = _rank_sample(p, host, rank_before[p], after, min(elapsed, window_s + 5), stacks, error)
+        row.cpus, row.others_runnable = runnable.cpus(p), runnable.others_runnable(p)
+        report.ranks.append(row)
     report.node = _node_sample(host, node_before, node_after, elapsed)
     report.flight = [f for f in (read_rank(r.pid, r.rank, host) for r in report.ranks) if f]
     report.node.nccl_ras = _ncclras()
-    used = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
-    report.node.sampler_cpu_s = round(sum(u.ru_utime + u.ru_stime for u in used), 2)
+    report.node.sampler_cpu_s = round(_sampler_cpu_s() - cpu_before, 2)
     report.gpus = gpus.summary({r.pid: r for r in report.ranks})
     if not pids:
         report.node.errors.append("no process of the job found on this node")

@@ -138,3 +138,85 @@ def snapshot_rank(pid: int) -> dict:
     path, stat = cpu_cgroup_stat(pid)
     return {"cpu_s": process_cpu_s(pid), "runq_s": runqueue_wait_s(pid), "cgroup": path,
             "stat": str(stat) if stat else "", "throttle": throttle_counts(stat)}
+
+
+def cpus_allowed(pid: int) -> frozenset[int] | None:
+    """The CPUs the kernel lets the process run on (its affinity: taskset, cpuset)."""
+    try:
+        return frozenset(os.sched_getaffinity(pid))
+    except OSError:
+        return None
+
+
+def runnable_tasks() -> list[tuple[int, int, int, str]]:
+    """Every runnable thread on this node, as (process id, parent process id, CPU it is queued on, command)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            tasks = list((proc / "task").iterdir())
+        except OSError:
+            continue
+        for task in tasks:
+            text = read(task / "stat") or ""
+            head, _, tail = text.rpartition(")")
+            fields = tail.split()
+            # fields[0] is the state (field 3 of stat), fields[1] the parent, fields[36] the CPU last run on
+            if len(fields) > 36 and fields[0] == "R":
+                found.append((int(proc.name), int(fields[1]), int(fields[36]), head.partition("(")[2]))
+    return found
+
+
+class RunnableWatch:
+    """Other processes with a runnable thread on each rank's CPUs, counted every `interval_s` while the window runs.
+
+    A rank that shares its CPUs with busy processes waits on the run queue: the count says who it waits
+    behind. Not counted: the job's ranks and their children (dataloader workers), this sampler and its
+    py-spy children (by name: a sampler run in-process, by hand, may have other children that do count). One scan of /proc costs ~1 ms per 100 threads, so it runs a few times a window.
+    """
+
+    def __init__(self, pids: list[int], interval_s: float):
+        import threading
+
+        self.job = set(pids)
+        self.ours = os.getpid()
+        self.allowed = {p: cpus_allowed(p) for p in pids}
+        self.counts: dict[int, list[int]] = {p: [] for p in pids}
+        self.interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> "RunnableWatch":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.scan()
+
+    def scan(self) -> None:
+        others = [(tgid, cpu) for tgid, ppid, cpu, command in runnable_tasks()
+                  if not ({tgid, ppid} & self.job) and tgid != self.ours and not (ppid == self.ours and command == "py-spy")]
+        for pid, cpus in self.allowed.items():
+            if cpus is not None:
+                self.counts[pid].append(len({tgid for tgid, cpu in others if cpu in cpus}))
+
+    def others_runnable(self, pid: int) -> float | None:
+        """Mean count of other runnable processes on the rank's CPUs over the scans; None without a scan."""
+        seen = self.counts.get(pid) or []
+        return round(sum(seen) / len(seen), 1) if seen else None
+
+    def cpus(self, pid: int) -> str:
+        """The rank's CPUs as a list of ranges: '1', '0-15', '0-3,8-11'."""
+        ranges: list[list[int]] = []
+        for cpu in sorted(self.allowed.get(pid) or ()):
+            if ranges and cpu == ranges[-1][1] + 1:
+                ranges[-1][1] = cpu
+            else:
+                ranges.append([cpu, cpu])
+        return ",".join(f"{a}-{b}" if b > a else str(a) for a, b in ranges)
