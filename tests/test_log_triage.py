@@ -98,7 +98,7 @@ def test_hang_names_the_silent_rank_although_torchrun_blames_the_one_that_timed_
     result = triage_paths([LOGS / "gloo_hang.log"])
     assert result.first_failure.signature == "gloo_timeout" and result.first_failure.role == "cascade"
     assert any("root cause names rank 0" in f for f in result.findings)
-    assert any(f.startswith("Rank 0 timed out") and "rank 1 reports no error" in f for f in result.findings)
+    assert result.findings[0].startswith("Suspect: rank 1. Rank 0 timed out") and "rank 1 reports no error" in result.findings[0]
     assert result.suspect_ranks == [1]
 
 

@@ -4,6 +4,8 @@ window, tells the victim of an IB error from the host whose port failed, and doe
 
 from pathlib import Path
 
+import pytest
+
 from tools.shared.triage.core import triage_paths, triage_text
 
 LOGS = Path(__file__).parent / "fixtures" / "logs"
@@ -114,3 +116,13 @@ def test_a_completion_error_names_the_peer_host_through_nccls_own_address_lines(
     r = triage_text(log)
     assert r.culprit_kind == "node" and r.culprit.node == "lascar"
     assert "ranokau printed the completion errors: the victim, waiting on peer lascar" in r.findings[0]
+
+
+@pytest.mark.parametrize("fixture,rank", [("torchrun_nccl_watchdog_8ranks.log", 7), ("gloo_hang.log", 1)])
+def test_when_the_log_holds_only_echoes_the_silent_rank_leads_the_answer(fixture, rank):
+    """A real model played these drills (2026-12-02) and found the headline on the waiting rank 0, the culprit three
+    findings down: the rank that said nothing is now the first finding and the typed culprit."""
+    result = triage_paths([str(Path(__file__).parent.parent / "evals" / "scenarios" / "fixtures" / fixture)])
+    assert result.findings[0].startswith(f"Suspect: rank {rank}."), result.findings[:2]
+    assert result.findings[1].startswith("First failure (a consequence, on a waiting rank)")
+    assert (result.culprit.kind, result.culprit.rank) == ("rank", rank)

@@ -31,7 +31,7 @@ from ..logscan import (
 )
 from ...engine.spec import Field, Progress, Record, Result, ToolFailure
 from ..actions import ACTION_FIELD, Action, worst_action
-from ..culprit_kind import CULPRIT_KIND_FIELD, Culprit, CulpritKind
+from ..culprit_kind import CULPRIT_KIND_FIELD, Culprit, CulpritKind, rank_culprit
 
 # ---------------------------------------------------------------------------------------------------
 # Result
@@ -129,6 +129,9 @@ def _summarise(state: ScanState, scanned: list[str], skipped: list[str], max_sig
     first, crash = weigh(tallies, _pick_first_failure(tallies))
     first_tally = tally_of(tallies, first) if first else None
     culprit = culprit_of(state, first_tally, first) if first else None
+    if first is not None and first.role == "cascade" and culprit is None:
+        silent, _ = silent_ranks(state, None)      # only echoes in the log: the rank that said nothing is the answer
+        culprit = rank_culprit(silent[0]) if len(silent) == 1 else None
     first_action = window_action(tallies, first_tally, first, crash) if first else "none"
     ordered = sorted(tallies, key=lambda t: (t is not first_tally, t.sig.severity != "error", t.first.order))
     shown = ordered[:max_signatures]
@@ -140,8 +143,9 @@ def _summarise(state: ScanState, scanned: list[str], skipped: list[str], max_sig
                     f"{seconds:.1f} s.")
     if not tallies:
         findings.insert(0, "The log is empty." if state.lines == 0 else
-                        f"No known failure signature in {state.lines} lines. If the job hangs without an error, "
-                        "dump the stacks of the live ranks (hang_stack_dump).")
+                        f"No known failure signature in {state.lines} lines: nothing here says the run failed (no "
+                        "error, crash, timeout, kill or hardware event). Only if a job is hanging right now: dump "
+                        "the stacks of its live ranks (hang_stack_dump).")
     severities = {t.sig.severity for t in tallies}
     worst = worst_action([_tally_action(t) for t in tallies])
     verdict = "fail" if "error" in severities else "warn" if severities or quiet else (
@@ -198,7 +202,13 @@ def _findings(state: ScanState, first: Hit | None, first_tally: Tally | None, sh
         findings.extend(special_findings(tally))
     cause = first if first is not None and first.role == "cause" else None
     suspects, silent_findings = silent_ranks(state, cause)
-    findings.extend(silent_findings)
+    if first is not None and first.role == "cascade" and silent_findings:
+        # The first line is an echo (a rank that waited); the rank that never said anything leads the answer.
+        findings.insert(0, f"Suspect{'s' if len(suspects) > 1 else ''}: {ranks_phrase(suspects)}. "
+                           + silent_findings[0])
+        findings[1] = findings[1].replace("First failure:", "First failure (a consequence, on a waiting rank):", 1)
+    else:
+        findings.extend(silent_findings)
     quiet, quiet_findings = quiet_ranks(state, cause)
     findings.extend(quiet_findings)
     if len(state.rank_first) > 1 and len(by_rank) > 1:
