@@ -95,7 +95,10 @@ def main() -> None:
         print(f"{name}: {s['answers']} answers over {s['drills']} drills, median text {s['median_text']:.0f} chars, "
               f"median structured {s['median_structured']:.0f} chars, score {s['score']:.1f}")
     if "before" in runs:
-        b, n = summary(runs["before"]), summary(runs["now"])
+        common = runs["before"].keys() & runs["now"].keys()     # drills both checkouts have
+        b, n = (summary({k: v for k, v in runs[r].items() if k in common}) for r in ("before", "now"))
+        print(f"on the {len(common)} drills both have: before median text {b['median_text']:.0f}, structured "
+              f"{b['median_structured']:.0f}; now {n['median_text']:.0f}, {n['median_structured']:.0f}")
         print(f"ratio now/before: text {n['median_text'] / max(b['median_text'], 1):.3f}, "
               f"structured {n['median_structured'] / max(b['median_structured'], 1):.3f}")
 

@@ -61,12 +61,12 @@ RECORD_INNER_ITEMS = 1      # evidence lines and other lists inside a row: the f
 
 
 def answer_record(result: Result) -> dict:
-    """The structured content of an answer: the whole result without null fields, with long quoted text
+    """The structured content of an answer: the whole result (null fields kept: clients index them), with long quoted text
     and the lists inside rows cut (the first RECORD_INNER_ITEMS; a string at RECORD_STRING_LIMIT
     characters, marked). Findings, `next` and every row stay whole; the record as stored keeps everything
     (results_history returns it by result id). Hosts that forward structured content forward it alone,
     so this is what their model reads."""
-    data = result.model_dump(mode="json", exclude_none=True)
+    data = result.model_dump(mode="json")
     return {k: v if k in ("findings", "next") else _lean(v, depth=0) for k, v in data.items()}
 
 
