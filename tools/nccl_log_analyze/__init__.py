@@ -38,7 +38,7 @@ from collections.abc import Iterator
 from ..shared.logscan import LogInputParams, looks_binary, resolve_paths
 from ..shared.safe_read import read_head
 from .checks import NEXT, check_all, largest_comm, name_list
-from .hosts import HostRow, host_rows
+from .hosts import HostRow, host_rows, hosts_match
 from .messages import transport_of
 from .outputs import read_all
 from .parse import Parsed, Proc, parse_line, parse_paths, parse_text
@@ -223,6 +223,9 @@ def analyse(parsed: Parsed, max_ranks: int = 64) -> NcclLogResult:
     ranks, omitted = _rank_models(parsed, comm, max_ranks)
     nvls = [p.nvls for p in procs if p.nvls is not None]
     verdict = "fail" if "fail" in rep.severities else "warn" if "warn" in rep.severities else "ok"
+    alike = hosts_match(rows)      # "do the hosts differ?" answered first when nothing else is wrong
+    if alike:
+        rep.findings.insert(0 if verdict == "ok" else len(rep.findings), alike)
     nxt = [s for problem in rep.problems for s in NEXT.get(problem, [])]
     nxt = list(dict.fromkeys(nxt + ["collective_bench", "knowledge://network/nccl-debugging.md"]))[:6]
     return NcclLogResult(

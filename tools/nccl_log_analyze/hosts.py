@@ -138,11 +138,29 @@ def check_hosts(rows: list[HostRow], rep, name_list, severity: str) -> list[str]
                 r.differs_in.append(c.field)
         by_value = "; ".join(f"{_shown(v)} on {name_list(h for h, x in values.items() if x == v)}"
                              for v in sorted(set(values.values())))
-        who = f"{name_list(odd)} differ{'s' if len(odd) == 1 else ''} from the other hosts" if odd else "Hosts differ"
-        rep.flag(c.problem, c.severity, f"{who} in the {c.words} ({by_value}). " + _consequence(c))
+        sizes = {len([h for h in values if values[h] == v]) for v in set(values.values())}
+        if odd and len(sizes) == 1:     # no majority (one host against one): the odd one is only the likelier one
+            text = (f"The hosts differ in the {c.words} ({by_value}), with no majority: {name_list(odd)} is the "
+                    "likelier odd one (it fell back to NCCL's internal network or a link-local GID); check this "
+                    "line on every node. ")
+        else:
+            who = f"{name_list(odd)} differ{'s' if len(odd) == 1 else ''} from the other hosts" if odd else "Hosts differ"
+            text = f"{who} in the {c.words} ({by_value}). "
+        rep.flag(c.problem, c.severity, text + _consequence(c))
         if c.severity == "fail":
             culprits += [h for h in odd if h not in culprits]
     return culprits
+
+
+def hosts_match(rows: list[HostRow]) -> str | None:
+    """'The 2 hosts match: ...' when several hosts were read and no compared field differs; else None."""
+    if len(rows) < 2 or any(r.differs_in for r in rows):
+        return None
+    same = [f"{c.words} {_shown(v)}" for c in COMPARED
+            for v in {getattr(r, c.field) for r in rows} - {None} if len({getattr(r, c.field) for r in rows}) == 1]
+    shown = ", ".join(r.host for r in rows[:6]) + (f" and {len(rows) - 6} more" if len(rows) > 6 else "")
+    return (f"The {len(rows)} hosts ({shown}) are set up alike"
+            + (f": {'; '.join(same)}." if same else ".") + " No host differs in what NCCL printed.")
 
 
 def _shown(value: str) -> str:
