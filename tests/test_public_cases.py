@@ -93,10 +93,11 @@ def test_knowledge_pages_are_read_from_the_tree():
     assert any(p["path"] == "network/fabric-diagnosis.md" for p in pages)
 
 
-# Measured with bm25 on the public held-out split (68 cases) on 2026-12-01, tool descriptions of this
-# branch: top1 67.6%, top1_acceptable 83.8%, top3 77.9%. The floors sit about 6 cases below, so a
-# description edit that loses that many public reports fails here (docs/benchmarks.md has every router).
-PUBLIC_HELDOUT_FLOOR = {"top1": 0.59, "top1_acceptable": 0.75, "top3": 0.69}
+# Measured with bm25 on the public held-out split on 2026-12-02 (97 cases: the 68 of 2026-12-01 and 29
+# written for issue 36's routing rules, which bm25 gets right less often): top1 58.8%, top1_acceptable
+# 77.3%, top3 75.3%. The floors sit about 6 cases below, so a description edit that loses that many
+# public reports fails here (docs/benchmarks.md has every router).
+PUBLIC_HELDOUT_FLOOR = {"top1": 0.52, "top1_acceptable": 0.70, "top3": 0.69}
 
 
 def test_public_heldout_routing_with_bm25_stays_above_the_floor(capsys):

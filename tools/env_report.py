@@ -248,7 +248,8 @@ SPEC = ToolSpec(
     name="env_report",
     summary="Python/torch/CUDA/cuDNN/NCCL/driver versions and NCCL_/TORCH_/CUDA_ env vars, with warnings.",
     description=(
-        "Software stack of this machine: Python, torch and its CUDA/ROCm, cuDNN, NCCL, the driver and the "
+        "Software stack of this machine and of the Python mleng runs in: torch and its CUDA/ROCm, cuDNN, NCCL, "
+        "the driver and the "
         "newest CUDA it supports, key packages (deepspeed, transformers, flash-attn, vllm), every "
         "NCCL_/TORCH_/CUDA_/PYTORCH_ variable, /dev/shm size. Warns on mismatches (torch built for a newer "
         "CUDA than the driver, two NCCL copies) and settings that hurt (NCCL_P2P_DISABLE=1, NCCL_DEBUG=INFO "

@@ -296,8 +296,9 @@ SPEC = ToolSpec(
         "Reads PyTorch flight-recorder dumps written at an NCCL watchdog timeout (pickle or JSON, any torch) "
         "and names, per process group, the first collective where ranks disagree: ranks that never issued it "
         "('ranks 0-6 wait in all_reduce #812; rank 7 last issued #811'), a different op, size or dtype, ranks "
-        "with no dump. Use after 'Watchdog caught collective operation timeout' or a desync: call it with no "
-        "path first (torch's default dump location), else path= the dump directory. Seconds, no GPU. Still "
+        "with no dump. After 'Watchdog caught collective operation timeout' (logs: log_triage first) or a "
+        "desync: "
+        "no path first (torch's default dump location), else path= the dump directory. Seconds, no GPU. Still "
         "hanging with no dumps: hang_stack_dump."),
     Params=FlightRecorderParams, Result=FlightRecorderResult, run=run, runs="subprocess",
 )

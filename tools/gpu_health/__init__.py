@@ -314,14 +314,13 @@ SPEC = ToolSpec(
     summary="Per-GPU health and what to do about it: ECC, row remapping, Xids, NVLink/PCIe links, clocks, modes, DCGM.",
     description=(
         "Is each GPU of this node healthy, and what to do (none, monitor, reset_gpu, reboot_node, drain_node, "
-        "replace): uncorrectable ECC, remapped rows, Xid / SXid events (kernel log, NVIDIA's "
-        "catalog), NVLink CRC and replay counters, PCIe width and generation per hop under load (a Gen5 GPU "
-        "behind a Gen4 switch: not downtrained), PCIe replays and AER errors, clock-event reasons (power "
-        "brake, thermal), modes, NVSwitch fabric state, who holds GPU memory (yours, another user's, a "
-        "zombie), DCGM diagnostics (dcgm_level); pasted nvlink -e/-s or dcgmi diag (text=). Use for 'is this GPU ok', Xid "
-        "messages, 'GPU has fallen off the bus', 'Unable to determine the device handle', 'uncorrectable ECC "
-        "error encountered', a GPU lost in training, a node slower than its peers. ~5-15 s. Not a performance "
-        "test (matmul_bench)."),
+        "replace): uncorrectable ECC, remapped rows, Xid / SXid events (kernel log, NVIDIA's catalog), NVLink "
+        "CRC and replay counters, PCIe width and generation per hop under load, PCIe replays and AER errors, "
+        "clock-event reasons (power brake, thermal), modes, NVSwitch fabric state, who holds GPU memory (yours, "
+        "another user's, a zombie), DCGM diagnostics (dcgm_level); pasted nvlink -e/-s or dcgmi diag (text=). "
+        "Use for 'is this GPU ok', Xids in this node's kernel log (a pasted dmesg: log_triage), 'GPU has fallen "
+        "off the bus', 'Unable to determine the device handle', 'uncorrectable ECC error encountered', a GPU "
+        "lost in training, a node slower than its peers. ~5-15 s. Not a performance test (matmul_bench)."),
     Params=GpuHealthParams, Result=GpuHealthResult, run=run, runs="subprocess", timeout_s=1800,
     gpu_devices=_gpus_used, doctor=lambda ctx: {}, doctor_order=15,
 )

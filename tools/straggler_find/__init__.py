@@ -164,7 +164,8 @@ SPEC = ToolSpec(
     name="straggler_find",
     summary="Names the rank that slows a RUNNING job (rank -> host -> GPU serial), how much and why, from live samples.",
     description=(
-        "For a job that is running but slow ('the job got slower', 'one rank is slow', 'MFU dropped mid-run'): "
+        "For a job that is running but slow ('the job got slower', 'one rank is slow', 'MFU dropped mid-run', "
+        "one GPU at 0% while the others are at 100%): "
         "samples every rank's Python stack with py-spy (6 s, longer while a rank leads unclearly), plus CPU, cgroup, memory, "
         "network and NVML per node, without touching the job or its code. The rank that waits least while the "
         "others wait in collectives, or whose host starves it (throttling, run-queue wait), is the straggler; the answer names rank, host, GPU index and serial, how "
