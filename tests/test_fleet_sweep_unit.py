@@ -362,7 +362,7 @@ def frozen_slurmd_sweep(relaunched: bool, mln2_fails: bool = False):
                                        "problems": ["GPU 0: 48 uncorrectable ECC errors"] if bad else [],
                                        "started": 0.0, "ended": 1.0}
     params = fs.SPEC.Params(partition="debug", nodes=4, deadline_s=60, plot=False)
-    target = Target("partition", ["mln1", "mln2", "mln3", "mln4"], ["--partition", "debug", "--time=2"])
+    target = Target("partition", ["mln1", "mln2", "mln3", "mln4"], ["--partition=debug", "--time=2"])
     return build_result(params, target, got, {}, 60.4)
 
 

@@ -32,7 +32,7 @@ from ..shared.nccl_env import echo_nccl_env
 from ..shared.launch import RankLayout, launch_ranks, layout, manual_start, plan_command, visible_gpus
 from .isolation import IsolationReport
 from .models import BenchRow, OpSummary
-from .patterns import PatternFields, pattern_result
+from .patterns import PatternFields, pattern_result, take_allocation
 from .report import draw_plot, format_table, gbps, human_size, judge, point_at
 from ..shared.expected_busbw import expected_busbw
 from ..engine.spec import SELF_EVIDENT, SELF_TEST, Field, Result, ToolSpec, worst
@@ -124,6 +124,19 @@ def summarize_rows(rows: list[BenchRow], op: str, record: dict | None) -> OpSumm
 # ---------------------------------------------------------------------------------------------------
 
 def run(params: CollectiveBenchParams, progress) -> CollectiveBenchResult:
+    """Here or, with partition / job_id, inside that allocation (taken for the run, or another job's)."""
+    allocation = take_allocation(params, SPEC.timeout_s, progress)
+    if allocation is None:
+        return measure(params, progress)
+    from ..shared.allocation import inside
+
+    with inside(allocation):
+        result = measure(params, progress)
+    result.findings.append(allocation.sentence() + ".")
+    return result
+
+
+def measure(params: CollectiveBenchParams, progress) -> CollectiveBenchResult:
     if params.plot:
         _plot_target(params)   # a bad plot_path fails now, before any rank starts
     gpus = visible_gpus()
