@@ -294,7 +294,7 @@ SPEC = ToolSpec(
         "one) or 'bisect' (one bad node in a set that fails or hangs). Seconds to minutes; NCCL on GPUs, gloo "
         "on CPU. Ranks cannot connect: dist_smoke_test first."),
     Params=CollectiveBenchParams, Result=CollectiveBenchResult, run=echo_nccl_env(run), runs="subprocess",
-    read_only=False, destructive=True, idempotent=True, open_world=False, timeout_s=900,
+    read_only=False, destructive=True, idempotent=True, open_world=True, timeout_s=900,
     gpu_devices=_gpus, metric="busbw_gbps", higher_is_better=True,
     spans_nodes=True,  # reaches the cluster itself: the engine's node= option does not apply
 )
