@@ -78,3 +78,28 @@ def test_bisect_in_a_running_jobs_allocation_and_its_job_is_left_running(multino
         assert "RUNNING" in multinode_cluster.cmd("scontrol", "show", "job", "-o", job).stdout
     finally:
         multinode_cluster.cmd("scancel", job, check=False)
+
+
+def test_a_cancelled_call_cancels_the_job_it_allocated(multinode_cluster, monkeypatch):  # noqa: F811
+    for key in ("SLURM_JOB_ID", "SLURM_JOB_NODELIST"):
+        monkeypatch.delenv(key, raising=False)
+
+    async def go():
+        async with Client(build_server()) as client:
+            first = await client.call_tool("collective_bench", {**SMALL, "pattern": "pairwise", "partition": "debug",
+                                                                "nnodes": 4, "wait_s": 5})
+            for _ in range(60):
+                if our_jobs(multinode_cluster):
+                    break
+                await anyio.sleep(0.5)
+            held = our_jobs(multinode_cluster)
+            await client.call_tool("job_cancel", {"job_id": first.structured_content["job"]["job_id"]})
+            return held
+
+    held = anyio.run(go)
+    assert held, "the call never allocated a job"
+    for _ in range(40):
+        if not our_jobs(multinode_cluster):
+            break
+        time.sleep(0.5)
+    assert our_jobs(multinode_cluster) == [], held

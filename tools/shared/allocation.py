@@ -15,7 +15,9 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import signal
 import subprocess
+import threading
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -106,9 +108,16 @@ def existing(job_id: str) -> Allocation:
     return Allocation(job_id, nodes, ours=False, gpus_per_node=gpus)
 
 
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 @contextlib.contextmanager
 def inside(allocation: Allocation) -> Iterator[Allocation]:
-    """This process acts as a shell of the allocation for the block; the own job is cancelled after it."""
+    """This process acts as a shell of the allocation for the block; the own job is cancelled after it,
+    also when the call is cancelled (the runner's SIGTERM unwinds the block instead of ending us at once)."""
+    previous = (signal.signal(signal.SIGTERM, _interrupt) if allocation.ours
+                and threading.current_thread() is threading.main_thread() else None)
     saved = {k: v for k, v in os.environ.items() if k.startswith("SLURM_") and k != "SLURM_CONF"}
     for key in saved:
         del os.environ[key]
@@ -123,3 +132,5 @@ def inside(allocation: Allocation) -> Iterator[Allocation]:
         os.environ.update(saved)
         if allocation.ours:
             slurm.run_cmd(["scancel", allocation.job_id], timeout_s=20, check=False)
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
