@@ -180,3 +180,20 @@ def test_after_a_relaunch_around_a_frozen_node_every_row_is_from_one_attempt(mul
     assert list(missing) == ["mln3"] and "srun could not start its task" in missing["mln3"], missing
     assert sorted(row["node"] for row in r["rows"]) == ["mln1", "mln1", "mln2", "mln2", "mln4", "mln4"]
     assert [d["node"] for d in r["drain"]] == ["mln3"], r["findings"]
+
+
+def test_a_frozen_slurmd_under_a_short_deadline_drains_only_that_node(multinode_cluster):  # noqa: F811
+    # Issue 35: one frozen slurmd and deadline_s=60 put all 4 nodes on the drain list: srun's launch on mln3
+    # timed out, and the healthy nodes' relaunch had what was left of the minute. They are "not judged" now.
+    with cgroup("freezer", multinode_cluster.slurmd_pid("mln3"), [("freezer.state", "FROZEN")],
+                undo=[("freezer.state", "THAWED")]):
+        r = call_sweep(partition="debug", nodes=4, checks=["env_report", "gpu_health", "cpu_probe"], deadline_s=60)
+    assert [d["node"] for d in r["drain"]] == ["mln3"], r["findings"]
+    assert [m["node"] for m in r["not_answering"]] == ["mln3"], r["findings"]
+    answered = {row["node"] for row in r["rows"]}
+    for m in r["not_judged"]:
+        assert m["node"] != "mln3" and "still running when the deadline ended the relaunch" in m["reason"], m
+    if r["not_judged"]:
+        assert any(f.startswith("NOT JUDGED (not drained): ") and "mln3 refused its task" in f for f in r["findings"])
+    assert r["nodes_complete"] + len(r["not_judged"]) == 3, r["findings"]
+    assert answered <= {"mln1", "mln2", "mln4"}

@@ -338,3 +338,60 @@ def test_events_are_credited_to_the_node_srun_placed_their_task_on():
         ("mln4", "the event names another node ('mln2')"): 1, ("mln4", "the event names another node ('ghost-01')"): 1,
         ("mln4", "a second row for cpu_probe"): 1, ("mln4", "a row for a check it did not plan ('env_report')"): 1,
         ("mln2", "checks not asked for: ['rm']"): 1}
+
+
+def frozen_slurmd_sweep(relaunched: bool, mln2_fails: bool = False):
+    """The issue-35 drill: 4 nodes, mln3's slurmd frozen, deadline_s=60. srun aborted attempt 1 when mln3's
+    launch timed out 21 s in; the relaunch on mln1, mln2, mln4 had 39 s and the deadline ended it with
+    mln1 at 2 of 3 checks, mln2 at 1, mln4 at none (a loaded 2-core host)."""
+    from tools import fleet_sweep as fs
+    from tools.fleet_sweep.report import build_result
+    from tools.fleet_sweep.sweep import Collected, Relaunch
+    from tools.fleet_sweep.targets import Target
+
+    checks = ["env_report", "gpu_health", "cpu_probe"]
+    got = Collected(attempts=2 if relaunched else 1, timed_out=True, set_aside=4 if relaunched else 0)
+    got.failed_launch = {"mln3": "Socket timed out on send/recv operation"}
+    got.relaunch = Relaunch(dict(got.failed_launch), 21.0, 60.0) if relaunched else None
+    got.planned = {n: checks for n in ("mln1", "mln2", "mln4")}
+    answered = {"mln1": ["env_report", "gpu_health"], "mln2": ["env_report"]}
+    for node, done in answered.items():
+        for check in done:
+            bad = mln2_fails and node == "mln2"
+            got.rows[(node, check)] = {"node": node, "check": check, "verdict": "fail" if bad else "info",
+                                       "problems": ["GPU 0: 48 uncorrectable ECC errors"] if bad else [],
+                                       "started": 0.0, "ended": 1.0}
+    params = fs.SPEC.Params(partition="debug", nodes=4, deadline_s=60, plot=False)
+    target = Target("partition", ["mln1", "mln2", "mln3", "mln4"], ["--partition=debug", "--time=2"])
+    return build_result(params, target, got, {}, 60.4)
+
+
+def test_after_a_frozen_slurmd_the_relaunch_cut_by_the_deadline_drains_only_the_frozen_node():
+    result = frozen_slurmd_sweep(relaunched=True)
+    assert [d.node for d in result.drain] == ["mln3"], result.findings
+    assert [m.node for m in result.not_answering] == ["mln3"]
+    assert "srun could not start its task: Socket timed out" in result.not_answering[0].reason
+    why = {m.node: m.reason for m in result.not_judged}
+    assert sorted(why) == ["mln1", "mln2", "mln4"], result.findings
+    assert why["mln1"].startswith("answered 2 of 3 checks") and why["mln4"].startswith("no answer")
+    assert all("mln3 refused its task" in w and "21 s into the 60 s deadline" in w and "left the relaunch 39 s" in w
+               and "no check of its own failed" in w for w in why.values()), why
+    said = [f for f in result.findings if f.startswith("NOT JUDGED (not drained): 3 node(s)")]
+    assert len(said) == 1 and "mln1: answered 2 of 3 checks" in said[0] and "mln4: no answer" in said[0], said
+    assert "hosts=['mln1', 'mln2', 'mln4']" in said[0]
+    assert result.verdict == "fail" and result.nodes_complete == 0
+    assert "Drain list: mln3 " in " ".join(result.findings)
+
+
+def test_a_node_whose_own_check_failed_in_the_cut_relaunch_is_still_drained():
+    result = frozen_slurmd_sweep(relaunched=True, mln2_fails=True)
+    assert [d.node for d in result.drain] == ["mln2", "mln3"], result.findings
+    assert "48 uncorrectable ECC errors" in " ".join(result.drain[0].reasons)
+    assert sorted(m.node for m in result.not_judged) == ["mln1", "mln4"]
+
+
+def test_a_node_silent_through_a_whole_deadline_of_its_own_is_still_drained():
+    # No relaunch: the one attempt had the whole deadline (a node process that hangs, fleet-faults 5d).
+    result = frozen_slurmd_sweep(relaunched=False)
+    assert result.not_judged == []
+    assert [d.node for d in result.drain] == ["mln1", "mln2", "mln3", "mln4"], result.findings

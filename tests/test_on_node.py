@@ -116,3 +116,16 @@ def test_an_unknown_node_is_a_clear_failure_and_nothing_is_left(multinode_cluste
     assert time.monotonic() - started < 45
     assert _jobs_named(multinode_cluster, "mleng-env_report") == [] or all(
         s.strip() != "RUNNING" for s in multinode_cluster.cmd("squeue", "-h", "-n", "mleng-env_report", "-o", "%T").stdout.splitlines())
+
+
+def test_one_placement_choice_for_every_srun_caller():
+    # The allocation-or-own-job choice made once (engine/placement.py) for node=, fleet_sweep and collective_bench.
+    from tools.engine.placement import inside_allocation, inside_job, own_job
+    from tools.shared.allocation import gpu_count
+
+    assert inside_allocation().srun_args == ("--overlap",) and inside_job("42").srun_args == ("--jobid=42", "--overlap")
+    mine = own_job("gpu", 130, "mleng-x")
+    assert mine.srun_args == ("--partition=gpu", "--job-name=mleng-x", "--time=4")   # 130 s -> 3 min + 1
+    env = {"SLURM_JOB_ID": "7", "SLURM_CONF": "/etc/slurm.conf", "PATH": "/bin"}
+    assert mine.env(env) == {"SLURM_CONF": "/etc/slurm.conf", "PATH": "/bin"} and inside_job("7").env(env) == env
+    assert [gpu_count(g) for g in ("gpu:8", "gpu:h100:8(S:0-1)", "cpu=64,gres/gpu=16", "(null)")] == [8, 8, 16, 0]

@@ -318,3 +318,13 @@ def test_pattern_bad_input_names_the_field(monkeypatch, fields, env, field):
     if env and not shutil.which("srun"):
         pytest.skip("srun is not installed: the allocation path is not taken")
     assert _run_bench(monkeypatch, env, **fields).startswith(f"{field}:")
+
+
+@pytest.mark.parametrize("fields,field", [
+    ({"pattern": "pairwise", "partition": "debug", "job_id": "7"}, "job_id"),
+    ({"pattern": "pairwise", "partition": "debug", "hosts": ["n1", "n2"], "node_rank": 0,
+      "rdzv_endpoint": "n1:29400"}, "hosts"),
+    ({"pattern": "all", "job_id": "7", "rdzv_endpoint": "n1:29400"}, "rdzv_endpoint"),
+])
+def test_partition_and_job_id_bad_combinations_name_the_field(monkeypatch, fields, field):
+    assert _run_bench(monkeypatch, {}, **fields).startswith(f"{field}:")

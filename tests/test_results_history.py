@@ -35,3 +35,30 @@ def test_a_noisy_past_is_inconclusive_not_a_regression():
     result = run(ResultsHistoryParams(tool="matmul_bench"), None)
     assert not [f for f in result.flags if f.kind == "regression"]
     assert any(f.startswith("INCONCLUSIVE: matmul_bench mamf_tflops regression on noisy") for f in result.findings)
+
+
+def test_the_answer_lists_its_rows_and_shows_one_stored_results_findings():
+    # Issue 35: a pairwise run stored "verdict fail" and the agent saw only "5 stored results match".
+    import pytest
+    from tools.engine.spec import ToolFailure
+
+    now = time.time()
+    found = ["Suspect node mln3: slow with 3 of 3 partners (0.021 GB/s against 0.55 GB/s).",
+             "pairwise: 4 nodes, 3 rounds, 6 groups (0 failed or hung), 41 s"]
+    rid = store.save("collective_bench", {"pattern": "pairwise"},
+                     {"verdict": "fail", "findings": found, "next": ["env_report"], "busbw_gbps": None},
+                     started=now - 60, ended=now, provenance={"host": "login1"}, metric_name="busbw_gbps", job_id="77")
+    plant("gpu-01", 800.0, now - 120)
+    listed = run(ResultsHistoryParams(), None)
+    assert listed.findings[0] == "2 stored result(s) match."
+    rows = listed.findings[listed.findings.index("Rows, newest first (result_id=N shows one whole):") + 1:]
+    assert rows[0].startswith(f"#{rid} ") and "collective_bench on login1: fail - Suspect node mln3: slow" in rows[0]
+    assert "matmul_bench on gpu-01: ok, mamf_tflops 800" in rows[1]
+    assert listed.rows[0].headline == found[0]
+    shown = run(ResultsHistoryParams(result_id=rid), None)
+    assert shown.findings[0].startswith(f"Result #{rid}: collective_bench on login1 at ")
+    assert "(SLURM job 77), verdict fail" in shown.findings[0] and shown.findings[1:] == found
+    assert shown.next == ["env_report"] and shown.shown.params == {"pattern": "pairwise"}
+    assert shown.shown.result["verdict"] == "fail"
+    with pytest.raises(ToolFailure, match=r"^result_id: no stored result #999999"):
+        run(ResultsHistoryParams(result_id=999999), None)

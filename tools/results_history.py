@@ -11,9 +11,13 @@ worse than the reference by more than max(margin, k x spread), margins in verdic
 When the reference values spread past the rule's widest threshold nothing is flagged, and the answer
 says the comparison was inconclusive. Figures without a rule use `threshold_pct` (default 10%).
 
+The answer lists the rows it found (id, time, tool, host, verdict, figure, first finding); `result_id`
+shows one stored result whole: its verdict, every finding and next step, and its fields.
+
 By hand:
     python -m tools.results_history --tool matmul_bench
     python -m tools.results_history --gpu GPU-5f3c --since-days 30
+    python -m tools.results_history --result-id 42
 """
 
 import dataclasses
@@ -22,7 +26,7 @@ import statistics
 import time
 
 from .engine.spec import SELF_EVIDENT, Field, Params, Record, Result, ToolFailure, ToolSpec
-from .engine.store import count, count_bad_times, history
+from .engine.store import count, count_bad_times, headlines, history, stored_result
 from .shared.judging import FigureRule, compare, is_inconclusive, relative_spread, rule_for
 
 
@@ -36,6 +40,8 @@ class ResultsHistoryParams(Params):
         "Skip this many newest rows (paging)."))
     threshold_pct: float | None = Field(None, gt=0, le=90, description=(
         "Override the margin, %."))
+    result_id: int | None = Field(None, ge=1, description=(
+        "Show this stored result (id from a listing): verdict, findings, next, fields. Other filters ignored."))
 
 
 class HistoryRow(Record):
@@ -48,6 +54,7 @@ class HistoryRow(Record):
     verdict: str | None = Field(None, description="The run's verdict.")
     metric: str | None = Field(None, description="Headline figure's name.")
     value: float | None = Field(None, description="Headline figure.")
+    headline: str | None = Field(None, description="Its first finding (cut at 300 characters).")
 
 
 class Flag(Record):
@@ -62,7 +69,18 @@ class Flag(Record):
     result_id: int = Field(description="Result id of the flagged run.")
 
 
+class StoredResult(Record):
+    id: int = Field(description="Result id.")
+    tool: str = Field(description="Tool.")
+    started: str | None = Field(None, description="Start time, UTC ISO 8601.")
+    host: str | None = Field(None, description="Host.")
+    job_id: str | None = Field(None, description="The SLURM job it ran in, if any.")
+    params: dict = Field(default_factory=dict, description="Its parameters.")
+    result: dict = Field(default_factory=dict, description="The result as stored (secrets redacted).")
+
+
 class ResultsHistoryResult(Result):
+    shown: StoredResult | None = Field(None, description="With result_id: that stored result.")
     rows: list[HistoryRow] = Field(default_factory=list, description="Matching results, newest first.")
     flags: list[Flag] = Field(default_factory=list, description="Outliers and regressions found.")
     total_matching: int = Field(0, description="Results matching the filters (before `limit`).")
@@ -77,13 +95,16 @@ def machine_key(row: dict) -> str:
     return row.get("host") or "?"
 
 
-def history_row(r: dict) -> HistoryRow | None:
+def iso_time(t: float) -> str:
+    return datetime.datetime.fromtimestamp(t, datetime.UTC).isoformat(timespec="seconds")
+
+
+def history_row(r: dict, headline: str | None = None) -> HistoryRow | None:
     """The row as answered; None for a stored row that cannot be one (written by hand or by an old bug)."""
     try:
-        started = datetime.datetime.fromtimestamp(r["started"], datetime.UTC).isoformat(timespec="seconds")
-        return HistoryRow(id=r["id"], tool=r["tool"], host=r["host"], machine=machine_key(r), started=started,
+        return HistoryRow(id=r["id"], tool=r["tool"], host=r["host"], machine=machine_key(r), started=iso_time(r["started"]),
                           gpu=(r["gpu_names"] or [None])[0], verdict=r["verdict"], metric=r["metric_name"],
-                          value=r["metric_value"])
+                          value=r["metric_value"], headline=headline)
     except (TypeError, ValueError, OverflowError, OSError):   # pydantic's ValidationError is a ValueError
         return None
 
@@ -145,9 +166,36 @@ def find_flags(rows: list[dict], higher_is_better: dict[str, bool], threshold_pc
 ANALYSED_ROWS = 5000   # newest rows the outlier and regression rules look at
 
 
+def row_sentence(row: HistoryRow) -> str:
+    """One listed row as the answer's text says it: enough to pick one for result_id."""
+    figure = f", {row.metric} {row.value:g}" if row.metric and row.value is not None else ""
+    return (f"#{row.id} {row.started} {row.tool} on {row.host or '?'}: {row.verdict or 'no verdict'}{figure}"
+            + (f" - {row.headline}" if row.headline else ""))
+
+
+def show_one(result_id: int) -> ResultsHistoryResult:
+    """One stored result, its own findings and next steps first, as it answered when it ran."""
+    row = stored_result(result_id)
+    if row is None:
+        raise ToolFailure(f"result_id: no stored result #{result_id} (ids come from a listing: call results_history "
+                          "with tool, host or gpu)")
+    started = iso_time(row["started"]) if isinstance(row["started"], (int, float)) else None
+    result = row["result"]
+    said = [str(f) for f in result.get("findings") or [] if isinstance(f, str)] if isinstance(result, dict) else []
+    nxt = [str(n) for n in result.get("next") or [] if isinstance(n, str)][:20]
+    head = (f"Result #{result_id}: {row['tool']} on {row['host'] or '?'} at {started or '?'}"
+            + (f" (SLURM job {row['job_id']})" if row.get("job_id") else "") + f", verdict {row['verdict'] or '?'}; "
+            f"its {len(said)} finding(s) as stored follow.")
+    shown = StoredResult(id=result_id, tool=row["tool"] or "?", started=started, host=row["host"], job_id=row["job_id"],
+                         params=row["params"], result=result)
+    return ResultsHistoryResult(verdict="info", findings=[head, *said], next=nxt, shown=shown)
+
+
 def run(params: ResultsHistoryParams, progress) -> ResultsHistoryResult:
     from .engine.registry import registry
 
+    if params.result_id is not None:
+        return show_one(params.result_id)
     since = time.time() - params.since_days * 86400
     filters = dict(tool=params.tool or None, host=params.host or None, gpu=params.gpu or None, since=since)
     total = count(**filters)
@@ -157,7 +205,8 @@ def run(params: ResultsHistoryParams, progress) -> ResultsHistoryResult:
     flags = find_flags(rows, higher, params.threshold_pct, inconclusive)
     page = rows[params.offset:params.offset + params.limit] if params.offset + params.limit <= len(rows) else \
         history(**filters, limit=params.limit, offset=params.offset)
-    out = [row for row in map(history_row, page) if row is not None]
+    firsts = headlines([r["id"] for r in page])
+    out = [row for row in (history_row(r, firsts.get(r["id"])) for r in page) if row is not None]
     findings = [f"{total} stored result(s) match" + (f"; rows {params.offset + 1}-{params.offset + len(page)} shown"
                                                        if total > len(page) else "") + "."]
     if params.offset + len(page) < total:
@@ -174,6 +223,8 @@ def run(params: ResultsHistoryParams, progress) -> ResultsHistoryResult:
                         f"than {'the others' if f.kind == 'outlier' else 'its own past'} ({f.reference:g}; threshold "
                         f"{f.threshold_pct:g}%); result #{f.result_id}.")
     findings += [f"INCONCLUSIVE: {line}." for line in inconclusive[:10]]
+    if out:   # the rows themselves, in the text an agent reads (result_id=N shows one whole)
+        findings += ["Rows, newest first (result_id=N shows one whole):", *map(row_sentence, out)]
     if not rows:
         findings[0] = ("No stored results match. Results are stored when tools run (CLI or server) with the same "
                        "MLENG_HOME.")

@@ -32,7 +32,7 @@ from ..shared.nccl_env import echo_nccl_env
 from ..shared.launch import RankLayout, launch_ranks, layout, manual_start, plan_command, visible_gpus
 from .isolation import IsolationReport
 from .models import BenchRow, OpSummary
-from .patterns import PatternFields, pattern_result
+from .patterns import PatternFields, pattern_result, take_allocation
 from .report import draw_plot, format_table, gbps, human_size, judge, point_at
 from ..shared.expected_busbw import expected_busbw
 from ..engine.spec import SELF_EVIDENT, SELF_TEST, Field, Result, ToolSpec, worst
@@ -124,6 +124,19 @@ def summarize_rows(rows: list[BenchRow], op: str, record: dict | None) -> OpSumm
 # ---------------------------------------------------------------------------------------------------
 
 def run(params: CollectiveBenchParams, progress) -> CollectiveBenchResult:
+    """Here or, with partition / job_id, inside that allocation (taken for the run, or another job's)."""
+    allocation = take_allocation(params, SPEC.timeout_s, progress)
+    if allocation is None:
+        return measure(params, progress)
+    from ..shared.allocation import inside
+
+    with inside(allocation):
+        result = measure(params, progress)
+    result.findings.append(allocation.sentence() + ".")
+    return result
+
+
+def measure(params: CollectiveBenchParams, progress) -> CollectiveBenchResult:
     if params.plot:
         _plot_target(params)   # a bad plot_path fails now, before any rank starts
     gpus = visible_gpus()
@@ -281,7 +294,7 @@ SPEC = ToolSpec(
         "one) or 'bisect' (one bad node in a set that fails or hangs). Seconds to minutes; NCCL on GPUs, gloo "
         "on CPU. Ranks cannot connect: dist_smoke_test first."),
     Params=CollectiveBenchParams, Result=CollectiveBenchResult, run=echo_nccl_env(run), runs="subprocess",
-    read_only=False, destructive=True, idempotent=True, open_world=False, timeout_s=900,
+    read_only=False, destructive=True, idempotent=True, open_world=True, timeout_s=900,
     gpu_devices=_gpus, metric="busbw_gbps", higher_is_better=True,
     spans_nodes=True,  # reaches the cluster itself: the engine's node= option does not apply
 )

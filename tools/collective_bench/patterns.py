@@ -34,7 +34,11 @@ class PatternFields(Params):
     slow_latency_factor: float = Field(5.0, ge=1.5, le=1000, description=(
         "pairwise: slow above this x a healthy pair's latency."))
     nodes: list[NodeName] | None = Field(None, min_length=2, max_length=8192, description=(
-        "pairwise/bisect: only these nodes of the allocation."))
+        "pairwise/bisect: only these nodes of the allocation (with partition: these nodes of it)."))
+    partition: str | None = Field(None, pattern=r"^[A-Za-z0-9_.\-]+$", max_length=128, description=(
+        "Outside an allocation: run in a job of our own here (nnodes nodes, default every idle one)."))
+    job_id: str | None = Field(None, pattern=r"^\d+(_\d+)?$", max_length=40, description=(
+        "Run in this RUNNING job's allocation (steps beside its own)."))
     hosts: list[NodeName] | None = Field(None, min_length=2, max_length=8192, description=(
         "pairwise/bisect outside SLURM: all node addresses in order; call on each with its node_rank, one "
         "rdzv_endpoint and one MLENG_COORD_SECRET (16+ chars)."))
@@ -57,7 +61,8 @@ def pattern_nodes(params) -> tuple[list[str], str]:
         return list(params.hosts), "agents"
     if not use_srun(2):
         raise ToolFailure(f"pattern: {params.pattern} needs several nodes: run it inside a SLURM allocation "
-                          "(salloc -N 4 ...), or give hosts, node_rank and rdzv_endpoint on every node")
+                          "(salloc -N 4 ...), give partition (a job of our own) or job_id (a running job's nodes), or give "
+                          "hosts, node_rank and rdzv_endpoint on every node")
     names = _slurm.allocation_nodes()
     if params.nodes:
         unknown = [n for n in params.nodes if n not in names]
@@ -67,6 +72,25 @@ def pattern_nodes(params) -> tuple[list[str], str]:
     if len(names) < 2:
         raise ToolFailure(f"nodes: pattern {params.pattern} needs at least 2 nodes, the allocation has {names}")
     return names, "srun"
+
+
+def take_allocation(params, timeout_s: float, progress):
+    """The allocation partition / job_id ask for (an Allocation, shared/allocation.py), or None to run here."""
+    if not (params.partition or params.job_id):
+        return None
+    from ..shared.allocation import existing, request
+
+    if params.partition and params.job_id:
+        raise ToolFailure("job_id: give job_id (a running job's nodes) or partition (a job of our own), not both")
+    if params.hosts or params.rdzv_endpoint:
+        raise ToolFailure(f"{'hosts' if params.hosts else 'rdzv_endpoint'}: outside SLURM only; with "
+                          f"{'partition' if params.partition else 'job_id'} SLURM places the ranks")
+    if params.job_id:
+        return existing(params.job_id)
+    progress(0.0, f"asking partition {params.partition} for {params.nnodes or 'every idle'} node(s) (salloc)")
+    allocation = request(params.partition, params.nnodes, params.nodes, timeout_s)
+    progress(0.01, f"job {allocation.job_id}: {', '.join(allocation.nodes[:8])}")
+    return allocation
 
 
 def check_rounds(params, n: int) -> None:

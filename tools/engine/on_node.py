@@ -14,11 +14,12 @@ Trust: the node name is the caller's and is checked against SLURM's node-name ch
 reaches argv (no shell is involved); the child's output is read through the same parser as a local one.
 """
 
-import math
 import os
 import re
 import shutil
 import subprocess
+
+from .placement import inside_allocation, own_job
 
 NODE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,254}$"
 NODE_MAX_CHARS = 255
@@ -63,14 +64,9 @@ def node_command(node: str, cmd: list[str], timeout_s: float, job_name: str,
     env = dict(os.environ if env is None else env)
     srun = ["srun", "--nodes=1", "--ntasks=1", f"--nodelist={node}", "--kill-on-bad-exit=1", "--quiet"]
     if node in _allocation_nodes(env):
-        srun += ["--overlap"]   # beside the allocation's own steps, on the resources it already holds
+        place = inside_allocation()   # beside the allocation's own steps, on the resources it already holds
     else:
-        # A job of our own: drop the allocation we may be inside, or srun would try to place the step there.
-        env = {k: v for k, v in env.items() if not k.startswith("SLURM_") or k == "SLURM_CONF"}
-        minutes = max(1, math.ceil(timeout_s / 60) + 1)
-        srun += [f"--job-name={job_name}", f"--time={minutes}"]
-        partition = _node_partition(node, env)
-        if partition:
-            srun += [f"--partition={partition}"]
-    env[NODE_ENV] = node
-    return srun + cmd, env
+        env = own_job(None, timeout_s).env(env)   # not the allocation we may be inside: srun would try it
+        place = own_job(_node_partition(node, env), timeout_s, job_name)
+    env = {**place.env(env), NODE_ENV: node}
+    return srun + list(place.srun_args) + cmd, env

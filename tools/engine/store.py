@@ -291,3 +291,31 @@ def query(tool: str | None = None, host: str | None = None, gpu: str | None = No
         for k in ("gpu_names", "gpu_uuids", "gpu_serials", "params", "result"):
             r[k] = json.loads(r[k]) if r[k] else None
     return rows
+
+
+HEADLINE_CHARS = 300   # a listed row's first finding, cut: a listing of 500 rows stays small
+
+
+def headlines(ids: list[int]) -> dict[int, str]:
+    """The first finding of each stored result, at most HEADLINE_CHARS characters (bounded in SQL, so a
+    big result is never read whole for a listing); ids without one are left out."""
+    if not ids:
+        return {}
+    marks = ",".join("?" * len(ids))
+    sql = (f"SELECT id, substr(json_extract(result, '$.findings[0]'), 1, {HEADLINE_CHARS}) FROM results "
+           f"WHERE id IN ({marks}) AND json_valid(result)")
+    with connect() as conn:
+        return {row[0]: row[1] for row in conn.execute(sql, ids) if isinstance(row[1], str)}
+
+
+def stored_result(result_id: int) -> dict | None:
+    """One stored row with its params and result parsed (rows are bounded when saved); None without one."""
+    with connect() as conn:
+        row = conn.execute("SELECT * FROM results WHERE id = ?", (result_id,)).fetchone()
+    if row is None:
+        return None
+    out = dict(row)
+    for k in ("gpu_names", "gpu_uuids", "gpu_serials"):
+        out[k] = _json_list(out[k])
+    out["params"], out["result"] = _loads(out["params"]), _loads(out["result"])
+    return out

@@ -18,7 +18,9 @@ Every figure is judged by the one rule (tools/shared/judging.py, knowledge/data/
   * a group whose healthy figures spread past the rule's widest threshold is "inconclusive", with the
     spread, and names no outlier;
   * a candidate goes on the drain list only when its check, re-run on that node (`confirm`), breaks
-    the rule again; a check that failed outright (not busy) or a node that did not answer is drained;
+    the rule again; a check that failed outright (not busy) or a node that did not answer is drained,
+    except a node still running when the deadline ended a relaunch that other nodes' launch failures
+    forced (it ran out of their time, not its own): "not judged", never drained;
   * a node whose own cgroup CPU quota throttled the probe in OWN_LIMIT_BINDS of the periods or more is a
     failed check, drained with that evidence, when fewer than half the probed nodes are so limited (a
     node configured apart from its peers); on half or more it is one fleet-wide finding. This needs no
@@ -41,7 +43,8 @@ MIN_PEERS = 3
 RULES = ("a figure is bad when worse than its group's fleet median (needs >= {peers} values) or its expected "
          "figure by more than max(margin, k x run-to-run spread) of that figure (knowledge/data/verdict_rules.toml); "
          "busy figures are not judged; an outlier is drained only when a re-run on its node repeats it; a check "
-         "that fails (not busy) or a node that does not answer is drained")
+         "that fails (not busy) or a node that does not answer is drained, unless the deadline ended a relaunch "
+         "around other nodes' failures while it was still running (not judged)")
 DRIFT_KEYS = ("driver", "cuda", "nccl", "torch", "python")
 
 
@@ -214,11 +217,26 @@ def unanswered(rows: list[dict], expected_nodes: list[str], planned: dict[str, l
     return missing
 
 
+def set_apart_cut_short(missing: dict[str, str], known: dict[str, str], failed: list[dict],
+                        cut_short: str | None) -> tuple[dict[str, str], dict[str, str]]:
+    """(missing, not judged): when the attempt the answer comes from was relaunched after other nodes'
+    launch failures (`cut_short` says how much of the deadline that cost), a node still running at the
+    deadline with no failure of its own ran out of someone else's time: not judged, never drained."""
+    if not cut_short:
+        return missing, {}
+    failed_nodes = {r["node"] for r in failed}
+    cut = {n: why for n, why in missing.items() if n not in known and n not in failed_nodes}
+    return ({n: why for n, why in missing.items() if n not in cut},
+            {n: f"{why}; still running when the deadline ended the relaunch ({cut_short}), and no check of its "
+                "own failed" for n, why in cut.items()})
+
+
 def aggregate(rows: list[dict], expected_nodes: list[str], planned: dict[str, list[str]],
               known_missing: dict[str, str], margin_pct: float | None = None,
-              confirm_rows: list[dict] | None = None) -> dict:
+              confirm_rows: list[dict] | None = None, cut_short: str | None = None) -> dict:
     """Everything fleet_sweep reports across nodes, from the rows that arrived in time. Without
-    `confirm_rows` the outliers are candidates ("unconfirmed") and none is drained."""
+    `confirm_rows` the outliers are candidates ("unconfirmed") and none is drained. `cut_short`: why the
+    rows' attempt had less than the whole deadline (a relaunch after other nodes' launch failures)."""
     figures = flatten_figures(rows)
     stats = group_stats(figures, margin_pct)
     gates = [g for g in (fleet_gate(s) for s in stats.values()) if g]
@@ -233,8 +251,9 @@ def aggregate(rows: list[dict], expected_nodes: list[str], planned: dict[str, li
         versions.setdefault(r["node"], {}).update(r.get("versions") or {})
         if r.get("inventory"):
             inventories[r["node"]] = r["inventory"]
-    missing = unanswered(rows, expected_nodes, planned, known_missing)
-    return {"stats": stats, "outliers": outliers, "fleet_below_expected": gates, "busy": busy,
+    missing, not_judged = set_apart_cut_short(unanswered(rows, expected_nodes, planned, known_missing), known_missing,
+                                              failed, cut_short)
+    return {"not_judged": not_judged, "stats": stats, "outliers": outliers, "fleet_below_expected": gates, "busy": busy,
             "drift": version_drift(versions), "inventory_drift": version_drift(inventories),
             "failed": failed, "missing": missing, "drain": drain_list(outliers, failed, missing),
             "cpu_limited_fleet": sorted(r["node"] for r in limited_fleet),

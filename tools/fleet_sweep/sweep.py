@@ -47,6 +47,20 @@ def srun_said(line: str) -> LaunchFailed | slurm.SrunTasks | None:
     return slurm.srun_tasks_line(line)
 
 
+@dataclass(frozen=True)
+class Relaunch:
+    """Why the answer's attempt had less than the whole deadline: other nodes refused the first launch."""
+    after: dict[str, str]     # node -> why srun could not start its task
+    at_s: float               # seconds into the sweep when the relaunch started
+    deadline_s: float         # the sweep's whole deadline
+
+    def sentence(self) -> str:
+        nodes = ", ".join(sorted(self.after)[:5]) + (f" and {len(self.after) - 5} more" if len(self.after) > 5 else "")
+        why = next(iter(self.after.values()))
+        return (f"srun aborted attempt 1 when {nodes} refused its task ({why}) {self.at_s:.0f} s into the "
+                f"{self.deadline_s:g} s deadline, which left the relaunch {max(0.0, self.deadline_s - self.at_s):.0f} s")
+
+
 @dataclass
 class Collected:
     rows: dict[tuple[str, str], dict] = field(default_factory=dict)   # (node, check) -> row, this attempt
@@ -58,6 +72,7 @@ class Collected:
     attempts: int = 0
     set_aside: int = 0               # rows of an aborted earlier attempt, not used in the answer
     timed_out: bool = False
+    relaunch: Relaunch | None = None  # set when the last attempt started after others' launch failed
     stderr_tail: str = ""
     leftovers: list[str] = field(default_factory=list)                 # steps scancel had to stop
 
@@ -224,11 +239,13 @@ def sweep(target, job: dict, deadline_s: float, on_row) -> Collected:
     """Run the step; when srun aborted it because some nodes refused the launch, run it again on every
     other node (one attempt's rows in the answer, never a mix)."""
     got = Collected()
-    deadline = time.monotonic() + deadline_s
+    start = time.monotonic()
+    deadline = start + deadline_s
     nodes = target.launch_nodes
     run_step(nodes, target, job, got, deadline, on_row)
     rest = [n for n in nodes if n not in got.failed_launch]
     if got.failed_launch and rest and time.monotonic() < deadline - 1:
         got.new_attempt()
+        got.relaunch = Relaunch(dict(got.failed_launch), time.monotonic() - start, deadline_s)
         run_step(rest, target, job, got, deadline, on_row)
     return got

@@ -11,10 +11,10 @@ launch on every other node.
 
 from __future__ import annotations
 
-import math
 import socket
 from dataclasses import dataclass, field
 
+from ..engine.placement import inside_allocation, inside_job, own_job
 from ..engine.spec import ToolFailure
 from ..shared import slurm
 
@@ -75,7 +75,7 @@ def skip_unreachable(nodes: list[str], states: dict[str, str]) -> dict[str, str]
 def from_allocation(env: dict) -> Target:
     nodes = slurm.allocation_nodes(env)
     states = check_known(nodes, "SLURM_JOB_NODELIST")
-    return Target("allocation", nodes, ["--overlap"], skip_unreachable(nodes, states))
+    return Target("allocation", nodes, list(inside_allocation().srun_args), skip_unreachable(nodes, states))
 
 
 def from_job(job_id: str) -> Target:
@@ -85,7 +85,7 @@ def from_job(job_id: str) -> Target:
         raise ToolFailure(f"job_id: {exc}") from None
     nodes = slurm.allocation_nodes(env)
     states = check_known(nodes, "job_id")
-    return Target("job", nodes, [f"--jobid={job_id}", "--overlap"], skip_unreachable(nodes, states))
+    return Target("job", nodes, list(inside_job(job_id).srun_args), skip_unreachable(nodes, states))
 
 
 def partition_nodes(partition: str) -> list[str]:
@@ -107,7 +107,7 @@ def from_partition(partition: str, count: int | None, deadline_s: float) -> Targ
     if count > len(usable):
         raise ToolFailure(f"nodes: partition {partition!r} has {len(usable)} reachable node(s) of {len(nodes)}; "
                           f"ask for at most {len(usable)} (down or drained: {', '.join(skipped) or 'none'})")
-    return Target("partition", usable[:count], own_job_args(partition, deadline_s))
+    return Target("partition", usable[:count], list(own_job(partition, deadline_s).srun_args))
 
 
 def from_hosts(hosts: list[str], partition: str | None, deadline_s: float) -> Target:
@@ -122,14 +122,7 @@ def from_hosts(hosts: list[str], partition: str | None, deadline_s: float) -> Ta
     except ValueError as exc:
         raise ToolFailure(f"hosts: {exc}") from None
     states = check_known(nodes, "hosts")
-    return Target("hosts", nodes, own_job_args(partition, deadline_s), skip_unreachable(nodes, states))
-
-
-def own_job_args(partition: str | None, deadline_s: float) -> list[str]:
-    """A job of our own: its time limit is the deadline rounded up (minutes), a safety net should
-    this process die before it cancels the step."""
-    minutes = max(1, math.ceil(deadline_s / 60) + 1)
-    return [*(["--partition", partition] if partition else []), f"--time={minutes}"]
+    return Target("hosts", nodes, list(own_job(partition, deadline_s).srun_args), skip_unreachable(nodes, states))
 
 
 LOCAL_NAMES = ("localhost", "127.0.0.1")

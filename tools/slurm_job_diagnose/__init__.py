@@ -3,7 +3,8 @@
 Collects what SLURM still knows about the job: `scontrol show job` while slurmctld remembers it
 (MinJobAge, 300 s by default), `sacct` when accounting runs (steps, per-step exit codes, nodes), the
 job-completion log (`sacct -c`) when that is all there is; then finds the job's stdout/stderr files
-and runs log_triage on them. Says which of those it could not see.
+and runs log_triage on them. Says which of those it could not see. A job that ran one of our own tools
+(its output is that tool's answer, exit 3 for "fail") is read as that tool's verdict and findings.
 
 By hand (login node):
     python -m tools.slurm_job_diagnose --job-id 123456
@@ -32,6 +33,7 @@ from .jobs import (
     triage,
 )
 from ..engine.spec import Field, Params, Result, ToolFailure, ToolSpec
+from .reports import find_report, report_findings
 from ..shared.actions import ACTION_FIELD, Action, HealthFinding, worst_action
 
 
@@ -210,6 +212,18 @@ def run(params: SlurmJobDiagnoseParams, progress) -> SlurmJobDiagnoseResult:
                                                  else ("info", [], [], []))
 
     verdict, findings, nxt, failing_step, failing_node = diagnose(info, steps, log_state, log_node, evidence)
+    report = find_report(all_logs)
+    if report and report.explains(info.get("exit_code")):
+        # The job ran one of our tools to its answer: that answer is the diagnosis (its log is our report,
+        # so log_triage's "no known signature" says nothing), then SLURM's facts of the run.
+        verdict, said, nxt = report_findings(report, info)
+        findings = said + [f for f in findings[1:] if not f.startswith("Its script exited with code")]
+        log_findings, hits = [], []
+    elif report:
+        said = (f"Its output ends with a {report.tool} report, verdict {report.verdict}: "
+                + (report.findings[0] if report.findings else "(no findings)"))
+        findings.append(said + ("" if info.get("exit_code") is None else f" (the job's exit code {info['exit_code']} "
+                                "is not that verdict's: something after the tool failed, or ended it)"))
     if not known:
         findings.insert(0, "Only the log files were available: the state comes from the lines SLURM wrote there"
                            + (" (none here: state unknown)." if not log_state else "."))

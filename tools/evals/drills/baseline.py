@@ -204,8 +204,8 @@ def fleet_judged_clean(answer: dict) -> bool:
     """A fleet_sweep 'warn' that still clears every node: each was judged (nothing busy, no group too noisy,
     every node answered, no drift) and every outlier was measured again and came back within the rule."""
     outliers = answer.get("outliers") or []
-    return (not any(answer.get(k) for k in ("busy", "not_answering", "drift", "inventory_drift", "below_expected",
-                                              "drain"))
+    return (not any(answer.get(k) for k in ("busy", "not_answering", "not_judged", "drift", "inventory_drift",
+                                              "below_expected", "drain"))
             and not any(m.get("inconclusive") for m in answer.get("medians") or [])
             and all(o.get("status") == "not repeated" for o in outliers) and bool(answer.get("rows")))
 
