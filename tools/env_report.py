@@ -244,6 +244,7 @@ def run(params: EnvReportParams, progress) -> EnvReportResult:
 
 
 SPEC = ToolSpec(
+    job_python=True,  # it reports the stack of the job's Python (engine/job_python.py)
     runs="subprocess",  # reads files / starts processes: under the runner's deadline and cancel
     name="env_report",
     summary="Python/torch/CUDA/cuDNN/NCCL/driver versions and NCCL_/TORCH_/CUDA_ env vars, with warnings.",

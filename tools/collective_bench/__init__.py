@@ -280,7 +280,7 @@ SPEC = ToolSpec(
         "pattern='pairwise' (node x node matrix: a slow node is slow with every partner, a slow link with "
         "one) or 'bisect' (one bad node in a set that fails or hangs). Seconds to minutes; NCCL on GPUs, gloo "
         "on CPU. Ranks cannot connect: dist_smoke_test first."),
-    Params=CollectiveBenchParams, Result=CollectiveBenchResult, run=echo_nccl_env(run), runs="subprocess",
+    Params=CollectiveBenchParams, Result=CollectiveBenchResult, run=echo_nccl_env(run), runs="subprocess", needs_torch=True,
     read_only=False, destructive=True, idempotent=True, open_world=False, timeout_s=900,
     gpu_devices=_gpus, metric="busbw_gbps", higher_is_better=True,
     spans_nodes=True,  # reaches the cluster itself: the engine's node= option does not apply

@@ -245,7 +245,7 @@ SPEC = ToolSpec(
         "hangs, gloo works but nccl never starts, multi-node training hangs at accelerator.prepare or before "
         "step 1, init_process_group hangs on all machines (SLURM, Kubernetes, mpirun, ray). ~5-15 s. Not a "
         "bandwidth test (collective_bench)."),
-    Params=DistSmokeTestParams, Result=DistSmokeTestResult, run=echo_nccl_env(run), runs="subprocess",
+    Params=DistSmokeTestParams, Result=DistSmokeTestResult, run=echo_nccl_env(run), runs="subprocess", needs_torch=True,
     read_only=True, destructive=False, idempotent=True, open_world=False, timeout_s=900,
     gpu_devices=_gpus, metric=None,
     # doctor: a one-node smoke test, on CPU too (2 gloo ranks, ~6 s): the launcher, torchrun and the

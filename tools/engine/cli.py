@@ -280,8 +280,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "doctor":
         return doctor(args.json)
     if args.command == "serve":
+        from .job_python import set_job_python
         from .mcp_server import serve
 
+        if args.python:
+            set_job_python(args.python)
         serve(args.http, args.no_auth)
         return 0
     return 2

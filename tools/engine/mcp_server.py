@@ -33,6 +33,7 @@ from mcp.types import Tool as MCPTool
 from pydantic import Field, ValidationError
 
 from .data import PACKAGE_DIR
+from .job_python import set_job_python
 from .jobs import ANONYMOUS, MANAGER, Busy, Cancelled, Job
 from .registry import registry
 from .schemas import compact, for_hosts, without_guards
@@ -445,5 +446,7 @@ def main(argv: list[str] | None = None) -> None:
 
     add_serve_arguments(parser)
     args = parser.parse_args(argv)
+    if args.python:
+        set_job_python(args.python)
     serve(args.http, args.no_auth)
 

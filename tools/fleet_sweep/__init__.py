@@ -132,7 +132,7 @@ SPEC = ToolSpec(
         "drain), busy GPUs/CPUs with their holders (never drained), version and inventory drift, silent nodes, "
         "scontrol drain commands (never run). About the slowest node's time (1-2 min). Not for one node (the "
         "single tools) or links between nodes (collective_bench pattern='pairwise')."),
-    Params=FleetSweepParams, Result=FleetSweepResult, run=run, runs="subprocess",
+    Params=FleetSweepParams, Result=FleetSweepResult, run=run, runs="subprocess", job_python=True,
     read_only=False, destructive=True, idempotent=False, open_world=True, timeout_s=3700,
     spans_nodes=True,  # reaches the cluster itself: the engine's node= option does not apply
 )

@@ -404,7 +404,7 @@ SPEC = ToolSpec(
         "Use for 'is my GPU as fast as it should be', the MFU ceiling, a slow or throttling card. One GPU "
         "locked; quick ~1 min, thorough ~5. Not for datasheet figures (accelerator_specs), memory bandwidth "
         "(memory_bandwidth_bench) or communication (collective_bench)."),
-    Params=MatmulBenchParams, Result=MatmulBenchResult, run=run, runs="subprocess", timeout_s=900,
+    Params=MatmulBenchParams, Result=MatmulBenchResult, run=run, runs="subprocess", needs_torch=True, timeout_s=900,
     gpu_devices=_gpu_devices, metric="mamf_tflops", higher_is_better=True,
     doctor=lambda ctx: {"time_budget_s": 30, "iterations": 50, "warmup": 10} if ctx["gpu_count"] else None,
     doctor_order=60, sweep=SWEEP,

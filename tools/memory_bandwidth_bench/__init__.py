@@ -226,7 +226,7 @@ SPEC = ToolSpec(
         "the PCIe link. Use for 'is HBM as fast as it should be', slow data loading or CPU offload, a "
         "downtrained PCIe link, wrong NUMA binding. One GPU, ~10 s. Not for GPU-to-GPU links (p2p_bandwidth) "
         "or matmul speed (matmul_bench)."),
-    Params=MemoryBandwidthParams, Result=MemoryBandwidthResult, run=run, runs="subprocess", timeout_s=300,
+    Params=MemoryBandwidthParams, Result=MemoryBandwidthResult, run=run, runs="subprocess", needs_torch=True, timeout_s=300,
     gpu_devices=lambda p: [] if p.device == "cpu" else [p.device], metric="copy_tbps", higher_is_better=True, sweep=SWEEP,
     doctor=lambda ctx: {} if ctx["gpu_count"] else None, doctor_order=65,
 )
