@@ -143,6 +143,13 @@ def find_flags(rows: list[dict], higher_is_better: dict[str, bool], threshold_pc
 
 
 ANALYSED_ROWS = 5000   # newest rows the outlier and regression rules look at
+ROWS_IN_TEXT = 10      # rows the findings list one a line: the text answer shows what it counted
+
+
+def row_line(row: HistoryRow) -> str:
+    figure = f", {row.metric} = {row.value:g}" if row.metric and row.value is not None else ""
+    return (f"#{row.id} {row.started} {row.tool} on {row.machine}{f' ({row.gpu})' if row.gpu else ''}: "
+            f"{row.verdict or 'no verdict'}{figure}")
 
 
 def run(params: ResultsHistoryParams, progress) -> ResultsHistoryResult:
@@ -174,6 +181,9 @@ def run(params: ResultsHistoryParams, progress) -> ResultsHistoryResult:
                         f"than {'the others' if f.kind == 'outlier' else 'its own past'} ({f.reference:g}; threshold "
                         f"{f.threshold_pct:g}%); result #{f.result_id}.")
     findings += [f"INCONCLUSIVE: {line}." for line in inconclusive[:10]]
+    findings += [row_line(row) for row in out[:ROWS_IN_TEXT]]
+    if len(out) > ROWS_IN_TEXT:
+        findings.append(f"… {len(out) - ROWS_IN_TEXT} more of these rows in `rows` (--json).")
     if not rows:
         findings[0] = ("No stored results match. Results are stored when tools run (CLI or server) with the same "
                        "MLENG_HOME.")

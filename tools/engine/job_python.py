@@ -36,7 +36,7 @@ def missing_module_message(tool: str, module: str, python: str) -> str:
     if module.split(".")[0] in STACK_PACKAGES:
         return (f"{tool} needs {module} in the job's Python ({python}), which has none: set "
                 f"{ENV}=/path/to/venv/bin/python or `mleng serve --python ...` to the Python your jobs use, "
-                "or install mleng[torch] here.")
+                "or install mleng[torch] to measure in the server's own Python.")
     return (f"{tool} needs the module {module!r} in the job's Python ({python}), which has none: install it "
             f"there (pip install {module.split('.')[0]}), or point {ENV} / `mleng serve --python` at a Python "
             f"{sys.version_info.major}.{sys.version_info.minor} like the server's, whose packages it then borrows.")
