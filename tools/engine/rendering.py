@@ -16,6 +16,14 @@ def short_repr(value, limit: int = QUOTE_LIMIT) -> str:
     return f"{text[:limit]}… ({len(text)} characters)"
 
 
+def clip(text: str, width: int) -> str:
+    """text in at most `width` characters, cut at a word with an ellipsis (never mid-word)."""
+    if len(text) <= width:
+        return text
+    cut = text[:width - 1].rsplit(" ", 1)[0].rstrip(" ,;:")
+    return cut + "…"
+
+
 def validation_problems(e: ValidationError, flag_style: bool = False) -> list[str]:
     """One line per problem: the field (as --flag-name for the CLI), what is wrong, a short prefix of the value."""
     lines = []

@@ -1,0 +1,40 @@
+"""What a new user trips on in the first hour (issue 37; review 2026-12-02-first-run): each a test."""
+
+import os
+import subprocess
+import sys
+
+from tools.engine.doctor import doctor_text, server_launcher
+from tools.engine.rendering import clip
+
+from conftest import REPO
+
+SMOKE = ("All 2 ranks on 1 host(s) joined, passed the barrier and an exact all_reduce check (gloo); slowest rank "
+         "per stage: init 0.219 s, barrier 0.005 s, all_reduce 0.052 s.")
+
+
+def test_doctor_cuts_a_long_finding_at_a_word_and_says_what_to_do_next():
+    text = doctor_text({"host": "vm", "gpu_names": []}, [("dist_smoke_test", "ok", 5.2, SMOKE)], ["matmul_bench"], [])
+    row = next(line for line in text.splitlines() if "dist_smoke_test" in line)
+    assert row.endswith("slowest rank per…") and "per sta" not in row   # was: "... slowest rank per sta"
+    assert len(clip(SMOKE, 110)) <= 110 and clip("short", 110) == "short"
+    assert f"claude mcp add -s user mleng -- {server_launcher()}" in text
+    assert "mleng run <tool> --help" in text
+
+
+def test_the_server_launcher_starts_from_any_directory(tmp_path):
+    """What doctor tells hosts to run is an absolute command, not a bare `python` that a host resolves elsewhere."""
+    launcher = server_launcher()
+    assert launcher.startswith(sys.executable) and os.path.isabs(launcher.split()[1])
+    out = subprocess.run(launcher.split() + ["--help"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "--python" in out.stdout
+
+
+def test_mleng_run_help_shows_usage_and_the_tools():
+    from tools.engine.registry import registry
+
+    for args in (["run", "--help"], ["run"], ["run", "-h"]):
+        out = subprocess.run([sys.executable, "-m", "tools", *args], cwd=REPO, capture_output=True, text=True,
+                             timeout=60)
+        assert out.returncode == 0, out.stderr    # was: rc 2, "the following arguments are required: tool, rest"
+        assert out.stdout.startswith("usage: mleng run TOOL") and all(name in out.stdout for name in registry())
