@@ -38,3 +38,21 @@ def test_mleng_run_help_shows_usage_and_the_tools():
                              timeout=60)
         assert out.returncode == 0, out.stderr    # was: rc 2, "the following arguments are required: tool, rest"
         assert out.stdout.startswith("usage: mleng run TOOL") and all(name in out.stdout for name in registry())
+
+
+def test_a_validation_error_says_the_rule_without_library_leftovers():
+    import pydantic
+    import pytest
+
+    from tools.engine.registry import get_spec
+    from tools.engine.rendering import validation_message, validation_problems
+
+    spec = get_spec("straggler_find")
+    with pytest.raises(pydantic.ValidationError) as caught:
+        spec.Params()
+    line, = validation_problems(caught.value, flag_style=True)
+    assert line.startswith("give exactly one of") and "slurm_job_id" in line
+    assert "Value error" not in line and "(arguments)" not in line and "(got {})" not in line
+    with pytest.raises(pydantic.ValidationError) as caught:
+        spec.Params(pids=[1], window_s=2)
+    assert "window_s: Input should be greater than or equal to 5 (got 2)" in validation_message(spec, caught.value)

@@ -28,11 +28,15 @@ def validation_problems(e: ValidationError, flag_style: bool = False) -> list[st
     """One line per problem: the field (as --flag-name for the CLI), what is wrong, a short prefix of the value."""
     lines = []
     for err in e.errors():
-        where = ".".join(str(x) for x in err["loc"]) or "(arguments)"
-        if flag_style and err["loc"]:
+        msg = err["msg"].removeprefix("Value error, ").removeprefix("Assertion failed, ")
+        if not err["loc"]:   # a rule across fields: its message names them; the input is all the arguments
+            lines.append(msg)
+            continue
+        where = ".".join(str(x) for x in err["loc"])
+        if flag_style:
             where = "--" + where.replace("_", "-")
         got = f" (got {short_repr(err['input'])})" if "input" in err else ""
-        lines.append(f"{where}: {err['msg']}{got}")
+        lines.append(f"{where}: {msg}{got}")
     return lines
 
 
