@@ -56,3 +56,22 @@ def test_a_validation_error_says_the_rule_without_library_leftovers():
     with pytest.raises(pydantic.ValidationError) as caught:
         spec.Params(pids=[1], window_s=2)
     assert "window_s: Input should be greater than or equal to 5 (got 2)" in validation_message(spec, caught.value)
+
+
+def test_memory_estimate_takes_a_gpu_count_and_hugging_face_ids():
+    import pydantic
+    import pytest
+
+    from tools.memory_estimate import MemoryParams, run
+
+    def total(**kw):
+        return run(MemoryParams(sharding="zero3", accelerator="h100", **kw), lambda *_: None).total_gib
+
+    assert total(model="meta-llama/Meta-Llama-3-70B", num_gpus=64) == total(model="llama-3-70b", dp=64)
+    assert total(model="https://huggingface.co/meta-llama/llama-3.1-70b-instruct", num_gpus=64, tp=8) == \
+        total(model="llama-3-70b", dp=8, tp=8)
+    for bad, said in [(dict(model="llama-3-70b", num_gpus=64, tp=3), "not a multiple of tp x pp x cp = 3"),
+                      (dict(model="llama-3-70b", num_gpus=64, dp=4), "num_gpus=64 and dp=4 disagree"),
+                      (dict(model="meta-llama/Llama-9-1T"), "not a known preset or Hugging Face id")]:
+        with pytest.raises(pydantic.ValidationError, match=said):
+            MemoryParams(**bad)
