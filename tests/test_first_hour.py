@@ -75,3 +75,40 @@ def test_memory_estimate_takes_a_gpu_count_and_hugging_face_ids():
                       (dict(model="meta-llama/Llama-9-1T"), "not a known preset or Hugging Face id")]:
         with pytest.raises(pydantic.ValidationError, match=said):
             MemoryParams(**bad)
+
+
+def test_drill_list_has_a_header_and_drill_start_shows_the_diagnosis_format(capsys):
+    from tools.evals.drills.cli import main, start_text
+    from tools.evals.drills.grade import parse_diagnosis
+
+    assert main(["list"]) == 0
+    header, first = capsys.readouterr().out.splitlines()[:2]
+    assert header.split() == ["id", "runs", "on", "topic", "ci"] and first.split()[0] != "id"
+    text = start_text("pm-crash-first-rank", {"message": "My job died.", "server": ["mleng", "serve"]})
+    assert '"culprit_kind": "node|link|rank|gpu|setting|none|inconclusive"' in text
+    assert "mleng drill grade pm-crash-first-rank --diagnosis FILE" in text
+    shown = text.split("write the diagnosis as JSON, ")[1].split(", to FILE")[0]
+    assert parse_diagnosis(shown.replace("node|link|rank|gpu|setting|none|inconclusive", "rank")).culprit_kind == "rank"
+
+
+def test_the_eval_readme_counts_are_the_files_counts():
+    import collections
+    import json
+    import re
+
+    text = (REPO / "evals" / "README.md").read_text()
+    cases = [json.loads(line) for line in (REPO / "evals" / "cases.jsonl").read_text().splitlines() if line.strip()]
+    splits = collections.Counter(c["split"] for c in cases)
+    firsts = collections.Counter(c["expected"][0] for c in cases)
+    said = re.search(r"(\d+) cases, one JSON object a line", text).group(1)
+    assert int(said) == len(cases)
+    assert f"{sum(c['difficulty'] == 'hard' for c in cases)} are `hard`" in text
+    assert f"`split`: {splits['tune']} `tune`, {splits['heldout']} `heldout`" in text
+    assert f"{firsts.pop('(none)')} cases are" in text
+    lo, hi = re.search(r"expected first call (\d+)–(\d+) times \(([^)]*)\)", text).group(1, 2)
+    outside = dict(re.findall(r"`(\w+)` (\d+)", re.search(r"first call \d+–\d+ times \(([^)]*)\)", text).group(1)))
+    assert {k: str(v) for k, v in firsts.items() if not int(lo) <= v <= int(hi)} == outside
+    public = [json.loads(line) for line in (REPO / "evals" / "public_cases.jsonl").read_text().splitlines() if line]
+    assert f"{len(public)} cases, each drawn from one public" in text
+    psplit = collections.Counter(c["split"] for c in public)
+    assert f"{psplit['heldout']} `heldout`,\n{psplit['tune']} `tune`" in text
