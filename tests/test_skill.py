@@ -89,7 +89,7 @@ def test_tools_named_in_the_decision_tree_exist():
 def test_command_lines_parse_with_the_real_cli():
     from tools.engine.cli import _coerce, tool_parser
 
-    lines = re.findall(r"python -m tools\.(\w+)([^\n#`)]*)", _body())
+    lines = re.findall(r"mleng run ([a-z]\w+)([^\n#`)]*)", _body())
     assert len(lines) >= 5
     for name, rest in lines:
         spec = registry()[name]  # KeyError: SKILL.md names a module that is not a tool
@@ -98,8 +98,6 @@ def test_command_lines_parse_with_the_real_cli():
             continue
         parsed = vars(tool_parser(spec, prog=name).parse_args(args))  # SystemExit on an unknown flag
         spec.Params(**{k: _coerce(v) for k, v in parsed.items() if k in spec.Params.model_fields and v is not None})
-    for name in re.findall(r"mleng run (\w+)", _body()):
-        assert name in registry()
 
 
 def test_knowledge_pages_it_names_exist():

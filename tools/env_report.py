@@ -6,8 +6,8 @@ mismatches and settings that hurt. Torch is asked in a short child process so th
 is ever created inside the MCP server.
 
 By hand (any machine):
-    python -m tools.env_report
-    srun --ntasks-per-node=1 python -m tools.env_report --json     # one report per node, compare them
+    mleng run env_report
+    srun --ntasks-per-node=1 mleng run env_report --json     # one report per node, compare them
 """
 
 import glob

@@ -7,8 +7,8 @@ count from NVML x per-link speed, or the PCIe generation, from knowledge/data), 
 Measured NVLink copies reach about 80-88% of line rate (nccl issue 1264), PCIe less.
 
 By hand:
-    python -m tools.p2p_bandwidth                        # all visible GPUs, 256 MiB copies
-    CUDA_VISIBLE_DEVICES=0,3 python -m tools.p2p_bandwidth --size-mib 1024
+    mleng run p2p_bandwidth                        # all visible GPUs, 256 MiB copies
+    CUDA_VISIBLE_DEVICES=0,3 mleng run p2p_bandwidth --size-mib 1024
 """
 
 import statistics

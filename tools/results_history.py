@@ -12,8 +12,8 @@ When the reference values spread past the rule's widest threshold nothing is fla
 says the comparison was inconclusive. Figures without a rule use `threshold_pct` (default 10%).
 
 By hand:
-    python -m tools.results_history --tool matmul_bench
-    python -m tools.results_history --gpu GPU-5f3c --since-days 30
+    mleng run results_history --tool matmul_bench
+    mleng run results_history --gpu GPU-5f3c --since-days 30
 """
 
 import dataclasses

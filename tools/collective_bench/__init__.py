@@ -7,16 +7,16 @@ elements; a table, JSON rows and a PNG plot of busbw against size; the expected 
 GPUs and count from knowledge/data/interconnects.toml, with a verdict.
 
 By hand:
-    python -m tools.collective_bench                                     # all local GPUs, all_reduce 32K..1G
-    python -m tools.collective_bench --ops all_reduce all_gather reduce_scatter all_to_all broadcast \\
+    mleng run collective_bench                                     # all local GPUs, all_reduce 32K..1G
+    mleng run collective_bench --ops all_reduce all_gather reduce_scatter all_to_all broadcast \\
         --min-bytes 32K --max-bytes 16G --factor 2
-    salloc -N 2 --gpus-per-node 8 python -m tools.collective_bench --max-bytes 8G   # srun + torchrun per node
-    python -m tools.collective_bench --nnodes 2 --nproc-per-node 8 --rdzv-endpoint node1:29500   # on each node
+    salloc -N 2 --gpus-per-node 8 mleng run collective_bench --max-bytes 8G   # srun + torchrun per node
+    mleng run collective_bench --nnodes 2 --nproc-per-node 8 --rdzv-endpoint node1:29500   # on each node
 Which node or link is bad (knowledge://network/finding-the-bad-node.md):
-    salloc -N 16 python -m tools.collective_bench --pattern pairwise      # rounds of N/2 two-node runs
-    salloc -N 16 python -m tools.collective_bench --pattern bisect        # halves of a failing set
+    salloc -N 16 mleng run collective_bench --pattern pairwise      # rounds of N/2 two-node runs
+    salloc -N 16 mleng run collective_bench --pattern bisect        # halves of a failing set
     MLENG_COORD_SECRET=<the same per-run secret on every node> \
-    python -m tools.collective_bench --pattern pairwise --hosts n1 n2 n3 n4 --node-rank K \
+    mleng run collective_bench --pattern pairwise --hosts n1 n2 n3 n4 --node-rank K \
         --rdzv-endpoint n1:29400                                          # outside SLURM, on every node K
 """
 

@@ -7,11 +7,11 @@ joins, dies or stalls is named within the timeout plus a few seconds, and every 
 killed afterwards. NCCL on GPUs, gloo on CPU-only machines.
 
 By hand:
-    python -m tools.dist_smoke_test                              # all local GPUs (CPU: 2 gloo ranks)
-    python -m tools.dist_smoke_test --nproc-per-node 4 --pg-timeout-s 30
-    salloc -N 2 --gpus-per-node 8 python -m tools.dist_smoke_test  # srun + torchrun per node (c10d)
+    mleng run dist_smoke_test                              # all local GPUs (CPU: 2 gloo ranks)
+    mleng run dist_smoke_test --nproc-per-node 4 --pg-timeout-s 30
+    salloc -N 2 --gpus-per-node 8 mleng run dist_smoke_test  # srun + torchrun per node (c10d)
     # without SLURM, on each of 2 nodes (same command everywhere, first node's address):
-    python -m tools.dist_smoke_test --nnodes 2 --nproc-per-node 8 --rdzv-endpoint node1:29500
+    mleng run dist_smoke_test --nnodes 2 --nproc-per-node 8 --rdzv-endpoint node1:29500
 """
 
 import re

@@ -11,13 +11,13 @@ measures mostly the clock its predecessor left. See tools/matmul_bench/search.py
 tools/matmul_bench/measure.py for how a shape is timed.
 
 By hand:
-    python -m tools.matmul_bench                                  # GPU 0, bf16, quick (~30 s)
-    python -m tools.matmul_bench --dtype fp8 --mode thorough --device 3
-    python -m tools.matmul_bench --all-gpus                       # every GPU of this node, flags slow ones
-    python -m tools.matmul_bench --mode shapes --m 4096 --n 4096 --k 4096
-    python -m tools.matmul_bench --mode grid --m-range 1024 16384 1024 --n 4096 --k 4096
-    srun --ntasks-per-node=1 --gpus-per-node=8 python -m tools.matmul_bench --all-gpus --json   # every node
-    python -m tools.matmul_bench --device cpu --iterations 5 --warmup 1    # the search on tiny CPU shapes
+    mleng run matmul_bench                                  # GPU 0, bf16, quick (~30 s)
+    mleng run matmul_bench --dtype fp8 --mode thorough --device 3
+    mleng run matmul_bench --all-gpus                       # every GPU of this node, flags slow ones
+    mleng run matmul_bench --mode shapes --m 4096 --n 4096 --k 4096
+    mleng run matmul_bench --mode grid --m-range 1024 16384 1024 --n 4096 --k 4096
+    srun --ntasks-per-node=1 --gpus-per-node=8 mleng run matmul_bench --all-gpus --json   # every node
+    mleng run matmul_bench --device cpu --iterations 5 --warmup 1    # the search on tiny CPU shapes
 """
 
 import os

@@ -7,10 +7,10 @@ with the likely causes when they fall short (downtrained link, wrong NUMA node, 
 See tools/memory_bandwidth_bench/measure.py for how each figure is timed and how its bytes are counted.
 
 By hand:
-    python -m tools.memory_bandwidth_bench                      # GPU 0
-    python -m tools.memory_bandwidth_bench --device 3 --size-mib 4096
-    srun --ntasks-per-node=1 --gpus-per-node=1 python -m tools.memory_bandwidth_bench --json   # one per node
-    python -m tools.memory_bandwidth_bench --device cpu --size-mib 64 --tests copy    # host memory, for tests
+    mleng run memory_bandwidth_bench                      # GPU 0
+    mleng run memory_bandwidth_bench --device 3 --size-mib 4096
+    srun --ntasks-per-node=1 --gpus-per-node=1 mleng run memory_bandwidth_bench --json   # one per node
+    mleng run memory_bandwidth_bench --device cpu --size-mib 64 --tests copy    # host memory, for tests
 """
 
 import re

@@ -6,13 +6,13 @@ stage, against an accelerator's memory; the largest micro batch that fits; chang
 Formulas and the published figures they were checked against: docs/memory_estimate_validation.md.
 
 How to run by hand (anywhere, it runs no GPU code):
-    python -m tools.memory_estimate --model llama-3-8b --accelerator h100 --seq-len 8192
-    python -m tools.memory_estimate --model llama-3-70b --tp 8 --pp 2 --dp 4 --sharding zero1 --json
-    python -m tools.memory_estimate --model llama-3-70b --mode inference --tp 4 --micro-batch 32 --kv-dtype fp8
-    python -m tools.memory_estimate --model llama-3-8b --precision amp_bf16 --sharding fsdp_full_shard --dp 8 \
+    mleng run memory_estimate --model llama-3-8b --accelerator h100 --seq-len 8192
+    mleng run memory_estimate --model llama-3-70b --tp 8 --pp 2 --dp 4 --sharding zero1 --json
+    mleng run memory_estimate --model llama-3-70b --mode inference --tp 4 --micro-batch 32 --kv-dtype fp8
+    mleng run memory_estimate --model llama-3-8b --precision amp_bf16 --sharding fsdp_full_shard --dp 8 \
         --seq-len 8192 --micro-batch 2 --activation-checkpointing op_selective --gpu-memory-gib 95   # torchtitan
-    python -m tools.memory_estimate --model mixtral-8x7b --dp 8 --ep 8 --sharding zero3 --activation-checkpointing full
-    python -m tools.memory_estimate --model llama-3-8b --mode inference --gpu-memory-utilization 0.9 --seq-len 32768 \
+    mleng run memory_estimate --model mixtral-8x7b --dp 8 --ep 8 --sharding zero3 --activation-checkpointing full
+    mleng run memory_estimate --model llama-3-8b --mode inference --gpu-memory-utilization 0.9 --seq-len 32768 \
         --accelerator h100                                                                              # vLLM-style
 """
 
