@@ -96,3 +96,11 @@ async def test_the_server_lists_every_tool_and_reads_logs_without_torch(tmp_path
         r = await c.call_tool("p2p_bandwidth", {})
         assert r.is_error and "needs torch in the job's Python" in r.content[0].text
         assert "Traceback" not in r.content[0].text
+
+
+def test_server_py_in_a_python_without_its_packages_says_so_in_one_line(bare_python, tmp_path):
+    """What a host's log shows when it started the wrong Python: the cause and the fix, not a traceback."""
+    out = subprocess.run([bare_python, str(REPO / "server.py")], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    assert out.stderr.startswith(f"mleng: {bare_python} lacks ") and "by its absolute path" in out.stderr
