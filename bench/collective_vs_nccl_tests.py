@@ -2,7 +2,7 @@
 
     python bench/collective_vs_nccl_tests.py --ours bench_ar.json [--nccl-tests all_reduce_perf.out] [--wall-s 21.5]
 
---ours: `python -m tools.collective_bench --ops all_reduce --min-bytes 32K --max-bytes 16G --json` output.
+--ours: `mleng run collective_bench --ops all_reduce --min-bytes 32K --max-bytes 16G --json` output.
 --nccl-tests: stdout of `all_reduce_perf -b 32K -e 16G -f 2 -g N` from the same machine. Without it the
 reference is the 2xH200 points stored in knowledge/data/interconnects.toml (measured on this project's
 machine). Targets: busbw within 3% at >= 256 MiB, 32 KiB time within 1.5x, sweep wall time within 2x.

@@ -32,7 +32,19 @@ def _has_nvidia_gpu() -> bool:
     return local_gpu_count() > 0
 
 
+# What must not run beside another test under pytest-xdist: the namespace cluster and the one-node SLURM (fixed
+# names, one session lock per machine), and the modules that check /tmp or the process table around them. With
+# `-n 2 --dist loadgroup` every test of this group goes to one worker, in file order.
+SERIAL_GROUP = "cluster"
+SERIAL_FIXTURES = {"multinode_cluster", "slurm_cluster"}
+SERIAL_MODULES = {"test_straggler_find.py", "test_hang_stack_dump.py"}   # assert on every py-spy of the host
+
+
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if (item.get_closest_marker("slurm") or SERIAL_FIXTURES & set(getattr(item, "fixturenames", ()))
+                or item.path.name in SERIAL_MODULES):
+            item.add_marker(pytest.mark.xdist_group(SERIAL_GROUP))
     if any(item.get_closest_marker("gpu") for item in items) and not _has_nvidia_gpu():
         skip = pytest.mark.skip(reason="needs an NVIDIA GPU (NVML finds none); run on the GPU machine with -m gpu")
         for item in items:

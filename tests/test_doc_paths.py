@@ -56,3 +56,15 @@ def test_every_repository_path_and_module_named_resolves():
 def test_the_check_itself_finds_a_moved_file(tmp_path):
     assert not _resolves("tools/_matmul_search.py") and _resolves("tools/matmul_bench/search.py")
     assert PATH.search("see tools/store.py for") and not PATH.search("pkg/tools/store.py")
+
+
+def test_every_mleng_run_line_names_a_tool():
+    """Docs say `mleng run <tool>` (works installed, from any directory); the tool it names exists."""
+    from tools.engine.registry import registry
+
+    stale = []
+    for path in _files():
+        for name in re.findall(r"mleng run ([a-z0-9]+_\w+)", path.read_text(encoding="utf-8", errors="replace")):
+            if name not in registry():
+                stale.append(f"{path.relative_to(ROOT)}: mleng run {name}")
+    assert stale == [], "\n".join(stale)

@@ -62,3 +62,13 @@ def test_the_answer_lists_its_rows_and_shows_one_stored_results_findings():
     assert shown.shown.result["verdict"] == "fail"
     with pytest.raises(ToolFailure, match=r"^result_id: no stored result #999999"):
         run(ResultsHistoryParams(result_id=999999), None)
+
+def test_the_text_answer_lists_the_rows_it_counts():
+    now = time.time()
+    ids = [plant(f"node{i}", 800.0 + i, now - 60 * i) for i in range(12)]
+    result = run(ResultsHistoryParams(tool="matmul_bench"), None)
+    assert result.findings[0] == "12 stored result(s) match."
+    listed = [f for f in result.findings if f.startswith("#")]
+    assert len(listed) == 10 and listed[0].startswith(f"#{ids[0]} ")
+    assert "matmul_bench on node0: ok, mamf_tflops 800" in listed[0]
+    assert result.findings[-1] == "… 2 more of these rows in `rows` (--json)."

@@ -89,7 +89,7 @@ def test_tools_named_in_the_decision_tree_exist():
 def test_command_lines_parse_with_the_real_cli():
     from tools.engine.cli import _coerce, tool_parser
 
-    lines = re.findall(r"python -m tools\.(\w+)([^\n#`)]*)", _body())
+    lines = re.findall(r"mleng run ([a-z]\w+)([^\n#`)]*)", _body())
     assert len(lines) >= 5
     for name, rest in lines:
         spec = registry()[name]  # KeyError: SKILL.md names a module that is not a tool
@@ -98,8 +98,6 @@ def test_command_lines_parse_with_the_real_cli():
             continue
         parsed = vars(tool_parser(spec, prog=name).parse_args(args))  # SystemExit on an unknown flag
         spec.Params(**{k: _coerce(v) for k, v in parsed.items() if k in spec.Params.model_fields and v is not None})
-    for name in re.findall(r"mleng run (\w+)", _body()):
-        assert name in registry()
 
 
 def test_knowledge_pages_it_names_exist():
@@ -121,7 +119,9 @@ def test_plugin_manifest_marketplace_and_mcp_config():
     assert market["owner"]["name"] and [p["name"] for p in market["plugins"]] == ["mleng"]
     assert (ROOT / market["plugins"][0]["source"] / ".claude-plugin" / "plugin.json").is_file()
     server = _plugin_server()
-    assert server["args"][-1] == "${CLAUDE_PLUGIN_ROOT}/server.py"
+    # Not a bare python3: a host starts it with no venv active (review 2026-12-02: "Failed to connect").
+    assert server["command"] == "${CLAUDE_PLUGIN_ROOT}/scripts/serve.sh" and server["args"] == []
+    assert market["metadata"]["description"]   # `claude plugin validate` warns without one
     # Claude Code 2.1 expands plain ${CLAUDE_PLUGIN_ROOT} only: "${VAR:-default}" reaches python as text.
     assert ":-" not in json.dumps(server)
     # No root .mcp.json: inside the checkout Claude Code would read it as a project-scope server too,
@@ -143,10 +143,10 @@ async def test_the_plugin_starts_the_server_from_any_working_directory(tmp_path)
     project = tmp_path / "someone-elses-project"
     (project / "tools").mkdir(parents=True)           # a user's own `tools/` package must not shadow ours
     (project / "tools" / "__init__.py").write_text("raise ImportError('the user project tools package')\n")
-    command = sys.executable if server["command"] in ("python", "python3") else expand(server["command"])
-    params = StdioServerParameters(command=command, args=[expand(a) for a in server["args"]], cwd=str(project),
-                                   env={"PATH": os.environ["PATH"], "HOME": str(tmp_path),
-                                        "MLENG_HOME": str(tmp_path / "home")})
+    params = StdioServerParameters(command=expand(server["command"]), args=[expand(a) for a in server["args"]],
+                                   cwd=str(project), env={"PATH": os.environ["PATH"], "HOME": str(tmp_path),
+                                                          "MLENG_HOME": str(tmp_path / "home"),
+                                                          "MLENG_SERVER_PYTHON": sys.executable})
     async with Client(params) as client:
         names = {t.name for t in (await client.list_tools()).tools}
         prompts = {p.name for p in (await client.list_prompts()).prompts}

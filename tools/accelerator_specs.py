@@ -4,9 +4,9 @@ The figures live in knowledge/data/accelerators.toml (one source of truth, each 
 sources); this tool only lays them out; name matching is tools/shared/accelerators.py, which other tools use too.
 
 By hand:
-    python -m tools.accelerator_specs --names h100 mi300x b200
-    python -m tools.accelerator_specs                # the GPUs of this machine (NVML)
-    python -m tools.accelerator_specs --list-all
+    mleng run accelerator_specs --names h100 mi300x b200
+    mleng run accelerator_specs                # the GPUs of this machine (NVML)
+    mleng run accelerator_specs --list-all
 """
 
 from .shared.accelerators import accelerators, match_accelerator

@@ -6,8 +6,8 @@ mismatches and settings that hurt. Torch is asked in a short child process so th
 is ever created inside the MCP server.
 
 By hand (any machine):
-    python -m tools.env_report
-    srun --ntasks-per-node=1 python -m tools.env_report --json     # one report per node, compare them
+    mleng run env_report
+    srun --ntasks-per-node=1 mleng run env_report --json     # one report per node, compare them
 """
 
 import glob
@@ -244,6 +244,7 @@ def run(params: EnvReportParams, progress) -> EnvReportResult:
 
 
 SPEC = ToolSpec(
+    job_python=True,  # it reports the stack of the job's Python (engine/job_python.py)
     runs="subprocess",  # reads files / starts processes: under the runner's deadline and cancel
     name="env_report",
     summary="Python/torch/CUDA/cuDNN/NCCL/driver versions and NCCL_/TORCH_/CUDA_ env vars, with warnings.",

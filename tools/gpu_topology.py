@@ -7,8 +7,8 @@ and sysfs, plus `nvidia-smi topo -m` when present. Advice: CPUs to bind each loc
 each GPU should use, and what a mismatch costs. Reads only; needs no torch.
 
 By hand:
-    python -m tools.gpu_topology
-    srun --ntasks-per-node=1 python -m tools.gpu_topology --json    # one per node, compare nodes
+    mleng run gpu_topology
+    srun --ntasks-per-node=1 mleng run gpu_topology --json    # one per node, compare nodes
 """
 
 import re

@@ -1,8 +1,8 @@
 """job_status — follow a long run that another tool started and handed back as a job.
 
 By hand: jobs live inside the MCP server process, so this tool is useful through the server;
-`python -m tools.job_status --job-id ID` from a shell only finds jobs of that same process (none).
-Finished runs are also in the results store: `python -m tools.results_history --tool NAME`.
+`mleng run job_status --job-id ID` from a shell only finds jobs of that same process (none).
+Finished runs are also in the results store: `mleng run results_history --tool NAME`.
 """
 
 from collections import Counter

@@ -5,7 +5,7 @@ phrases, so a question in users' words ("why is busbw higher than algbw") finds 
 when the page's prose says it differently. Results are deduplicated to one hit per page.
 
 By hand:
-    python -m tools.knowledge_search --query "what does xid 79 mean"
+    mleng run knowledge_search --query "what does xid 79 mean"
 """
 
 import functools

@@ -11,14 +11,14 @@ first failure: the first *cause* (OOM, XID, exception), not the cascade it set o
 (watchdog timeouts, "connection closed by peer", torchrun's ChildFailedError).
 
 By hand (no GPU needed, it only reads files):
-    python -m tools.log_triage --paths train.log
-    python -m tools.log_triage --paths 'logs/*.err' slurm-1234.out --json
-    python -m tools.log_triage --text "$(tail -n 2000 train.log)"
+    mleng run log_triage --paths train.log
+    mleng run log_triage --paths 'logs/*.err' slurm-1234.out --json
+    mleng run log_triage --text "$(tail -n 2000 train.log)"
 One GPU or one node: the torchrun output (torchrun labels lines `[rankN]:`), or the per-rank files of
-`torchrun --log-dir DIR --redirects 3` (`python -m tools.log_triage --paths DIR`; the rank taken from
+`torchrun --log-dir DIR --redirects 3` (`mleng run log_triage --paths DIR`; the rank taken from
 `attempt_N/<r>/stderr.log` is the local rank, which is the rank on one node).
 Under SLURM: the job's output, ideally from `srun --label` so every line carries its rank:
-    python -m tools.log_triage --paths slurm-$SLURM_JOB_ID.out /var/log/kern.log
+    mleng run log_triage --paths slurm-$SLURM_JOB_ID.out /var/log/kern.log
 (slurm_job_diagnose finds a job's files itself and calls triage_paths on them).
 
 The triage itself lives in tools/shared/triage/ (slurm_job_diagnose uses it too): this file is

@@ -12,8 +12,8 @@ Reference points used in the findings: Llama 3 405B trained at 38-43% bf16 MFU o
 (https://ai.meta.com/blog/llama-4-multimodal-intelligence/), ~20% of the fp8 peak.
 
 How to run by hand (anywhere, it runs no GPU code):
-    python -m tools.mfu_calc --model llama-3-8b --tokens-per-s 3500 --tokens-per-s-scope per_gpu --accelerator h100 --seq-len 8192
-    python -m tools.mfu_calc --params-b 70 --tokens-per-s 120000 --num-gpus 256 --accelerator h200 --json
+    mleng run mfu_calc --model llama-3-8b --tokens-per-s 3500 --tokens-per-s-scope per_gpu --accelerator h100 --seq-len 8192
+    mleng run mfu_calc --params-b 70 --tokens-per-s 120000 --num-gpus 256 --accelerator h200 --json
 """
 
 from typing import Literal

@@ -7,8 +7,8 @@ count from NVML x per-link speed, or the PCIe generation, from knowledge/data), 
 Measured NVLink copies reach about 80-88% of line rate (nccl issue 1264), PCIe less.
 
 By hand:
-    python -m tools.p2p_bandwidth                        # all visible GPUs, 256 MiB copies
-    CUDA_VISIBLE_DEVICES=0,3 python -m tools.p2p_bandwidth --size-mib 1024
+    mleng run p2p_bandwidth                        # all visible GPUs, 256 MiB copies
+    CUDA_VISIBLE_DEVICES=0,3 mleng run p2p_bandwidth --size-mib 1024
 """
 
 import statistics
@@ -234,7 +234,7 @@ SPEC = ToolSpec(
         "shows an odd link, when collective_bench is low inside a node, and on consumer or PCIe cards (RTX "
         "3090/4090/5090, RTX 6000 Ada) where peer access fails ('Peer access: No') or NCCL hangs unless "
         "NCCL_P2P_DISABLE=1. Seconds; >= 2 GPUs. No network."),
-    Params=P2pBandwidthParams, Result=P2pBandwidthResult, run=run, runs="subprocess",
+    Params=P2pBandwidthParams, Result=P2pBandwidthResult, run=run, runs="subprocess", needs_torch=True,
     read_only=True, destructive=False, idempotent=True, open_world=False, timeout_s=600,
     gpu_devices=lambda params: list(range(local_gpu_count())), metric="median_unidir_gbps", higher_is_better=True, sweep=SWEEP,
 )

@@ -15,9 +15,9 @@ The answer lists the rows it found (id, time, tool, host, verdict, figure, first
 shows one stored result whole: its verdict, every finding and next step, and its fields.
 
 By hand:
-    python -m tools.results_history --tool matmul_bench
-    python -m tools.results_history --gpu GPU-5f3c --since-days 30
-    python -m tools.results_history --result-id 42
+    mleng run results_history --tool matmul_bench
+    mleng run results_history --gpu GPU-5f3c --since-days 30
+    mleng run results_history --result-id 42
 """
 
 import dataclasses
@@ -164,6 +164,8 @@ def find_flags(rows: list[dict], higher_is_better: dict[str, bool], threshold_pc
 
 
 ANALYSED_ROWS = 5000   # newest rows the outlier and regression rules look at
+ROWS_IN_TEXT = 10      # rows the findings list one a line: the text answer shows what it counted
+
 
 
 def row_sentence(row: HistoryRow) -> str:
@@ -224,7 +226,9 @@ def run(params: ResultsHistoryParams, progress) -> ResultsHistoryResult:
                         f"{f.threshold_pct:g}%); result #{f.result_id}.")
     findings += [f"INCONCLUSIVE: {line}." for line in inconclusive[:10]]
     if out:   # the rows themselves, in the text an agent reads (result_id=N shows one whole)
-        findings += ["Rows, newest first (result_id=N shows one whole):", *map(row_sentence, out)]
+        findings += ["Rows, newest first (result_id=N shows one whole):", *map(row_sentence, out[:ROWS_IN_TEXT])]
+    if len(out) > ROWS_IN_TEXT:
+        findings.append(f"… {len(out) - ROWS_IN_TEXT} more of these rows in `rows` (--json).")
     if not rows:
         findings[0] = ("No stored results match. Results are stored when tools run (CLI or server) with the same "
                        "MLENG_HOME.")

@@ -5,10 +5,10 @@ has them (21.08+), `scontrol show node|partition -o` and `squeue -o` format stri
 Read-only; needs the SLURM client commands and a reachable slurmctld (SLURM_CONF if not default).
 
 By hand (a login node, or inside a job):
-    python -m tools.slurm_status
-    python -m tools.slurm_status --partition gpu --all-users --json
+    mleng run slurm_status
+    mleng run slurm_status --partition gpu --all-users --json
 Local throwaway cluster to try it on: `scripts/slurm-local.sh start`, then
-    SLURM_CONF=/tmp/slurm-local/etc/slurm.conf python -m tools.slurm_status
+    SLURM_CONF=/tmp/slurm-local/etc/slurm.conf mleng run slurm_status
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@ from the datasheets: the dense TFLOPS ratio for compute-bound work (training, pr
 bandwidth ratio for memory-bound work (decode). Prices are per GPU-hour, in any one currency.
 
 How to run by hand (anywhere, it runs no GPU code):
-    python -m tools.upgrade_roi --current h100 --candidate b200 --current-price-per-gpu-hour 2.5 --candidate-price-per-gpu-hour 5 --current-tokens-per-s-per-gpu 3500
-    python -m tools.upgrade_roi --current a100 --candidate h100 --speedup 2.4 --current-price-per-gpu-hour 1.3 --candidate-price-per-gpu-hour 2.5 --train-tokens 1e12 --num-gpus 256 --json
+    mleng run upgrade_roi --current h100 --candidate b200 --current-price-per-gpu-hour 2.5 --candidate-price-per-gpu-hour 5 --current-tokens-per-s-per-gpu 3500
+    mleng run upgrade_roi --current a100 --candidate h100 --speedup 2.4 --current-price-per-gpu-hour 1.3 --candidate-price-per-gpu-hour 2.5 --train-tokens 1e12 --num-gpus 256 --json
 """
 
 from typing import Literal

@@ -7,16 +7,16 @@ elements; a table, JSON rows and a PNG plot of busbw against size; the expected 
 GPUs and count from knowledge/data/interconnects.toml, with a verdict.
 
 By hand:
-    python -m tools.collective_bench                                     # all local GPUs, all_reduce 32K..1G
-    python -m tools.collective_bench --ops all_reduce all_gather reduce_scatter all_to_all broadcast \\
+    mleng run collective_bench                                     # all local GPUs, all_reduce 32K..1G
+    mleng run collective_bench --ops all_reduce all_gather reduce_scatter all_to_all broadcast \\
         --min-bytes 32K --max-bytes 16G --factor 2
-    salloc -N 2 --gpus-per-node 8 python -m tools.collective_bench --max-bytes 8G   # srun + torchrun per node
-    python -m tools.collective_bench --nnodes 2 --nproc-per-node 8 --rdzv-endpoint node1:29500   # on each node
+    salloc -N 2 --gpus-per-node 8 mleng run collective_bench --max-bytes 8G   # srun + torchrun per node
+    mleng run collective_bench --nnodes 2 --nproc-per-node 8 --rdzv-endpoint node1:29500   # on each node
 Which node or link is bad (knowledge://network/finding-the-bad-node.md):
-    salloc -N 16 python -m tools.collective_bench --pattern pairwise      # rounds of N/2 two-node runs
-    salloc -N 16 python -m tools.collective_bench --pattern bisect        # halves of a failing set
+    salloc -N 16 mleng run collective_bench --pattern pairwise      # rounds of N/2 two-node runs
+    salloc -N 16 mleng run collective_bench --pattern bisect        # halves of a failing set
     MLENG_COORD_SECRET=<the same per-run secret on every node> \
-    python -m tools.collective_bench --pattern pairwise --hosts n1 n2 n3 n4 --node-rank K \
+    mleng run collective_bench --pattern pairwise --hosts n1 n2 n3 n4 --node-rank K \
         --rdzv-endpoint n1:29400                                          # outside SLURM, on every node K
 """
 
@@ -293,7 +293,7 @@ SPEC = ToolSpec(
         "pattern='pairwise' (node x node matrix: a slow node is slow with every partner, a slow link with "
         "one) or 'bisect' (one bad node in a set that fails or hangs). Seconds to minutes; NCCL on GPUs, gloo "
         "on CPU. Ranks cannot connect: dist_smoke_test first."),
-    Params=CollectiveBenchParams, Result=CollectiveBenchResult, run=echo_nccl_env(run), runs="subprocess",
+    Params=CollectiveBenchParams, Result=CollectiveBenchResult, run=echo_nccl_env(run), runs="subprocess", needs_torch=True,
     read_only=False, destructive=True, idempotent=True, open_world=True, timeout_s=900,
     gpu_devices=_gpus, metric="busbw_gbps", higher_is_better=True,
     spans_nodes=True,  # reaches the cluster itself: the engine's node= option does not apply

@@ -7,11 +7,11 @@ joins, dies or stalls is named within the timeout plus a few seconds, and every 
 killed afterwards. NCCL on GPUs, gloo on CPU-only machines.
 
 By hand:
-    python -m tools.dist_smoke_test                              # all local GPUs (CPU: 2 gloo ranks)
-    python -m tools.dist_smoke_test --nproc-per-node 4 --pg-timeout-s 30
-    salloc -N 2 --gpus-per-node 8 python -m tools.dist_smoke_test  # srun + torchrun per node (c10d)
+    mleng run dist_smoke_test                              # all local GPUs (CPU: 2 gloo ranks)
+    mleng run dist_smoke_test --nproc-per-node 4 --pg-timeout-s 30
+    salloc -N 2 --gpus-per-node 8 mleng run dist_smoke_test  # srun + torchrun per node (c10d)
     # without SLURM, on each of 2 nodes (same command everywhere, first node's address):
-    python -m tools.dist_smoke_test --nnodes 2 --nproc-per-node 8 --rdzv-endpoint node1:29500
+    mleng run dist_smoke_test --nnodes 2 --nproc-per-node 8 --rdzv-endpoint node1:29500
 """
 
 import re
@@ -245,7 +245,7 @@ SPEC = ToolSpec(
         "hangs, gloo works but nccl never starts, multi-node training hangs at accelerator.prepare or before "
         "step 1, init_process_group hangs on all machines (SLURM, Kubernetes, mpirun, ray). ~5-15 s. Not a "
         "bandwidth test (collective_bench)."),
-    Params=DistSmokeTestParams, Result=DistSmokeTestResult, run=echo_nccl_env(run), runs="subprocess",
+    Params=DistSmokeTestParams, Result=DistSmokeTestResult, run=echo_nccl_env(run), runs="subprocess", needs_torch=True,
     read_only=True, destructive=False, idempotent=True, open_world=False, timeout_s=900,
     gpu_devices=_gpus, metric=None,
     # doctor: a one-node smoke test, on CPU too (2 gloo ranks, ~6 s): the launcher, torchrun and the

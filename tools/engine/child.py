@@ -32,14 +32,31 @@ def main() -> int:
         wire.write(json.dumps(event, default=str) + "\n")
         wire.flush()
 
+    try:
+        return _run(sys.argv[1:], emit)
+    except ModuleNotFoundError as e:   # the job's Python lacks what the tool imports: say what to set, no traceback
+        from .job_python import missing_module_message
+
+        emit({"event": "error", "message": missing_module_message(sys.argv[1], e.name or str(e), sys.executable)})
+        return 0
+
+
+def _run(args: list[str], emit) -> int:
+    import importlib.util
+    import platform
+
     from . import attachments
     from .bounds import bound_result
+    from .job_python import missing_module_message, stack_provenance
     from .registry import load_spec
     from .spec import ToolFailure
     from .on_node import NODE_ENV
     from .store import host_provenance, torch_provenance
 
-    spec = load_spec(*sys.argv[1:])
+    spec = load_spec(*args)
+    if spec.needs_torch and importlib.util.find_spec("torch") is None:
+        emit({"event": "error", "message": missing_module_message(spec.name, "torch", sys.executable)})
+        return 0
     params = spec.Params.model_validate_json(sys.stdin.read())
 
     def progress(fraction: float, message: str) -> None:
@@ -57,6 +74,8 @@ def main() -> int:
         if data is not None:
             emit({"event": "image", "field": field, "png": base64.b64encode(data).decode()})
     provenance = torch_provenance()
+    if spec.job_python:   # the job's Python, whose stack the answer is about
+        provenance = {**stack_provenance(), "python": platform.python_version(), "python_path": sys.executable}
     if os.environ.get(NODE_ENV):   # started on a named node: the node's host, GPUs and driver, not the caller's
         provenance = {**host_provenance(), **provenance}
     emit({"event": "result", "result": result.model_dump(mode="json"), "provenance": provenance})

@@ -14,16 +14,15 @@ import argparse
 import json
 import sys
 import threading
-import time
 import types
 import typing
 
 from pydantic import ValidationError
 
 from .data import PACKAGE
-from .processes import interrupt_on_sigterm, local_gpu_count
-from .rendering import VERDICT_MARK, format_result, validation_problems
-from .spec import ToolFailure, ToolSpec, takes_node, worst
+from .processes import interrupt_on_sigterm
+from .rendering import format_result, validation_problems
+from .spec import ToolFailure, ToolSpec, takes_node
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -140,83 +139,18 @@ class ProgressBar:
 
 
 # ---------------------------------------------------------------------------------------------------
-# doctor: every tool that declares a `doctor` hook, in order, with a one-screen summary
 
-def doctor(as_json: bool) -> int:
-    from .registry import BROKEN, registry
-    from .runner import execute
-    from .store import host_provenance
-
-    prov = host_provenance()
-    context = {"gpu_count": local_gpu_count(), "gpu_names": prov["gpu_names"]}
-    specs = sorted((s for s in registry().values() if s.doctor), key=lambda s: (s.doctor_order, s.name))
-    rows, results, skipped = [], {}, []
-    rows.append(_server_check(as_json, results))
-    for spec in specs:
-        overrides = spec.doctor(context)
-        if overrides is None:
-            skipped.append(spec.name)
-            continue
-        if not as_json:
-            print(f"… {spec.name}", file=sys.stderr)
-        started = time.monotonic()
-        try:
-            result = execute(spec, spec.Params(**overrides))
-            verdict, first = result.verdict, (result.findings[0] if result.findings else "")
-            results[spec.name] = result.model_dump(mode="json")
-        except (ToolFailure, ValidationError) as e:
-            verdict, first = "fail", str(e).splitlines()[0]
-            results[spec.name] = {"verdict": "fail", "error": str(e)}
-        rows.append((spec.name, verdict, time.monotonic() - started, first))
-    if as_json:
-        print(json.dumps({"host": prov["host"], "gpus": prov["gpu_names"], "ran": [r[0] for r in rows],
-                          "skipped": skipped, "results": results}, indent=1))
-    else:
-        print(f"\nmleng doctor on {prov['host']}: {len(prov['gpu_names'])} NVIDIA GPU(s)"
-              + (f" ({', '.join(sorted(set(prov['gpu_names'])))})" if prov["gpu_names"] else ""))
-        for name, verdict, seconds, first in rows:
-            print(f"  {VERDICT_MARK[verdict]}  {name:<22} {seconds:5.1f}s  {first[:110]}")
-        for name in BROKEN:
-            print(f"  FAIL  {PACKAGE}/{name} does not import: run `python -m {PACKAGE}.{name} --help` to see why")
-        if skipped:
-            print(f"  Skipped here (no GPU, no SLURM client, or nothing of theirs to check): {', '.join(skipped)}")
-        overall = worst(r[1] for r in rows)
-        print(f"\nOverall: {overall.upper()}. Details: mleng run <tool> (add --json for machines).")
-    return 3 if any(r[1] == "fail" for r in rows) else 0
-
-
-def _server_check(as_json: bool, results: dict) -> tuple[str, str, float, str]:
-    """Start the MCP server as a host would (a new process over stdio) and ask it for tools/list."""
-    import anyio
-    from mcp import Client, StdioServerParameters
-
-    from .processes import child_env
+def run_help() -> int:
+    """`mleng run` / `mleng run --help`: how to run one tool, and the tools."""
     from .registry import registry
 
-    if not as_json:
-        print("… mcp server", file=sys.stderr)
-    started = time.monotonic()
-    params = StdioServerParameters(command=sys.executable, args=["-m", f"{PACKAGE}.engine.cli", "serve"],
-                                   env=child_env())
+    print("usage: mleng run TOOL [--field value ...] [--json] [--timeout-s S]\n\n"
+          "Runs one tool and prints its answer (--json: the result as JSON). A tool's own fields: mleng run TOOL "
+          "--help.\nMeasuring tools run in the Python your jobs use: $MLENG_PYTHON (default: this Python).\n\ntools:")
+    for spec in registry().values():
+        print(f"  {spec.name:<24} {spec.summary}")
+    return 0
 
-    async def tools_list() -> list[str]:
-        with anyio.fail_after(60):
-            async with Client(params) as client:
-                return [t.name for t in (await client.list_tools()).tools]
-
-    try:
-        names = anyio.run(tools_list)
-        missing = sorted(set(registry()) - set(names))
-        verdict = "fail" if missing else "ok"
-        first = (f"answers tools/list with {len(names)} tools" if not missing
-                 else f"tools/list lacks {', '.join(missing)}")
-    except Exception as e:  # noqa: BLE001 - any way the server fails to start is the finding
-        verdict, first = "fail", f"the server did not answer tools/list: {type(e).__name__}: {str(e)[:200]}"
-    results["mcp_server"] = {"verdict": verdict, "finding": first}
-    return "mcp server (stdio)", verdict, time.monotonic() - started, first
-
-
-# ---------------------------------------------------------------------------------------------------
 
 def tool_table(specs) -> str:
     """The README's tool table, from the specs: name, summary and where the tool runs."""
@@ -242,6 +176,8 @@ def main(argv: list[str] | None = None) -> int:
         from ..evals.drills.cli import main as drill_main
 
         return drill_main(argv[1:])
+    if argv[:1] == ["run"] and argv[1:2] in ([], ["-h"], ["--help"]):
+        return run_help()
     parser = argparse.ArgumentParser(prog="mleng", description="GPU cluster diagnostics and benchmarks for ML engineers")
     sub = parser.add_subparsers(dest="command", required=True)
     p_list = sub.add_parser("list", help="list the tools")
@@ -278,10 +214,15 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         return run_tool_cli(spec, args.rest, prog=f"mleng run {spec.name}")
     if args.command == "doctor":
+        from .doctor import doctor
+
         return doctor(args.json)
     if args.command == "serve":
+        from .job_python import set_job_python
         from .mcp_server import serve
 
+        if args.python:
+            set_job_python(args.python)
         serve(args.http, args.no_auth)
         return 0
     return 2

@@ -191,6 +191,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-auth", action="store_true", help=(
         "loopback only: serve HTTP without a token. Every user of this host can then call every tool as you "
         "(read your files, use your GPUs, submit jobs); only for a machine no one else logs into"))
+    parser.add_argument("--python", metavar="PATH", help=(
+        "the Python your jobs use (with their torch, CUDA, NCCL): the measuring tools run in it "
+        "[default: $MLENG_PYTHON, else this Python]"))
 
 
 def header_deadline_protocol():

@@ -34,6 +34,7 @@ from pydantic import Field, ValidationError
 
 from .data import PACKAGE_DIR
 from .home import UnsafeHome, private_dir, read_private, write_private
+from .job_python import set_job_python
 from .jobs import ANONYMOUS, MANAGER, Busy, Cancelled, Job
 from .registry import registry
 from .schemas import compact, for_hosts, without_guards
@@ -441,5 +442,7 @@ def main(argv: list[str] | None = None) -> None:
 
     add_serve_arguments(parser)
     args = parser.parse_args(argv)
+    if args.python:
+        set_job_python(args.python)
     serve(args.http, args.no_auth)
 

@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 
+from .borrow import server_site_env
 from .data import IMPORT_ROOT, PACKAGE
 
 # The longest line of a child's output kept whole: above the largest result line the runner reads
@@ -23,9 +24,9 @@ from .data import IMPORT_ROOT, PACKAGE
 MAX_LINE_BYTES = 8 << 20
 
 
-def python_module_command(module: str, *args: str) -> list[str]:
-    """`python -m PACKAGE.<module> args...` for this interpreter (module relative to the package)."""
-    return [sys.executable, "-m", f"{PACKAGE}.{module}", *args]
+def python_module_command(module: str, *args: str, python: str | None = None) -> list[str]:
+    """`python -m PACKAGE.<module> args...` for `python` (default: this interpreter; module relative to the package)."""
+    return [python or sys.executable, "-m", f"{PACKAGE}.{module}", *args]
 
 
 def child_env(env: dict | None = None) -> dict:
@@ -36,6 +37,8 @@ def child_env(env: dict | None = None) -> dict:
     # `python -m` would put the working directory first on sys.path: a user's own `tools/` or `mleng/`
     # folder there must not shadow ours (PYTHONSAFEPATH is -P for every Python this child starts).
     env["PYTHONSAFEPATH"] = "1"
+    for key, value in server_site_env().items():   # kept when set: a grandchild borrows from the server, not the job
+        env.setdefault(key, value)
     return env
 
 

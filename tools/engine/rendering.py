@@ -16,15 +16,27 @@ def short_repr(value, limit: int = QUOTE_LIMIT) -> str:
     return f"{text[:limit]}… ({len(text)} characters)"
 
 
+def clip(text: str, width: int) -> str:
+    """text in at most `width` characters, cut at a word with an ellipsis (never mid-word)."""
+    if len(text) <= width:
+        return text
+    cut = text[:width - 1].rsplit(" ", 1)[0].rstrip(" ,;:")
+    return cut + "…"
+
+
 def validation_problems(e: ValidationError, flag_style: bool = False) -> list[str]:
     """One line per problem: the field (as --flag-name for the CLI), what is wrong, a short prefix of the value."""
     lines = []
     for err in e.errors():
-        where = ".".join(str(x) for x in err["loc"]) or "(arguments)"
-        if flag_style and err["loc"]:
+        msg = err["msg"].removeprefix("Value error, ").removeprefix("Assertion failed, ")
+        if not err["loc"]:   # a rule across fields: its message names them; the input is all the arguments
+            lines.append(msg)
+            continue
+        where = ".".join(str(x) for x in err["loc"])
+        if flag_style:
             where = "--" + where.replace("_", "-")
         got = f" (got {short_repr(err['input'])})" if "input" in err else ""
-        lines.append(f"{where}: {err['msg']}{got}")
+        lines.append(f"{where}: {msg}{got}")
     return lines
 
 

@@ -25,6 +25,7 @@ from .bounds import bound_result
 from .home import open_lock, private_dir
 from .on_node import NodeUnavailable, node_command
 from .printable import printable_data
+from .job_python import job_python, stack_line
 from .redact import redact_data
 from .processes import Supervised, python_module_command
 from .registry import module_of
@@ -73,6 +74,8 @@ def execute(spec: ToolSpec, params: Params, progress: Progress | None = None, *,
             result = spec.Result.model_validate(data)
         except ValueError as e:
             raise ToolFailure(f"{spec.name} returned a result that does not match its schema: {e}") from None
+        if spec.job_python and (stack := stack_line(child_prov)):
+            result.findings.append(stack)
         if node:
             result.findings.append(f"Ran on node {node} (host {child_prov.get('host', node)}) through srun.")
     result = bound_result(spec, result)   # what is answered and what is stored have one size limit
@@ -140,7 +143,8 @@ def _decode_images(spec: ToolSpec, images) -> dict[str, bytes]:
 def _run_child(spec: ToolSpec, params: Params, progress: Progress, timeout_s: float,
                cancel: threading.Event, node: str | None = None) -> tuple[dict, dict, dict]:
     module = module_of(spec)
-    cmd = python_module_command("engine.child", spec.name, *([module] if module else []))
+    cmd = python_module_command("engine.child", spec.name, *([module] if module else []),
+                                python=job_python() if spec.job_python else None)
     env = None
     if node:
         try:

@@ -152,6 +152,11 @@ class ToolSpec:
     # `node` call option, which runs a one-node subprocess tool on a named SLURM node (engine/on_node.py),
     # is not offered.
     spans_nodes: bool = False
+    # It measures or reports the job's stack: its child runs in the job's Python (engine/job_python.py),
+    # and its answer says that Python's torch, CUDA and NCCL. needs_torch: refused at once, naming what to
+    # set, when that Python has no torch.
+    job_python: bool = False
+    needs_torch: bool = False
 
     def __post_init__(self):
         if not self.name.isidentifier() or self.name != self.name.lower():
@@ -166,6 +171,10 @@ class ToolSpec:
             raise TypeError(f"{self.name}: Params fields need a description: {undocumented}")
         if self.metric and self.metric not in self.Result.model_fields:
             raise ValueError(f"{self.name}: metric {self.metric!r} is not a Result field")
+        if (self.job_python or self.needs_torch) and self.runs != "subprocess":
+            raise ValueError(f"{self.name}: job_python / needs_torch need runs='subprocess'")
+        if self.needs_torch:
+            object.__setattr__(self, "job_python", True)
         if self.timeout_s is None:
             object.__setattr__(self, "timeout_s", 30.0 if self.runs == "in_process" else SUBPROCESS_TIMEOUT_S)
         if self.runs == "in_process" and self.timeout_s > IN_PROCESS_MAX_S:

@@ -10,10 +10,10 @@ nodes that did not answer, and a drain list with the scontrol command
 for each node (never run). Every node's result is stored with its host and GPU serials.
 
 By hand:
-    salloc -N 16 python -m tools.fleet_sweep                         # the nodes of this allocation
-    python -m tools.fleet_sweep --job-id 123456                      # a running job's nodes (--overlap)
-    python -m tools.fleet_sweep --partition gpu --nodes 64 --deadline-s 600
-    python -m tools.fleet_sweep --hosts 'gpu-[001-064]' --checks env_report gpu_health cpu_probe
+    salloc -N 16 mleng run fleet_sweep                         # the nodes of this allocation
+    mleng run fleet_sweep --job-id 123456                      # a running job's nodes (--overlap)
+    mleng run fleet_sweep --partition gpu --nodes 64 --deadline-s 600
+    mleng run fleet_sweep --hosts 'gpu-[001-064]' --checks env_report gpu_health cpu_probe
 """
 
 from __future__ import annotations
@@ -132,7 +132,7 @@ SPEC = ToolSpec(
         "drain), busy GPUs/CPUs with their holders (never drained), version and inventory drift, silent nodes, "
         "scontrol drain commands (never run). About the slowest node's time (1-2 min). Not for one node (the "
         "single tools) or links between nodes (collective_bench pattern='pairwise')."),
-    Params=FleetSweepParams, Result=FleetSweepResult, run=run, runs="subprocess",
+    Params=FleetSweepParams, Result=FleetSweepResult, run=run, runs="subprocess", job_python=True,
     read_only=False, destructive=True, idempotent=False, open_world=True, timeout_s=3700,
     spans_nodes=True,  # reaches the cluster itself: the engine's node= option does not apply
 )

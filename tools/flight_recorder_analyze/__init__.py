@@ -10,8 +10,8 @@ Turn dumps on before the job (either env var generation works; TORCH_NCCL_DUMP_O
     TORCH_FR_BUFFER_SIZE=2000 TORCH_NCCL_DUMP_ON_TIMEOUT=1 TORCH_FR_DUMP_TEMP_FILE=/shared/fr/rank_
     (older torch: TORCH_NCCL_TRACE_BUFFER_SIZE=2000 and TORCH_NCCL_DEBUG_INFO_TEMP_FILE=/shared/fr/rank_)
 Then, on any machine (no GPU, torch not needed):
-    python -m tools.flight_recorder_analyze --path /shared/fr            # a directory, walked recursively
-    python -m tools.flight_recorder_analyze --path /shared/fr --prefix rank_ --json
+    mleng run flight_recorder_analyze --path /shared/fr            # a directory, walked recursively
+    mleng run flight_recorder_analyze --path /shared/fr --prefix rank_ --json
 Under SLURM the dumps land on each node's local disk unless the prefix points at a shared filesystem:
 gather them into one directory first (e.g. `srun --ntasks-per-node=1 cp /tmp/nccl_trace_rank_* /shared/fr/`).
 

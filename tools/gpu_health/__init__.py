@@ -8,10 +8,10 @@ NVML (nvidia-ml-py) and sysfs, not by parsing nvidia-smi text. Every problem car
 process: a wedged driver can hang an NVML call, and the runner's timeout then kills it.
 
 By hand:
-    python -m tools.gpu_health                     # this node
-    python -m tools.gpu_health --dcgm-level 2      # plus `dcgmi diag -r 2` (about 2 minutes)
-    python -m tools.gpu_health --text "$(nvidia-smi nvlink -s)"    # judge pasted output (no GPU needed)
-    srun --ntasks-per-node=1 python -m tools.gpu_health --json > health-$SLURM_JOB_ID.json   # every node
+    mleng run gpu_health                     # this node
+    mleng run gpu_health --dcgm-level 2      # plus `dcgmi diag -r 2` (about 2 minutes)
+    mleng run gpu_health --text "$(nvidia-smi nvlink -s)"    # judge pasted output (no GPU needed)
+    srun --ntasks-per-node=1 mleng run gpu_health --json > health-$SLURM_JOB_ID.json   # every node
 """
 
 import time

@@ -7,15 +7,15 @@ rank 7 is in the dataloader at data.py:88". Each process's rank comes from its e
 (RANK / LOCAL_RANK / SLURM_PROCID).
 
 By hand (the node the job runs on, as the job's user or root):
-    python -m tools.hang_stack_dump --launcher-pid 12345             # a torchrun pid: all its workers
-    python -m tools.hang_stack_dump --pattern 'train.py'             # processes whose command matches
-    python -m tools.hang_stack_dump --gpu-processes                  # every process holding GPU memory
-    python -m tools.hang_stack_dump --pids 101 102 --native --save-path /tmp/stacks.txt
+    mleng run hang_stack_dump --launcher-pid 12345             # a torchrun pid: all its workers
+    mleng run hang_stack_dump --pattern 'train.py'             # processes whose command matches
+    mleng run hang_stack_dump --gpu-processes                  # every process holding GPU memory
+    mleng run hang_stack_dump --pids 101 102 --native --save-path /tmp/stacks.txt
 Saved dumps (the job is gone, or someone else ran py-spy): one `py-spy dump` (text or --json) per rank,
-    python -m tools.hang_stack_dump --dump-paths dumps/            # files, folders per node, globs
+    mleng run hang_stack_dump --dump-paths dumps/            # files, folders per node, globs
 Under SLURM (from a login node or inside the allocation; needs this checkout on a shared filesystem):
-    python -m tools.hang_stack_dump --slurm-job-id 4242              # prints the all-nodes srun command
-    python -m tools.hang_stack_dump --slurm-job-id 4242 --all-nodes  # runs it: every node, one report
+    mleng run hang_stack_dump --slurm-job-id 4242              # prints the all-nodes srun command
+    mleng run hang_stack_dump --slurm-job-id 4242 --all-nodes  # runs it: every node, one report
 """
 
 import os

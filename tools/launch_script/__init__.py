@@ -16,9 +16,9 @@ and runs a training command on the user's Python as the nodes find it on PATH.
 Dry run by default: returns the script text. `submit=true` writes it and runs sbatch (not read-only).
 
 By hand:
-    python -m tools.launch_script --command "train.py --config cfg.yaml" --nnodes 4 --gpus-per-node 8
-    python -m tools.launch_script --tool dist_smoke_test --nnodes 2 --gpus-per-node 8 --submit
-    python -m tools.launch_script --command "train.py" --nnodes 2 --mode torchrun --rdzv-host node1
+    mleng run launch_script --command "train.py --config cfg.yaml" --nnodes 4 --gpus-per-node 8
+    mleng run launch_script --tool dist_smoke_test --nnodes 2 --gpus-per-node 8 --submit
+    mleng run launch_script --command "train.py" --nnodes 2 --mode torchrun --rdzv-host node1
 """
 
 from __future__ import annotations

@@ -11,13 +11,13 @@ measures mostly the clock its predecessor left. See tools/matmul_bench/search.py
 tools/matmul_bench/measure.py for how a shape is timed.
 
 By hand:
-    python -m tools.matmul_bench                                  # GPU 0, bf16, quick (~30 s)
-    python -m tools.matmul_bench --dtype fp8 --mode thorough --device 3
-    python -m tools.matmul_bench --all-gpus                       # every GPU of this node, flags slow ones
-    python -m tools.matmul_bench --mode shapes --m 4096 --n 4096 --k 4096
-    python -m tools.matmul_bench --mode grid --m-range 1024 16384 1024 --n 4096 --k 4096
-    srun --ntasks-per-node=1 --gpus-per-node=8 python -m tools.matmul_bench --all-gpus --json   # every node
-    python -m tools.matmul_bench --device cpu --iterations 5 --warmup 1    # the search on tiny CPU shapes
+    mleng run matmul_bench                                  # GPU 0, bf16, quick (~30 s)
+    mleng run matmul_bench --dtype fp8 --mode thorough --device 3
+    mleng run matmul_bench --all-gpus                       # every GPU of this node, flags slow ones
+    mleng run matmul_bench --mode shapes --m 4096 --n 4096 --k 4096
+    mleng run matmul_bench --mode grid --m-range 1024 16384 1024 --n 4096 --k 4096
+    srun --ntasks-per-node=1 --gpus-per-node=8 mleng run matmul_bench --all-gpus --json   # every node
+    mleng run matmul_bench --device cpu --iterations 5 --warmup 1    # the search on tiny CPU shapes
 """
 
 import os
@@ -404,7 +404,7 @@ SPEC = ToolSpec(
         "Use for 'is my GPU as fast as it should be', the MFU ceiling, a slow or throttling card. One GPU "
         "locked; quick ~1 min, thorough ~5. Not for datasheet figures (accelerator_specs), memory bandwidth "
         "(memory_bandwidth_bench) or communication (collective_bench)."),
-    Params=MatmulBenchParams, Result=MatmulBenchResult, run=run, runs="subprocess", timeout_s=900,
+    Params=MatmulBenchParams, Result=MatmulBenchResult, run=run, runs="subprocess", needs_torch=True, timeout_s=900,
     gpu_devices=_gpu_devices, metric="mamf_tflops", higher_is_better=True,
     doctor=lambda ctx: {"time_budget_s": 30, "iterations": 50, "warmup": 10} if ctx["gpu_count"] else None,
     doctor_order=60, sweep=SWEEP,

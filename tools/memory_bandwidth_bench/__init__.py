@@ -7,10 +7,10 @@ with the likely causes when they fall short (downtrained link, wrong NUMA node, 
 See tools/memory_bandwidth_bench/measure.py for how each figure is timed and how its bytes are counted.
 
 By hand:
-    python -m tools.memory_bandwidth_bench                      # GPU 0
-    python -m tools.memory_bandwidth_bench --device 3 --size-mib 4096
-    srun --ntasks-per-node=1 --gpus-per-node=1 python -m tools.memory_bandwidth_bench --json   # one per node
-    python -m tools.memory_bandwidth_bench --device cpu --size-mib 64 --tests copy    # host memory, for tests
+    mleng run memory_bandwidth_bench                      # GPU 0
+    mleng run memory_bandwidth_bench --device 3 --size-mib 4096
+    srun --ntasks-per-node=1 --gpus-per-node=1 mleng run memory_bandwidth_bench --json   # one per node
+    mleng run memory_bandwidth_bench --device cpu --size-mib 64 --tests copy    # host memory, for tests
 """
 
 import re
@@ -226,7 +226,7 @@ SPEC = ToolSpec(
         "the PCIe link. Use for 'is HBM as fast as it should be', slow data loading or CPU offload, a "
         "downtrained PCIe link, wrong NUMA binding. One GPU, ~10 s. Not for GPU-to-GPU links (p2p_bandwidth) "
         "or matmul speed (matmul_bench)."),
-    Params=MemoryBandwidthParams, Result=MemoryBandwidthResult, run=run, runs="subprocess", timeout_s=300,
+    Params=MemoryBandwidthParams, Result=MemoryBandwidthResult, run=run, runs="subprocess", needs_torch=True, timeout_s=300,
     gpu_devices=lambda p: [] if p.device == "cpu" else [p.device], metric="copy_tbps", higher_is_better=True, sweep=SWEEP,
     doctor=lambda ctx: {} if ctx["gpu_count"] else None, doctor_order=65,
 )

@@ -6,13 +6,13 @@ stage, against an accelerator's memory; the largest micro batch that fits; chang
 Formulas and the published figures they were checked against: docs/memory_estimate_validation.md.
 
 How to run by hand (anywhere, it runs no GPU code):
-    python -m tools.memory_estimate --model llama-3-8b --accelerator h100 --seq-len 8192
-    python -m tools.memory_estimate --model llama-3-70b --tp 8 --pp 2 --dp 4 --sharding zero1 --json
-    python -m tools.memory_estimate --model llama-3-70b --mode inference --tp 4 --micro-batch 32 --kv-dtype fp8
-    python -m tools.memory_estimate --model llama-3-8b --precision amp_bf16 --sharding fsdp_full_shard --dp 8 \
+    mleng run memory_estimate --model llama-3-8b --accelerator h100 --seq-len 8192
+    mleng run memory_estimate --model llama-3-70b --tp 8 --pp 2 --dp 4 --sharding zero1 --json
+    mleng run memory_estimate --model llama-3-70b --mode inference --tp 4 --micro-batch 32 --kv-dtype fp8
+    mleng run memory_estimate --model llama-3-8b --precision amp_bf16 --sharding fsdp_full_shard --dp 8 \
         --seq-len 8192 --micro-batch 2 --activation-checkpointing op_selective --gpu-memory-gib 95   # torchtitan
-    python -m tools.memory_estimate --model mixtral-8x7b --dp 8 --ep 8 --sharding zero3 --activation-checkpointing full
-    python -m tools.memory_estimate --model llama-3-8b --mode inference --gpu-memory-utilization 0.9 --seq-len 32768 \
+    mleng run memory_estimate --model mixtral-8x7b --dp 8 --ep 8 --sharding zero3 --activation-checkpointing full
+    mleng run memory_estimate --model llama-3-8b --mode inference --gpu-memory-utilization 0.9 --seq-len 32768 \
         --accelerator h100                                                                              # vLLM-style
 """
 
@@ -60,6 +60,7 @@ class MemoryParams(ModelParams):
     pipeline_schedule: Literal["1f1b", "gpipe", "interleaved_1f1b"] = Field(
         "1f1b", description="1f1b: min(pp, micro batches) in flight; gpipe: all; interleaved: not modelled.")
     dp: int = Field(1, ge=1, le=1_000_000, json_schema_extra=SELF_EVIDENT, description="Data-parallel replicas.")
+    num_gpus: int | None = Field(None, ge=1, le=1_000_000, description="All GPUs: sets dp = num_gpus / (tp x pp x cp).")
     cp: int = Field(1, ge=1, le=1024, json_schema_extra=SELF_EVIDENT, description="Context parallel (sequence split).")
     ep: int = Field(1, ge=1, le=100000, description="MoE expert parallel (divides experts and dp x cp).")
     seq_len: int = Field(4096, ge=1, le=10_000_000, description=(
@@ -93,6 +94,25 @@ class MemoryParams(ModelParams):
         "Prefill chunk (vLLM)."))
     accelerator: str | None = Field(None, max_length=100, description="GPU to fit (h100, h200, mi300x...).")
     gpu_memory_gib: float | None = Field(None, gt=0, le=10000, description="Usable GPU GiB; overrides the datasheet.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _dp_from_num_gpus(cls, data):
+        """Users say "64 GPUs": dp is what tp x pp x cp leave of them."""
+        if not isinstance(data, dict) or data.get("num_gpus") is None:
+            return data
+        try:
+            gpus = int(data["num_gpus"])
+            per_replica = int(data.get("tp") or 1) * int(data.get("pp") or 1) * int(data.get("cp") or 1)
+            dp = int(data["dp"]) if data.get("dp") is not None else None
+        except (TypeError, ValueError):
+            return data   # the fields' own validators say what is wrong
+        if per_replica < 1 or gpus % per_replica:
+            raise ValueError(f"num_gpus={gpus} is not a multiple of tp x pp x cp = {per_replica}")
+        if dp is not None and dp * per_replica != gpus:
+            raise ValueError(f"num_gpus={gpus} and dp={dp} disagree: dp x tp x pp x cp = {dp * per_replica}; "
+                             "give one of them")
+        return {**data, "dp": gpus // per_replica}
 
     @model_validator(mode="after")
     def _check_parallelism(self):

@@ -24,8 +24,8 @@ Get a log (any workload; a one-step all_reduce is enough):
                          srun output: srun --label ... 2>&1 | tee nccl.log
     scripts/gpu_nccl_logs.sh writes such logs with a tiny all_reduce.
 Then:
-    python -m tools.nccl_log_analyze --paths nccl.log
-    python -m tools.nccl_log_analyze --paths '/shared/nccl.*' --json
+    mleng run nccl_log_analyze --paths nccl.log
+    mleng run nccl_log_analyze --paths '/shared/nccl.*' --json
 
 The parsing lives in tools/nccl_log_analyze/parse.py (line heads, per-process records) and tools/nccl_log_analyze/messages.py (one
 regex and handler per message kind); the checks that flag problems in tools/nccl_log_analyze/checks.py.

@@ -9,9 +9,9 @@ perftest, NVML) is a plain "not present" row, never an error. Runs in a child: a
 counter read, and the runner's timeout then kills it.
 
 By hand:
-    python -m tools.nic_health                         # this node, 2 s window
-    python -m tools.nic_health --sample-s 30           # watch longer for a flapping link
-    srun --ntasks-per-node=1 python -m tools.nic_health --json > nic-$SLURM_JOB_ID.json   # every node
+    mleng run nic_health                         # this node, 2 s window
+    mleng run nic_health --sample-s 30           # watch longer for a flapping link
+    srun --ntasks-per-node=1 mleng run nic_health --json > nic-$SLURM_JOB_ID.json   # every node
 """
 
 from __future__ import annotations

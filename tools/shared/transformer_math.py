@@ -143,16 +143,28 @@ def presets() -> dict[str, dict]:
     return {m["id"]: m for m in load_data("model_presets")["model"]}
 
 
+def preset_id(model: str) -> str | None:
+    """The preset a model name means: a preset id, or a Hugging Face id its `hf_ids` list (any case, with or
+    without https://huggingface.co/); None when neither."""
+    key = model.strip().lower().removeprefix("https://").removeprefix("huggingface.co/").strip("/")
+    for pid, preset in presets().items():
+        if key == pid or key in (h.lower() for h in preset.get("hf_ids", [])):
+            return pid
+    return None
+
+
 ARCH_FIELDS = ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "tied_embeddings", "gated_mlp",
                "head_dim", "experts", "top_k", "shared_experts", "moe_ffn", "dense_layers")
 PRESET_ONLY = ("linear_bias", "q_lora_rank", "kv_lora_rank", "rope_head_dim", "v_head_dim")
 
 
 def _preset_enum(schema: dict) -> None:
-    """The model field's schema lists the preset ids (read from knowledge data when the schema is built)."""
+    """The model field's schema lists the preset ids (read from knowledge data when the schema is built), and
+    takes an org/name Hugging Face id too: the presets' `hf_ids` map it (not listed: every session would read them)."""
     for option in schema.get("anyOf", []):
         if option.get("type") == "string":
             option["enum"] = sorted(presets())
+    schema.setdefault("anyOf", []).insert(1, {"type": "string", "pattern": "^[^/]+/[^/]+$"})
 
 
 # A model is described by a preset, by layers + hidden + heads, or by params_b alone (then with no
@@ -168,7 +180,7 @@ class ModelParams(Params):
 
     model: str | None = Field(
         None, json_schema_extra=_preset_enum, description=(
-            "A preset; or layers + hidden + heads, or params_b; given fields override it."))
+            "A preset or its Hugging Face id; or layers + hidden + heads, or params_b; given fields override it."))
     params_b: float | None = Field(
         None, gt=0, le=100000, description=(
             "Billions, if the architecture is unknown (no activations, KV cache, attention)."))
@@ -201,10 +213,11 @@ class ModelParams(Params):
         name = "custom"
         if self.model is not None:
             table = presets()
-            key = self.model.strip().lower()
-            if key not in table:
-                raise ValueError(f"model {self.model!r} is not a known preset; known: {', '.join(sorted(table))}. "
-                                 "Give params_b or the architecture fields instead.")
+            key = preset_id(self.model)
+            if key is None:
+                raise ValueError(f"model {self.model!r} is not a known preset or Hugging Face id; known: "
+                                 f"{', '.join(sorted(table))}. Give params_b, or layers, hidden and heads (from its "
+                                 "config.json: num_hidden_layers, hidden_size, num_attention_heads) instead.")
             base = {k: table[key][k] for k in (*ARCH_FIELDS, *PRESET_ONLY) if k in table[key]}
             name = table[key]["name"]
         given = {k: getattr(self, k) for k in ARCH_FIELDS if getattr(self, k) is not None}

@@ -7,9 +7,9 @@ and runs log_triage on them. Says which of those it could not see. A job that ra
 (its output is that tool's answer, exit 3 for "fail") is read as that tool's verdict and findings.
 
 By hand (login node):
-    python -m tools.slurm_job_diagnose --job-id 123456
-    python -m tools.slurm_job_diagnose --job-id 123456_7 --json          # one array task
-    python -m tools.slurm_job_diagnose --job-id 123456 --log-paths logs/train-123456.out
+    mleng run slurm_job_diagnose --job-id 123456
+    mleng run slurm_job_diagnose --job-id 123456_7 --json          # one array task
+    mleng run slurm_job_diagnose --job-id 123456 --log-paths logs/train-123456.out
 """
 
 from __future__ import annotations

@@ -9,9 +9,9 @@ cancellation (SIGTERM); a directory left by a SIGKILLed run on this host is remo
 One stream only: parallel filesystems (Lustre, GPFS, Weka) scale with clients and streams.
 
 How to run by hand (any node, no GPU):
-    python -m tools.storage_bench --path /scratch/$USER
-    python -m tools.storage_bench --path /checkpoints --size-mib 2048 --engine fio --json
-    srun --nodes=4 --ntasks-per-node=1 python -m tools.storage_bench --path /shared/fs --json   # one per node
+    mleng run storage_bench --path /scratch/$USER
+    mleng run storage_bench --path /checkpoints --size-mib 2048 --engine fio --json
+    srun --nodes=4 --ntasks-per-node=1 mleng run storage_bench --path /shared/fs --json   # one per node
 """
 
 import json

@@ -13,10 +13,10 @@ knowledge/data/straggler_rules.toml).
 Bounds: window 5-120 s, at most 64 ranks per node and 64 nodes (SLURM), 64 pids.
 
 By hand (as the job's user or root; needs py-spy):
-    python -m tools.straggler_find --pids 4101 4102 4103 4104          # ranks on this node
-    python -m tools.straggler_find --launcher-pid 4100                  # a torchrun: its workers
+    mleng run straggler_find --pids 4101 4102 4103 4104          # ranks on this node
+    mleng run straggler_find --launcher-pid 4100                  # a torchrun: its workers
 Under SLURM (this checkout on a filesystem every node sees):
-    python -m tools.straggler_find --slurm-job-id 4242 --window-s 30    # every node, srun --overlap
+    mleng run straggler_find --slurm-job-id 4242 --window-s 30    # every node, srun --overlap
 """
 
 import os

@@ -19,7 +19,7 @@ import sys
 
 from ...shared.safe_read import read_limited
 from .cluster import DrillError
-from .grade import MAX_DIAGNOSIS_BYTES, grade, parse_diagnosis
+from .grade import MAX_DIAGNOSIS_BYTES, diagnosis_format, grade, parse_diagnosis
 from .scenarios import ScenarioError, all_scenarios, load_scenario
 from .session import start, stop
 
@@ -51,6 +51,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(json.dumps([{"id": s.id, "place": s.place, "nodes": s.nodes, "topic": s.topic, "ci": s.ci}
                                   for s in scenarios], indent=1))
             else:
+                print(f"{'id':<28} {'runs on':<11} {'topic':<16} ci")
                 for s in scenarios:
                     where = f"cluster x{s.nodes}" if s.place == "cluster" else s.place
                     print(f"{s.id:<28} {where:<11} {s.topic:<16} {'ci' if s.ci else ''}")
@@ -60,13 +61,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.json:
                 print(json.dumps(context, indent=1))
             else:
-                print(context["message"] + "\n")
-                for key in ("nodes", "partition", "env", "job_id"):
-                    if key in context:
-                        print(f"{key}: {context[key]}")
-                print("MCP server: " + " ".join(f"{k}={v}" for k, v in context.get("env", {}).items())
-                      + (" " if context.get("env") else "") + " ".join(context["server"]) + " (stdio)")
-                print("When done: mleng drill grade " + args.id + " --diagnosis FILE; then mleng drill stop")
+                print(start_text(args.id, context))
             return 0
         if args.command == "grade":
             scenario = load_scenario(args.id)
@@ -98,6 +93,17 @@ def read_diagnosis(name: str) -> str:
     if len(data) > MAX_DIAGNOSIS_BYTES:
         raise ValueError(f"the diagnosis is larger than {MAX_DIAGNOSIS_BYTES >> 20} MiB; a diagnosis is a small JSON object")
     return data.decode("utf-8", errors="replace")
+
+
+def start_text(drill_id: str, context: dict) -> str:
+    """What `drill start` prints: the operator's message, the place, the server, and how to answer."""
+    lines = [context["message"] + "\n"]
+    lines += [f"{key}: {context[key]}" for key in ("nodes", "partition", "env", "job_id") if key in context]
+    lines.append("MCP server: " + " ".join(f"{k}={v}" for k, v in context.get("env", {}).items())
+                 + (" " if context.get("env") else "") + " ".join(context["server"]) + " (stdio)")
+    lines.append(f"When done: write the diagnosis as JSON, {diagnosis_format()}, to FILE; then "
+                 f"mleng drill grade {drill_id} --diagnosis FILE; then mleng drill stop")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

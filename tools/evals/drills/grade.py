@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import asdict, dataclass, field
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -52,6 +52,13 @@ class Diagnosis(BaseModel):
     drain: list[str] = Field(default=[], max_length=64)
     action: str = Field(default="", max_length=2000)
     evidence: str = Field(default="", max_length=20000)
+
+
+def diagnosis_format() -> str:
+    """The diagnosis JSON, from the model that reads it: the kinds are Diagnosis's own."""
+    kinds = "|".join(get_args(Diagnosis.model_fields["culprit_kind"].annotation))
+    return (f'{{"culprit_kind": "{kinds}", "culprit": ["..."], "drain": ["node to take out of service"], '
+            '"action": "...", "evidence": "..."}')
 
 
 @dataclass
