@@ -30,7 +30,7 @@ from .stacks import (
     job_nodes,
     run_all_nodes,
 )
-from ..shared.process_targets import gpu_targets, launcher_targets, pattern_targets, processes_with_env
+from ..shared.process_targets import ALLOW_OTHER_USERS_HELP, Targets, TargetRequest, running_job, select
 from ..engine.data import IMPORT_ROOT as REPO_ROOT
 from ..engine.spec import SELF_EVIDENT, Field, Params, Result, ToolFailure, ToolSpec
 from ..shared.safe_write import check_output, output_path, write_output
@@ -49,6 +49,7 @@ class HangStackDumpParams(Params):
         "Its processes here (every node with all_nodes)."))
     all_nodes: bool = Field(False, description=(
         "With slurm_job_id: every node (srun --overlap)."))
+    allow_other_users: bool = Field(False, description=ALLOW_OTHER_USERS_HELP)
     native: bool = Field(False, description="C/C++ frames too (~1 s per torch process).")
     save_path: str = Field("", max_length=4096, description=(
         (
@@ -78,18 +79,12 @@ class HangStackDumpResult(Result):
         "in findings."))
 
 
-def resolve_targets(params: HangStackDumpParams) -> list[int]:
-    pids = list(params.pids)
-    if params.launcher_pid:
-        pids += launcher_targets(params.launcher_pid)
-    if params.pattern:
-        pids += pattern_targets(params.pattern)
-    if params.gpu_processes:
-        pids += gpu_targets()
-    if params.slurm_job_id and not params.all_nodes:
-        pids += processes_with_env("SLURM_JOB_ID", params.slurm_job_id)
-    pids = [p for p in dict.fromkeys(pids) if p != os.getpid()]
-    return pids[:MAX_PROCESSES]
+def resolve_targets(params: HangStackDumpParams) -> Targets:
+    targets = select(TargetRequest(pids=list(params.pids), launcher_pid=params.launcher_pid, pattern=params.pattern,
+                                   gpu_processes=params.gpu_processes, allow_other_users=params.allow_other_users,
+                                   job_id=params.slurm_job_id if not params.all_nodes else ""))
+    targets.pids = targets.pids[:MAX_PROCESSES]
+    return targets
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -203,7 +198,7 @@ def _uncompared_findings(procs: list[ProcessStack], problems: list[str]) -> list
     out = []
     ranked = any(p.role == "rank" for p in procs)
     helpers = [p for p in procs if p.role == "helper"]
-    others = [p for p in procs if p.role == "other"]
+    others = [p for p in procs if p.role in ("launcher", "other")]
     if ranked and helpers:
         out.append(f"{len(helpers)} child process(es) of ranks (dataloader or compile workers) were "
                    "dumped but not compared with the ranks: see processes (detail=true for stacks).")
@@ -236,6 +231,8 @@ def run(params: HangStackDumpParams, progress) -> HangStackDumpResult:
         check_output(output_path(params.save_path.replace("{host}", socket.gethostname()), "dumps", "unused"),
                      overwrite=params.overwrite, field="save_path")
     result = HangStackDumpResult()
+    if params.slurm_job_id and params.all_nodes:
+        running_job(params.slurm_job_id)     # the job's owner or root, as straggler_find: else a clear refusal
     if params.slurm_job_id:
         cmd = slurm_all_nodes_command(params, job_nodes(params.slurm_job_id) if params.all_nodes else None)
         result.slurm_command = " ".join(cmd)
@@ -245,11 +242,13 @@ def run(params: HangStackDumpParams, progress) -> HangStackDumpResult:
         procs, problems, result.silent_nodes = run_all_nodes(params.slurm_job_id, cmd, params.per_process_timeout_s,
                                                              job_node_names(params.slurm_job_id))
     else:
-        pids = resolve_targets(params)
-        if not pids:
+        targets = resolve_targets(params)
+        problems = targets.refused
+        if not targets.pids:
+            left_out = f" Left out: {'; '.join(problems[:3])}." if problems else ""
             raise ToolFailure("no process matched: check the pid / pattern / job id on THIS node (ps -ef), or use "
-                              "slurm_job_id with all_nodes to reach every node of a SLURM job.")
-        procs, full = dump_processes(pids, params.native, params.per_process_timeout_s, params.max_frames, progress)
+                              "slurm_job_id with all_nodes to reach every node of a SLURM job." + left_out)
+        procs, full = dump_processes(targets.pids, params.native, params.per_process_timeout_s, params.max_frames, progress)
     procs = list({(p.host, p.pid): p for p in procs}.values())   # nodes sharing a host report alike
     procs.sort(key=lambda p: (p.rank if p.rank is not None else 1 << 30, p.host, p.pid))
     result.failed = sum(1 for p in procs if p.error)

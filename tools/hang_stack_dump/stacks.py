@@ -11,10 +11,11 @@ import subprocess
 from concurrent.futures import ThreadPoolExecutor
 
 
-from ..shared.process_targets import describe, frozen_reason
+from ..shared.process_targets import describe, frozen_reason, roles
 from ..shared.pyspy import (
     dump_one, explain_py_spy_error, frame_text, library_file, main_thread, py_spy_path, waits_on_peers,
 )
+from ..engine.processes import child_env
 from ..engine.spec import Field, Record, ToolFailure
 
 
@@ -40,8 +41,8 @@ class ProcessStack(Record):
     command: str = Field("", description="Command line (shortened).")
     parent_pid: int = Field(0, description="Parent process id.")
     role: str = Field("rank", description=(
-        "rank | helper (a child of a rank with the same RANK: dataloader worker, compile worker) | "
-        "other (no rank in its environment: launcher, unrelated process)."))
+        "rank | helper (a rank's child with its RANK: dataloader, compile worker) | launcher (parent of ranks) | "
+        "other (no rank in its environment)."))
     stack: list[str] = Field(default_factory=list, description="Main-thread frames, innermost first.")
     called_from: str = Field("", description="Innermost main-thread frame in user code.")
     in_collective: bool = Field(False, description="Whether the main thread is inside torch.distributed.")
@@ -52,14 +53,13 @@ class ProcessStack(Record):
 
 
 def assign_roles(procs: list[ProcessStack]) -> None:
-    """Ranks are compared with ranks; a rank's own children (same RANK) and rank-less processes are not."""
-    by_pid = {(p.host, p.pid): p for p in procs}
-    for p in procs:
-        parent = by_pid.get((p.host, p.parent_pid))
-        if p.rank is None:
-            p.role = "other"
-        elif parent is not None and parent.rank == p.rank:
-            p.role = "helper"
+    """Ranks are compared with ranks; launchers, a rank's own children (same RANK) and rank-less processes are
+    not (the rule: process_targets.roles)."""
+    by_key = {(p.host, p.pid): p for p in procs}
+    role = roles(by_key, {k: (p.host, p.parent_pid) for k, p in by_key.items()},
+                 {k: p.rank for k, p in by_key.items()})
+    for key, p in by_key.items():
+        p.role = role[key]
 
 
 def summarise_threads(threads: list[dict], pid: int, max_frames: int) -> dict:
@@ -153,7 +153,7 @@ def run_all_nodes(job_id: str, cmd: list[str], per_process_timeout_s: float,
 
     timeout = per_process_timeout_s * 4 + 60
     try:
-        proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=timeout, env=child_env())
     except FileNotFoundError:
         raise ToolFailure("srun is not on PATH: run this on a node of the cluster (login or compute).") from None
     except subprocess.TimeoutExpired:
