@@ -20,6 +20,8 @@ import re
 import shutil
 import subprocess
 
+from .processes import without_secrets
+
 NODE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,254}$"
 NODE_MAX_CHARS = 255
 NODE_ENV = "MLENG_NODE"   # set for the child: it then reports the node's own host provenance
@@ -60,7 +62,7 @@ def node_command(node: str, cmd: list[str], timeout_s: float, job_name: str,
         raise NodeUnavailable(f"node {node[:80]!r} is not a SLURM node name (letters, digits, _ . -)")
     if not shutil.which("srun"):
         raise NodeUnavailable("node= needs SLURM's srun on this machine; it is not on PATH")
-    env = dict(os.environ if env is None else env)
+    env = without_secrets(dict(os.environ if env is None else env))
     srun = ["srun", "--nodes=1", "--ntasks=1", f"--nodelist={node}", "--kill-on-bad-exit=1", "--quiet"]
     if node in _allocation_nodes(env):
         srun += ["--overlap"]   # beside the allocation's own steps, on the resources it already holds

@@ -66,12 +66,17 @@ def execute(spec: ToolSpec, params: Params, progress: Progress | None = None, *,
         with gpu_locks(devices, cancel, progress):
             data, child_prov, images = _run_child(spec, params, progress, timeout_s, cancel, node)
         provenance.update(child_prov)
+        if node:    # stored and reported under the node we asked for; the host it names is only its claim
+            provenance["host"] = node
         try:
             result = spec.Result.model_validate(data)
         except ValueError as e:
             raise ToolFailure(f"{spec.name} returned a result that does not match its schema: {e}") from None
         if node:
-            result.findings.append(f"Ran on node {node} (host {child_prov.get('host', node)}) through srun.")
+            claimed = str(child_prov.get("host", node))
+            result.findings.append(f"Ran on node {node} (host {node}) through srun." if claimed == node else
+                                   f"Ran on node {node} through srun; it calls itself host {claimed[:80]} (a claim: "
+                                   f"stored under {node}).")
     result = bound_result(spec, result)   # what is answered and what is stored have one size limit
     result = _printable(spec, result)     # no ESC, CR or bidi override reaches a terminal, answered or stored
     if spec.runs == "subprocess":
