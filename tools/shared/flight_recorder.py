@@ -25,10 +25,12 @@ MAX_FILE_BYTES = 512 * 1024 * 1024
 MAX_DEPTH = 32                 # real dumps nest 5-6 levels (entries -> entry -> frames -> frame -> value)
 BUDGET_PER_BYTE = 4            # data units per byte of file that plain, unshared data cannot exceed
 BUDGET_SLACK = 100_000
-# Objects one dump may create while unpickled. Measured: a real entry (6 of fr_hung's, 330 bytes each) makes
-# ~35, ~125 with 30 stack frames; TORCH_FR_BUFFER_SIZE=20000 entries then make 2.5 M. At ~60 bytes an object
-# 4 M is ~250 MB at most, whatever the file holds (a 10 MB bomb asks 10 M, 1.4 GB).
+# What one dump may make while unpickled. Measured (a dump of 2,000 entries like fr_hung's, each with a 25-frame
+# stack, 1.0 MB): 180 k objects from 600 k opcodes; so TORCH_FR_BUFFER_SIZE=20000 makes ~1.8 M objects from 6 M
+# opcodes. At ~64 bytes an object and 8 a reference, the caps hold a dump to ~250 + 130 MB whatever the file
+# holds: 10 MB of one-byte EMPTY_LIST opcodes asks 10 M objects (1.4 GB), 2-byte BINGETs 5 M references each.
 MAX_OBJECTS = 4_000_000
+MAX_OPCODES = 16_000_000
 # Opcodes that push a reference to an object already built or build nothing; every other opcode creates one
 # object or one memo entry (MEMOIZE, PUT: counted, as 10 M one-byte MEMOIZEs fill a 10 M-entry memo).
 _NO_NEW_OBJECT = {"GET", "BINGET", "LONG_BINGET", "MARK", "PROTO", "FRAME", "STOP", "POP", "POP_MARK", "DUP",
@@ -123,10 +125,14 @@ def _load_open(f: BinaryIO, size: int) -> dict:
 
 def objects_to_build(f: BinaryIO) -> int:
     """How many objects unpickling `f` would create, read opcode by opcode without building any; UnsafeDump
-    past MAX_OBJECTS. pickletools reads one opcode's argument at a time, so memory stays at the largest string."""
+    past MAX_OBJECTS objects or MAX_OPCODES opcodes. pickletools reads one opcode's argument at a time, so memory
+    stays at the largest string; ~0.5 M opcodes a second (1.2 s for a 1 MB dump on a loaded 2-core VM)."""
     built = 0
     try:
-        for op, arg, _ in pickletools.genops(f):
+        for count, (op, arg, _) in enumerate(pickletools.genops(f)):
+            if count > MAX_OPCODES:
+                raise UnsafeDump(f"refused (unsafe content): more than {MAX_OPCODES:,} pickle opcodes (a real dump "
+                                 "of 20,000 entries has ~6 M); nothing of it was built")
             if op.name in _MEMO_INDEX and not (isinstance(arg, int) and 0 <= arg <= MAX_OBJECTS):
                 raise UnsafeDump(f"refused (unsafe content): memo index {str(arg)[:20]} (at most {MAX_OBJECTS:,} in a "
                                  "dump: a huge index makes the unpickler allocate gigabytes)")
@@ -134,7 +140,7 @@ def objects_to_build(f: BinaryIO) -> int:
                 built += 1
                 if built > MAX_OBJECTS:
                     raise UnsafeDump(f"refused (unsafe content): it would create more than {MAX_OBJECTS:,} Python "
-                                     "objects (a real dump of 20,000 entries makes ~2.5 M); nothing of it was built")
+                                     "objects (a real dump of 20,000 entries makes ~1.8 M); nothing of it was built")
     except (ValueError, EOFError) as e:
         if isinstance(e, UnsafeDump):
             raise
@@ -151,7 +157,7 @@ def json_values_at_most(f: BinaryIO) -> int:
         values += sum(chunk.count(c) for c in (b"[", b"{", b",", b":"))
         if values > 2 * MAX_OBJECTS:
             raise UnsafeDump(f"refused (unsafe content): it would create more than {MAX_OBJECTS:,} Python objects "
-                             "(a real dump of 20,000 entries makes ~2.5 M); nothing of it was built")
+                             "(a real dump of 20,000 entries makes ~1.8 M); nothing of it was built")
     return values
 
 
