@@ -74,6 +74,8 @@ class HangStackDumpResult(Result):
     saved_to: str = Field("", description="File holding the full dumps, when save_path was given.")
     frozen_ranks: list[int] = Field(default_factory=list, description=(
         "Ranks whose process is stopped (SIGSTOP) or frozen (cgroup freezer): the ones the others wait for."))
+    left_out: list[str] = Field(default_factory=list, description=(
+        "Processes not dumped: claimed the job but not its user's or cgroup's, or another user's."))
     silent_nodes: list[str] = Field(default_factory=list, description=(
         "all_nodes: nodes of the job that sent no report (frozen, unreachable, or the dump failed there); why is "
         "in findings."))
@@ -237,17 +239,17 @@ def run(params: HangStackDumpParams, progress) -> HangStackDumpResult:
         cmd = slurm_all_nodes_command(params, job_nodes(params.slurm_job_id) if params.all_nodes else None)
         result.slurm_command = " ".join(cmd)
     progress(0.05, "finding processes")
-    problems, full = [], []
+    problems, full, left_out = [], [], []
     if params.slurm_job_id and params.all_nodes:
-        procs, problems, result.silent_nodes = run_all_nodes(params.slurm_job_id, cmd, params.per_process_timeout_s,
-                                                             job_node_names(params.slurm_job_id))
+        procs, problems, result.silent_nodes, left_out = run_all_nodes(
+            params.slurm_job_id, cmd, params.per_process_timeout_s, job_node_names(params.slurm_job_id))
     else:
         targets = resolve_targets(params)
-        problems = targets.refused
+        left_out = targets.refused
         if not targets.pids:
-            left_out = f" Left out: {'; '.join(problems[:3])}." if problems else ""
+            why = f" Left out: {'; '.join(left_out[:3])}." if left_out else ""
             raise ToolFailure("no process matched: check the pid / pattern / job id on THIS node (ps -ef), or use "
-                              "slurm_job_id with all_nodes to reach every node of a SLURM job." + left_out)
+                              "slurm_job_id with all_nodes to reach every node of a SLURM job." + why)
         procs, full = dump_processes(targets.pids, params.native, params.per_process_timeout_s, params.max_frames, progress)
     procs = list({(p.host, p.pid): p for p in procs}.values())   # nodes sharing a host report alike
     procs.sort(key=lambda p: (p.rank if p.rank is not None else 1 << 30, p.host, p.pid))
@@ -265,7 +267,9 @@ def run(params: HangStackDumpParams, progress) -> HangStackDumpResult:
         result.odd_nodes = sorted({h for g in odd for h in g.hosts})
     shown = procs if (params.detail or len(procs) <= 64) else [p for p in procs if p.error][:64]
     result.processes = shown if params.detail else [p.model_copy(update={"stack": []}) for p in shown]
-    result.findings = findings_for(groups, odd) + _uncompared_findings(procs, problems)
+    result.findings = findings_for(groups, odd) + _uncompared_findings(procs, problems) + (
+        [f"{len(left_out)} process(es) left out, not dumped; first: {left_out[0]}"] if left_out else [])
+    result.left_out = left_out[:64]
     frozen = [p for p in procs if p.frozen]
     result.frozen_ranks = sorted({p.rank for p in frozen if p.rank is not None})
     result.findings[:0] = [f"{'rank ' + str(p.rank) if p.rank is not None else 'a process'} on {p.host}: {p.frozen}. "
@@ -283,7 +287,8 @@ def run(params: HangStackDumpParams, progress) -> HangStackDumpResult:
     if not result.dumped and not frozen and not result.silent_nodes:
         errors = [p.error for p in procs if p.error] + problems
         raise ToolFailure("no stack could be read. " + "; ".join(dict.fromkeys(errors))[:1500])
-    result.verdict = "warn" if odd or result.failed or problems or frozen or result.silent_nodes else "info"
+    result.verdict = ("warn" if odd or result.failed or problems or left_out or frozen or result.silent_nodes
+                      else "info")
     result.next = (["flight_recorder_analyze", "log_triage", "knowledge://debugging/hangs.md"] if odd else
                    ["flight_recorder_analyze", "nccl_log_analyze", "knowledge://debugging/hangs.md"])
     progress(1.0, "done")

@@ -145,9 +145,9 @@ def job_nodes(job_id: str) -> int | None:
 
 
 def run_all_nodes(job_id: str, cmd: list[str], per_process_timeout_s: float,
-                  nodes: list[str] | None = None) -> tuple[list[ProcessStack], list[str], list[str]]:
+                  nodes: list[str] | None = None) -> tuple[list[ProcessStack], list[str], list[str], list[str]]:
     """Run the per-node dumps through srun and collect every node's processes: (processes, problems, nodes that
-    sent no report). `nodes`: the job's nodes in SLURM's order (task i runs on node i), to name the silent ones;
+    sent no report, processes the nodes left out). `nodes`: the job's nodes in SLURM's order (task i runs on node i), to name the silent ones;
     a node srun could not start the dump on is named from srun's own "Task launch ... failed on node X"."""
     from ..shared import slurm as _slurm
 
@@ -159,7 +159,7 @@ def run_all_nodes(job_id: str, cmd: list[str], per_process_timeout_s: float,
     except subprocess.TimeoutExpired:
         raise ToolFailure(f"srun gave no answer in {timeout:.0f} s: a node may be unreachable "
                           f"(`scontrol show job {job_id}`, `sinfo -R`)") from None
-    procs, problems, silent = [], [], []
+    procs, problems, silent, left_out = [], [], [], []
     tasks = _slurm.split_labelled_output(proc.stdout)
     said = _slurm.split_labelled_output(proc.stderr or "")
     nodes = nodes or []
@@ -168,6 +168,7 @@ def run_all_nodes(job_id: str, cmd: list[str], per_process_timeout_s: float,
         try:
             doc = json.loads(text[text.index("{"):])
             procs += [ProcessStack(**p) for p in doc.get("processes", [])]
+            left_out += [f"{where}: {line}" for line in doc.get("left_out", [])]
         except (ValueError, TypeError):
             last = " | ".join(line.strip() for line in said.get(task, "").splitlines()[-3:] if line.strip())
             problems.append(f"{where}: no report" + (f"; it said: {last[-400:]}" if last else " (no output at all)"))
@@ -178,5 +179,5 @@ def run_all_nodes(job_id: str, cmd: list[str], per_process_timeout_s: float,
         problems.insert(0, f"{node}: srun could not start the dump there: {why}")
     if not tasks and not silent:
         problems.append(f"srun exit {proc.returncode}: {(proc.stderr or proc.stdout).strip()[-400:]}")
-    return procs, problems, silent
+    return procs, problems, silent, left_out
 

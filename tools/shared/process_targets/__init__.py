@@ -107,7 +107,7 @@ def _scoped(pids: list[int], scope: int | None, what: str, out: Targets) -> list
         if uid is None or uid == scope:
             kept.append(pid)
         else:
-            out.refused.append(f"{what} pid {pid} belongs to {user_words(uid)}, not to you ({user_words(scope)}): left out "
+            out.refused.append(f"{what} pid {pid} belongs to {user_words(uid)}, not to you, {user_words(scope)}: left out "
                                "(root may pass allow_other_users)")
     return kept
 
@@ -119,7 +119,7 @@ def select(req: TargetRequest) -> Targets:
     for pid in req.pids:
         uid = uid_of(pid)
         if scope is not None and uid is not None and uid != scope:
-            raise ToolFailure(f"pids: {pid} belongs to {user_words(uid)}, not to you ({user_words(scope)}): a user reads only "
+            raise ToolFailure(f"pids: {pid} belongs to {user_words(uid)}, not to you, {user_words(scope)}: a user reads only "
                               "their own processes (root: add allow_other_users, or give slurm_job_id).")
     pids = list(req.pids)
     if req.launcher_pid:
@@ -150,7 +150,7 @@ def _launcher_children(pid: int, scope: int | None, out: Targets) -> list[int]:
     except psutil.NoSuchProcess:
         raise ToolFailure(f"launcher pid {pid} does not exist (the job ended, or it runs on another node)") from None
     if scope is not None and owner != scope:
-        raise ToolFailure(f"launcher_pid {pid} belongs to {user_words(owner)}, not to you ({user_words(scope)}): a user reads "
+        raise ToolFailure(f"launcher_pid {pid} belongs to {user_words(owner)}, not to you, {user_words(scope)}: a user reads "
                           "only their own processes (root: add allow_other_users, or give slurm_job_id).")
     if not kids and name == "srun":
         try:

@@ -37,8 +37,8 @@ def job_processes(job_id: str, job_uid: int) -> tuple[list[int], list[str]]:
     kept, refused = [], []
     for pid, uid, env, in_cgroup in candidates:
         if uid != job_uid:
-            refused.append(f"{_claim(pid, env, job_id)} but belongs to {user_words(uid)}, not the job's user "
-                           f"({user_words(job_uid)}): left out")
+            refused.append(f"{_claim(pid, env, job_id)} but belongs to {user_words(uid)}, not to the job's user, "
+                           f"{user_words(job_uid)}: left out")
         elif cgroup_plugin and not in_cgroup:
             refused.append(f"{_claim(pid, env, job_id)} but is not in job_{job_id}'s cgroup: left out")
         else:
@@ -75,7 +75,7 @@ def running_job(job_id: str) -> RunningJob:
         raise ToolFailure(f"slurm_job_id {job_id}: squeue gave no numeric uid for its user ({uid[:40]!r}): "
                           "its processes cannot be told from other users'.")
     if int(uid) != os.geteuid() and os.geteuid() != 0:
-        raise ToolFailure(f"slurm_job_id {job_id} belongs to {user}, not to you ({user_words(os.geteuid())}): only the "
+        raise ToolFailure(f"slurm_job_id {job_id} belongs to {user}, not to you ({user_words(os.geteuid(), name_only=True)}): only the "
                           "job's owner or root may read its processes; ask its owner.")
     return RunningJob(job_id=raw_id.strip() if raw_id.strip().isdigit() else job_id, user=user, uid=int(uid),
                       nodes=int(count) if count.isdigit() else 1, nodelist=nodelist)

@@ -81,13 +81,15 @@ def uid_of(pid: int) -> int | None:
         return None
 
 
-def user_words(uid: int | None) -> str:
+def user_words(uid: int | None, name_only: bool = False) -> str:
+    """'uid 65534 (nobody)', or 'nobody' with name_only (the uid where it has no name)."""
     import pwd
 
     try:
-        return f"uid {uid} ({pwd.getpwuid(uid).pw_name})"
+        name = pwd.getpwuid(uid).pw_name
     except (KeyError, TypeError):
         return f"uid {uid}"
+    return name if name_only else f"uid {uid} ({name})"
 
 
 def job_cgroups(pid: int | str) -> list[str]:
