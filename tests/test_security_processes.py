@@ -208,6 +208,14 @@ def test_r14_pid_1_and_our_own_process_are_refused_as_targets():
     proc = subprocess.run(["bash", "-c", f'exec {sys.executable} -m tools run hang_stack_dump --pids $$ --json'],
                           capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert proc.returncode != 0 and "is this tool's own process" in proc.stderr, proc.stdout[-500:] + proc.stderr
+    # Another tool run of the server (`tools.engine.child TOOL`, a sibling of this one) is not a target either.
+    sibling = subprocess.Popen([sys.executable, "-c", "import time\ntime.sleep(60)", "tools.engine.child", "matmul_bench"])
+    try:
+        time.sleep(0.5)
+        rc, result, err = mleng("hang_stack_dump", "--pids", str(sibling.pid))
+        assert rc != 0 and "is one of mleng's own processes" in err, err
+    finally:
+        _stop(sibling)
 
 
 @needs_root

@@ -22,8 +22,8 @@ from ...engine.printable import printable
 from ...engine.redact import redact
 from ...engine.spec import ToolFailure
 from .jobs import RunningJob, job_processes, running_job
-from .kernel import (LOCAL_RANK_VARS, OUR_MARKS, RANK_VARS, Identity, is_ours, is_python_proc, ourselves, uid_of,
-                     user_words, env_int, frozen_reason, identity, is_python)
+from .kernel import (LOCAL_RANK_VARS, OUR_MARKS, RANK_VARS, Identity, command_of, env_int, frozen_reason, identity,
+                     is_ours, is_python, is_python_proc, ourselves, uid_of, user_words)
 
 ALLOW_OTHER_USERS_HELP = "Root only: also other users' processes (default: yours)."
 __all__ = ["ALLOW_OTHER_USERS_HELP", "LOCAL_RANK_VARS", "OUR_MARKS", "RANK_VARS", "Identity", "RunningJob",
@@ -95,6 +95,9 @@ def _refuse_ours(pids: list[int], what: str) -> None:
             raise ToolFailure(f"{what} {pid} is this tool's own process or one of its ancestors (the CLI, the MCP "
                               "server, a shell, init): its descendants are everything, not a job. Give the job's "
                               "launcher or its ranks.")
+        if is_ours(command_of(pid)):
+            raise ToolFailure(f"{what} {pid} is one of mleng's own processes (a tool run of the server, a per-node "
+                              "agent, py-spy), not a rank: give the job's launcher or its ranks.")
 
 
 def _scoped(pids: list[int], scope: int | None, what: str, out: Targets) -> list[int]:

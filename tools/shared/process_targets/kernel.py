@@ -6,8 +6,9 @@ from dataclasses import dataclass
 
 RANK_VARS = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
 LOCAL_RANK_VARS = ("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK")
-# Command-line marks of our own readers: a per-node agent started through srun is no rank to read.
-OUR_MARKS = ("hang_stack_dump", "straggler_find", "py-spy")
+# Command-line marks of our own processes: a per-node agent started through srun, py-spy, and every tool run of
+# the server (`<package>.engine.child TOOL`, this one's siblings) are no rank to read.
+OUR_MARKS = ("hang_stack_dump", "straggler_find", "py-spy", "engine.child")
 
 
 @dataclass(frozen=True)
@@ -68,8 +69,17 @@ def ourselves() -> set[int]:
 
 
 def is_ours(cmdline: list[str]) -> bool:
-    cmd = " ".join(cmdline)
+    cmd = " ".join(cmdline)[:8192]
     return any(mark in cmd for mark in OUR_MARKS)
+
+
+def command_of(pid: int) -> list[str]:
+    import psutil
+
+    try:
+        return psutil.Process(pid).cmdline()
+    except psutil.Error:
+        return []
 
 
 def uid_of(pid: int) -> int | None:
