@@ -260,3 +260,27 @@ def test_r7_other_bombs_are_refused_before_the_unpickler_sees_them(tmp_path, mon
                        ("json", "more than 1,000 Python objects")):
         with pytest.raises(fr.UnsafeDump, match=said):
             fr.load_dump(tmp_path / name)
+
+
+@needs_root
+def test_r14_hang_stack_dump_all_nodes_checks_the_jobs_owner():
+    """As straggler_find does: a user may not run `hang_stack_dump --slurm-job-id X --all-nodes` on root's job."""
+    import sysconfig
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="mleng-r14-") as home:
+        os.chmod(home, 0o755)
+        env = _stand_ins(Path(home))
+        os.chown(home, NOBODY, NOBODY)
+        as_nobody = [shutil.which("runuser") or "runuser", "-u", "nobody", "--", "env",
+                     f"PYTHONPATH={sysconfig.get_paths()['purelib']}:{ROOT}", f"MLENG_HOME={home}/h",
+                     f"PATH={env['PATH']}", "FAKE_SQUEUE=RUNNING|root|2|n[1-2]|0|4242", f"FAKE_DIR={home}",
+                     f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}"]
+        probe = subprocess.run([*as_nobody, "-c", "import tools.hang_stack_dump"], capture_output=True, text=True,
+                               cwd="/", timeout=60)
+        if probe.returncode:
+            pytest.skip(f"nobody cannot import the tool from {ROOT}: {probe.stderr.strip()[-200:]}")
+        proc = subprocess.run([*as_nobody, "-m", "tools", "run", "hang_stack_dump", "--slurm-job-id", "4242",
+                               "--all-nodes"], capture_output=True, text=True, cwd=ROOT, timeout=120)
+        assert proc.returncode != 0 and "belongs to root, not to you (nobody)" in proc.stderr, proc.stderr[-800:]
+        assert not Path(home, "srun-env").exists(), "srun was started for another user's job"
