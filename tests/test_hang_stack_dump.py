@@ -414,7 +414,7 @@ def test_every_job_node_without_a_report_is_named_with_what_it_or_srun_said():
     fake_srun = ["bash", "-c", f"echo '0: {report}'; echo '1: no stack could be read: pid 9 is stopped' >&2; "
                                "echo 'srun: error: Task launch for StepId=5.0 failed on node n3: Socket timed out "
                                "on send/recv operation' >&2; exit 1"]
-    procs, problems, silent = stacks.run_all_nodes("5", fake_srun, 5, nodes=["n1", "n2", "n3"])
+    procs, problems, silent, _ = stacks.run_all_nodes("5", fake_srun, 5, nodes=["n1", "n2", "n3"])
     assert [p.host for p in procs] == ["n1"] and silent == ["n2", "n3"]
     assert problems[0].startswith("n3: srun could not start the dump there: Socket timed out")
     assert any(p.startswith("n2: no report; it said: no stack could be read") for p in problems)

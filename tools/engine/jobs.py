@@ -81,7 +81,10 @@ class Job:
         with self._end_lock:
             if self.finished.is_set():
                 return False
-            self.state, self.result, self.error = state, result, redact(printable(error)) if error else error
+            # An error is one line: a newline or CR in it came from outside (a process's name, a file) and would
+            # start a forged line of its own in the CLI and in what the agent reads. Secrets are redacted too.
+            self.state, self.result, self.error = state, result, (
+                redact(printable(error, newlines=False)) if error else error)
             self.ended = time.time()
             self.finished.set()
             return True

@@ -20,6 +20,7 @@ import shutil
 import subprocess
 
 from .placement import inside_allocation, own_job
+from .processes import without_secrets
 
 NODE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,254}$"
 NODE_MAX_CHARS = 255
@@ -61,7 +62,7 @@ def node_command(node: str, cmd: list[str], timeout_s: float, job_name: str,
         raise NodeUnavailable(f"node {node[:80]!r} is not a SLURM node name (letters, digits, _ . -)")
     if not shutil.which("srun"):
         raise NodeUnavailable("node= needs SLURM's srun on this machine; it is not on PATH")
-    env = dict(os.environ if env is None else env)
+    env = without_secrets(dict(os.environ if env is None else env))
     srun = ["srun", "--nodes=1", "--ntasks=1", f"--nodelist={node}", "--kill-on-bad-exit=1", "--quiet"]
     if node in _allocation_nodes(env):
         place = inside_allocation()   # beside the allocation's own steps, on the resources it already holds

@@ -17,6 +17,7 @@ import time
 
 from .borrow import server_site_env
 from .data import IMPORT_ROOT, PACKAGE
+from .http_guard import TOKEN_ENV
 
 # The longest line of a child's output kept whole: above the largest result line the runner reads
 # (bounds.MAX_RESULT_CHARS, 1,000,000 characters, which json.dumps may escape to 6 bytes each when
@@ -29,9 +30,16 @@ def python_module_command(module: str, *args: str, python: str | None = None) ->
     return [python or sys.executable, "-m", f"{PACKAGE}.{module}", *args]
 
 
+def without_secrets(env: dict) -> dict:
+    """`env` less the server's own secrets: the HTTP token stays in the server, not in a tool child, nor in an
+    srun step (srun's default --export=ALL would send it to the node)."""
+    return {k: v for k, v in env.items() if k != TOKEN_ENV}
+
+
 def child_env(env: dict | None = None) -> dict:
-    """`env` (default: ours) with our package importable, whatever the child's working directory."""
-    env = dict(os.environ if env is None else env)
+    """`env` (default: ours) with our package importable, whatever the child's working directory, and no
+    secret of the server's."""
+    env = without_secrets(dict(os.environ if env is None else env))
     parts = [str(IMPORT_ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(IMPORT_ROOT)]
     env["PYTHONPATH"] = os.pathsep.join(parts)
     # `python -m` would put the working directory first on sys.path: a user's own `tools/` or `mleng/`

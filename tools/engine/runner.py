@@ -70,6 +70,8 @@ def execute(spec: ToolSpec, params: Params, progress: Progress | None = None, *,
         with gpu_locks(devices, cancel, progress):
             data, child_prov, images = _run_child(spec, params, progress, timeout_s, cancel, node)
         provenance.update(child_prov)
+        if node:    # stored and reported under the node we asked for; the host it names is only its claim
+            provenance["host"] = node
         try:
             result = spec.Result.model_validate(data)
         except ValueError as e:
@@ -77,7 +79,10 @@ def execute(spec: ToolSpec, params: Params, progress: Progress | None = None, *,
         if spec.job_python and (stack := stack_line(child_prov)):
             result.findings.append(stack)
         if node:
-            result.findings.append(f"Ran on node {node} (host {child_prov.get('host', node)}) through srun.")
+            claimed = str(child_prov.get("host", node))
+            result.findings.append(f"Ran on node {node} (host {node}) through srun." if claimed == node else
+                                   f"Ran on node {node} through srun; it calls itself host {claimed[:80]} (a claim: "
+                                   f"stored under {node}).")
     result = bound_result(spec, result)   # what is answered and what is stored have one size limit
     result = _outbound(spec, result)      # no secret, ESC, CR or bidi override leaves, answered or stored
     if spec.runs == "subprocess":

@@ -5,7 +5,6 @@ per process group, the fields looked up by every name they have had. Each file i
 shared/flight_recorder.py, which lets only plain data through.
 """
 
-import ast
 import glob
 import itertools
 import os
@@ -16,7 +15,7 @@ from pathlib import Path
 
 from ..engine.spec import ToolFailure
 from ..shared.flight_recorder import DEFAULT_PREFIX_ENV, TORCH_DEFAULT_PREFIX, load_dump
-from ..shared.safe_read import kind_of
+from ..shared.safe_read import kind_of, owner_problem
 
 MAX_FILES = 4096
 RANK_IN_NAME = re.compile(r"(\d+)(?:\.(?:json|pkl|pickle))?$")
@@ -59,9 +58,11 @@ def rank_of(name: str, prefix: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def _called_from(frames) -> str:
+def _called_from(frames: list) -> str:
     """The innermost frame outside torch: the user's line that issued the collective."""
-    for fr in frames or []:
+    for fr in frames:
+        if not isinstance(fr, dict):
+            continue
         fname = str(fr.get("filename", ""))
         if "/torch/" in fname or fname.startswith("<"):
             continue
@@ -69,31 +70,91 @@ def _called_from(frames) -> str:
     return ""
 
 
+def _list(e: dict, i: int, key: str) -> list:
+    """entries[i][key] as a list ([] when absent); ValueError naming the field when it is something else."""
+    value = e.get(key)
+    if value is None or value == "":
+        return []
+    if not isinstance(value, (list, tuple)):
+        raise ValueError(f"field 'entries[{i}].{key}' is {type(value).__name__}, not a list")
+    return list(value)
+
+
+def _seq(e: dict, i: int) -> int | None:
+    seq = e.get("collective_seq_id", e.get("seq_id"))
+    if seq is None:
+        return None
+    if isinstance(seq, bool) or not (isinstance(seq, int) or (isinstance(seq, str) and seq.isdigit() and len(seq) < 20)):
+        raise ValueError(f"field 'entries[{i}].collective_seq_id' is {str(seq)[:40]!r}, not a sequence number")
+    return int(seq)
+
+
 def _parse(rank: int, path: Path, data: dict, shared: dict) -> RankDump:
     """Entries -> Ops per process group. `shared` interns the values thousands of entries repeat
-    (sizes, dtypes, call sites): a 256-rank x 2000-entry job fits in a few hundred MB."""
+    (sizes, dtypes, call sites): a 256-rank x 2000-entry job fits in a few hundred MB. The loader checked
+    that entries are dicts and pg_config a dict of dicts; a field of the wrong type is a ValueError naming it."""
     def one(value):
         return shared.setdefault(repr(value), value)
 
-    dump = RankDump(rank=rank, path=str(path), version=str(data.get("version", "")),
-                    pg_config=data.get("pg_config") or {})
-    for e in data.get("entries") or []:
+    dump = RankDump(rank=rank, path=str(path), version=str(data.get("version", ""))[:40],
+                    pg_config=parse_pg_config(data.get("pg_config") or {}))
+    for i, e in enumerate(data.get("entries") or []):
         if e.get("is_p2p"):
             dump.p2p_ops += 1              # send/recv are paired differently; collectives name hangs
             continue
-        seq = e.get("collective_seq_id", e.get("seq_id"))
+        seq = _seq(e, i)
         if seq is None:
             continue
-        backend, _, op = str(e.get("profiling_name", "?")).rpartition(":")
+        backend, _, op = str(e.get("profiling_name", "?"))[:200].rpartition(":")
         dump.backend = dump.backend or backend
-        pg = e.get("process_group") or (str(e.get("pg_id", "?")), "")
-        state = str(e.get("state", ""))
-        dump.groups[(str(pg[0]), str(pg[1]) if len(pg) > 1 else "")].append(Op(
-            seq=int(seq), op=one(op or "?"), in_sizes=one(list(e.get("input_sizes") or [])),
-            in_dtypes=one(list(e.get("input_dtypes") or [])), out_sizes=one(list(e.get("output_sizes") or [])),
+        pg = _list(e, i, "process_group") or [str(e.get("pg_id", "?")), ""]
+        state = str(e.get("state", ""))[:40]
+        timeout = e.get("timeout_ms")
+        dump.groups[(str(pg[0])[:200], str(pg[1])[:200] if len(pg) > 1 else "")].append(Op(
+            seq=seq, op=one(op or "?"), in_sizes=one(_list(e, i, "input_sizes")),
+            in_dtypes=one(_list(e, i, "input_dtypes")), out_sizes=one(_list(e, i, "output_sizes")),
             done=state == "completed" or bool(e.get("retired")), state=one(state),
-            called_from=one(_called_from(e.get("frames"))), timeout_ms=e.get("timeout_ms")))
+            called_from=one(_called_from(_list(e, i, "frames"))),
+            timeout_ms=timeout if isinstance(timeout, int) and not isinstance(timeout, bool) else None))
     return dump
+
+
+MAX_RANKS_CHARS = 1 << 20       # "[0, 1, ..., 99999]" is ~600 KB
+
+
+def parse_ranks(text: str, where: str) -> list[int]:
+    """A process group's ranks as torch writes them ("[0, 1, 2]"), read by an explicit bounded parser:
+    brackets, decimal numbers, commas, nothing else. ValueError naming `where` otherwise (never eval)."""
+    if len(text) > MAX_RANKS_CHARS:
+        raise ValueError(f"field '{where}' is {len(text):,} characters, more than any ranks list")
+    body = text.strip()
+    if body[:1] in "[(" and body[-1:] in "])":
+        body = body[1:-1]
+    items = [item.strip() for item in body.split(",")] if body.strip() else []
+    if items and items[-1] == "":
+        items.pop()                 # "(0,)"
+    if not all(item.isdigit() and item.isascii() and len(item) <= 9 for item in items):
+        bad = next(item for item in items if not (item.isdigit() and item.isascii() and len(item) <= 9))
+        raise ValueError(f"field '{where}' holds {bad[:40]!r}: not a list of rank numbers like '[0, 1, 2]'")
+    return [int(item) for item in items]
+
+
+def parse_pg_config(config: dict) -> dict:
+    """pg name -> {'ranks': [int] or None, ...the rest as given}, the ranks parsed (a list or its text)."""
+    out = {}
+    for key, cfg in config.items():
+        ranks = cfg.get("ranks")
+        where = f"pg_config[{str(key)[:40]!r}].ranks"
+        if isinstance(ranks, str):
+            ranks = parse_ranks(ranks, where)
+        elif isinstance(ranks, (list, tuple)):
+            if not all(isinstance(r, int) and not isinstance(r, bool) for r in ranks):
+                raise ValueError(f"field '{where}' holds something other than rank numbers")
+            ranks = list(ranks)
+        elif ranks is not None:
+            raise ValueError(f"field '{where}' is {type(ranks).__name__}, not a list of ranks")
+        out[str(key)] = {**cfg, "ranks": ranks}
+    return out
 
 
 def find_dump_files(path: str, prefix: str) -> tuple[Path, str]:
@@ -130,6 +191,12 @@ def read_dumps(path: str, prefix: str = "") -> tuple[dict[int, RankDump], list[s
         rank = rank_of(p.name, prefix) if root.is_dir() else (rank_of(p.name, "") or 0)
         if rank is None:
             continue
+        # torch's default prefix is in /tmp, where anyone can plant a dump: there only ours (or root's) count.
+        # lstat: a link another user planted is theirs, whatever it points at. A path given is the caller's.
+        planted = "" if path else owner_problem(p.lstat(), {os.geteuid()}, "you")
+        if planted:
+            unreadable.append(f"{p}: {planted} (torch's default location is shared; give path= to read it)")
+            continue
         try:
             dump = _parse(rank, p, load_dump(p), shared)
         except (ValueError, OSError) as e:
@@ -151,13 +218,7 @@ def configured_ranks(dumps: dict[int, RankDump]) -> dict[str, set[int]]:
     """pg name -> ranks, from pg_config where it is usable (it is broken for gloo: one '' key)."""
     out: dict[str, set[int]] = {}
     for d in dumps.values():
-        for key, cfg in (d.pg_config or {}).items():
-            ranks = cfg.get("ranks") if isinstance(cfg, dict) else None
-            if isinstance(ranks, str):
-                try:
-                    ranks = ast.literal_eval(ranks)
-                except (ValueError, SyntaxError):
-                    ranks = None
-            if isinstance(ranks, (list, tuple)) and ranks and all(isinstance(r, int) for r in ranks):
-                out.setdefault(str(key), set()).update(ranks)
+        for key, cfg in d.pg_config.items():
+            if cfg["ranks"]:
+                out.setdefault(key, set()).update(cfg["ranks"])
     return out

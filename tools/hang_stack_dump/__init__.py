@@ -34,7 +34,7 @@ from .stacks import (
     job_nodes,
     run_all_nodes,
 )
-from ..shared.process_targets import gpu_targets, launcher_targets, pattern_targets, processes_with_env
+from ..shared.process_targets import ALLOW_OTHER_USERS_HELP, Targets, TargetRequest, running_job, select
 from ..engine.data import IMPORT_ROOT as REPO_ROOT
 from ..engine.spec import SELF_EVIDENT, Field, Params, Result, ToolFailure, ToolSpec
 from ..shared.culprit_kind import CULPRIT_KIND_FIELD, Culprit, CulpritKind, rank_culprit
@@ -54,6 +54,7 @@ class HangStackDumpParams(Params):
         "Its processes here (every node with all_nodes)."))
     all_nodes: bool = Field(False, description=(
         "With slurm_job_id: every node (srun --overlap)."))
+    allow_other_users: bool = Field(False, description=ALLOW_OTHER_USERS_HELP)
     native: bool = Field(False, description="C/C++ frames too (~1 s per torch process).")
     save_path: str = Field("", max_length=4096, description=(
         (
@@ -82,6 +83,8 @@ class HangStackDumpResult(Result):
     saved_to: str = Field("", description="File holding the full dumps, when save_path was given.")
     frozen_ranks: list[int] = Field(default_factory=list, description=(
         "Ranks whose process is stopped (SIGSTOP) or frozen (cgroup freezer): the ones the others wait for."))
+    left_out: list[str] = Field(default_factory=list, description=(
+        "Processes not dumped: claimed the job but not its user's or cgroup's, or another user's."))
     silent_nodes: list[str] = Field(default_factory=list, description=(
         "all_nodes: nodes of the job that sent no report (frozen, unreachable, or the dump failed there); why is "
         "in findings."))
@@ -89,18 +92,12 @@ class HangStackDumpResult(Result):
     culprit: Culprit | None = Field(None, description="The one odd rank, when exactly one is outside the majority.")
 
 
-def resolve_targets(params: HangStackDumpParams) -> list[int]:
-    pids = list(params.pids)
-    if params.launcher_pid:
-        pids += launcher_targets(params.launcher_pid)
-    if params.pattern:
-        pids += pattern_targets(params.pattern)
-    if params.gpu_processes:
-        pids += gpu_targets()
-    if params.slurm_job_id and not params.all_nodes:
-        pids += processes_with_env("SLURM_JOB_ID", params.slurm_job_id)
-    pids = [p for p in dict.fromkeys(pids) if p != os.getpid()]
-    return pids[:MAX_PROCESSES]
+def resolve_targets(params: HangStackDumpParams) -> Targets:
+    targets = select(TargetRequest(pids=list(params.pids), launcher_pid=params.launcher_pid, pattern=params.pattern,
+                                   gpu_processes=params.gpu_processes, allow_other_users=params.allow_other_users,
+                                   job_id=params.slurm_job_id if not params.all_nodes else ""))
+    targets.pids = targets.pids[:MAX_PROCESSES]
+    return targets
 
 
 def slurm_all_nodes_command(params: HangStackDumpParams, nnodes: int | None) -> list[str]:
@@ -150,7 +147,7 @@ def _uncompared_findings(procs: list[ProcessStack], problems: list[str]) -> list
     out = []
     ranked = any(p.role == "rank" for p in procs)
     helpers = [p for p in procs if p.role == "helper"]
-    others = [p for p in procs if p.role == "other"]
+    others = [p for p in procs if p.role in ("launcher", "other")]
     if ranked and helpers:
         out.append(f"{len(helpers)} child process(es) of ranks (dataloader or compile workers) were "
                    "dumped but not compared with the ranks: see processes (detail=true for stacks).")
@@ -183,24 +180,28 @@ def run(params: HangStackDumpParams, progress) -> HangStackDumpResult:
         check_output(output_path(params.save_path.replace("{host}", socket.gethostname()), "dumps", "unused"),
                      overwrite=params.overwrite, field="save_path")
     result = HangStackDumpResult()
+    if params.slurm_job_id and params.all_nodes:
+        running_job(params.slurm_job_id)     # the job's owner or root, as straggler_find: else a clear refusal
     if params.slurm_job_id:
         cmd = slurm_all_nodes_command(params, job_nodes(params.slurm_job_id) if params.all_nodes else None)
         result.slurm_command = " ".join(cmd)
     progress(0.05, "finding processes")
-    problems, full, derived = [], [], []
+    problems, full, derived, left_out = [], [], [], []
     if params.dump_paths or params.dump_text:
         procs, notes = read_saved(params.dump_paths, params.dump_text, params.max_frames)
         problems = [n for n in notes if n.startswith("not read") or ": not py-spy" in n]
         derived = [n for n in notes if n not in problems]
     elif params.slurm_job_id and params.all_nodes:
-        procs, problems, result.silent_nodes = run_all_nodes(params.slurm_job_id, cmd, params.per_process_timeout_s,
-                                                             job_node_names(params.slurm_job_id))
+        procs, problems, result.silent_nodes, left_out = run_all_nodes(
+            params.slurm_job_id, cmd, params.per_process_timeout_s, job_node_names(params.slurm_job_id))
     else:
-        pids = resolve_targets(params)
-        if not pids:
+        targets = resolve_targets(params)
+        left_out = targets.refused
+        if not targets.pids:
+            why = f" Left out: {'; '.join(left_out[:3])}." if left_out else ""
             raise ToolFailure("no process matched: check the pid / pattern / job id on THIS node (ps -ef), or use "
-                              "slurm_job_id with all_nodes to reach every node of a SLURM job.")
-        procs, full = dump_processes(pids, params.native, params.per_process_timeout_s, params.max_frames, progress)
+                              "slurm_job_id with all_nodes to reach every node of a SLURM job." + why)
+        procs, full = dump_processes(targets.pids, params.native, params.per_process_timeout_s, params.max_frames, progress)
     procs = list({(p.host, p.pid): p for p in procs}.values())   # nodes sharing a host report alike
     procs.sort(key=lambda p: (p.rank if p.rank is not None else 1 << 30, p.host, p.pid))
     result.failed = sum(1 for p in procs if p.error)
@@ -218,7 +219,8 @@ def run(params: HangStackDumpParams, progress) -> HangStackDumpResult:
     shown = procs if (params.detail or len(procs) <= 64) else [p for p in procs if p.error][:64]
     result.processes = shown if params.detail else [p.model_copy(update={"stack": []}) for p in shown]
     result.findings = odd_headline(odd, groups, procs) + findings_for(groups, odd) + derived + _uncompared_findings(
-        procs, problems)
+        procs, problems) + ([f"{len(left_out)} process(es) left out, not dumped; first: {left_out[0]}"] if left_out else [])
+    result.left_out = left_out[:64]
     frozen = [p for p in procs if p.frozen]
     result.frozen_ranks = sorted({p.rank for p in frozen if p.rank is not None})
     result.findings[:0] = [f"{'rank ' + str(p.rank) if p.rank is not None else 'a process'} on {p.host}: {p.frozen}. "
@@ -241,7 +243,8 @@ def run(params: HangStackDumpParams, progress) -> HangStackDumpResult:
         host = next((p.host for p in procs if p.rank == culprits[0]), "")
         result.culprit = rank_culprit(culprits[0], host or None)
         result.culprit_kind = "rank"
-    result.verdict = "warn" if odd or result.failed or problems or frozen or result.silent_nodes else "info"
+    result.verdict = ("warn" if odd or result.failed or problems or left_out or frozen or result.silent_nodes
+                      else "info")
     result.next = (["flight_recorder_analyze", "log_triage", "knowledge://debugging/hangs.md"] if odd else
                    ["flight_recorder_analyze", "nccl_log_analyze", "knowledge://debugging/hangs.md"])
     progress(1.0, "done")

@@ -11,10 +11,11 @@ import subprocess
 from concurrent.futures import ThreadPoolExecutor
 
 
-from ..shared.process_targets import describe, frozen_reason
+from ..shared.process_targets import describe, frozen_reason, roles
 from ..shared.pyspy import (
     dump_one, explain_py_spy_error, frame_text, library_file, main_thread, py_spy_path, waits_on_peers,
 )
+from ..engine.processes import child_env
 from ..engine.spec import Field, Record, ToolFailure
 
 
@@ -40,8 +41,8 @@ class ProcessStack(Record):
     command: str = Field("", description="Command line (shortened).")
     parent_pid: int = Field(0, description="Parent process id.")
     role: str = Field("rank", description=(
-        "rank | helper (a child of a rank with the same RANK: dataloader worker, compile worker) | "
-        "other (no rank in its environment: launcher, unrelated process)."))
+        "rank | helper (a rank's child with its RANK: dataloader, compile worker) | launcher (parent of ranks) | "
+        "other (no rank in its environment)."))
     stack: list[str] = Field(default_factory=list, description="Main-thread frames, innermost first.")
     called_from: str = Field("", description="Innermost main-thread frame in user code.")
     in_collective: bool = Field(False, description="Whether the main thread is inside torch.distributed.")
@@ -52,14 +53,13 @@ class ProcessStack(Record):
 
 
 def assign_roles(procs: list[ProcessStack]) -> None:
-    """Ranks are compared with ranks; a rank's own children (same RANK) and rank-less processes are not."""
-    by_pid = {(p.host, p.pid): p for p in procs}
-    for p in procs:
-        parent = by_pid.get((p.host, p.parent_pid))
-        if p.rank is None:
-            p.role = "other"
-        elif parent is not None and parent.rank == p.rank:
-            p.role = "helper"
+    """Ranks are compared with ranks; launchers, a rank's own children (same RANK) and rank-less processes are
+    not (the rule: process_targets.roles)."""
+    by_key = {(p.host, p.pid): p for p in procs}
+    role = roles(by_key, {k: (p.host, p.parent_pid) for k, p in by_key.items()},
+                 {k: p.rank for k, p in by_key.items()})
+    for key, p in by_key.items():
+        p.role = role[key]
 
 
 def summarise_threads(threads: list[dict], pid: int, max_frames: int) -> dict:
@@ -145,21 +145,21 @@ def job_nodes(job_id: str) -> int | None:
 
 
 def run_all_nodes(job_id: str, cmd: list[str], per_process_timeout_s: float,
-                  nodes: list[str] | None = None) -> tuple[list[ProcessStack], list[str], list[str]]:
+                  nodes: list[str] | None = None) -> tuple[list[ProcessStack], list[str], list[str], list[str]]:
     """Run the per-node dumps through srun and collect every node's processes: (processes, problems, nodes that
-    sent no report). `nodes`: the job's nodes in SLURM's order (task i runs on node i), to name the silent ones;
+    sent no report, processes the nodes left out). `nodes`: the job's nodes in SLURM's order (task i runs on node i), to name the silent ones;
     a node srun could not start the dump on is named from srun's own "Task launch ... failed on node X"."""
     from ..shared import slurm as _slurm
 
     timeout = per_process_timeout_s * 4 + 60
     try:
-        proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=timeout, env=child_env())
     except FileNotFoundError:
         raise ToolFailure("srun is not on PATH: run this on a node of the cluster (login or compute).") from None
     except subprocess.TimeoutExpired:
         raise ToolFailure(f"srun gave no answer in {timeout:.0f} s: a node may be unreachable "
                           f"(`scontrol show job {job_id}`, `sinfo -R`)") from None
-    procs, problems, silent = [], [], []
+    procs, problems, silent, left_out = [], [], [], []
     tasks = _slurm.split_labelled_output(proc.stdout)
     said = _slurm.split_labelled_output(proc.stderr or "")
     nodes = nodes or []
@@ -168,6 +168,7 @@ def run_all_nodes(job_id: str, cmd: list[str], per_process_timeout_s: float,
         try:
             doc = json.loads(text[text.index("{"):])
             procs += [ProcessStack(**p) for p in doc.get("processes", [])]
+            left_out += [f"{where}: {line}" for line in doc.get("left_out", [])]
         except (ValueError, TypeError):
             last = " | ".join(line.strip() for line in said.get(task, "").splitlines()[-3:] if line.strip())
             problems.append(f"{where}: no report" + (f"; it said: {last[-400:]}" if last else " (no output at all)"))
@@ -178,5 +179,5 @@ def run_all_nodes(job_id: str, cmd: list[str], per_process_timeout_s: float,
         problems.insert(0, f"{node}: srun could not start the dump there: {why}")
     if not tasks and not silent:
         problems.append(f"srun exit {proc.returncode}: {(proc.stderr or proc.stdout).strip()[-400:]}")
-    return procs, problems, silent
+    return procs, problems, silent, left_out
 

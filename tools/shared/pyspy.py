@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from ..engine.spec import ToolFailure
+from ..engine.printable import printable
 
 LAUNCHER_FILES = ("torch/distributed/elastic/", "torch/distributed/run.py", "torch/distributed/launch")
 
@@ -27,7 +28,9 @@ def py_spy_path() -> str:
 
 
 def explain_py_spy_error(pid: int, stderr: str, command: str) -> str:
-    err = stderr.strip().split("\nStack backtrace:")[0].strip()[-400:]
+    # The command line and py-spy's text (which may quote it) are the process's own words: one line each.
+    err = printable(stderr.strip().split("\nStack backtrace:")[0].strip()[-400:], newlines=False)
+    command = printable(command, newlines=False)
     low = err.lower()
     if "failed to suspend process" in low:
         return (f"could not pause pid {pid} to read it: another tracer (gdb, strace, a second py-spy) is attached, "

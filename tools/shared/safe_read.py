@@ -79,3 +79,12 @@ def read_limited(path: str | os.PathLike, limit_bytes: int, field: str = "path")
     if len(data) > limit_bytes:
         raise FileTooLarge(errno.EFBIG, f"larger than the {limit_bytes / MiB:g} MiB {field} reads", str(path))
     return data
+
+
+def owner_problem(st: os.stat_result, owners: set[int], whose: str) -> str:
+    """Why a file found at a DEFAULT location (torch's /tmp prefix, a rank's dump path) is not evidence: ""
+    when one of `owners` or root owns it. Anyone can write into /tmp: a file another user planted there must
+    not name a culprit. A path the caller gave is theirs to vouch for and is not checked."""
+    if st.st_uid in owners or st.st_uid == 0:
+        return ""
+    return f"owned by uid {st.st_uid}, not {whose} (uid {', '.join(map(str, sorted(owners)))}): not used"

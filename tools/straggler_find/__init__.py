@@ -30,7 +30,9 @@ from .judge import Judgement, Rules
 from .look import look
 from .models import GpuSample, NodeReport, NodeSample, RankSample, Straggler
 from .slurm_job import node_line, sample_job
+from ..engine.printable import printable
 from ..engine.spec import SELF_EVIDENT, Field, Params, Result, ToolFailure, ToolSpec
+from ..shared.process_targets import ALLOW_OTHER_USERS_HELP, describe, is_python
 
 MAX_PIDS = 64
 STEP_LINE = re.compile(r"(?i)\b(step|iter(ation)?)\b.*\d.*\b(ms|s|sec|time|elapsed|it/s|s/it|tokens/s|tflops|mfu)\b")
@@ -46,6 +48,7 @@ class StragglerFindParams(Params):
     window_s: float = Field(60.0, ge=5, le=120, description=(
         "Most seconds to sample: answers after 6 s if ranks separate, else samples on to this."))
     rate_hz: int = Field(5, ge=5, le=100, description="Samples/s per rank (~1 ms of node CPU each; not stopped); x2 in longer looks.")
+    allow_other_users: bool = Field(False, description=ALLOW_OTHER_USERS_HELP)
     log_paths: list[Annotated[str, Field(max_length=4096)]] = Field(default_factory=list, max_length=8, description=(
         "Job logs: last step-time lines quoted."))
 
@@ -83,7 +86,7 @@ def _local(spec: dict, progress) -> tuple[list[NodeReport], list[str]]:
 
 def _spec(params: StragglerFindParams, window_s: float, rate_hz: int) -> dict:
     return {"pids": params.pids, "launcher_pid": params.launcher_pid, "window_s": window_s,
-            "rate_hz": rate_hz, "max_ranks": 64}
+            "rate_hz": rate_hz, "max_ranks": 64, "allow_other_users": params.allow_other_users}
 
 
 def _sampler(params: StragglerFindParams, progress):
@@ -114,12 +117,9 @@ def _check_inputs(params: StragglerFindParams) -> None:
             raise ToolFailure(f"pid {pid} does not exist on this node (the job ended, or it runs elsewhere: for a "
                               "SLURM job give slurm_job_id).")
     for pid in params.pids:
-        try:
-            exe = " ".join(psutil.Process(pid).cmdline()[:2]) or psutil.Process(pid).name()
-        except psutil.Error:
-            continue
-        if "python" not in exe.lower() and "torchrun" not in exe.lower():
-            raise ToolFailure(f"pids: {pid} ({exe[:80]}) is not a Python process: py-spy reads Python ranks only; "
+        if not is_python(pid):
+            command = printable(describe(pid)[0][:80], newlines=False)    # the process chose its own name
+            raise ToolFailure(f"pids: {pid} ({command}) is not a Python process: py-spy reads Python ranks only; "
                               "give the training processes (`pgrep -af train.py`).")
 
 
@@ -150,6 +150,9 @@ def _fill(result: StragglerFindResult, v: Judgement, problems: list[str]) -> Non
         result.spread_pct = round(100 * v.spread, 1)
         result.threshold_pct = round(100 * (v.threshold or 0), 1)
     result.findings = findings(result, v) + problems
+    refused = [line for n in result.nodes for line in n.refused]
+    if refused:
+        result.findings.append(f"{len(refused)} process(es) left out, not sampled; first: {refused[0]}")
     unsampled = [r for r in result.ranks if r.error]
     if unsampled:
         result.findings.append(f"{len(unsampled)} rank(s) not sampled; first: rank {unsampled[0].rank} on "

@@ -18,19 +18,10 @@ from pathlib import Path
 from .models import FlightRank
 from ..engine.data import load_data
 from ..shared.flight_recorder import DEFAULT_PREFIX_ENV, TORCH_DEFAULT_PREFIX, load_dump
+from ..shared.process_targets import identity
+from ..shared.safe_read import owner_problem
 
 MAX_ENTRIES = 200       # the last 200 collectives: several steps of any job, ~8 KB a rank in the node's report
-
-
-def _whose(pid: int) -> tuple[dict, str, int, float] | None:
-    """(environment, working directory, uid, start time) of the rank process; None if unreadable."""
-    import psutil
-
-    try:
-        proc = psutil.Process(pid)
-        return proc.environ(), proc.cwd(), proc.uids().real, proc.create_time()
-    except psutil.Error:
-        return None
 
 
 def _entry(e) -> tuple[str, int, int, float | None] | None:
@@ -49,23 +40,20 @@ def _entry(e) -> tuple[str, int, int, float | None] | None:
 
 def read_rank(pid: int, rank: int | None, host: str) -> FlightRank | None:
     """The rank's dump, if its process wrote one; a FlightRank with `error` when one is there but not usable."""
-    whose = _whose(pid) if rank is not None else None
-    if whose is None:
+    who = identity(pid) if rank is not None else None
+    if who is None:
         return None
-    env, cwd, uid, started = whose
-    prefix = next((env[v] for v in DEFAULT_PREFIX_ENV if env.get(v)), TORCH_DEFAULT_PREFIX)
-    path = Path(cwd, f"{prefix}{rank}")         # a relative prefix is the rank's own working directory
+    prefix = next((who.environ[v] for v in DEFAULT_PREFIX_ENV if who.environ.get(v)), TORCH_DEFAULT_PREFIX)
+    path = Path(who.cwd, f"{prefix}{rank}")         # a relative prefix is the rank's own working directory
     try:
         stat = path.stat()
     except OSError:
         return None
     row = FlightRank(rank=rank, host=host, path=str(path), written_at=stat.st_mtime)
     # Another local user can write a file at torch's default /tmp prefix: only the job's user's counts.
-    if stat.st_uid != uid:
-        row.error = f"owned by uid {stat.st_uid}, not the job's user (uid {uid}): not used"
-    elif stat.st_mtime < started:
-        row.error = "older than the rank's process (a previous run's dump): not used"
-    else:
+    row.error = owner_problem(stat, {who.uid}, "the job's user") or (
+        "older than the rank's process (a previous run's dump): not used" if stat.st_mtime < who.started else "")
+    if not row.error:
         try:
             data = load_dump(path)
         except (OSError, ValueError) as e:

@@ -83,6 +83,8 @@ class NodeSample(Record):
     sampler_cpu_s: float | None = Field(None, description=(
         "CPU seconds this node's sampler (itself and its py-spy children) used: its cost to the node."))
     errors: list[str] = Field(default_factory=list, description="What this node's sampler could not read.")
+    refused: list[str] = Field(default_factory=list, description=(
+        "Processes left out: claimed the job but not its user's or not in its cgroup, or another user's."))
 
 
 class NodeReport(Record):

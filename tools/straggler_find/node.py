@@ -34,7 +34,7 @@ from .flight import read_rank
 from .gpus import GpuWatch
 from .models import NodeReport, NodeSample, RankSample
 from ..shared import nccl_ras
-from ..shared.process_targets import describe, launcher_targets, processes_with_env
+from ..shared.process_targets import TargetRequest, describe, roles, select
 from ..shared.pyspy import explain_py_spy_error, library_file, py_spy_path
 
 FRAME = re.compile(r"^(.*) \((.*?)(?::(\d+))?\)$")
@@ -105,25 +105,16 @@ def record(pid: int, window_s: float, rate_hz: int, tmp: str) -> tuple[list[Coun
     return parts, ""
 
 
-def find_ranks(spec: dict) -> list[int]:
-    """The job's rank processes on this node: ranks, not their launchers or their dataloader workers."""
-    pids = list(spec.get("pids") or [])
-    if spec.get("launcher_pid"):
-        pids += launcher_targets(int(spec["launcher_pid"]))
-    if spec.get("job_id"):
-        pids += processes_with_env("SLURM_JOB_ID", str(spec["job_id"]))
-    pids = [p for p in dict.fromkeys(pids) if p != os.getpid()]
-    info = {p: describe(p) for p in pids}
-    ranked = {p for p, (_, _, rank, _) in info.items() if rank is not None}
-    out = []
-    for p in pids:
-        cmd, parent, rank, _ = info[p]
-        if parent in ranked and info[parent][2] == rank:
-            continue                                        # a rank's own child: dataloader or compile worker
-        if any(info[q][1] == p and q in ranked for q in pids):
-            continue                                        # a launcher (torchrun) whose children are the ranks
-        out.append(p)
-    return out[: int(spec.get("max_ranks", 64))]
+def find_ranks(spec: dict) -> tuple[list[int], list[str]]:
+    """The job's rank processes on this node (not their launchers or dataloader workers), and the processes
+    left out with why (a claim the kernel does not back, another user's process)."""
+    targets = select(TargetRequest(pids=list(spec.get("pids") or []), launcher_pid=spec.get("launcher_pid"),
+                                   job_id=str(spec.get("job_id") or ""), job_uid=spec.get("job_uid"),
+                                   allow_other_users=bool(spec.get("allow_other_users"))))
+    info = {p: describe(p) for p in targets.pids}
+    role = roles(info, {p: i[1] for p, i in info.items()}, {p: i[2] for p, i in info.items()})
+    ranks = [p for p in targets.pids if role[p] in ("rank", "other")]
+    return ranks[: int(spec.get("max_ranks", 64))], targets.refused
 
 
 def _fraction(after, before, window_s: float) -> float | None:
@@ -148,8 +139,8 @@ def _rank_sample(pid: int, host: str, before: dict, after: dict, window_s: float
     return row
 
 
-def _node_sample(host: str, before: dict, after: dict, window_s: float) -> NodeSample:
-    node = NodeSample(host=host, cpus=os.cpu_count() or 0)
+def _node_sample(host: str, before: dict, after: dict, window_s: float, node: NodeSample) -> NodeSample:
+    node.host, node.cpus = host, os.cpu_count() or 0
     if before["cpu"] and after["cpu"]:
         delta = [a - b for a, b in zip(after["cpu"], before["cpu"])]
         total = sum(delta[:8]) or 1
@@ -198,9 +189,10 @@ def sample_node(spec: dict, progress=None) -> NodeReport:
     """Sample this node's ranks for spec['window_s'] seconds."""
     host = socket.gethostname()
     window_s, rate_hz = float(spec.get("window_s", 20)), int(spec.get("rate_hz", 5))
-    pids = find_ranks(spec)
+    pids, refused = find_ranks(spec)
     report = NodeReport(host=host)
     cpu_before = _sampler_cpu_s()
+    report.node.refused = refused[:20]
     node_before = snapshot_node()
     rank_before = {p: snapshot_rank(p) for p in pids}
     results: dict[int, tuple] = {}
@@ -221,7 +213,7 @@ def sample_node(spec: dict, progress=None) -> NodeReport:
         row = _rank_sample(p, host, rank_before[p], after, min(elapsed, window_s + 5), stacks, error)
         row.cpus, row.others_runnable = runnable.cpus(p), runnable.others_runnable(p)
         report.ranks.append(row)
-    report.node = _node_sample(host, node_before, node_after, elapsed)
+    report.node = _node_sample(host, node_before, node_after, elapsed, report.node)
     report.flight = [f for f in (read_rank(r.pid, r.rank, host) for r in report.ranks) if f]
     report.node.nccl_ras = _ncclras()
     report.node.sampler_cpu_s = round(_sampler_cpu_s() - cpu_before, 2)

@@ -5,9 +5,7 @@ not an srun that waits for resources. Each node prints one labelled JSON line wh
 those lines stream back as progress. srun is killed (with its step) if it outlives window + 90 s.
 """
 
-import getpass
 import json
-import os
 import shlex
 import subprocess
 import threading
@@ -17,34 +15,18 @@ from .models import NodeReport
 from ..engine.data import IMPORT_ROOT
 from ..engine.processes import child_env, kill_tree, python_module_command, spawn_tree
 from ..engine.spec import ToolFailure
-from ..shared import slurm
+from ..shared.process_targets import RunningJob, running_job
 
 MAX_NODES = 64
 
 
-def check_job(job_id: str) -> tuple[int, str]:
-    """(node count, node list) of a running job the caller may read; ToolFailure naming what is wrong."""
-    try:
-        out = slurm.run_cmd(["squeue", "-h", "-j", job_id, "-o", "%T|%u|%D|%N"], timeout_s=20, check=False)
-    except slurm.SlurmError as e:
-        raise ToolFailure(str(e)) from None
-    line = out.strip().splitlines()[0] if out.strip() else ""
-    if not line:
-        raise ToolFailure(f"slurm_job_id {job_id}: no such job in squeue (wrong id, or it ended more than "
-                          "MinJobAge ago): `squeue -u $USER` lists yours.")
-    state, user, count, nodelist = (line.split("|") + ["", "", "", ""])[:4]
-    if state != "RUNNING":
-        raise ToolFailure(f"slurm_job_id {job_id} is {state}, not RUNNING: there is nothing to sample "
-                          f"({slurm.explain_state(state) if state else 'unknown state'}).")
-    me = getpass.getuser()
-    if user != me and os.geteuid() != 0:
-        raise ToolFailure(f"slurm_job_id {job_id} belongs to {user}, not to you ({me}): only the job's owner or "
-                          "root may read its processes; ask its owner to run straggler_find.")
-    nodes = int(count) if count.isdigit() else 1
-    if nodes > MAX_NODES:
-        raise ToolFailure(f"slurm_job_id {job_id} spans {nodes} nodes; straggler_find samples at most {MAX_NODES} "
+def check_job(job_id: str) -> RunningJob:
+    """The running job the caller may read, at most MAX_NODES nodes; ToolFailure naming what is wrong."""
+    job = running_job(job_id)
+    if job.nodes > MAX_NODES:
+        raise ToolFailure(f"slurm_job_id {job_id} spans {job.nodes} nodes; straggler_find samples at most {MAX_NODES} "
                           "at once (the answer must come back in one window).")
-    return nodes, nodelist
+    return job
 
 
 def node_command(job_id: str, nodes: int, spec: dict) -> list[str]:
@@ -55,8 +37,10 @@ def node_command(job_id: str, nodes: int, spec: dict) -> list[str]:
 
 def sample_job(job_id: str, spec: dict, progress) -> tuple[list[NodeReport], list[str]]:
     """Every node's report, and what went wrong on the way (a node without a report, srun's errors)."""
-    nodes, nodelist = check_job(job_id)
-    cmd = node_command(job_id, nodes, {**spec, "job_id": job_id})
+    job = check_job(job_id)
+    nodes, nodelist = job.nodes, job.nodelist
+    # The nodes keep only processes of the job's user (and cgroup): a SLURM_JOB_ID in an environment is a claim.
+    cmd = node_command(job_id, nodes, {**spec, "job_id": job.job_id, "job_uid": job.uid})
     deadline_s = float(spec["window_s"]) + 90
     progress(0.05, f"sampling {nodes} node(s) of job {job_id} ({nodelist}) for {spec['window_s']:.0f} s")
     try:
