@@ -64,13 +64,13 @@ def run(params: NicHealthParams, progress) -> NicHealthResult:
 
 
 def read_pasted(text: str) -> NicHealthResult:
-    checks, rose = ibdiagnet.parse(text)
+    try:
+        checks, rose = ibdiagnet.parse(text)
+        kind, raw = ("ibdiagnet", []) if checks or rose else pasted.parse(text)
+    except ValueError as e:     # not a format read here, a crafted number (named by line), too many lines
+        raise ToolFailure(str(e) if str(e).startswith("text:") else f"text: {e}") from None
     if checks or rose:
         return read_ibdiagnet(checks, rose)
-    try:
-        kind, raw = pasted.parse(text)
-    except ValueError as e:
-        raise ToolFailure(str(e)) from None
     ports = [judge_totals(judge_port(p, p, 0.0)) for p in raw]
     judge_peers(ports)
     result = summarise(ports, [], [], [], 0.0)

@@ -10,6 +10,7 @@ import re
 
 from ..engine.redact import redact
 from ..engine.spec import ToolFailure
+from .logscan import MAX_MATCH_CHARS
 
 RANK_VARS = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
 LOCAL_RANK_VARS = ("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK")
@@ -132,7 +133,8 @@ def pattern_targets(pattern: str) -> list[int]:
     ours, out = _ourselves(), []
     for p in psutil.process_iter(["cmdline"]):
         cmdline = p.info.get("cmdline") or []
-        if p.pid not in ours and cmdline and rx.search(" ".join(cmdline)) and not _is_ours(cmdline):
+        # Another user's command line is outside text: the caller's regex sees its first MAX_MATCH_CHARS only.
+        if p.pid not in ours and cmdline and rx.search(" ".join(cmdline)[:MAX_MATCH_CHARS]) and not _is_ours(cmdline):
             out.append(p.pid)
     return out
 
