@@ -150,3 +150,23 @@ async def test_honest_pastes_still_read():
     assert not nvlink.is_error and nvlink.structured_content["gpus"][0]["uuid"] == "GPU-1", _text(nvlink)[:300]
     assert nvlink.structured_content["gpus"][0]["name"] == "NVIDIA H100 80GB HBM3"
     assert not ibstat.is_error and ibstat.structured_content["rdma_ports"][0]["rate_gbits"] == 400.0, _text(ibstat)[:300]
+
+
+# Found while checking the above: the line cap bounds the matching, not the judging, which is per GPU, port or check.
+# At 477fe48 1 MB pastes of 20,000 GPU blocks, 49,000 ports or 30,000 Summary rows took 14 s, 6 s and 17 s.
+MANY_BLOCKS = [
+    ("gpu_health", "".join(f"GPU {i}: H100 (UUID: y)\n Link 0: Replay Errors: 5\n" for i in range(300)), "256 GPU blocks"),
+    ("nic_health", "CA 'a'\n Port 1:\n" * 300, "256 judged"),
+    ("nic_health", "-I- Stage   Warnings   Errors\n" + "".join(f"-I- Check{i}      3          1\n" for i in range(201)),
+     "200 rows"),
+]
+
+
+@pytest.mark.parametrize("tool, text, said", MANY_BLOCKS)
+def test_a_paste_of_thousands_of_blocks_is_refused_saying_how_many(tool, text, said):
+    from tools.engine.spec import ToolFailure
+    from tools.gpu_health import read_pasted as gpu_pasted
+    from tools.nic_health import read_pasted as nic_pasted
+
+    with pytest.raises(ToolFailure, match=said):
+        (gpu_pasted if tool == "gpu_health" else nic_pasted)(text)

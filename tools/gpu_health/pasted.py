@@ -21,6 +21,7 @@ from .sampling import NvLinkCounters, links_all_wired
 GPU_LINE = re.compile(r"^\s*GPU (\d+): (.*)$")   # then "<name> (UUID: <uuid>)"; a cut paste may end inside it
 ERROR_LINE = re.compile(r"^\s*Link (\d+): ([A-Za-z][A-Za-z ]*?) Errors: (\d+)\s*$")
 STATUS_LINE = re.compile(r"^\s*Link (\d+): (?:<inactive>|([\d.]+) GB/s)\s*$")
+MAX_GPUS = 256           # GPU blocks judged in one paste (a node has 8-16)
 # nvidia-smi's counter names -> NvLinkCounters fields; newer drivers print more (ECC, Data Tx/Rx), not judged here.
 COUNTER_NAMES = {"Replay": "replay", "Recovery": "recovery", "CRC": "crc", "CRC Flit": "crc_flit",
                  "CRC Data": "crc_data"}
@@ -61,6 +62,8 @@ def _read_line(line: str, gpus: dict[int, PastedGpu], kinds: set[str], current: 
     """One line into the GPUs read so far; the GPU block the next lines belong to."""
     if m := GPU_LINE.match(line):
         index = count(m.group(1), "GPU")
+        if index not in gpus and len(gpus) == MAX_GPUS:   # judging is per GPU: 20,000 blocks took 14 s
+            raise ValueError(f"more than {MAX_GPUS} GPU blocks ('GPU <n>: ...' lines); paste one node's output")
         name, _, uuid = m.group(2).rstrip().partition(" (UUID: ")
         return gpus.setdefault(index, PastedGpu(index, name, uuid.removesuffix(")")))
     if current and (m := ERROR_LINE.match(line)):

@@ -38,6 +38,7 @@ DEVINFO_STATE = re.compile(r"\s*state:\s*PORT_(\w+)")
 DEVINFO_LINK_LAYER = re.compile(r"\s*link_layer:\s*(\S+)")
 PERFQUERY_PORT = re.compile(r"#\s*Port (?:extended )?counters:\s*Lid (\S+) port (\d+)")
 PERFQUERY_COUNTER = re.compile(r"(\w+):\.+\s*(\d+)\s*$")
+MAX_PORTS = 256          # ports judged in one paste (a node has up to ~16)
 NUMERIC = re.compile(r"[\d.]+")     # a rate made of digits and dots must be one number; a word ("Unknown") is none
 
 
@@ -109,6 +110,9 @@ def parse(text: str) -> tuple[str, list[dict]]:
     a number the tool would not print."""
     for name, reader in (("ibstat", parse_ibstat), ("ibv_devinfo", parse_ibv_devinfo), ("perfquery", parse_perfquery)):
         ports = reader(text)
+        if len(ports) > MAX_PORTS:   # judging is per port: 49,000 ports took 6 s
+            raise ValueError(f"text: {len(ports):,} {name} ports, more than the {MAX_PORTS} judged from one paste; "
+                             "paste one node's output")
         if ports:
             return name, ports
     head = text.strip().splitlines()[0][:80] if text.strip() else "(empty)"
