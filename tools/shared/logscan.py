@@ -62,7 +62,7 @@ class LogInputParams(Params):
 
 
 class TooManyLines(ValueError):
-    """A pasted text holds more lines than MAX_LINES."""
+    """A paste or file holds more lines than MAX_LINES."""
 
 
 def capped_lines(text: str, *, last: bool = False, max_lines: int = MAX_LINES) -> list[str]:
@@ -75,8 +75,8 @@ def capped_lines(text: str, *, last: bool = False, max_lines: int = MAX_LINES) -
     lines = text.splitlines()
     if len(lines) > max_lines:
         if not last:
-            raise TooManyLines(f"{len(lines):,} lines, more than the {max_lines:,} a pasted text is read to; "
-                               "paste the part that matters (one command's output)")
+            raise TooManyLines(f"{len(lines):,} lines, more than the {max_lines:,} read from one paste or file; "
+                               "give the part that matters (one command's output)")
         lines = lines[-max_lines:]
     return [line[:MAX_MATCH_CHARS] for line in lines]
 
