@@ -25,6 +25,8 @@ from .engine.spec import SELF_EVIDENT, Field, Params, Record, Result, ToolFailur
 
 PROBLEM_WORDS = ("DRAIN", "DOWN", "FAIL", "NOT_RESPONDING", "INVAL", "NO_RESPOND", "MAINT", "REBOOT",
                  "POWER_DOWN", "POWERED_DOWN", "UNKNOWN")
+# "<reason> [<user>@<time>]" at the end of a node's Reason: searched from each '[' to the next, linear.
+SET_BY = re.compile(r"\[([^@\]\[]*)@([^\]\[]*)\]$")
 
 
 class SlurmStatusParams(Params):
@@ -123,9 +125,9 @@ def nodes_from_scontrol(text: str) -> list[dict]:
             continue
         f = _slurm.parse_kv_line(line)
         reason, set_by, since = f.get("Reason") or None, None, None
-        m = re.fullmatch(r"(.*?)\s*\[([^@\]]*)@([^\]]*)\]", reason or "")
+        m = SET_BY.search(reason or "")
         if m:
-            reason, set_by, since = m.group(1), m.group(2), m.group(3)
+            reason, set_by, since = reason[:m.start()].rstrip(), m.group(1), m.group(2)
         out.append({
             "name": f.get("NodeName", "?"), "state": f.get("State", "UNKNOWN").upper().replace("*", "+NOT_RESPONDING"),
             "partitions": [p for p in f.get("Partitions", "").split(",") if p],

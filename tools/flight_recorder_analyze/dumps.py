@@ -18,7 +18,7 @@ from ..shared.flight_recorder import DEFAULT_PREFIX_ENV, TORCH_DEFAULT_PREFIX, l
 from ..shared.safe_read import kind_of, owner_problem
 
 MAX_FILES = 4096
-RANK_IN_NAME = re.compile(r"(\d+)(?:\.(?:json|pkl|pickle))?$")
+RANK_IN_NAME = re.compile(r"(?<!\d)(\d+)(?:\.(?:json|pkl|pickle))?$")   # from a digit run's start: linear
 
 
 @dataclass(slots=True)

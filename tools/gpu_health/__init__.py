@@ -190,7 +190,10 @@ def run(params: GpuHealthParams, progress) -> GpuHealthResult:
 
 def read_pasted(text: str) -> GpuHealthResult:
     """Pasted NVLink (-e / -s) or dcgmi diag output, judged as on a node; ToolFailure naming the formats otherwise."""
-    kinds, every = pasted.parse_nvlink(text)
+    try:
+        kinds, every = pasted.parse_nvlink(text)
+    except ValueError as e:     # a crafted number or too many lines, named by line
+        raise ToolFailure(f"text: {e}; expected {pasted.EXPECTED}") from None
     blocks = [b for b in every if b.links]
     if blocks:
         gpus = [GpuReading(index=b.index, name=b.name, uuid=b.uuid, nvlink_links=sorted(b.links.values(), key=lambda c: c.link))

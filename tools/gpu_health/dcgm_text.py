@@ -15,9 +15,15 @@ from __future__ import annotations
 import re
 
 from ..engine.spec import Field, Record
+from ..shared.logscan import capped_lines
 
-CATEGORY = re.compile(r"^\s*[|+]-{3,}\s+(\w[\w ]*?)\s+-+[+|]")
-ROW = re.compile(r"^\s*\|([^|]*)\|(.*?)\|?\s*$")
+# Each runs on one line cut by capped_lines, with no two unbounded repeats that can share characters: linear.
+CATEGORY = re.compile(r"^\s*[|+]-{3,}\s+(\w+(?: \w+)*)\s+-+[+|]")
+ROW = re.compile(r"^\s*\|([^|]*)\|(.*)$")          # the right cell, its closing '|' and blanks taken off in _right
+HEADER = re.compile(r"^\s*\|\s*Diagnostic\s*\|\s*Result\s*\|")
+STATUS_ROW = re.compile(r"^\s*\|([^|]*)\|\s*(?:Pass|Fail|Warn|Skip)\b")
+WORD = re.compile(r"\w")
+HEAD_CHARS = 1 << 20   # the table (or a fragment) shows itself in the first MiB: a whole `dcgmi diag` output is ~10 KB
 GPU_STATUS = re.compile(r"^GPU(\d+): (\w[\w ]*)$")                      # 4.x "GPU0: Pass"
 SPLIT_STATUS = re.compile(r"^(Pass|Fail|Warn|Skip)\s*-\s*GPUs?:\s*([\d, ]+)$")   # 3.x "Fail - GPU: 0"
 MESSAGE_ROW = re.compile(r"^(Warning|Error|Info)(?::\s*GPU(\d+))?$")
@@ -37,8 +43,10 @@ class DcgmResult(Record):
 
 def looks_like_table(text: str) -> bool:
     """The header, a category row, or a test row with a status (a paste may be a fragment of the table)."""
-    return bool(re.search(r"^\s*\|\s*Diagnostic\s*\|\s*Result\s*\|", text, re.M) or CATEGORY.search(text)
-                or re.search(r"^\s*\|[^|]*\w[^|]*\|\s*(Pass|Fail|Warn|Skip)\b", text, re.M))
+    for line in capped_lines(text[:HEAD_CHARS]):
+        if HEADER.match(line) or CATEGORY.match(line) or ((m := STATUS_ROW.match(line)) and WORD.search(m.group(1))):
+            return True
+    return False
 
 
 class _Test:
@@ -59,13 +67,13 @@ def parse(text: str) -> tuple[list[DcgmResult], str | None]:
 def _tests(text: str) -> tuple[list[_Test], str | None]:
     tests: list[_Test] = []
     category, version, message = "", None, None
-    for line in text.splitlines():
+    for line in capped_lines(text):
         if m := CATEGORY.match(line):
             category, message = m.group(1), None
             continue
         if not (m := ROW.match(line)) or set(line.strip()) <= set("+-=|"):
             continue
-        left, raw = m.group(1).strip(), m.group(2)
+        left, raw = m.group(1).strip(), _right(m.group(2))
         right = raw.strip()
         if left == "Diagnostic" and right == "Result":
             continue
@@ -87,6 +95,12 @@ def _tests(text: str) -> tuple[list[_Test], str | None]:
         elif message is not None:                    # wrapped text: dcgmi cuts at the column width, mid-word
             message[2] += raw[1:].rstrip()
     return tests, version
+
+
+def _right(cell: str) -> str:
+    """The right cell as dcgmi printed it: the text before the row's closing '|' and the blanks after it."""
+    cell = cell.rstrip()
+    return cell[:-1] if cell.endswith("|") else cell
 
 
 def _status(cell: str) -> str | None:

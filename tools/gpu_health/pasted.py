@@ -15,11 +15,13 @@ import re
 
 from ..engine.data import load_data
 from ..shared.actions import HealthFinding, worst_action
+from ..shared.pasted_numbers import count, decimal, lines_of
 from .sampling import NvLinkCounters, links_all_wired
 
-GPU_LINE = re.compile(r"^\s*GPU (\d+): (.+?)(?: \(UUID: ([^)]*)\)?)?\s*$")   # a cut paste may end inside it
+GPU_LINE = re.compile(r"^\s*GPU (\d+): (.*)$")   # then "<name> (UUID: <uuid>)"; a cut paste may end inside it
 ERROR_LINE = re.compile(r"^\s*Link (\d+): ([A-Za-z][A-Za-z ]*?) Errors: (\d+)\s*$")
 STATUS_LINE = re.compile(r"^\s*Link (\d+): (?:<inactive>|([\d.]+) GB/s)\s*$")
+MAX_GPUS = 256           # GPU blocks judged in one paste (a node has 8-16)
 # nvidia-smi's counter names -> NvLinkCounters fields; newer drivers print more (ECC, Data Tx/Rx), not judged here.
 COUNTER_NAMES = {"Replay": "replay", "Recovery": "recovery", "CRC": "crc", "CRC Flit": "crc_flit",
                  "CRC Data": "crc_data"}
@@ -43,31 +45,44 @@ class PastedGpu:
 
 
 def parse_nvlink(text: str) -> tuple[list[str], list[PastedGpu]]:
-    """([the commands recognised], GPUs in the order pasted); ([], []) when the text holds no NVLink lines."""
+    """([the commands recognised], GPUs in the order pasted); ([], []) when the text holds no NVLink lines.
+    BadNumber naming the line for a GPU, link or count that is not a number nvidia-smi prints."""
     gpus: dict[int, PastedGpu] = {}
     kinds: set[str] = set()
     current = None
-    for line in text.splitlines():
-        if m := GPU_LINE.match(line):
-            current = gpus.setdefault(int(m.group(1)), PastedGpu(int(m.group(1)), m.group(2), m.group(3) or ""))
-        elif current and (m := ERROR_LINE.match(line)):
-            kinds.add("nvidia-smi nvlink -e")
-            field = COUNTER_NAMES.get(m.group(2).strip())
-            if field:
-                current.read_twice |= (int(m.group(1)), field) in current.seen
-                current.seen.add((int(m.group(1)), field))
-                setattr(current.link(int(m.group(1))), field, int(m.group(3)))
-        elif current and (m := STATUS_LINE.match(line)):
-            kinds.add("nvidia-smi nvlink -s")
-            link = current.link(int(m.group(1)))
-            current.read_twice |= (link.link, "status") in current.seen
-            current.seen.add((link.link, "status"))
-            link.active = m.group(2) is not None
-            link.speed_gbytes_s = float(m.group(2)) if m.group(2) else None
-            current.status_read = True
+    with lines_of(text) as lines:
+        for line in lines:
+            current = _read_line(line, gpus, kinds, current)
     if not kinds:
         return [], []
     return sorted(kinds), list(gpus.values())
+
+
+def _read_line(line: str, gpus: dict[int, PastedGpu], kinds: set[str], current: PastedGpu | None) -> PastedGpu | None:
+    """One line into the GPUs read so far; the GPU block the next lines belong to."""
+    if m := GPU_LINE.match(line):
+        index = count(m.group(1), "GPU")
+        if index not in gpus and len(gpus) == MAX_GPUS:   # judging is per GPU: 20,000 blocks took 14 s
+            raise ValueError(f"more than {MAX_GPUS} GPU blocks ('GPU <n>: ...' lines); paste one node's output")
+        name, _, uuid = m.group(2).rstrip().partition(" (UUID: ")
+        return gpus.setdefault(index, PastedGpu(index, name, uuid.removesuffix(")")))
+    if current and (m := ERROR_LINE.match(line)):
+        kinds.add("nvidia-smi nvlink -e")
+        field, link = COUNTER_NAMES.get(m.group(2).strip()), count(m.group(1), "Link")
+        total = count(m.group(3), f"{m.group(2).strip()} Errors")
+        if field:
+            current.read_twice |= (link, field) in current.seen
+            current.seen.add((link, field))
+            setattr(current.link(link), field, total)
+    elif current and (m := STATUS_LINE.match(line)):
+        kinds.add("nvidia-smi nvlink -s")
+        link = current.link(count(m.group(1), "Link"))
+        current.read_twice |= (link.link, "status") in current.seen
+        current.seen.add((link.link, "status"))
+        link.active = m.group(2) is not None
+        link.speed_gbytes_s = decimal(m.group(2), "link speed (GB/s)") if m.group(2) else None
+        current.status_read = True
+    return current
 
 
 def judge(gpus: list[PastedGpu], subject_of) -> dict[int, list[HealthFinding]]:

@@ -115,7 +115,7 @@ def _on_ib_none(parsed, proc, m):
 
 
 def _on_socket_using(parsed, proc, m):
-    proc.socket_ifaces = [name for _, name in re.findall(r"\[(\d+)\]([^:\s]+):", m["list"])]
+    proc.socket_ifaces = [name for _, name in re.findall(r"\[(\d+)\]([^:\s\[]+):", m["list"])]
 
 
 def _on_network(parsed, proc, m):
@@ -241,7 +241,7 @@ def _on_tuning_header(parsed, proc, m):
 def _on_tuning_row(parsed, proc, m):
     if not parsed.tuning_pairs or parsed.tuning_pairs[0][1] is None:
         return
-    values = re.findall(r"([\d.]+)\s*/\s*([\d.]+)", m["cells"])
+    values = re.findall(r"(?<![\d.])([\d.]+)\s*/\s*([\d.]+)", m["cells"])
     best = None
     for (algo, proto), (lat, bw) in zip(parsed.tuning_pairs, values):
         if float(bw) > 0 and (best is None or float(bw) > best[2]):

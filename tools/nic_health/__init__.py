@@ -66,21 +66,28 @@ def run(params: NicHealthParams, progress) -> NicHealthResult:
 
 
 def read_pasted(text: str) -> NicHealthResult:
-    checks, rose = ibdiagnet.parse(text)
+    try:
+        checks, rose = ibdiagnet.parse(text)
+    except ValueError as e:     # a crafted number (named by line), too many lines
+        raise ToolFailure(_text_error(e)) from None
     if checks or rose:
         return read_ibdiagnet(checks, rose)
     table = gids.parse(text)
     try:
         kind, raw = pasted.parse(text)
-    except ValueError as e:
+    except ValueError as e:     # not a format read here (a GID table alone is), a crafted number, too many lines
         if table:
             return read_gids(table, text, NicHealthResult())
-        raise ToolFailure(str(e)) from None
+        raise ToolFailure(_text_error(e)) from None
     ports = [judge_totals(judge_port(p, p, 0.0)) for p in raw]
     judge_peers(ports)
     result = summarise(ports, [], [], [], 0.0)
     result.findings.insert(1, f"Read pasted {kind} output: {len(ports)} port(s); one reading, so totals only.")
     return read_gids(table, text, result) if table else result
+
+
+def _text_error(e: ValueError) -> str:
+    return str(e) if str(e).startswith("text:") else f"text: {e}"
 
 
 def read_gids(table: list[GidRow], text: str, result: NicHealthResult) -> NicHealthResult:

@@ -19,10 +19,14 @@ import re
 
 from ..engine.spec import Field, Record
 from ..shared.actions import HealthFinding
+from ..shared.pasted_numbers import count, lines_of
 
+SUMMARY_HEADER = re.compile(r"^\s*-I-\s+Stage\s+Warnings\s+Errors")
 STAGE = re.compile(r"^\s*-I-\s+(\S[\w /\-]*?\S)\s{2,}(\d+)\s+(\d+)\s*(.*)$")
 ROSE = re.compile(r'^\s*(?:-[EWI]-\s+)?(\S+)\s+-\s+"(\w+)"\s+increased during the run\s+\(difference value=(\d+)'
                   r'(?:,\s*difference allowed threshold=(\d+))?')
+MAX_STAGES = 200         # Summary rows: ibdiagnet prints about 15 checks
+MAX_ROSE = 10_000        # ports whose counter rose, judged one by one (1.4 s for 8,000 on a loaded 2-core VM)
 # ibdiagnet's counter names -> the kernel's names used by the [rdma_counter] table.
 COUNTER_NAMES = {"symbol_error_counter": "symbol_error", "link_error_recovery_counter": "link_error_recovery",
                  "link_down_counter": "link_downed", "port_xmit_discard": "port_xmit_discards",
@@ -38,16 +42,24 @@ class FabricCheck(Record):
 
 
 def parse(text: str) -> tuple[list[FabricCheck], list[tuple[str, str, int]]]:
-    """(Summary rows, [(port, counter as the kernel names it, rise)]); both empty when the text is neither."""
+    """(Summary rows, [(port, counter as the kernel names it, rise)]); both empty when the text is neither.
+    BadNumber naming the line for a count ibdiagnet would not print (thousands of digits)."""
     checks, rose, in_summary = [], [], False
-    for line in text.splitlines():
-        if re.match(r"^\s*-I-\s+Stage\s+Warnings\s+Errors", line):
-            in_summary = True
-        elif in_summary and (m := STAGE.match(line)):
-            checks.append(FabricCheck(stage=m.group(1), warnings=int(m.group(2)), errors=int(m.group(3)),
-                                      comment=m.group(4).strip()))
-        elif m := ROSE.match(line):
-            rose.append((m.group(1), COUNTER_NAMES.get(m.group(2), m.group(2)), int(m.group(3))))
+    with lines_of(text) as lines:
+        for line in lines:
+            if SUMMARY_HEADER.match(line):
+                in_summary = True
+            elif in_summary and (m := STAGE.match(line)):
+                if len(checks) == MAX_STAGES:   # judged one by one: 30,000 rows took 17 s
+                    raise ValueError(f"more than {MAX_STAGES} rows in ibdiagnet's Summary table (it has one per check)")
+                checks.append(FabricCheck(stage=m.group(1), warnings=count(m.group(2), "Warnings"),
+                                          errors=count(m.group(3), "Errors"), comment=m.group(4).strip()))
+            elif (m := ROSE.match(line)) and len(rose) == MAX_ROSE:
+                raise ValueError(f"more than {MAX_ROSE:,} 'increased during the run' lines; paste the -E-/-W- lines of "
+                                 "the ports that matter")
+            elif m:
+                rose.append((m.group(1), COUNTER_NAMES.get(m.group(2), m.group(2)),
+                             count(m.group(3), "difference value")))
     return checks, rose
 
 

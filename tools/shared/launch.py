@@ -168,7 +168,7 @@ def slurm_gpus_per_node(env: dict | None = None) -> int:
     node under salloc) may have none even though the compute nodes do."""
     env = os.environ if env is None else env
     for key in ("SLURM_GPUS_ON_NODE", "SLURM_GPUS_PER_NODE"):
-        m = re.search(r"(\d+)\s*$", env.get(key, ""))  # "8" or "h100:8"
+        m = re.search(r"(?<!\d)(\d+)\s*$", env.get(key, ""))  # "8" or "h100:8"
         if m:
             return int(m.group(1))
     jobs_gpus = env.get("SLURM_JOB_GPUS", "")

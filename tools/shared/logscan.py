@@ -5,6 +5,7 @@ import glob
 import itertools
 import os
 import re
+import stat
 import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -18,6 +19,9 @@ from .safe_read import kind_of, open_regular
 # shorter (an NCCL ring line of 1,000 ranks is ~5,000); a base64 blob or a progress bar of megabytes is
 # not a log line to match, and the cap bounds what any regex can cost on one line.
 MAX_MATCH_CHARS = 8192
+# Lines of one pasted or tailed text that are matched at most: each line costs a few regex calls in Python, so 1 MB
+# of newlines would otherwise cost seconds; a real paste (dcgmi, nvidia-smi, ibstat, ibdiagnet) is thousands.
+MAX_LINES = 100_000
 CHUNK_BYTES = 4 << 20          # read size; memory stays a small multiple of this whatever the log size
 BINARY_EXTENSIONS = {".pt", ".pth", ".bin", ".safetensors", ".pkl", ".pickle", ".npy", ".npz",
                            ".so", ".png", ".jpg", ".zip", ".tar", ".whl"}
@@ -57,6 +61,26 @@ class LogInputParams(Params):
         return self
 
 
+class TooManyLines(ValueError):
+    """A paste or file holds more lines than MAX_LINES."""
+
+
+def capped_lines(text: str, *, last: bool = False, max_lines: int = MAX_LINES) -> list[str]:
+    """The text's lines, each cut at MAX_MATCH_CHARS: the one way a tool takes lines of outside text to match.
+
+    With the cut, a pattern without nested or adjacent unbounded repeats (tests/test_door_matching.py) costs
+    at most milliseconds per line. More than max_lines lines: TooManyLines naming the count, or with
+    last=True (the tail of a log, whose end says how it ended) the last max_lines lines.
+    """
+    lines = text.splitlines()
+    if len(lines) > max_lines:
+        if not last:
+            raise TooManyLines(f"{len(lines):,} lines, more than the {max_lines:,} read from one paste or file; "
+                               "give the part that matters (one command's output)")
+        lines = lines[-max_lines:]
+    return [line[:MAX_MATCH_CHARS] for line in lines]
+
+
 class NotText(Exception):
     """The file is not a text log (binary content)."""
 
@@ -85,9 +109,14 @@ def resolve_paths(paths: list[str], max_files: int) -> tuple[list[Path], list[st
             raise ToolFailure(f"no such file or directory: {raw!r}; give a log file, a directory of logs, "
                               "or a glob such as 'logs/*.out'")
         for cand in candidates:
-            if not cand.is_file():
-                if not cand.is_dir():  # a FIFO would block the read, a device never ends: say so, never open it
-                    skipped.append(f"{cand} ({_kind(cand)}; only regular files are read)")
+            try:
+                mode = cand.stat().st_mode
+            except OSError as exc:  # one entry we may not read (a link into /proc/1, a name too long): skip it
+                skipped.append(f"{cand} (cannot read: {exc.strerror or exc})")
+                continue
+            if not stat.S_ISREG(mode):
+                if not stat.S_ISDIR(mode):  # a FIFO would block the read, a device never ends: say so, never open it
+                    skipped.append(f"{cand} ({kind_of(mode)}; only regular files are read)")
                 continue
             if cand.suffix.lower() in BINARY_EXTENSIONS:
                 skipped.append(f"{cand} (not a log: {cand.suffix} file)")
@@ -100,13 +129,6 @@ def resolve_paths(paths: list[str], max_files: int) -> tuple[list[Path], list[st
         skipped.append(f"{len(files) - max_files} more files not read (max_files={max_files})")
         files = files[:max_files]
     return files, skipped
-
-
-def _kind(path: Path) -> str:
-    try:
-        return kind_of(path.stat().st_mode)
-    except OSError as exc:
-        return f"cannot read: {exc.strerror or exc}"
 
 
 def _refuse_binary(head: bytes) -> None:

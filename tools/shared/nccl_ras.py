@@ -9,7 +9,7 @@ report does not clear a hang: RAS sees NCCL's state, not a rank stuck outside NC
 import re
 
 from ..engine.spec import Field, Record
-from .logscan import MAX_MATCH_CHARS
+from .logscan import capped_lines
 
 VERSION = re.compile(r"NCCL version (\d+\.\d+\.\d+)")
 GROUP_ROW = re.compile(r"^\s*(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+([A-Z]+)\s+([A-Z,]+)\s*$")
@@ -43,8 +43,8 @@ def parse(text: str) -> RasReport:
     rep = RasReport()
     if m := VERSION.search(text):
         rep.version = m.group(1)
-    for line in text.splitlines():
-        if m := GROUP_ROW.match(line[:MAX_MATCH_CHARS]):
+    for line in capped_lines(text, last=True):
+        if m := GROUP_ROW.match(line):
             rep.groups.append(RasGroup(group=int(m.group(1)), ranks=int(m.group(5)), status=m.group(7),
                                        errors=m.group(8)))
     for block in _blocks(text):
@@ -58,7 +58,7 @@ def parse(text: str) -> RasReport:
 def _blocks(text: str) -> list[str]:
     """Error and warning blocks: from a '#G-C (hash) KIND' or a bare 'INCOMPLETE' line to the next blank line."""
     out, cur = [], []
-    for line in text.splitlines():
+    for line in capped_lines(text, last=True):
         starts = BLOCK.match(line.strip()) or line.strip() in ("INCOMPLETE", "MISMATCH", "TIMEOUT", "ERROR")
         if starts:
             if cur:

@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass
 
 from ..engine.processes import kill_tree
+from .logscan import capped_lines
 
 TESTS = {"bw": "ib_write_bw", "lat": "ib_write_lat"}
 BW_SIZE_BYTES = 1 << 20      # large enough to reach line rate on 400 Gb/s ports
@@ -25,7 +26,7 @@ ITERATIONS = {"bw": 2000, "lat": 1000}
 SERVER_START_S = 1.5         # time the server needs to listen before the client connects
 _BW_HEADER = re.compile(r"#bytes\s+#iterations\s+BW peak\[(\w+)/sec\]\s+BW average\[(\w+)/sec\]\s+MsgRate\[Mpps\]")
 _LAT_HEADER = re.compile(r"#bytes\s+#iterations\s+t_min\[usec\]\s+t_max\[usec\]\s+t_typical\[usec\]\s+t_avg\[usec\]")
-_NUMBER_ROW = re.compile(r"^\s*(\d+)\s+(\d+)((?:\s+[\d.]+)+)\s*$")
+_NUMBER_ROW = re.compile(r"^\s*(\d+)\s+(\d+)((?:\s+\d+(?:\.\d+)?)+)\s*$")   # "1.2.3" is not a number
 # What perftest prints when the node has no RDMA device (or its driver is not loaded), checked on the real binary.
 _NO_DEVICE = ("Did not detect devices", "Unable to find the Infiniband/RoCE device")
 
@@ -82,7 +83,7 @@ def argv(test: str, device: str, port: int, server: str | None = None, gid_index
 
 
 def _rows(text: str, header: re.Pattern) -> tuple[re.Match | None, list[list[float]]]:
-    lines = text.splitlines()
+    lines = capped_lines(text, last=True)   # a node's output: each line cut, the end kept
     for i, line in enumerate(lines):
         m = header.search(line)
         if m:

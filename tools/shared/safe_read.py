@@ -5,6 +5,10 @@ So, where a file is expected:
 - only a regular file is read. A FIFO nobody writes would hold a run slot until the deadline, and a
   device such as /dev/zero or /dev/urandom never ends: both, sockets and directories are refused with
   an error naming the path, what it is and what is accepted;
+- a kernel pseudo-file (anything on proc, sysfs, tracefs, debugfs ...) is refused although it says it is a regular
+  file: /proc/kmsg and /sys/kernel/tracing/trace_pipe block until the kernel writes, and reading kmsg as root
+  takes those lines from journald. The filesystem is that of the descriptor (its st_dev in /proc/self/mountinfo),
+  so neither a link nor a bind mount of /proc elsewhere gets through;
 - the open itself never blocks (O_NONBLOCK: opening a FIFO without a writer waits forever otherwise),
   and the type is checked on the descriptor we read, so a file swapped for a FIFO after a check is
   still refused;
@@ -18,6 +22,7 @@ import errno
 import fcntl
 import os
 import stat
+from functools import lru_cache
 from typing import BinaryIO
 
 MiB = 1 << 20
@@ -25,6 +30,11 @@ MiB = 1 << 20
 
 class NotRegularFile(OSError):
     """The path names something other than a regular file (FIFO, device, socket, directory)."""
+
+
+# Filesystems whose "regular files" are the kernel's own interfaces, not data someone wrote.
+KERNEL_FILESYSTEMS = frozenset({"proc", "sysfs", "tracefs", "debugfs", "securityfs", "configfs", "cgroup", "cgroup2",
+                                "bpf", "pstore", "efivarfs", "fusectl", "binfmt_misc", "rpc_pipefs", "nsfs"})
 
 
 class FileTooLarge(OSError):
@@ -46,15 +56,44 @@ def open_regular(path: str | os.PathLike, field: str = "path") -> BinaryIO:
     followed: reading through a link exposes nothing the link's target does not)."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            raise NotRegularFile(errno.EINVAL, f"{kind_of(mode)}, not a regular file ({field} reads regular "
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotRegularFile(errno.EINVAL, f"{kind_of(st.st_mode)}, not a regular file ({field} reads regular "
                                  "files only: FIFOs, devices, sockets and directories are refused)", str(path))
+        if fs := kernel_filesystem(st.st_dev):
+            raise NotRegularFile(errno.EINVAL, f"a kernel {fs} file{_real_path(fd, path)}, not a file someone wrote "
+                                 f"({field} refuses /proc, /sys and other kernel pseudo-files: some, such as "
+                                 "/proc/kmsg and trace_pipe, never end)", str(path))
         fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
         return os.fdopen(fd, "rb")
     except BaseException:
         os.close(fd)
         raise
+
+
+@lru_cache(maxsize=64)
+def kernel_filesystem(device: int) -> str | None:
+    """The kernel pseudo-filesystem type mounted with this st_dev (see KERNEL_FILESYSTEMS), else None."""
+    wanted = f"{os.major(device)}:{os.minor(device)}"
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:   # the kernel's, about us
+            for line in f:    # "36 35 0:21 / /proc rw,relatime - proc proc rw": device 3rd, type after " - "
+                mount, _, source = line.partition(" - ")
+                fields, fs = mount.split(), (source.split() or [""])[0]
+                if len(fields) > 2 and fields[2] == wanted and fs in KERNEL_FILESYSTEMS:
+                    return fs
+    except OSError:       # no /proc (not Linux): nothing is known to be a kernel file
+        return None
+    return None
+
+
+def _real_path(fd: int, given) -> str:
+    """' (<real path>)' when the descriptor's path differs from the one given (a link), else ''."""
+    try:
+        real = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return ""
+    return f" ({real})" if real != os.path.abspath(given) else ""
 
 
 def read_head(path: str | os.PathLike, limit_bytes: int, field: str = "path") -> bytes:

@@ -79,7 +79,7 @@ MAX_HOSTS = 100_000   # names one host list may expand to (the largest fleets ar
 def _items(hostlist: str) -> list[tuple[str, list[tuple[int, int, int]], str] | str]:
     """Each comma-separated item: a plain name, or (prefix, [(lo, hi, width)...], suffix)."""
     out = []
-    for item in re.findall(r"[^,\[]+(?:\[[^\]]*\][^,\[]*)*", hostlist):
+    for item in re.findall(r"[^,\[]+(?:\[[^\]\[]*\][^,\[]*)*", hostlist):
         item = item.strip()
         m = re.fullmatch(r"([^\[]*)\[([^\]]*)\](.*)", item)
         if not m:

@@ -15,7 +15,7 @@ from .actions import Action, escalate
 
 XID_LINE = re.compile(r"NVRM: Xid \(PCI:([0-9a-fA-F:.]+)\): (\d+),(.*)")
 PREVIOUS_XID = re.compile(r"caused by previous Xid (\d+)", re.IGNORECASE)
-RECOVERY_CHANGED = re.compile(r"recovery action changed from .*? to 0x[0-9a-fA-F]+ \(([^)]+)\)", re.IGNORECASE)
+RECOVERY_CHANGED = re.compile(r"recovery action changed from .{0,200}? to 0x[0-9a-fA-F]+ \(([^)]+)\)", re.IGNORECASE)
 # The message is spread over up to three kernel-log lines, each starting with "NVRM:" after the prefix.
 FALLEN_MULTILINE = re.compile(
     r"NVRM: The NVIDIA GPU ([0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7])\s*\n"

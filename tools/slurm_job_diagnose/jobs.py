@@ -12,6 +12,7 @@ from pathlib import Path
 from pydantic import Field
 
 from ..shared import slurm as _slurm
+from ..shared.logscan import capped_lines
 from ..shared.safe_read import read_tail
 from ..engine.redact import redact
 from ..engine.spec import Record
@@ -28,7 +29,8 @@ SLURM_LINES = [
     (re.compile(_CANCEL + r" DUE TO PREEMPTION"), "PREEMPTED"),
     (re.compile(_CANCEL + r" DUE TO NODE FAILURE"), "NODE_FAIL"),
     (re.compile(_CANCEL), "CANCELLED"),
-    (re.compile(r"slurmstepd: error: .*(oom[-_]kill|OOM Kill|out-of-memory handler)", re.I), "OUT_OF_MEMORY"),
+    # A bounded gap, not `.*`: over a line of repeated "slurmstepd: error: " `.*` is quadratic.
+    (re.compile(r"slurmstepd: error: .{0,400}?(oom[-_]kill|OOM Kill|out-of-memory handler)", re.I), "OUT_OF_MEMORY"),
 ]
 SRUN_TASK_EXIT = re.compile(r"srun: error: (\S+): tasks? ([\d\-,]+): (Exited with exit code (\d+)|Killed|Terminated)")
 
@@ -150,7 +152,7 @@ def find_logs(info: dict, job_id: str, search_dirs: list[str]) -> list[Path]:
     paths = []
     for c in candidates:
         p = Path(expand_log_pattern(c, info, job_id))
-        if p.is_file() and p not in paths:
+        if os.path.isfile(p) and p not in paths:   # never raises (Path.is_file does on EACCES); safe_read decides
             paths.append(p)
     return paths
 
@@ -163,7 +165,7 @@ def scan_slurm_lines(paths: list[Path]) -> tuple[str | None, str | None, str | N
             text = read_tail(p, LOG_BYTES).decode("utf-8", "replace")
         except OSError:
             continue
-        for line in text.splitlines():
+        for line in capped_lines(text, last=True):
             m = SRUN_TASK_EXIT.search(line)
             if m and node is None:
                 node, evidence = m.group(1), redact(line.strip())

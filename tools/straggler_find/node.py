@@ -37,7 +37,7 @@ from ..shared import nccl_ras
 from ..shared.process_targets import TargetRequest, describe, roles, select
 from ..shared.pyspy import explain_py_spy_error, library_file, py_spy_path
 
-FRAME = re.compile(r"^(.*) \((.*?)(?::(\d+))?\)$")
+FRAME = re.compile(r"^(.*) \(([^()]*?)(?::(\d+))?\)$")   # no parens in the file part: linear on " ( ( (" lines
 THREAD = re.compile(r"^thread \((\d+)\)")
 
 

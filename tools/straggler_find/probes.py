@@ -108,7 +108,7 @@ def tx_bytes() -> int | None:
     return total if seen else None
 
 
-QDISC = re.compile(r"qdisc (\S+) \S+ (?:dev (\S+) )?.*?\n\s*Sent \d+ bytes \d+ pkt \(dropped (\d+), overlimits (\d+)", re.S)
+QDISC = re.compile(r"qdisc (\S+) \S+ (?:dev (\S+) )?[^\n]{0,300}?\n\s*Sent \d+ bytes \d+ pkt \(dropped (\d+), overlimits (\d+)", re.S)
 SHAPERS = {"tbf", "netem", "htb", "cbq", "hfsc", "cake", "police"}
 
 

@@ -18,6 +18,7 @@ import os
 import re
 from dataclasses import dataclass, field
 
+from ..logscan import MAX_MATCH_CHARS
 from ...engine.printable import printable
 from ...engine.redact import redact
 from ...engine.spec import ToolFailure
@@ -187,7 +188,8 @@ def _pattern_matches(pattern: str) -> list[int]:
     ours, out = ourselves(), []
     for p in psutil.process_iter(["cmdline"]):
         cmdline = p.info.get("cmdline") or []
-        if p.pid not in ours and cmdline and rx.search(" ".join(cmdline)[:8192]) and not is_ours(cmdline):
+        # Another user's command line is outside text: the caller's regex sees its first MAX_MATCH_CHARS only.
+        if p.pid not in ours and cmdline and rx.search(" ".join(cmdline)[:MAX_MATCH_CHARS]) and not is_ours(cmdline):
             out.append(p.pid)
     return out
 

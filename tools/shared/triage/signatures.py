@@ -138,7 +138,7 @@ def _post_exitcode(details, extra, rank, line, after):
     return "cause" if code in SILENT_DEATHS else "cascade"
 
 
-_ROOT_FIELD = re.compile(r"^\s*(time|host|rank|exitcode|error_file|traceback)\s*:\s*(.*?)\s*$")
+_ROOT_FIELD = re.compile(r"^\s*(time|host|rank|exitcode|error_file|traceback)\s*:(.*)$")   # value stripped after: linear
 
 
 def parse_torchrun_summary(lines: list[str]) -> dict:
@@ -157,7 +157,7 @@ def parse_torchrun_summary(lines: list[str]) -> dict:
         elif section and current is not None:
             m = _ROOT_FIELD.match(line)
             if m:
-                current[m[1]] = m[2][:200]
+                current[m[1]] = m[2].strip()[:200]
     out: dict = {}
     for section in ("root", "failures"):
         for entry in entries[section]:
