@@ -90,7 +90,7 @@ def test_command_lines_parse_with_the_real_cli():
     from tools.engine.cli import _coerce, tool_parser
 
     lines = re.findall(r"mleng run ([a-z]\w+)([^\n#`)]*)", _body())
-    assert len(lines) >= 5
+    assert len(lines) >= 1   # few on purpose: SKILL.md is held to the reading budget (test_reading_budget.py)
     for name, rest in lines:
         spec = registry()[name]  # KeyError: SKILL.md names a module that is not a tool
         args = shlex.split(rest)
@@ -102,7 +102,7 @@ def test_command_lines_parse_with_the_real_cli():
 
 def test_knowledge_pages_it_names_exist():
     pages = set(re.findall(r"knowledge://([\w./-]+\.md)", _body()))
-    assert len(pages) >= 8
+    assert len(pages) >= 3   # few on purpose: the reading budget; each result's `next` names the rest
     missing = sorted(p for p in pages if not (ROOT / "knowledge" / p).is_file())
     assert missing == []
 
@@ -161,7 +161,7 @@ def test_worked_example_calls_are_valid_arguments():
 
     section = _body().split("## Worked examples")[1].split("\n## ")[0]
     calls = re.findall(r"`(\w+)\((.*?)\)`", section, flags=re.S)
-    assert len(calls) >= 10
+    assert len(calls) >= 5   # few on purpose: SKILL.md is held to the reading budget (test_reading_budget.py)
     for name, args in calls:
         spec = registry()[name]
         call = ast.parse(f"f({' '.join(args.split())})", mode="eval").body

@@ -41,7 +41,7 @@ class ResultsHistoryParams(Params):
     threshold_pct: float | None = Field(None, gt=0, le=90, description=(
         "Override the margin, %."))
     result_id: int | None = Field(None, ge=1, description=(
-        "Show this stored result (id from a listing): verdict, findings, next, fields. Other filters ignored."))
+        "One stored result, whole (id from a listing)."))
 
 
 class HistoryRow(Record):

@@ -288,8 +288,7 @@ SPEC = ToolSpec(
         "Use when all-reduce, collectives or data-parallel steps seem slow, to check new nodes, or for "
         "inter-node / InfiniBand bandwidth per GPU lower than NDR or HDR should give: algbw and busbw per "
         "message size (nccl-tests conventions) for all_reduce, all_gather, reduce_scatter, all_to_all (MoE), "
-        "broadcast, wrong elements counted, peak busbw vs the expected figure for the hardware; table, JSON "
-        "rows, PNG. Also whether an NCCL upgrade changed throughput. Which node or link is bad among N: "
+        "broadcast, wrong elements counted, peak busbw vs the expected figure for the hardware. Also whether an NCCL upgrade changed throughput. Which node or link is bad among N: "
         "pattern='pairwise' (node x node matrix: a slow node is slow with every partner, a slow link with "
         "one) or 'bisect' (one bad node in a set that fails or hangs). Seconds to minutes; NCCL on GPUs, gloo "
         "on CPU. Ranks cannot connect: dist_smoke_test first."),

@@ -34,11 +34,11 @@ class PatternFields(Params):
     slow_latency_factor: float = Field(5.0, ge=1.5, le=1000, description=(
         "pairwise: slow above this x a healthy pair's latency."))
     nodes: list[NodeName] | None = Field(None, min_length=2, max_length=8192, description=(
-        "pairwise/bisect: only these nodes of the allocation (with partition: these nodes of it)."))
+        "pairwise/bisect: only these nodes."))
     partition: str | None = Field(None, pattern=r"^[A-Za-z0-9_.\-]+$", max_length=128, description=(
-        "Outside an allocation: run in a job of our own here (nnodes nodes, default every idle one)."))
+        "No allocation: a job of ours here (nnodes; default all idle)."))
     job_id: str | None = Field(None, pattern=r"^\d+(_\d+)?$", max_length=40, description=(
-        "Run in this RUNNING job's allocation (steps beside its own)."))
+        "Run inside this RUNNING job."))
     hosts: list[NodeName] | None = Field(None, min_length=2, max_length=8192, description=(
         "pairwise/bisect outside SLURM: all node addresses in order; call on each with its node_rank, one "
         "rdzv_endpoint and one MLENG_COORD_SECRET (16+ chars)."))

@@ -65,8 +65,7 @@ class HangStackDumpParams(Params):
     per_process_timeout_s: float = Field(30.0, gt=0, le=600, description="Per py-spy call.")
     detail: bool = Field(False, description="Also each process's stack.")
     dump_paths: list[str] = Field(default_factory=list, max_length=64, description=(
-        "Saved `py-spy dump` output (text or --json): files, folders, globs; rank from 'rank3' / "
-        "'node1/local_rank0' in the path or --local_rank in the dump."))
+        "Saved `py-spy dump` output (text or --json): files, folders, globs."))
     dump_text: str | None = Field(None, max_length=20_000_000, description="Pasted py-spy dumps instead.")
 
 

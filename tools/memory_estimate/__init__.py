@@ -229,9 +229,8 @@ SPEC = ToolSpec(
         "Use before a run or after a CUDA OOM to ask 'will it fit', 'how many GPUs do I need': per-GPU memory "
         "for training or serving a transformer from a preset (llama-3-70b, mixtral-8x7b, deepseek-v3...), an "
         "architecture (dense or mixture-of-experts: total vs active parameters per token) or a parameter "
-        "count, with precision, optimizer (Adam), ZeRO/FSDP sharding, offload, TP/PP/DP/CP and expert "
-        "parallel, sequence length, micro batch, activation checkpointing, torch.compile, LoRA/QLoRA (frozen "
-        "base); inference adds the KV cache per concurrent user (vLLM paged KV with gpu_memory_utilization). "
+        "count, with precision, optimizer, ZeRO/FSDP, offload, TP/PP/DP/CP/EP, checkpointing, "
+        "LoRA/QLoRA; inference adds the KV cache per concurrent user (vLLM paged KV with gpu_memory_utilization). "
         "Returns the breakdown, what max_memory_reserved would show, whether it fits the GPU, the largest "
         "micro batch and changes that fit, and the defaults it assumed. Instant arithmetic."),
     Params=MemoryParams, Result=MemoryResult, run=run, runs="in_process", store=False,

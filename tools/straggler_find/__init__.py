@@ -53,8 +53,8 @@ class StragglerFindParams(Params):
                                                     json_schema_extra=SELF_EVIDENT, description=(
         "Rank pids here."))
     window_s: float = Field(60.0, ge=5, le=120, description=(
-        "Most seconds to sample: answers after 6 s if ranks separate, else samples on to this."))
-    rate_hz: int = Field(5, ge=5, le=100, description="Samples/s per rank (~1 ms of node CPU each; not stopped); x2 in longer looks.")
+        "Longest look (answers at 6 s when ranks separate)."))
+    rate_hz: int = Field(5, ge=5, le=100, description="Per rank (~1 ms CPU each).")
     allow_other_users: bool = Field(False, description=ALLOW_OTHER_USERS_HELP)
     log_paths: list[Annotated[str, Field(max_length=4096)]] = Field(default_factory=list, max_length=8, description=(
         "Job logs: last step-time lines quoted."))
@@ -184,7 +184,7 @@ SPEC = ToolSpec(
     description=(
         "For a job that is running but slow ('the job got slower', 'one rank is slow', 'MFU dropped mid-run', "
         "one GPU at 0% while the others are at 100%): "
-        "samples every rank's Python stack with py-spy (6 s, longer while a rank leads unclearly), plus CPU, cgroup, memory, "
+        "samples every rank's Python stack with py-spy (6-60 s) and CPU, cgroup, memory, "
         "network and NVML per node, without touching the job or its code. The rank that waits least while the "
         "others wait in collectives, or whose host starves it (throttling, run-queue wait), is the straggler; the answer names rank, host, GPU index and serial, how "
         "much the others wait on it, the reason (cpu, memory, data_loading, h2d, gpu, network) with evidence, "

@@ -26,7 +26,7 @@ from .jobs import RunningJob, job_processes, running_job
 from .kernel import (LOCAL_RANK_VARS, OUR_MARKS, RANK_VARS, Identity, command_of, env_int, frozen_reason, identity,
                      is_ours, is_python, is_python_proc, ourselves, uid_of, user_words)
 
-ALLOW_OTHER_USERS_HELP = "Root only: also other users' processes (default: yours)."
+ALLOW_OTHER_USERS_HELP = "Root: other users' too."
 __all__ = ["ALLOW_OTHER_USERS_HELP", "LOCAL_RANK_VARS", "OUR_MARKS", "RANK_VARS", "Identity", "RunningJob",
            "TargetRequest", "Targets", "describe", "env_int", "frozen_reason", "identity", "is_python", "roles",
            "running_job", "select"]
