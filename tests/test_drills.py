@@ -291,3 +291,16 @@ def test_the_baseline_reads_a_fleet_sweep_warning_that_clears_every_node_as_none
               "outliers": [{"node": "mln1", "status": "not repeated"}], "medians": [{"inconclusive": False}],
               **change}
     assert read_answer("fleet_sweep", answer, {}).culprit_kind == kind
+
+
+def test_a_culprit_named_by_an_alias_the_log_itself_gives_is_the_culprit():
+    """pm-t-ib-port-culprit: the log's prefix shortens the host to '...-48', its peer field spells 'node48'. A real
+    model named and drained node48 (right) and scored 0 for a false drain before the truth listed the alias."""
+    from tools.evals.drills.scenarios import load_scenario
+
+    scenario = load_scenario("pm-t-ib-port-culprit")
+    right = grade(scenario, Diagnosis(culprit_kind="node", culprit=["node48"], drain=["node48"],
+                                      action="drain node48, then check its HCA port"))
+    assert (right.score, right.false_drain) == (1.0, [])
+    wrong = grade(scenario, Diagnosis(culprit_kind="node", culprit=["node51"], drain=["node51"]))
+    assert wrong.score == 0 and wrong.false_drain == ["node51"]

@@ -301,11 +301,11 @@ class CpuWatch:
         holders = [Holder(pid=pid, name=self._last[pid][1], user=self._last[pid][2])
                    for cpu_s, pid in busiest[:TOP_HOLDERS] if cpu_s / wall >= HOLDER_MIN_CORES]
         cpus = os.cpu_count() or 1
-        others = max(0.0, (host - ours) / wall)
+        others = round(max(0.0, (host - ours) / wall), 2)   # judged as shown: 1.254 cores read 1.25 and judged so
         pressure = _memory_pressure_pct()
         self.own_limit_bound = limit_bound_share(self.throttle0, _throttle_snapshot(self.stat_paths))
         limited = self.own_limit_bound is not None and self.own_limit_bound >= OWN_LIMIT_BINDS
         reasons = cpu_busy_reasons(0.0 if limited else others, cpus, pressure)
         self.occupancy = Occupancy(busy=bool(reasons), why="; ".join(reasons), holders=holders if reasons else [],
-                                   others_cpu_cores=round(others, 2),
+                                   others_cpu_cores=others,
                                    cpus=cpus, memory_pressure_pct=pressure)

@@ -164,7 +164,7 @@ def _preset_enum(schema: dict) -> None:
     for option in schema.get("anyOf", []):
         if option.get("type") == "string":
             option["enum"] = sorted(presets())
-    schema.setdefault("anyOf", []).insert(1, {"type": "string", "pattern": "^[^/]+/[^/]+$"})
+    schema.setdefault("anyOf", []).insert(1, {"type": "string", "pattern": "^[^/]+/[^/]+$", "maxLength": 128})
 
 
 # A model is described by a preset, by layers + hidden + heads, or by params_b alone (then with no
@@ -179,7 +179,7 @@ class ModelParams(Params):
     model_config = ConfigDict(json_schema_extra=MODEL_DESCRIBED)
 
     model: str | None = Field(
-        None, json_schema_extra=_preset_enum, description=(
+        None, max_length=128, json_schema_extra=_preset_enum, description=(
             "A preset or its Hugging Face id; or layers + hidden + heads, or params_b; given fields override it."))
     params_b: float | None = Field(
         None, gt=0, le=100000, description=(

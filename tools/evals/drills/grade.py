@@ -160,8 +160,22 @@ def _same_gpus(want: list[str], got: list[str]) -> bool:
     return all(any(hit(w, g) for g in named) for w in wanted) and all(any(hit(w, g) for w in wanted) for g in named)
 
 
+def _canonical(diagnosis: Diagnosis, aliases: dict[str, list[str]]) -> Diagnosis:
+    """The diagnosis with every alias the truth lists replaced by its culprit's name (culprits, drains, action)."""
+    if not aliases:
+        return diagnosis
+    names = {alias.lower(): canon for canon, alts in aliases.items() for alias in alts}
+    swap = lambda items: [names.get(n.strip().lower(), n) for n in items]   # noqa: E731
+    action = diagnosis.action
+    for alias, canon in names.items():
+        action = re.sub(rf"(?i)(?<![\w.-]){re.escape(alias)}(?![\w-])", canon, action)
+    return diagnosis.model_copy(update={"culprit": swap(diagnosis.culprit), "drain": swap(diagnosis.drain),
+                                        "action": action})
+
+
 def grade(scenario: Scenario, diagnosis: Diagnosis) -> Grade:
     truth = scenario.truth
+    diagnosis = _canonical(diagnosis, truth.aliases)
     allowed = {n.lower() for n in truth.drain_ok}
     known = {n.lower() for n in [*scenario.node_names, *truth.identity, *truth.drain_ok, *diagnosis.culprit]}
     wrong_drains = sorted(drains_named(diagnosis, known) - allowed)

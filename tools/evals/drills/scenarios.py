@@ -117,6 +117,9 @@ class Truth(BaseModel):
     kind: Literal["node", "link", "rank", "gpu", "setting", "none"]
     identity: list[str] = []
     drain_ok: list[str] = []
+    # Other names the evidence itself gives a culprit (a host shortened in a log's prefix and spelled out in a
+    # peer field): {"...-48": ["node48"]}. An answer naming the alias is graded as naming the culprit.
+    aliases: dict[str, list[str]] = {}
     why: str = ""
 
     @model_validator(mode="after")
