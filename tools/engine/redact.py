@@ -35,8 +35,13 @@ _KEYED = re.compile(   # no leading [\w.-]* before the keyword: that would backt
 # A flag or a word, then whitespace, then the secret: --password X, --api-key X, netrc "password X",
 # "the db password is X". Only words that are secrets themselves (not "token", a unit in ML logs).
 _WORD_THEN_VALUE = re.compile(
-    r"(?i)(?P<key>--?[\w-]{0,40}?(?:token|secret|passw(?:or)?d|passphrase|api[_-]?key|access[_-]?key)[\w-]{0,40}+"
-    r"|--pass\b|\b(?:passw(?:or)?d|passphrase|secret))(?P<sep>\s{1,8}(?:is\s{1,8}|was\s{1,8})?)(?P<value>[^\s\"',;]+)")
+    r"(?i)(?P<key>\b(?:passw(?:or)?d|passphrase|secret))(?P<sep>\s{1,8}(?:is\s{1,8}|was\s{1,8})?)(?P<value>[^\s\"',;]+)")
+# A flag, then whitespace, then its value: --password X, --api-key X, --pass X. Flags are found alone (a flag
+# starts where no word or dash stands before it, so a run of dashes costs one try, not one per dash) and their
+# names are tested afterwards: one pattern with the secret words inside the flag was quadratic on long lines.
+_FLAG = re.compile(r"(?<![\w-])--?[A-Za-z][\w-]{0,80}")
+_VALUE_AFTER = re.compile(r"\s{1,8}([^\s\"',;]+)")
+_SECRET_FLAG = re.compile(r"(?i)token|secret|passw(?:or)?d|passphrase|api[_-]?key|access[_-]?key")
 _FLAG_WITHOUT_VALUE = re.compile(r"(?i)-stdin$|-file$|-env$|-prompt$")   # --password-stdin takes no secret
 _AUTH_HEADER = re.compile(r"(?i)\b(authorization|proxy-authorization)(\s*[:=]\s*)(bearer|basic|token|digest)?(\s*)([^\s\"',;]+)")
 _BEARER = re.compile(r"(?i)\b(bearer\s+)([A-Za-z0-9._~+/=-]{8,})")
@@ -102,6 +107,21 @@ def _keyed(m: re.Match) -> str:
         return m[0]        # num_tokens=4096, max_tokens: 512 are counts, not secrets
     q = m["q"] or ""
     return f"{m['key']}{m['sep']}{q}{MASK}{q}"
+
+
+def _mask_flag_values(text: str) -> str:
+    """The value after every flag whose name says it is a secret (--password X, --hf-token X, --pass X)."""
+    spans = []
+    for m in _FLAG.finditer(text):
+        key = m[0]
+        if not (key.lower() == "--pass" or _SECRET_FLAG.search(key)) or _FLAG_WITHOUT_VALUE.search(key):
+            continue
+        value = _VALUE_AFTER.match(text, m.end())
+        if value and not value[1].startswith("[REDACTED"):
+            spans.append(value.span(1))
+    for start, end in reversed(spans):
+        text = text[:start] + MASK + text[end:]
+    return text
 
 
 def _word_then_value(m: re.Match) -> str:
@@ -173,6 +193,8 @@ def _redact_plain(text: str) -> str:
         text = _KEYED.sub(_keyed, text)
         text = _ENV_ASSIGN.sub(lambda m: m[1] + (m[2] if m[2] == MASK else MASK), text)
         text = _WORD_THEN_VALUE.sub(_word_then_value, text)
+        if "-" in text:
+            text = _mask_flag_values(text)
     if any(mark in text for mark in _SHAPE_MARKS):
         text = _TOKEN_SHAPES.sub(MASK, text)
     if len(text) >= 40:
