@@ -170,3 +170,44 @@ def test_a_paste_of_thousands_of_blocks_is_refused_saying_how_many(tool, text, s
 
     with pytest.raises(ToolFailure, match=said):
         (gpu_pasted if tool == "gpu_health" else nic_pasted)(text)
+
+
+# Red team of round 4 (2026-12-02): a procfs another user mounts in a namespace of theirs is not in our mountinfo,
+# and a device was opened (its driver run) before its type was checked.
+
+@pytest.mark.skipif(os.geteuid() != 0 or not __import__("shutil").which("unshare"), reason="needs root and unshare")
+def test_a_proc_file_reached_through_another_mount_namespace_is_refused():
+    from tools.shared.safe_read import NotRegularFile, open_regular
+
+    holder = subprocess.Popen(["unshare", "--pid", "--fork", "--mount", "--mount-proc", "sleep", "30"])
+    try:
+        child = None
+        for _ in range(50):
+            kids = subprocess.run(["pgrep", "-P", str(holder.pid)], capture_output=True, text=True).stdout.split()
+            if kids:
+                child = kids[0]
+                break
+            time.sleep(0.1)
+        assert child, "the namespaced sleep started"
+        with pytest.raises(NotRegularFile, match="kernel proc file"):
+            open_regular(f"/proc/{child}/root/proc/uptime")
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_a_device_is_never_opened_for_reading(monkeypatch):
+    """Only an O_PATH look at /dev/null: opening a device runs its driver (/dev/watchdog reboots on close)."""
+    from tools.shared import safe_read
+
+    opened = []
+    real_open = os.open
+
+    def spy(path, flags, *args, **kwargs):
+        opened.append((str(path), flags))
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(safe_read.os, "open", spy)
+    with pytest.raises(safe_read.NotRegularFile, match="character device"):
+        safe_read.open_regular("/dev/null")
+    assert opened and all(flags & os.O_PATH for _, flags in opened), opened

@@ -46,6 +46,7 @@ def validation_message(spec: ToolSpec, *errors: ValidationError) -> str:
 
 ROW_TEXT_LIMIT = 2_000   # characters of the rows section of an answer's text; the record has every row
 ROW_VALUE_LIMIT = 80     # a longer string in a row is prose already said in a finding (evidence, meaning)
+ROW_QUOTE_LIMIT = 240    # the first line of a row's evidence list, quoted: what the verdict rests on
 
 
 def answer_text(spec: ToolSpec, result: Result) -> str:
@@ -102,6 +103,8 @@ def _row_lines(result: Result) -> list[str]:
         for k, item in enumerate(items):
             if isinstance(item, dict):
                 cells = [f"{key}={_cell(v)}" for key, v in item.items() if _is_short_scalar(v)]
+                cells += [f"{key}[0]={_quote(v[0])}" for key, v in item.items()      # the first evidence line
+                          if key != "next" and isinstance(v, list) and v and isinstance(v[0], str) and v[0]]
                 if cells:
                     lines.append(f"    {name}[{k}]: " + ", ".join(cells) if isinstance(value, list)
                                  else f"    {name}: " + ", ".join(cells))
@@ -111,6 +114,10 @@ def _row_lines(result: Result) -> list[str]:
 def _is_short_scalar(value) -> bool:
     return (isinstance(value, (int, float, bool)) or
             (isinstance(value, str) and value != "" and len(value) <= ROW_VALUE_LIMIT))
+
+
+def _quote(text: str) -> str:
+    return repr(text if len(text) <= ROW_QUOTE_LIMIT else text[:ROW_QUOTE_LIMIT] + "…")
 
 
 def _cell(value) -> str:

@@ -4,6 +4,7 @@ offers it, for drills played by a real model that has no MCP client of its own.
     python -m tools.evals.seat start            # a real server over HTTP on loopback, in the background
     python -m tools.evals.seat tools            # server instructions + every tool as a model sees it
     python -m tools.evals.seat call log_triage '{"paths": ["/tmp/x/rank0.log"]}'
+    python -m tools.evals.seat read knowledge://debugging/hangs.md   # an MCP resource, as hosts read them
     python -m tools.evals.seat stop
 
 `call` prints what a host hands the model: the result's text blocks (and a line per attached image), or
@@ -144,6 +145,16 @@ def call(name: str, arguments_json: str) -> None:
     write_private(path, (read_private(path, MAX_LOG_BYTES) or b"") + json.dumps(record).encode() + b"\n")
 
 
+async def _read(state: dict, uri: str):
+    async with _client(state) as c:
+        return await c.read_resource(uri)
+
+
+def read(uri: str) -> None:
+    result = anyio.run(_read, _state(), uri)
+    print("\n".join(getattr(part, "text", "") for part in result.contents))
+
+
 def show_log() -> None:
     print((read_private(seat_dir() / "calls.jsonl", MAX_LOG_BYTES) or b"").decode(), end="")
 
@@ -158,11 +169,15 @@ def main(argv: list[str] | None = None) -> None:
     c = sub.add_parser("call")
     c.add_argument("name")
     c.add_argument("arguments", nargs="?", default="{}")
+    r = sub.add_parser("read")
+    r.add_argument("uri")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)   # `... tools | head` ends quietly
     {"start": start, "stop": stop, "tools": show_tools, "log": show_log}.get(args.verb, lambda: None)()
     if args.verb == "call":
         call(args.name, args.arguments)
+    if args.verb == "read":
+        read(args.uri)
 
 
 if __name__ == "__main__":

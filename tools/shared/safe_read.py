@@ -54,21 +54,52 @@ def kind_of(mode: int) -> str:
 def open_regular(path: str | os.PathLike, field: str = "path") -> BinaryIO:
     """The file open for binary reading; NotRegularFile unless it is a regular file (symlinks to one are
     followed: reading through a link exposes nothing the link's target does not)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    # The file is looked at before it is opened for reading: opening a device runs its driver (closing
+    # /dev/watchdog without its magic byte reboots the node). An O_PATH descriptor opens nothing; the read
+    # descriptor is then made from it, so the file checked is the file read.
+    handle = os.open(path, os.O_PATH | os.O_CLOEXEC)
     try:
-        st = os.fstat(fd)
+        st = os.fstat(handle)
         if not stat.S_ISREG(st.st_mode):
             raise NotRegularFile(errno.EINVAL, f"{kind_of(st.st_mode)}, not a regular file ({field} reads regular "
                                  "files only: FIFOs, devices, sockets and directories are refused)", str(path))
-        if fs := kernel_filesystem(st.st_dev):
-            raise NotRegularFile(errno.EINVAL, f"a kernel {fs} file{_real_path(fd, path)}, not a file someone wrote "
-                                 f"({field} refuses /proc, /sys and other kernel pseudo-files: some, such as "
+        if fs := kernel_filesystem(st.st_dev) or filesystem_magic(handle):
+            raise NotRegularFile(errno.EINVAL, f"a kernel {fs} file{_real_path(handle, path)}, not a file someone "
+                                 f"wrote ({field} refuses /proc, /sys and other kernel pseudo-files: some, such as "
                                  "/proc/kmsg and trace_pipe, never end)", str(path))
-        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+        fd = os.open(f"/proc/self/fd/{handle}", os.O_RDONLY | os.O_NOCTTY | os.O_CLOEXEC)
+    finally:
+        os.close(handle)
+    try:
+        if os.fstat(fd).st_ino != st.st_ino:     # cannot happen through the descriptor; say so if it does
+            raise NotRegularFile(errno.EINVAL, "the file changed while it was opened", str(path))
         return os.fdopen(fd, "rb")
     except BaseException:
         os.close(fd)
         raise
+
+
+# statfs(2) f_type of the kernel pseudo-filesystems (linux/magic.h): the type of the filesystem a descriptor is
+# on, whoever mounted it. /proc/self/mountinfo lists only our own mount namespace's mounts: a procfs another
+# user mounted in a namespace of theirs, reached through /proc/<pid>/root, is not there.
+KERNEL_MAGIC = {0x9FA0: "proc", 0x62656572: "sysfs", 0x74726163: "tracefs", 0x64626720: "debugfs",
+                0x73636673: "securityfs", 0x62656570: "configfs", 0x27E0EB: "cgroup", 0x63677270: "cgroup2",
+                0xCAFE4A11: "bpf", 0x6165676C: "pstore", 0xDE5E81E4: "efivarfs", 0x65735543: "fusectl",
+                0x42494E4D: "binfmt_misc", 0x67596969: "rpc_pipefs", 0x6E736673: "nsfs"}
+
+
+def filesystem_magic(fd: int) -> str | None:
+    """The kernel pseudo-filesystem a descriptor is on, by fstatfs's f_type; None for any other (or no libc)."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        buf = ctypes.create_string_buffer(256)        # struct statfs; f_type is its first field (a long)
+        if libc.fstatfs(fd, buf) != 0:
+            return None
+    except (OSError, AttributeError):
+        return None
+    return KERNEL_MAGIC.get(ctypes.c_long.from_buffer(buf).value & 0xFFFFFFFF)
 
 
 @lru_cache(maxsize=64)
