@@ -195,8 +195,8 @@ def test_spec_runs_in_a_subprocess_and_is_read_only():
 
 def test_pickle_and_json_dumps_agree():
     for scenario in ("op_mismatch", "hung", "subgroup"):
-        a, _ = read_dumps(str(FIXTURES / scenario / "pickle"))
-        b, _ = read_dumps(str(FIXTURES / scenario / "json"))
+        a, _, _ = read_dumps(str(FIXTURES / scenario / "pickle"))
+        b, _, _ = read_dumps(str(FIXTURES / scenario / "json"))
         ra, rb = analyse(a), analyse(b)
         assert [(g.problem, g.seq, g.culprit_ranks) for g in ra.groups] == \
                [(g.problem, g.seq, g.culprit_ranks) for g in rb.groups]

@@ -135,6 +135,10 @@ def test_r3_dumps_another_user_planted_at_the_default_prefix_are_skipped(tmp_pat
     rc, result, err = mleng("flight_recorder_analyze", env=env)
     assert rc != 0 and result is None, result
     assert f"owned by uid {NOBODY}, not you" in err and "nccl_trace_rank_0" in err, err
+    assert "path=" not in err          # red team of round 4: the refusal told the agent how to go around it
+    rc, result, err = mleng("flight_recorder_analyze", "--path", str(planted))   # given by hand: read, and said whose
+    assert result is not None and result["findings"][0].startswith(f"Another user's files: 4 by uid {NOBODY}"), (
+        result, err)
     for i in range(4):                   # the same files, ours: read, and rank 3 is named (no false refusal)
         os.chown(planted / f"nccl_trace_rank_{i}", os.geteuid(), os.getegid())
     rc, result, err = mleng("flight_recorder_analyze", env=env)

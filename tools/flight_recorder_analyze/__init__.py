@@ -20,6 +20,7 @@ version: the fields are looked up by every name they have had. Pickles are read 
 refuses anything but plain data, so a hostile file cannot run code.
 """
 
+import os
 from collections import Counter, defaultdict
 
 
@@ -264,15 +265,28 @@ def _findings(result: FlightRecorderResult, bad: list[GroupReport], dumps: dict[
     return findings
 
 
+def _user_name(uid: int) -> str:
+    import pwd
+
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return "no such user"
+
+
 def run(params: FlightRecorderParams, progress) -> FlightRecorderResult:
     progress(0.1, "reading dumps")
-    dumps, unreadable = read_dumps(params.path, params.prefix)
+    dumps, unreadable, foreign = read_dumps(params.path, params.prefix)
     progress(0.6, f"lining up {len(dumps)} ranks")
     result = analyse(dumps, params.detail, params.max_groups)
     result.unreadable_files = unreadable[:50]
     bad = [g for g in result.groups if g.problem not in ("none", "stuck")]
     result.culprit_ranks = sorted({r for g in bad for r in g.culprit_ranks})
     result.findings = _findings(result, bad, dumps, unreadable)
+    if foreign:    # said first: whoever can write these files chose the culprit this answer names
+        owners = ", ".join(f"{n} by uid {uid} ({_user_name(uid)})" for uid, n in sorted(foreign.items()))
+        result.findings.insert(0, f"Another user's files: {owners}, not yours (uid {os.geteuid()}). What follows rests "
+                                  "on them: check who wrote the dumps before acting on a culprit they name.")
     if bad:
         result.verdict = "fail"
         result.next = NEXT_ON_CULPRIT

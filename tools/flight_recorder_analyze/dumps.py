@@ -181,12 +181,13 @@ def _candidates(root: Path, prefix: str, recursive: bool) -> list[Path]:
     return sorted(itertools.islice((p for p in walk if p.is_file()), MAX_FILES))
 
 
-def read_dumps(path: str, prefix: str = "") -> tuple[dict[int, RankDump], list[str]]:
+def read_dumps(path: str, prefix: str = "") -> tuple[dict[int, RankDump], list[str], dict[int, int]]:
     """Every readable per-rank dump under `path` (pickle preferred over JSON for the same rank). With no
-    path, only the files of torch's dump prefix in its own directory: /tmp is not walked."""
+    path, only the files of torch's dump prefix in its own directory: /tmp is not walked. Returns the dumps,
+    the files not read (with why), and {uid: files} of the dumps read that another user owns (a path given)."""
     root, prefix = find_dump_files(path, prefix)
     files = _candidates(root, prefix, recursive=bool(path))
-    dumps, unreadable, shared = {}, [], {}
+    dumps, unreadable, shared, foreign = {}, [], {}, {}
     for p in files:
         rank = rank_of(p.name, prefix) if root.is_dir() else (rank_of(p.name, "") or 0)
         if rank is None:
@@ -195,8 +196,12 @@ def read_dumps(path: str, prefix: str = "") -> tuple[dict[int, RankDump], list[s
         # lstat: a link another user planted is theirs, whatever it points at. A path given is the caller's.
         planted = "" if path else owner_problem(p.lstat(), {os.geteuid()}, "you")
         if planted:
-            unreadable.append(f"{p}: {planted} (torch's default location is shared; give path= to read it)")
+            unreadable.append(f"{p}: {planted} (torch's default location is shared by every user: another "
+                              "user's file there is not evidence)")
             continue
+        owner = p.lstat().st_uid
+        if owner not in (os.geteuid(), 0):      # a path given: read, and the answer says whose files they are
+            foreign[owner] = foreign.get(owner, 0) + 1
         try:
             dump = _parse(rank, p, load_dump(p), shared)
         except (ValueError, OSError) as e:
@@ -210,7 +215,7 @@ def read_dumps(path: str, prefix: str = "") -> tuple[dict[int, RankDump], list[s
         raise ToolFailure(f"no flight-recorder dump found under {root}"
                           f"{' with prefix ' + repr(prefix) if prefix else ''}{why}. Dumps are files named "
                           "<prefix><rank> (pickle) or <prefix><rank>.json, one per rank.")
-    return dumps, unreadable
+    return dumps, unreadable, foreign
 
 
 
