@@ -159,3 +159,18 @@ def test_nic_health_reads_the_index_in_use_from_ncclS_qp_line():
     table = (NIC_TEXT / "show_gids_nccl1131.txt").read_text()
     r = nic(table + "\n" + _qp_line("h", 0, "80FE/1C1AEBFFFEDA0C0A") + "\n")
     assert r.verdict == "fail" and "NCCL_IB_GID_INDEX=0 is wrong" in r.findings[0] and "Set NCCL_IB_GID_INDEX=3" in r.findings[0]
+
+
+def test_a_host_that_printed_no_qp_line_is_not_a_gid_culprit():
+    """Red team of round 4: four hosts set NCCL_IB_GID_INDEX=3; three printed their QP's GID 3 (IPv4), the fourth no
+    QP line (lazily connected, or its log cut). Its '3 (setting)' read as another index than '3 (ipv4)'."""
+    from tools.nccl_log_analyze import analyse, parse_text
+
+    lines = []
+    for n, host in enumerate(["mln1", "mln2", "mln3", "mln4"], 1):
+        lines += [f"{host}:7:8 [0] NCCL INFO NET/IB : Using [0]mlx5_0:1/RoCE [RO]; OOB eth0:10.0.0.{n}<0>",
+                  f"{host}:7:8 [0] NCCL INFO NCCL_IB_GID_INDEX set by environment to 3."]
+        if host != "mln3":
+            lines.append(_qp_line(host, 3, "0/1000000AFFFF0000"))
+    r = analyse(parse_text("\n".join(lines)))
+    assert "gid_mismatch" not in r.problems and r.odd_hosts == [], r.findings[:2]

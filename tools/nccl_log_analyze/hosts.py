@@ -75,12 +75,15 @@ def _gdr(procs: list[Proc]) -> str:
     return "n/a" if not edges else "on" if gdr == edges else "off" if not gdr else "partial"
 
 
+GID_SETTING = "NCCL_IB_GID_INDEX"
+
+
 def _gid(procs: list[Proc]) -> str | None:
     setting = next((p.env["NCCL_IB_GID_INDEX"] for p in procs if "NCCL_IB_GID_INDEX" in p.env), None)
     printed = sorted({(i, s) for p in procs for i, s in p.gids.items()})
     if printed:
         return ", ".join(f"{i} ({s})" for i, s in printed[:3])
-    return f"{setting} (NCCL_IB_GID_INDEX)" if setting is not None else None
+    return f"{setting} ({GID_SETTING})" if setting is not None else None
 
 
 def _driver(procs: list[Proc]) -> str | None:
@@ -130,6 +133,9 @@ def check_hosts(rows: list[HostRow], rep, name_list, severity: str) -> list[str]
     culprits: list[str] = []
     for c in (c for c in COMPARED if c.severity == severity):
         values = {r.host: getattr(r, c.field) for r in rows if getattr(r, c.field) is not None}
+        if c.field == "gid_index":      # the GIDs NCCL printed decide; a setting alone is compared with settings only
+            printed = {h: v for h, v in values.items() if not v.endswith(f"({GID_SETTING})")}
+            values = printed or values
         if len(set(values.values())) < 2:
             continue
         odd = odd_hosts(values)
