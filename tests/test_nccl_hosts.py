@@ -174,3 +174,20 @@ def test_a_host_that_printed_no_qp_line_is_not_a_gid_culprit():
             lines.append(_qp_line(host, 3, "0/1000000AFFFF0000"))
     r = analyse(parse_text("\n".join(lines)))
     assert "gid_mismatch" not in r.problems and r.odd_hosts == [], r.findings[:2]
+
+
+def test_two_hosts_gid_tables_pasted_together_are_judged_one_by_one():
+    """Red team of round 4: two show_gids tables and NCCL_IB_GID_INDEX=3, index 3 link-local on the second host:
+    the tables merged into one and the first host's row said "=3 is right"."""
+    good = (NIC_TEXT / "show_gids_nccl1131.txt").read_text()
+    rows = [line for line in good.splitlines() if line.split()[2:3] == ["3"]]
+    assert rows, "the fixture has an index 3"
+    bad = good.replace(rows[0], rows[0].replace(rows[0].split()[3], "fe80:0000:0000:0000:0a42:a1ff:fe5c:0001"))
+    r = nic(good + "\n" + bad + "\nNCCL_IB_GID_INDEX=3\n")
+    assert r.verdict == "fail" and r.findings[0].startswith("table 2 of 2, mlx5_0 port 1: no RoCE v2 GID"), r.findings
+    assert nic(good + "\nNCCL_IB_GID_INDEX=3\n").verdict == "ok"
+
+
+def test_gid_index_minus_one_is_nccl_choosing_not_a_wrong_index():
+    r = nic((NIC_TEXT / "show_gids_nccl1131.txt").read_text() + "\nNCCL_IB_GID_INDEX=-1\n")
+    assert r.verdict != "fail" and "lets NCCL (2.21 and later) choose" in r.findings[0], r.findings

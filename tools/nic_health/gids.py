@@ -27,6 +27,7 @@ _IN_USE = re.compile(r"NCCL_IB_GID_INDEX(?:=|\s+set by environment to\s+|\s+set 
 
 
 class GidRow(Record):
+    table: int = Field(1, json_schema_extra=SELF_EVIDENT, description="Which pasted table (one per host) it is in.")
     device: str = Field(json_schema_extra=SELF_EVIDENT, description="RDMA device ('?' where the paste does not say).")
     port: int = Field(json_schema_extra=SELF_EVIDENT, description="Port number.")
     index: int = Field(json_schema_extra=SELF_EVIDENT, description="GID index (what NCCL_IB_GID_INDEX selects).")
@@ -50,8 +51,9 @@ def _row(device: str, port: int, index: int, gid: str, ver: str | None) -> GidRo
 
 
 def parse(text: str) -> list[GidRow]:
-    """Every GID in pasted show_gids or ibv_devinfo -v output (both may be in one paste)."""
-    rows, device, port = [], "?", 1
+    """Every GID in pasted show_gids or ibv_devinfo -v output (both may be in one paste). Tables of several hosts
+    pasted one after the other are told apart: a device, port and index seen again starts the next table."""
+    rows, device, port, table, seen = [], "?", 1, 1, set()
     for line in text.splitlines()[:100_000]:
         line = line[:400]
         if m := _SHOW_GIDS.match(line):
@@ -65,7 +67,10 @@ def parse(text: str) -> list[GidRow]:
         else:
             row = None
         if row:
-            rows.append(row)
+            if (row.device, row.port, row.index) in seen:
+                table, seen = table + 1, set()
+            seen.add((row.device, row.port, row.index))
+            rows.append(row.model_copy(update={"table": table}))
     return rows
 
 
@@ -90,12 +95,15 @@ def _describe(r: GidRow) -> str:
 
 def judge(rows: list[GidRow], in_use: int | None) -> tuple[str, list[str]]:
     """(verdict, findings) for the GID tables, the answer first."""
-    ports: dict[tuple[str, int], list[GidRow]] = {}
+    ports: dict[tuple[int, str, int], list[GidRow]] = {}
     for r in rows:
-        ports.setdefault((r.device, r.port), []).append(r)
+        ports.setdefault((r.table, r.device, r.port), []).append(r)
+    tables = len({r.table for r in rows})
     verdict, out = "info", []
-    for (dev, port), table in ports.items():
-        best, where = best_index(table), (f"{dev} port {port}" if dev != "?" else f"port {port}")
+    for (number, dev, port), table in ports.items():
+        where = (f"table {number} of {tables}, " if tables > 1 else "") + (f"{dev} port {port}" if dev != "?"
+                                                                             else f"port {port}")
+        best = best_index(table)
         used = next((r for r in table if r.index == in_use), None) if in_use is not None else None
         local = sorted(r.index for r in table if r.scope == "link-local" or r.roce == "v1")
         why = (f"; indexes {', '.join(map(str, local))} are link-local or RoCE v1 GIDs, which do not route between "
@@ -107,6 +115,10 @@ def judge(rows: list[GidRow], in_use: int | None) -> tuple[str, list[str]]:
             verdict = "fail"
             out.append(f"{where}: no RoCE v2 GID with a routable address ({len(table)} GID(s)): RoCE cannot cross "
                        "subnets from this port; give its netdev an IP address (the GID table is filled from it)" + why + ".")
+        elif in_use == -1:       # NCCL 2.21+ picks a GID itself (RoCE v2, the address family of NCCL_SOCKET_FAMILY)
+            out.append(f"{where}: NCCL_IB_GID_INDEX=-1 lets NCCL (2.21 and later) choose the GID itself; older NCCL "
+                       f"takes index 0. If RoCE still fails between subnets, set NCCL_IB_GID_INDEX={best.index}, "
+                       f"{_describe(best)}{why}.")
         elif in_use is not None and (used is None or used.roce != "v2" or used.scope == "link-local"):
             verdict = "fail"
             now = _describe(used) if used else f"index {in_use} (no GID there)"
@@ -118,4 +130,5 @@ def judge(rows: list[GidRow], in_use: int | None) -> tuple[str, list[str]]:
         else:
             out.append(f"{where}: use NCCL_IB_GID_INDEX={best.index}, {_describe(best)}{why}; the same index must "
                        "be right on every host (compare their tables).")
-    return verdict, out
+    wrong = [line for line in out if " is wrong: " in line or ": no RoCE v2 GID " in line]
+    return verdict, wrong + [line for line in out if line not in wrong]     # what fails is the headline
