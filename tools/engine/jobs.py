@@ -72,7 +72,7 @@ class Job:
     def _progress(self, fraction: float, message: str) -> None:
         # Progress notifications must increase: keep the running maximum.
         self.fraction = max(self.fraction, min(max(fraction, 0.0), 1.0))
-        self.message = message = redact(printable(str(message)))
+        self.message = message = printable(redact(str(message)))
         self.progress_log.append((round(time.time() - self.started, 2), self.fraction, message))
         del self.progress_log[:-50]  # bounded: the last 50 events are enough to see where it is
 
@@ -84,7 +84,7 @@ class Job:
             # An error is one line: a newline or CR in it came from outside (a process's name, a file) and would
             # start a forged line of its own in the CLI and in what the agent reads. Secrets are redacted too.
             self.state, self.result, self.error = state, result, (
-                redact(printable(error, newlines=False)) if error else error)
+                printable(redact(error), newlines=False) if error else error)
             self.ended = time.time()
             self.finished.set()
             return True

@@ -24,7 +24,7 @@ import re
 MASK = "[REDACTED]"
 _SECRET_WORDS = r"token|secret|passw(?:or)?d|passphrase|pwd|api[_-]?key|access[_-]?key|private[_-]?key|" \
                 r"account[_-]?key|shared[_-]?access[_-]?key|credentials?|auth[_-]?key|session[_-]?key|signing[_-]?key|" \
-                r"sharedaccesssignature"
+                r"sharedaccesssignature|session[_-]?id"
 
 # key=value and key: value; a quoted value is taken whole (password="correct horse battery").
 _KEYED = re.compile(   # no leading [\w.-]* before the keyword: that would backtrack over every word
@@ -68,6 +68,8 @@ _TOKEN_SHAPES = re.compile(
     r"|\b(?:sk|rk)_(?:live|test)_[A-Za-z0-9]{16,}\b"  # Stripe
     r"|\bxox[abprse]-[A-Za-z0-9-]{10,}\b|\bxapp-[A-Za-z0-9-]{10,}\b"   # Slack bot/user/refresh, app-level
     r"|\bnvapi-[A-Za-z0-9_-]{20,}|\bwhsec_[A-Za-z0-9]{16,}\b"            # NGC API key, Stripe webhook secret
+    r"|\bhvs\.[A-Za-z0-9_-]{20,}|\bGOCSPX-[A-Za-z0-9_-]{20,}"            # Vault token, Google OAuth client secret
+    r"|\bglrt-[A-Za-z0-9_-]{20,}|\bglsa_[A-Za-z0-9_]{20,}"                # GitLab runner, Grafana service account
     r"|\bAIza[0-9A-Za-z_-]{35}\b|\bya29\.[0-9A-Za-z_-]{20,}"   # Google API key, OAuth access token
     r"|\bnpm_[A-Za-z0-9]{36}\b|\bpypi-[A-Za-z0-9_-]{50,}"      # npm, PyPI
     r"|\bSG\.[A-Za-z0-9_-]{20,}\.[A-Za-z0-9_-]{20,}"           # SendGrid
@@ -95,10 +97,14 @@ _WRAPPED_VALUE = re.compile(r"(?i)((?:" + _SECRET_WORDS + r")[\w.-]{0,64}+\s{0,8
 _DISGUISES = {"%3d": "=", "%3D": "=", "%3a": ":", "%3A": ":", "\uff1d": "=", "\uff1a": ":"}
 _INVISIBLE = dict.fromkeys(map(ord, "\u200b\u200c\u200d\u2060\ufeff\u00ad"))
 _NUMBER = re.compile(r"[\d.,]+")
-_KEY_WORDS = ("token", "secret", "passw", "passphrase", "pwd", "key", "credential")
+# An environment list entry: {"name": "HF_TOKEN", "value": "..."} (Kubernetes, ECS) or YAML "- name: X\n  value: ...".
+_NAME_VALUE = re.compile(r"""(?P<head>["']?name["']?\s{0,8}:\s{0,8}["']?(?P<name>[\w.-]{1,64})["']?\s{0,8}[,\n]\s{0,64}"""
+                         r"""["']?value["']?\s{0,8}:\s{0,8}["']?)(?P<value>[^\s"',}]{1,4096})""")
+_ANSI = re.compile(r"\x1b\[[0-9;]{0,16}[A-Za-z]")     # colour codes between a key and its '=' hide it
+_KEY_WORDS = ("token", "secret", "passw", "passphrase", "pwd", "key", "credential", "session")
 _SHAPE_MARKS = ("AKIA", "ASIA", "AROA", "AIDA", "ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_", "glpat-",
                 "hf_", "sk-", "sk_", "rk_", "xox", "xapp-", "AIza", "ya29.", "npm_", "pypi-", "SG.", "dop_v1_", "dapi",
-                "eyJ", "nvapi-", "whsec_")
+                "eyJ", "nvapi-", "whsec_", "hvs.", "GOCSPX-", "glrt-", "glsa_")
 
 
 def _keyed(m: re.Match) -> str:
@@ -144,6 +150,8 @@ def redact(text: str) -> str:
 
 
 def _undisguised(text: str) -> str:
+    if "\x1b" in text:
+        text = _ANSI.sub("", text)
     if text.isascii() and "%3" not in text:
         return text
     text = text.translate(_INVISIBLE)
@@ -195,6 +203,8 @@ def _redact_plain(text: str) -> str:
         text = _WORD_THEN_VALUE.sub(_word_then_value, text)
         if "-" in text:
             text = _mask_flag_values(text)
+    if "value" in low and "name" in low:
+        text = _NAME_VALUE.sub(lambda m: m["head"] + (MASK if is_secret_name(m["name"]) else m["value"]), text)
     if any(mark in text for mark in _SHAPE_MARKS):
         text = _TOKEN_SHAPES.sub(MASK, text)
     if len(text) >= 40:

@@ -102,7 +102,7 @@ def _outbound(spec: ToolSpec, result: Result) -> Result:
     A finding or a `next` entry is one line: a newline in it (a node name carrying one, then a forged
     line) is escaped too, so nothing on screen looks like a finding the tool did not make."""
     data = result.model_dump(mode="json")
-    clean = redact_data(printable_data(data))
+    clean = printable_data(redact_data(data))     # redact first: an ESC sequence inside a key hides it once escaped
     for key in ("findings", "next"):
         clean[key] = [line.replace("\n", "\\n") for line in clean.get(key) or []]
     if clean == data:
