@@ -191,3 +191,17 @@ def test_two_hosts_gid_tables_pasted_together_are_judged_one_by_one():
 def test_gid_index_minus_one_is_nccl_choosing_not_a_wrong_index():
     r = nic((NIC_TEXT / "show_gids_nccl1131.txt").read_text() + "\nNCCL_IB_GID_INDEX=-1\n")
     assert r.verdict != "fail" and "lets NCCL (2.21 and later) choose" in r.findings[0], r.findings
+
+
+def test_many_hosts_are_read_in_linear_time_and_distinct_plugins_are_never_alike():
+    """Red team of round 4: one plugin line per host took 60.6 s at 16,000 hosts (a scan per value)."""
+    import time
+
+    from tools.nccl_log_analyze import analyse, parse_text
+
+    text = "\n".join(f"h{i}:1:1 [0] NCCL INFO NET/Plugin: Loaded net plugin P{i} (v8)" for i in range(16_000))
+    t0 = time.perf_counter()
+    r = analyse(parse_text(text))
+    assert time.perf_counter() - t0 < 10
+    assert r.findings[0].startswith("Hosts differ in the NCCL net plugin") and "more values" in r.findings[0]
+    assert not any("set up alike" in f for f in r.findings)
