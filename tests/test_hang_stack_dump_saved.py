@@ -1,6 +1,8 @@
 """hang_stack_dump on saved py-spy dumps (tests/fixtures/pyspy/SOURCE.md): text and --json forms, per node folder
 and local rank, pasted text; the same grouping and the same odd rank as a live dump, named first."""
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -47,3 +49,15 @@ def test_not_a_dump_is_refused_saying_what_is_accepted(tmp_path):
         _run(dump_paths=[str(bad)])
     with pytest.raises(ToolFailure, match="not both"):
         _run(dump_paths=[str(bad)], pids=[1])
+
+
+@pytest.mark.parametrize("dump", ['[{"pid":1e400,"frames":[]}]', '[{"pid":[1],"frames":[]}]',
+                                  '[{"pid":1,"frames":5}]', '[{"pid":1,"frames":[5]}]'])
+def test_crafted_py_spy_json_is_an_error_naming_the_form_not_a_traceback(tmp_path, dump):
+    """Red team of round 4: each of these ended in a traceback (OverflowError, TypeError, AttributeError)."""
+    path = tmp_path / "rank0.json"
+    path.write_text(dump)
+    out = subprocess.run([sys.executable, "-m", "tools", "run", "hang_stack_dump", "--dump-paths", str(path)],
+                         capture_output=True, text=True, cwd=Path(__file__).resolve().parent.parent, timeout=120)
+    assert out.returncode != 0 and "Traceback" not in out.stderr + out.stdout
+    assert "py-spy" in out.stderr + out.stdout

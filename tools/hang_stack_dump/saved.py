@@ -62,8 +62,13 @@ def parse_json(text: str) -> list[tuple[int, str, list[dict]]]:
     if not isinstance(threads, list) or not all(isinstance(t, dict) for t in threads):
         raise ValueError("py-spy --json output is a list of threads")
     by_pid: dict[int, list[dict]] = {}
-    for t in threads:
-        by_pid.setdefault(int(t.get("pid") or 0), []).append(t)
+    for n, t in enumerate(threads):
+        pid, frames = t.get("pid", 0), t.get("frames", [])
+        if not (isinstance(pid, int) and 0 <= pid < 1 << 32) or not isinstance(frames, list) \
+                or not all(isinstance(f, dict) for f in frames):
+            raise ValueError(f"thread {n}: expected 'pid' a whole number and 'frames' a list of objects, as py-spy "
+                             "--json writes them")
+        by_pid.setdefault(pid, []).append(t)
     return [(pid, "", ts) for pid, ts in by_pid.items()]
 
 
