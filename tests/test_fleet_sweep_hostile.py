@@ -185,6 +185,7 @@ def test_after_a_relaunch_around_a_frozen_node_every_row_is_from_one_attempt(mul
 def test_a_frozen_slurmd_under_a_short_deadline_drains_only_that_node(multinode_cluster):  # noqa: F811
     # Issue 35: one frozen slurmd and deadline_s=60 put all 4 nodes on the drain list: srun's launch on mln3
     # timed out, and the healthy nodes' relaunch had what was left of the minute. They are "not judged" now.
+    multinode_cluster.heal()   # an earlier test's frozen mln3 may still be DOWN in slurmctld: all four idle first
     with cgroup("freezer", multinode_cluster.slurmd_pid("mln3"), [("freezer.state", "FROZEN")],
                 undo=[("freezer.state", "THAWED")]):
         r = call_sweep(partition="debug", nodes=4, checks=["env_report", "gpu_health", "cpu_probe"], deadline_s=60)
