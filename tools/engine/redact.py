@@ -131,7 +131,7 @@ def _mask_flag_values(text: str) -> str:
 
 
 def _word_then_value(m: re.Match) -> str:
-    if m["value"] == MASK or m["value"].startswith("[REDACTED") or _FLAG_WITHOUT_VALUE.search(m["key"]):
+    if m["value"] == MASK or m["value"].startswith("[REDACTED"):
         return m[0]
     return f"{m['key']}{m['sep']}{MASK}"
 

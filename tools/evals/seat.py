@@ -173,11 +173,12 @@ def main(argv: list[str] | None = None) -> None:
     r.add_argument("uri")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)   # `... tools | head` ends quietly
-    {"start": start, "stop": stop, "tools": show_tools, "log": show_log}.get(args.verb, lambda: None)()
     if args.verb == "call":
         call(args.name, args.arguments)
-    if args.verb == "read":
+    elif args.verb == "read":
         read(args.uri)
+    else:
+        {"start": start, "stop": stop, "tools": show_tools, "log": show_log}[args.verb]()
 
 
 if __name__ == "__main__":
