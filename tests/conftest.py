@@ -37,7 +37,8 @@ def _has_nvidia_gpu() -> bool:
 # `-n 2 --dist loadgroup` every test of this group goes to one worker, in file order.
 SERIAL_GROUP = "cluster"
 SERIAL_FIXTURES = {"multinode_cluster", "slurm_cluster"}
-SERIAL_MODULES = {"test_straggler_find.py", "test_hang_stack_dump.py"}   # assert on every py-spy of the host
+# These assert on every py-spy of the host, or on which of the host's processes claim a job's ranks.
+SERIAL_MODULES = {"test_straggler_find.py", "test_hang_stack_dump.py", "test_security_processes.py"}
 
 
 def pytest_collection_modifyitems(config, items):
