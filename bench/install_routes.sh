@@ -8,7 +8,8 @@
 # of wheels: mleng's own, its dependencies, pipx's, uv's and setuptools for the plugin's build from source).
 #
 #   bench/install_routes.sh WHEELS JOB_PYTHON [TOOL_ARGS...]
-#   e.g. bench/install_routes.sh .whl-routes /opt/torch/.venv/bin/python3 matmul_bench --mode quick
+#   e.g. MCP_ARGS='{"mode": "quick"}' bench/install_routes.sh .whl-routes /opt/torch/.venv/bin/python3 matmul_bench --mode quick
+# (MCP_ARGS: the same tool arguments as JSON, for the plugin route, which is called over MCP as a host calls it.)
 #
 # Everything goes into one mktemp -d folder, removed at the end.
 set -uo pipefail
@@ -31,16 +32,29 @@ size() { du -sh "$@" 2>/dev/null | awk '{print $1}' | paste -sd+ -; }
 # A client venv (mcp from the wheels) that lists the tools of a server started as a host would start it.
 "$base_python" -m venv "$work/client" && "$work/client/bin/pip" install -q mcp >/dev/null || exit 1
 cat > "$work/list_tools.py" <<'EOF'
-import os, sys, time, anyio
+import json, os, sys, time, anyio
 from mcp import Client, StdioServerParameters
+# argv: [--call TOOL JSON_ARGS] COMMAND ARGS...: list the tools; with --call, also call one over MCP, as a host would.
+call = sys.argv[2:4] if sys.argv[1] == "--call" else None
+server = sys.argv[4:] if call else sys.argv[1:]
 async def main():
     started = time.perf_counter()
-    async with Client(StdioServerParameters(command=sys.argv[1], args=sys.argv[2:], env=dict(os.environ))) as client:
+    async with Client(StdioServerParameters(command=server[0], args=server[1:], env=dict(os.environ))) as client:
         tools = (await client.list_tools()).tools
-    print(f"{len(tools)} tools listed over stdio in {time.perf_counter() - started:.1f} s")
+        print(f"{len(tools)} tools listed over stdio in {time.perf_counter() - started:.1f} s")
+        if call:
+            started = time.perf_counter()
+            result = await client.call_tool(call[0], json.loads(call[1]))
+            text = " ".join(getattr(c, "text", "") for c in result.content)
+            measured = text[text.find("Measured with"):][:200] if "Measured with" in text else text[-300:]
+            measured = " ".join(measured.split())
+            print(f"{call[0]} over MCP: {time.perf_counter() - started:.1f} s, error={result.is_error}; {measured}")
 anyio.run(main)
 EOF
-list_tools() { timeout 300 "$work/client/bin/python" "$work/list_tools.py" "$@" 2>&1 | tail -1; }
+list_tools() {  # its two answer lines, or the end of what went wrong
+    timeout 300 "$work/client/bin/python" "$work/list_tools.py" "$@" > "$work/client.out" 2>&1
+    grep -E "tools listed|over MCP" "$work/client.out" || tail -3 "$work/client.out"
+}
 measure() {  # route name, the mleng command (a list)
     local t0; t0=$(now)
     MLENG_PYTHON=$job_python timeout 300 "$@" run "${tool[@]}" > "$work/answer.txt" 2>&1
@@ -75,4 +89,7 @@ measure "${uvx[@]}" mleng
 echo "== plugin launcher (scripts/serve.sh from a copy of the checkout, no .venv: falls back on uvx, built from source)"
 cp -r "$repo" "$work/plugin-root" && rm -rf "$work/plugin-root/.venv" "$work/plugin-root/.whl"* "$work/plugin-root/build"
 rm -rf "$UV_CACHE_DIR"
-t0=$(now); echo "  $(PATH=$work/uv-itself/bin:$PATH list_tools "$work/plugin-root/scripts/serve.sh") ($(since "$t0") s, build from source included)"
+t0=$(now)
+PATH=$work/uv-itself/bin:$PATH MLENG_PYTHON=$job_python list_tools --call "${tool[0]}" "${MCP_ARGS:-{\}}" \
+    "$work/plugin-root/scripts/serve.sh" | sed 's/^/  /'
+echo "  ($(since "$t0") s in all, the build from source included)"
