@@ -30,3 +30,17 @@ def test_the_seat_answers_as_a_host_and_logs_each_call(tmp_path):
     finally:
         assert seat("stop", home=home).returncode == 0
     assert not (home / "seat" / "seat.json").exists()
+
+
+def test_the_structured_view_hands_the_json_a_claude_code_host_reads(tmp_path):
+    home = tmp_path / "home"
+    assert seat("start", "--view", "structured", home=home).returncode == 0
+    try:
+        answer = seat("call", "log_triage", json.dumps({"paths": [str(LOG)]}), home=home).stdout
+        record = json.loads(answer)          # the structuredContent itself, not the text blocks
+        assert "rank 3" in json.dumps(record) and not answer.startswith("log_triage: FAIL")
+        error = seat("call", "log_triage", '{"nope": 1}', home=home).stdout
+        assert error.startswith("ERROR") and "nope" in error    # no structured content: the text, as hosts show it
+        assert [c["view"] for c in map(json.loads, seat("log", home=home).stdout.splitlines())] == ["structured"] * 2
+    finally:
+        assert seat("stop", home=home).returncode == 0

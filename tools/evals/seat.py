@@ -2,13 +2,16 @@
 offers it, for drills played by a real model that has no MCP client of its own.
 
     python -m tools.evals.seat start            # a real server over HTTP on loopback, in the background
+    python -m tools.evals.seat start --view structured   # answers as Claude Code / VS Code hand them
     python -m tools.evals.seat tools            # server instructions + every tool as a model sees it
     python -m tools.evals.seat call log_triage '{"paths": ["/tmp/x/rank0.log"]}'
     python -m tools.evals.seat read knowledge://debugging/hangs.md   # an MCP resource, as hosts read them
     python -m tools.evals.seat stop
 
-`call` prints what a host hands the model: the result's text blocks (and a line per attached image), or
-the error. It keeps a log of every call (tool, arguments, characters answered, seconds) in the seat's
+`call` prints what a host hands the model. Hosts differ (measured, docs/benchmarks.md): Claude Desktop and most
+others hand the result's text blocks (`--view text`, the default); Claude Code, VS Code and Copilot CLI hand only
+its structuredContent when there is one (`--view structured`: that JSON, or the text when a result has none, as
+for an error). A line per attached image either way. It keeps a log of every call (tool, arguments, characters answered, seconds) in the seat's
 folder, so a drill's calls and answer sizes can be counted afterwards (`python -m tools.evals.seat log`).
 
 The server is one process for the whole session (a job handle from one call is followed by the next);
@@ -47,7 +50,10 @@ def _state() -> dict:
     return json.loads(data)
 
 
-def start() -> None:
+VIEWS = ("text", "structured")
+
+
+def start(view: str = "text") -> None:
     folder = seat_dir()
     if (folder / "seat.json").exists():
         raise SystemExit(f"a seat is already running ({folder / 'seat.json'}); stop it first")
@@ -60,12 +66,12 @@ def start() -> None:
     proc = subprocess.Popen([sys.executable, str(root / "server.py"), "--http", f"127.0.0.1:{port}"],
                             cwd=os.getcwd(), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
-    state = {"pid": proc.pid, "port": port, "token": token}
+    state = {"pid": proc.pid, "port": port, "token": token, "view": view}
     write_private(folder / "seat.json", json.dumps(state))
     for _ in range(300):
         try:
             anyio.run(_list, state)
-            print(f"seat ready: server pid {proc.pid} on 127.0.0.1:{port}")
+            print(f"seat ready: server pid {proc.pid} on 127.0.0.1:{port}, answers as the {view} view")
             return
         except Exception:
             if proc.poll() is not None:
@@ -136,10 +142,12 @@ def call(name: str, arguments_json: str) -> None:
     result = anyio.run(_call, state, name, arguments)
     texts = [b.text for b in result.content if getattr(b, "type", "") == "text"]
     images = sum(1 for b in result.content if getattr(b, "type", "") == "image")
-    answer = ("ERROR: " if result.is_error else "") + "\n".join(texts) + (f"\n[{images} image(s) attached]"
-                                                                         if images else "")
+    body = "\n".join(texts)
+    if state.get("view") == "structured" and result.structured_content is not None:
+        body = json.dumps(result.structured_content, ensure_ascii=False)
+    answer = ("ERROR: " if result.is_error else "") + body + (f"\n[{images} image(s) attached]" if images else "")
     print(answer)
-    record = {"tool": name, "arguments": arguments, "chars": len(answer), "seconds": round(time.monotonic() - t0, 1),
+    record = {"tool": name, "arguments": arguments, "view": state.get("view", "text"), "chars": len(answer), "seconds": round(time.monotonic() - t0, 1),
               "error": bool(result.is_error), "at": time.time()}
     path = seat_dir() / "calls.jsonl"
     write_private(path, (read_private(path, MAX_LOG_BYTES) or b"") + json.dumps(record).encode() + b"\n")
@@ -162,7 +170,9 @@ def show_log() -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m tools.evals.seat", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="verb", required=True)
-    sub.add_parser("start")
+    st = sub.add_parser("start")
+    st.add_argument("--view", choices=VIEWS, default="text",
+                    help="what a host hands the model: text blocks (Claude Desktop...) or structuredContent (Claude Code...)")
     sub.add_parser("stop")
     sub.add_parser("tools")
     sub.add_parser("log")
@@ -173,12 +183,14 @@ def main(argv: list[str] | None = None) -> None:
     r.add_argument("uri")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)   # `... tools | head` ends quietly
-    if args.verb == "call":
+    if args.verb == "start":
+        start(args.view)
+    elif args.verb == "call":
         call(args.name, args.arguments)
     elif args.verb == "read":
         read(args.uri)
     else:
-        {"start": start, "stop": stop, "tools": show_tools, "log": show_log}[args.verb]()
+        {"stop": stop, "tools": show_tools, "log": show_log}[args.verb]()
 
 
 if __name__ == "__main__":
