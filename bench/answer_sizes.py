@@ -1,13 +1,18 @@
-"""What a model reads of each answer in the drills, in characters, for both kinds of MCP host.
+"""What a model reads of each answer in the drills, in characters and tokens, for both kinds of MCP host.
 
     python bench/answer_sizes.py                       # this checkout, every local (post-mortem) drill
     python bench/answer_sizes.py --before /path/to/old  # the same drills in another checkout too, side by side
+    python bench/answer_sizes.py --before /tmp/6dba660 --bpe anthropic/tokenizer.json   # and byte-level BPE tokens
 
 The scripted baseline (tools/evals/drills/baseline.py) plays each drill through the real server; every
 answer it gets is measured twice: the text blocks (what Claude Desktop and other text-reading hosts hand
-the model) and the structured content as JSON (what Claude Code, VS Code and Copilot's CLI hand it
-instead). Prints one row per drill (calls, score, medians of both views) and the medians over all answers;
---json for machines. A checkout given with --before is run the same way in a child process.
+the model) and the structured content as compact JSON (what Claude Code, VS Code and Copilot's CLI hand it
+instead; an answer without structured content, a tool error, reaches those hosts as its text, and is
+counted so). Each view is counted in characters, in WordPiece tokens (the MiniLM tokenizer of the test
+extra) and, with --bpe, in the tokens of that `tokenizers` file (bench/agent_reading_cost.py says which
+one and where it comes from). Prints one row per drill (calls, score, medians of both views) and the
+medians over all answers; --json for machines. A checkout given with --before is run the same way in a
+child process, and its answers are counted by the same counters here.
 """
 
 from __future__ import annotations
@@ -21,9 +26,12 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+VIEWS = ("text", "structured")
 
 
 def measure(root: Path) -> dict:
+    """Every local drill played by the scripted baseline in the checkout `root`: per drill its score and the
+    answers in both views, as strings."""
     sys.path.insert(0, str(root))
     from mcp import Client
 
@@ -36,8 +44,9 @@ def measure(root: Path) -> dict:
     async def recording(self, name, arguments=None, *args, **kwargs):
         result = await original(self, name, arguments, *args, **kwargs)
         text = "\n".join(getattr(b, "text", "") for b in result.content)
-        structured = json.dumps(result.structured_content, separators=(",", ":")) if result.structured_content else ""
-        answers.append({"tool": name, "text": len(text), "structured": len(structured)})
+        structured = (json.dumps(result.structured_content, separators=(",", ":"), ensure_ascii=False)
+                      if result.structured_content else text)
+        answers.append({"tool": name, "text": text, "structured": structured})
         return result
 
     Client.call_tool = recording
@@ -47,60 +56,90 @@ def measure(root: Path) -> dict:
             continue
         first = len(answers)
         attempt = run_scenario(scenario.id)
-        mine = answers[first:]
-        drills[scenario.id] = {"score": attempt.score, "calls": len(mine),
-                               "text": [a["text"] for a in mine], "structured": [a["structured"] for a in mine]}
+        drills[scenario.id] = {"score": attempt.score, "answers": answers[first:]}
     return drills
 
 
-def _median(values: list[int]) -> float:
-    return statistics.median(values) if values else 0.0
+def counters(bpe: Path | None) -> dict:
+    """unit -> a function counting it in a text: characters, WordPiece tokens where the test extra is installed,
+    byte-level BPE tokens with --bpe."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    from agent_reading_cost import token_counter, wordpiece
+
+    units = {"chars": len, "tokens_wordpiece": wordpiece()}
+    if bpe:
+        units["tokens_bpe"] = token_counter(bpe)
+    return {unit: count for unit, count in units.items() if count}
 
 
-def summary(drills: dict) -> dict:
-    every_text = [n for d in drills.values() for n in d["text"]]
-    every_structured = [n for d in drills.values() for n in d["structured"]]
-    return {"answers": len(every_text), "median_text": _median(every_text),
-            "median_structured": _median(every_structured),
-            "score": sum(d["score"] for d in drills.values()), "drills": len(drills)}
+def sizes(drills: dict, units: dict) -> dict:
+    """drill -> score, calls, tools and, per view and unit, the size of each answer."""
+    out = {}
+    for drill, played in drills.items():
+        answers = played["answers"]
+        out[drill] = {"score": played["score"], "calls": len(answers), "tools": [a["tool"] for a in answers],
+                      **{view: {unit: [count(a[view]) for a in answers] for unit, count in units.items()}
+                         for view in VIEWS}}
+    return out
+
+
+def medians(measured: dict, names=None) -> dict:
+    """view -> unit -> the median over every answer of the drills `names` (all when None)."""
+    chosen = [d for name, d in measured.items() if names is None or name in names]
+    units = next(iter(chosen))["text"].keys() if chosen else ()
+    return {view: {unit: statistics.median([n for d in chosen for n in d[view][unit]] or [0]) for unit in units}
+            for view in VIEWS}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--before", help="another checkout to measure the same way, side by side")
+    parser.add_argument("--bpe", type=Path, metavar="TOKENIZER_JSON", help="also count tokens with this file")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         print(json.dumps(measure(Path.cwd())))
         return
-    runs = {}
+    if args.bpe and not args.bpe.is_file():
+        parser.error(f"--bpe {args.bpe}: no such file (a tokenizers JSON file)")
+    units = counters(args.bpe)
+    played = {}
     if args.before:
-        out = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child"], cwd=args.before, capture_output=True, text=True, check=True,
-                             env={**os.environ, "PYTHONPATH": args.before})
-        runs["before"] = json.loads(out.stdout.strip().splitlines()[-1])
-    runs["now"] = measure(ROOT)
+        out = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child"], cwd=args.before,
+                             capture_output=True, text=True, check=True, env={**os.environ, "PYTHONPATH": args.before})
+        played["before"] = json.loads(out.stdout.strip().splitlines()[-1])
+    played["now"] = measure(ROOT)
+    runs = {name: sizes(drills, units) for name, drills in played.items()}
+    common = set.intersection(*(set(r) for r in runs.values()))     # drills every checkout has
+    report = {name: {"drills": run, "median": medians(run), "median_common": medians(run, common),
+                     "score": sum(d["score"] for d in run.values())} for name, run in runs.items()}
+    if "before" in runs:
+        b, n = report["before"]["median_common"], report["now"]["median_common"]
+        report["ratio_common"] = {v: {u: round(n[v][u] / max(b[v][u], 1), 3) for u in units} for v in VIEWS}
+        report["common_drills"] = sorted(common)
     if args.json:
-        print(json.dumps({k: {"drills": v, "summary": summary(v)} for k, v in runs.items()}))
+        print(json.dumps(report))
         return
-    print(f"{'drill':32} " + " ".join(f"{k + ' text':>12} {k + ' struct':>12} {k + ' score':>8}" for k in runs))
+    print_table(report, runs, units)
+
+
+def print_table(report: dict, runs: dict, units: dict) -> None:
+    columns = [(name, view, unit) for name in runs for view in VIEWS for unit in units]
+    print(f"{'drill':28} " + " ".join(f"{n[:3]} {v[:4]} {u.removeprefix('tokens_')[:5]:>5}" for n, v, u in columns))
     for drill in runs["now"]:
         cells = []
-        for run in runs.values():
-            d = run.get(drill, {"text": [], "structured": [], "score": 0})
-            cells.append(f"{_median(d['text']):12.0f} {_median(d['structured']):12.0f} {d['score']:8.1f}")
-        print(f"{drill:32} " + " ".join(cells))
-    for name, run in runs.items():
-        s = summary(run)
-        print(f"{name}: {s['answers']} answers over {s['drills']} drills, median text {s['median_text']:.0f} chars, "
-              f"median structured {s['median_structured']:.0f} chars, score {s['score']:.1f}")
-    if "before" in runs:
-        common = runs["before"].keys() & runs["now"].keys()     # drills both checkouts have
-        b, n = (summary({k: v for k, v in runs[r].items() if k in common}) for r in ("before", "now"))
-        print(f"on the {len(common)} drills both have: before median text {b['median_text']:.0f}, structured "
-              f"{b['median_structured']:.0f}; now {n['median_text']:.0f}, {n['median_structured']:.0f}")
-        print(f"ratio now/before: text {n['median_text'] / max(b['median_text'], 1):.3f}, "
-              f"structured {n['median_structured'] / max(b['median_structured'], 1):.3f}")
+        for name, view, unit in columns:
+            d = runs[name].get(drill)
+            cells.append(f"{statistics.median(d[view][unit]) if d and d[view][unit] else 0:>15.0f}")
+        print(f"{drill:28} " + " ".join(cells))
+    for name, rep in report.items():
+        if name in ("before", "now"):
+            print(f"{name}: score {rep['score']:g}; median over all drills {json.dumps(rep['median'])}; "
+                  f"over the drills both have {json.dumps(rep['median_common'])}")
+    if "ratio_common" in report:
+        print(f"ratio now/before on the {len(report['common_drills'])} drills both have: "
+              f"{json.dumps(report['ratio_common'])}")
 
 
 if __name__ == "__main__":

@@ -70,6 +70,8 @@ class Flag(Record):
 
 
 class StoredResult(Record):
+    whole_fields = ("result", "params")      # where an answer's `not_shown` sends the model: never cut here
+
     id: int = Field(description="Result id.")
     tool: str = Field(description="Tool.")
     started: str | None = Field(None, description="Start time, UTC ISO 8601.")

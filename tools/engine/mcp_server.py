@@ -136,7 +136,7 @@ def _split_arguments(spec: ToolSpec, arguments: dict) -> tuple[Params, CallOptio
 
 def to_call_result(spec: ToolSpec, result) -> CallToolResult:
     """Text: the human view and the rows, each fact once (rendering.answer_text). Structured content: the
-    record with long quotes cut (rendering.answer_record; the store keeps it whole). A host hands its model
+    model view (rendering.answer_record: no detail fields, long quotes cut; the store keeps the record whole). A host hands its model
     one of the two, never both (docs/benchmarks.md), so neither repeats the other's facts. PNGs the result declares
     (Result.image_fields) are attached as images: the bytes the run wrote, read back from its own
     descriptor (attachments.py); a path is never re-opened here."""

@@ -1,6 +1,6 @@
 """How results and errors read to people: one formatter for the CLI and the MCP server alike."""
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from .spec import Result, ToolSpec
 
@@ -44,20 +44,19 @@ def validation_message(spec: ToolSpec, *errors: ValidationError) -> str:
     return f"invalid arguments for {spec.name}: " + "; ".join(p for e in errors for p in validation_problems(e))
 
 
-ROW_TEXT_LIMIT = 2_000   # characters of the rows section of an answer's text; the record has every row
+ROW_TEXT_LIMIT = 2_000   # characters of the rows section of an answer's text; the store has every row
 ROW_VALUE_LIMIT = 80     # a longer string in a row is prose already said in a finding (evidence, meaning)
 ROW_QUOTE_LIMIT = 240    # the first line of a row's evidence list, quoted: what the verdict rests on
 
 
 def answer_text(spec: ToolSpec, result: Result) -> str:
     """What an MCP host that reads a result's text hands the model: the human view, then the rows of the
-    result's lists as one line each (short scalar values only), each fact once. Hosts that read the
-    structured content instead get the whole record there (Claude Code, VS Code and Copilot's CLI forward
+    model view (answer_record) as one line each (short scalar values only), each fact once. Hosts that read the
+    structured content instead get the model view there (Claude Code, VS Code and Copilot's CLI forward
     only structuredContent to the model; Claude Desktop and others only the text: docs/benchmarks.md)."""
-    text = format_result(spec, result)
-    rows = _row_lines(result)
-    if not rows:
-        return text
+    view = answer_record(result)
+    text = format_result(spec, result, view)
+    rows = _row_lines(view)
     shown, used = [], 0
     for line in rows:
         if used + len(line) > ROW_TEXT_LIMIT:
@@ -65,8 +64,12 @@ def answer_text(spec: ToolSpec, result: Result) -> str:
         shown.append(line)
         used += len(line) + 1
     left = len(rows) - len(shown)
-    more = [f"    ... {left} more row(s) in the structured result"] if left else []
-    return "\n".join([text, "  rows:", *shown, *more])
+    more = [f"    ... {left} more row(s)" + (f" (results_history result_id={result.result_id})" if result.result_id
+                                             else "")] if left else []
+    lines = [text, "  rows:", *shown, *more] if shown else [text]
+    if view.get("not_shown"):
+        lines.append(f"  not shown: {view['not_shown']}")
+    return "\n".join(lines)
 
 
 RECORD_STRING_LIMIT = 160   # a quoted log line or a paragraph of meaning, in the structured answer
@@ -74,29 +77,80 @@ RECORD_INNER_ITEMS = 1      # evidence lines and other lists inside a row: the f
 
 
 def answer_record(result: Result) -> dict:
-    """The structured content of an answer: the whole result (null fields kept: clients index them), with long quoted text
-    and the lists inside rows cut (the first RECORD_INNER_ITEMS; a string at RECORD_STRING_LIMIT
-    characters, marked). Findings, `next` and every row stay whole; the record as stored keeps everything
-    (results_history returns it by result id). Hosts that forward structured content forward it alone,
-    so this is what their model reads."""
+    """The model view of a result: what a host that forwards structured content hands its model, and what the
+    text's rows are drawn from. Findings and `next` whole; every other field unless its class lists it in
+    `detail_fields` (a finding says it already, or it is bulk); inside rows no null or empty value, lists cut to
+    their first RECORD_INNER_ITEMS and strings to RECORD_STRING_LIMIT characters (marked), except `whole_fields`;
+    a field without a default is always there (clients validate the answer against the output schema).
+    Top-level nulls stay (clients index them). `not_shown` names what was left out and the call that returns the
+    stored record whole (results_history result_id=N)."""
     data = result.model_dump(mode="json")
-    return {k: v if k in ("findings", "next") else _lean(v, depth=0) for k, v in data.items()}
+    view, dropped = _view(result, data, depth=0)
+    if dropped:
+        where = (f"results_history result_id={result.result_id} returns it whole" if result.result_id
+                 else "not stored: `mleng run TOOL --json` with these arguments prints the whole record")
+        view["not_shown"] = f"{', '.join(sorted(dropped))}; {where}"
+    return view
 
 
-def _lean(value, depth: int):
+def _view(model, data: dict, depth: int) -> tuple[dict, set[str]]:
+    """`data` (model_dump of the pydantic model `model`) as the model view, and the names of what it left out."""
+    kind = type(model)
+    dropped = {name for name in kind.detail_fields if _said(data.get(name))}
+    view = {}
+    for name, value in data.items():
+        if name in kind.detail_fields:
+            continue
+        if depth == 0 and name in Result.model_fields:
+            view[name] = value                                 # verdict, findings, next, job, result_id whole
+        elif name in kind.whole_fields:
+            view[name] = value
+        elif depth == 0 and value is None:
+            view[name] = value
+        else:
+            lean, inner = _lean(getattr(model, name, None), value, depth + 1)
+            field = kind.model_fields.get(name)
+            if _said(lean) or (field is not None and field.is_required()):   # the output schema requires it
+                view[name] = lean
+            dropped |= {f"{name}.{n}" for n in inner}
+    return view, dropped
+
+
+def _lean(obj, value, depth: int):
+    """One value of the model view: records through _view, lists inside rows cut, long strings cut."""
     if isinstance(value, str):
-        return value if len(value) <= RECORD_STRING_LIMIT else value[:RECORD_STRING_LIMIT] + "…[cut]"
+        return (value if len(value) <= RECORD_STRING_LIMIT else value[:RECORD_STRING_LIMIT] + "…[cut]"), set()
+    if isinstance(obj, BaseModel) and isinstance(value, dict):
+        return _view(obj, value, depth)
     if isinstance(value, list):
         kept = value if depth < 2 else value[:RECORD_INNER_ITEMS]
-        return [_lean(v, depth + 1) for v in kept]
+        objs = obj if isinstance(obj, list) and len(obj) == len(value) else [None] * len(value)
+        out, dropped = [], set()
+        for o, v in zip(objs, kept):
+            lean, inner = _lean(o, v, depth + 1)
+            out.append(lean)
+            dropped |= inner
+        return out, dropped
     if isinstance(value, dict):
-        return {k: _lean(v, depth + 1) for k, v in value.items()}
-    return value
+        objs = obj if isinstance(obj, dict) else {}
+        out, dropped = {}, set()
+        for k, v in value.items():
+            lean, inner = _lean(objs.get(k), v, depth + 1)
+            if _said(lean):
+                out[k] = lean
+            dropped |= inner
+        return out, dropped
+    return value, set()
 
 
-def _row_lines(result: Result) -> list[str]:
+def _said(value) -> bool:
+    """Does `value` say anything (not null, not an empty string, list or map)?"""
+    return value is not None and value != "" and value != [] and value != {}
+
+
+def _row_lines(view: dict) -> list[str]:
     lines = []
-    for name, value in result.model_dump(mode="json", exclude_none=True).items():
+    for name, value in view.items():
         if name in Result.model_fields:
             continue
         items = value if isinstance(value, list) else [value] if isinstance(value, dict) else []
@@ -124,17 +178,19 @@ def _cell(value) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
-def format_result(spec: ToolSpec, result: Result) -> str:
-    """Human view: verdict, findings, the tool's scalar figures, and where to go next."""
+def format_result(spec: ToolSpec, result: Result, view: dict | None = None) -> str:
+    """Human view: verdict, findings, the tool's scalar figures (those of the model view `view` when given), and
+    where to go next."""
     lines = [f"{spec.name}: {VERDICT_MARK[result.verdict].strip()}"]
     lines += [f"  - {f}" for f in result.findings]
-    scalars = {k: v for k, v in result.model_dump(mode="json").items()
+    fields = result.model_dump(mode="json") if view is None else view
+    scalars = {k: v for k, v in fields.items()
                if k not in Result.model_fields and isinstance(v, (int, float, str, bool)) and v != ""}
     if scalars:
         lines.append("  figures:")
         lines += [f"    {k}: {v}" for k, v in scalars.items()]
     if result.next:
         lines.append("  next: " + ", ".join(result.next))
-    if result.result_id:
+    if result.result_id and not (view or {}).get("not_shown"):    # not_shown says where the stored record is
         lines.append(f"  stored as result #{result.result_id} (mleng run results_history --tool {spec.name})")
     return "\n".join(lines)

@@ -86,7 +86,29 @@ def not_both(a: str, b: str) -> dict:
     return {"not": {"allOf": [present(a), present(b)]}}
 
 
-class Record(BaseModel):
+class _ModelView:
+    """What the model-facing answer leaves out of a record (rendering.answer_record / answer_text).
+
+    `detail_fields` are fields a finding already says, or bulk nobody names a culprit from (a scan's seconds,
+    every signature a finding lists): the answer leaves them out and says how to get them (results_history
+    result_id=N returns the stored record whole). `whole_fields` are shown as they are, never cut (results_history's
+    stored record). Both name fields of the class, and a detail field has a default: else it fails at import."""
+
+    detail_fields: ClassVar[tuple[str, ...]] = ()
+    whole_fields: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs):
+        super().__pydantic_init_subclass__(**kwargs)
+        unknown = [n for n in (*cls.detail_fields, *cls.whole_fields) if n not in cls.model_fields]
+        if unknown:
+            raise TypeError(f"{cls.__name__}: detail_fields / whole_fields name no field: {unknown}")
+        required = [n for n in cls.detail_fields if cls.model_fields[n].is_required()]
+        if required:   # clients validate the answer against the output schema, where a required field must be
+            raise TypeError(f"{cls.__name__}: detail fields need a default (answers leave them out): {required}")
+
+
+class Record(_ModelView, BaseModel):
     """Base for the rows and sub-records a Result carries (per GPU, per size, per rank...)."""
 
 
@@ -98,7 +120,7 @@ class JobRef(BaseModel):
     elapsed_s: float = Field(description="Seconds since the run started.")
 
 
-class Result(BaseModel):
+class Result(_ModelView, BaseModel):
     """Base for every tool's result. Subclasses add their measured data; every field needs a default
     (a result that is still running, or returned as a job handle, carries only the base fields)."""
 
@@ -111,6 +133,8 @@ class Result(BaseModel):
     )
     job: JobRef | None = Field(None, description="Present when the run continues in the background.")
     result_id: int | None = Field(None, description="Row id of this result in the results store.")
+    not_shown: str | None = Field(None, description=(
+        "What this answer does not show of the stored result, and the call that returns it whole."))
 
     # Fields that hold the path of a PNG the tool drew: the MCP server attaches those images to its answer.
     image_fields: ClassVar[tuple[str, ...]] = ()

@@ -70,6 +70,9 @@ class HangStackDumpParams(Params):
 
 
 class HangStackDumpResult(Result):
+    # Every process examined: the groups carry the stacks, ranks and hosts, the findings the odd one out.
+    detail_fields = ("processes",)
+
     groups: list[StackGroup] = Field(default_factory=list, description="Identical main-thread stacks, largest first.")
     odd_ranks: list[int] = Field(default_factory=list, description="Ranks outside the majority stack: look here first.")
     odd_nodes: list[str] = Field(default_factory=list, description=(

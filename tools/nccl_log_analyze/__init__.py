@@ -56,9 +56,11 @@ __all__ = ["SPEC", "NcclLogParams", "NcclLogResult", "analyse", "expected_per_ni
 # Result
 
 class RankInfo(Record):
+    detail_fields = ("pid", "nics_used")       # the host row lists its NICs; a pid names no culprit
+
     rank: int = Field(description="Rank in the largest communicator.")
     host: str = Field(description="Host name as NCCL printed it.")
-    pid: str = Field(description="Process id.")
+    pid: str = Field("", description="Process id.")
     cuda_dev: int = Field(description="CUDA device index in that process.")
     bus_id: str | None = Field(None, description="PCI bus id of the GPU (NCCL's short form, e.g. 18000).")
     nics_used: list[str] = Field(default_factory=list, description="Network devices its channels go through.")
@@ -80,6 +82,11 @@ class NcclLogParams(LogInputParams):
 
 
 class NcclLogResult(Result):
+    # Said in the findings (versions, hosts, network and NICs, transports, channels, graphs, tuning) or bulk the
+    # culprit is never named from (ring and tree orders, algorithm lines, line counts). Stored whole.
+    detail_fields = ("nccl_versions", "hosts", "network", "net_plugin", "nics", "transports", "channels", "rings",
+                     "trees", "graphs", "tuning", "algo_choices", "lines_scanned", "nccl_lines")
+
     problems: list[str] = Field(default_factory=list, description=(
         "Ids of what was flagged: socket_fallback, socket_inter_node, gdr_off, nic_mismatch, bootstrap_mismatch, "
         "virtual_interface, nic_idle, slow_nic, p2p_disabled, intra_node_via_cpu, intra_node_pcie, "

@@ -67,6 +67,11 @@ class FirstFailure(Record):
 
 
 class LogTriageResult(Result):
+    # Each signature has its finding (name, lines, ranks, first place), and so has the first error per rank; the scan's
+    # own figures are in the last finding. The stored record keeps them (results_history result_id=N).
+    detail_fields = ("signatures", "signatures_omitted", "by_rank", "files_scanned", "lines_scanned", "bytes_scanned",
+                     "seconds")
+
     first_failure: FirstFailure | None = Field(None, description=(
         "The chronologically first cause (time stamps where lines have them, otherwise order of appearance); "
         "the first cascade line when no cause is present."))
