@@ -125,13 +125,14 @@ def main() -> None:
 
 
 def print_table(report: dict, runs: dict, units: dict) -> None:
+    """Per drill, all its answers added up (what the model read in it), each view and unit, before and now."""
     columns = [(name, view, unit) for name in runs for view in VIEWS for unit in units]
     print(f"{'drill':28} " + " ".join(f"{n[:3]} {v[:4]} {u.removeprefix('tokens_')[:5]:>5}" for n, v, u in columns))
     for drill in runs["now"]:
         cells = []
         for name, view, unit in columns:
             d = runs[name].get(drill)
-            cells.append(f"{statistics.median(d[view][unit]) if d and d[view][unit] else 0:>15.0f}")
+            cells.append(f"{sum(d[view][unit]) if d else 0:>15,}")
         print(f"{drill:28} " + " ".join(cells))
     for name, rep in report.items():
         if name in ("before", "now"):

@@ -8,6 +8,7 @@ Finished runs are also in the results store: `mleng run results_history --tool N
 from collections import Counter
 from typing import Any
 
+from .engine.rendering import answer_record
 from .engine.spec import Field, Params, Record, Result, ToolSpec
 from .engine.jobs import ANONYMOUS, CALLER, MANAGER
 
@@ -35,12 +36,15 @@ class OtherJobs(Record):
 
 
 class JobStatusResult(Result):
+    whole_fields = ("result",)     # already the tool's own model view (answer_record): cut no further
+
     jobs: list[JobInfo] = Field(default_factory=list, description="The job asked for, or this session's jobs.")
     other_sessions: list[OtherJobs] = Field(default_factory=list, description=(
         "With all_sessions: other sessions' jobs, counted per tool and state."))
     recent_progress: list[str] = Field(default_factory=list, description="Last progress messages of the job.")
     error: str | None = Field(None, description="Why the job failed or was cancelled.")
-    result: dict[str, Any] | None = Field(None, description="The tool's full result once the job is done.")
+    result: dict[str, Any] | None = Field(None, description=(
+        "The tool's answer once the job is done, as the tool itself answers (not_shown: what results_history has)."))
 
 
 def _info(job) -> JobInfo:
@@ -82,7 +86,7 @@ def run(params: JobStatusParams, progress) -> JobStatusResult:
                         f" {job.message}. Call job_status again, or job_cancel to stop it."]
         out.next = ["job_status", "job_cancel"]
     elif job.state == "done":
-        out.result = job.result.model_dump(mode="json")
+        out.result = answer_record(job.result)
         out.verdict = job.result.verdict
         out.findings = [f"{job.spec.name} finished in {job.elapsed_s():.0f} s."] + job.result.findings
         out.next = job.result.next

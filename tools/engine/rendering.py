@@ -82,52 +82,53 @@ def answer_record(result: Result) -> dict:
     `detail_fields` (a finding says it already, or it is bulk); inside rows no null or empty value, lists cut to
     their first RECORD_INNER_ITEMS and strings to RECORD_STRING_LIMIT characters (marked), except `whole_fields`;
     a field without a default is always there (clients validate the answer against the output schema).
-    Top-level nulls stay (clients index them). `not_shown` names what was left out and the call that returns the
-    stored record whole (results_history result_id=N)."""
+    Top-level fields stay even when null or empty (clients index them). `not_shown` names what was left out and
+    the call that returns the stored record whole (results_history result_id=N). A result that is not stored
+    (a tool with store=False, or a store that failed) keeps its detail fields: nothing else could return them."""
     data = result.model_dump(mode="json")
-    view, dropped = _view(result, data, depth=0)
+    view, dropped = _view(result, data, depth=0, stored=result.result_id is not None)
     if dropped:
-        where = (f"results_history result_id={result.result_id} returns it whole" if result.result_id
-                 else "not stored: `mleng run TOOL --json` with these arguments prints the whole record")
-        view["not_shown"] = f"{', '.join(sorted(dropped))}; {where}"
+        view["not_shown"] = f"{', '.join(sorted(dropped))}; whole: results_history result_id={result.result_id}"
     return view
 
 
-def _view(model, data: dict, depth: int) -> tuple[dict, set[str]]:
-    """`data` (model_dump of the pydantic model `model`) as the model view, and the names of what it left out."""
+def _view(model, data: dict, depth: int, stored: bool) -> tuple[dict, set[str]]:
+    """`data` (model_dump of the pydantic model `model`) as the model view, and the names of what it left out
+    (detail fields only when the result is `stored`)."""
     kind = type(model)
-    dropped = {name for name in kind.detail_fields if _said(data.get(name))}
+    detail = kind.detail_fields if stored else ()
+    dropped = {name for name in detail if _said(data.get(name))}
     view = {}
     for name, value in data.items():
-        if name in kind.detail_fields:
+        if name in detail:
             continue
         if depth == 0 and name in Result.model_fields:
             view[name] = value                                 # verdict, findings, next, job, result_id whole
         elif name in kind.whole_fields:
             view[name] = value
-        elif depth == 0 and value is None:
-            view[name] = value
         else:
-            lean, inner = _lean(getattr(model, name, None), value, depth + 1)
+            lean, inner = _lean(getattr(model, name, None), value, depth + 1, stored)
             field = kind.model_fields.get(name)
-            if _said(lean) or (field is not None and field.is_required()):   # the output schema requires it
+            # The top level is the tool's contract: an empty `drain` says "none", and clients index it. Inside a
+            # row an empty value says nothing, unless the output schema requires the field.
+            if depth == 0 or _said(lean) or (field is not None and field.is_required()):
                 view[name] = lean
             dropped |= {f"{name}.{n}" for n in inner}
     return view, dropped
 
 
-def _lean(obj, value, depth: int):
+def _lean(obj, value, depth: int, stored: bool):
     """One value of the model view: records through _view, lists inside rows cut, long strings cut."""
     if isinstance(value, str):
         return (value if len(value) <= RECORD_STRING_LIMIT else value[:RECORD_STRING_LIMIT] + "…[cut]"), set()
     if isinstance(obj, BaseModel) and isinstance(value, dict):
-        return _view(obj, value, depth)
+        return _view(obj, value, depth, stored)
     if isinstance(value, list):
         kept = value if depth < 2 else value[:RECORD_INNER_ITEMS]
         objs = obj if isinstance(obj, list) and len(obj) == len(value) else [None] * len(value)
         out, dropped = [], set()
         for o, v in zip(objs, kept):
-            lean, inner = _lean(o, v, depth + 1)
+            lean, inner = _lean(o, v, depth + 1, stored)
             out.append(lean)
             dropped |= inner
         return out, dropped
@@ -135,7 +136,7 @@ def _lean(obj, value, depth: int):
         objs = obj if isinstance(obj, dict) else {}
         out, dropped = {}, set()
         for k, v in value.items():
-            lean, inner = _lean(objs.get(k), v, depth + 1)
+            lean, inner = _lean(objs.get(k), v, depth + 1, stored)
             if _said(lean):
                 out[k] = lean
             dropped |= inner

@@ -102,6 +102,9 @@ class RefusedEvents(Record):
 
 
 class FleetSweepResult(Result):
+    # One row per node, GPU and figure: the medians, outliers and drain list say which of them matter.
+    detail_fields = ("gpus",)
+
     target: str = Field("", description="What was swept: allocation, job, partition or hosts, and the node count.")
     nodes_total: int = Field(0, description="Nodes in the target.")
     nodes_complete: int = Field(0, description="Nodes that answered every check they run.")

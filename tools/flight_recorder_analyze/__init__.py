@@ -54,6 +54,10 @@ class FlightRecorderParams(Params):
 
 
 class GroupReport(Record):
+    # Every rank's last sequence number and recent collectives: `expected`, `found` and the two rank lists say who
+    # differs and how; a 1,000-rank job's map of them is for the store.
+    detail_fields = ("last_seq", "recent")
+
     name: str = Field("", description="Process group name as recorded ('0' is the default group).")
     desc: str = Field("", description="Group description (default_pg, or the group_desc given to new_group).")
     ranks: list[int] = Field(default_factory=list, description="Global ranks seen in (or configured for) this group.")

@@ -6,6 +6,9 @@ from ..engine.spec import Field, Record
 class RankSample(Record):
     """One rank, sampled over the window on its own node."""
 
+    # The window cut in thirds and the top frames per state: what a straggler's evidence already quotes.
+    detail_fields = ("part_fractions", "part_samples", "top_frames")
+
     rank: int | None = Field(None, description="Global rank (RANK / SLURM_PROCID in the process's environment).")
     local_rank: int | None = Field(None, description="LOCAL_RANK / SLURM_LOCALID.")
     host: str = Field("", description="Host the rank runs on.")

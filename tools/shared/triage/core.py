@@ -55,6 +55,9 @@ class SignatureHit(Record):
 
 
 class FirstFailure(Record):
+    # The first finding quotes the line (with the values parsed from it) and says its name, rank and place.
+    detail_fields = ("text", "details")
+
     signature: str = Field(description="Signature id.")
     name: str = Field(description="Signature name.")
     role: str = Field(description="cause, or cascade when no cause was found in the logs.")
