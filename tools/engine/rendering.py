@@ -97,7 +97,7 @@ def _view(model, data: dict, depth: int, stored: bool) -> tuple[dict, set[str]]:
     (detail fields only when the result is `stored`)."""
     kind = type(model)
     detail = kind.detail_fields if stored else ()
-    dropped = {name for name in detail if _said(data.get(name))}
+    dropped = {name for name in detail if _said(data.get(name)) and not _at_default(kind, name, getattr(model, name))}
     view = {}
     for name, value in data.items():
         if name in detail:
@@ -142,6 +142,12 @@ def _lean(obj, value, depth: int, stored: bool):
             dropped |= inner
         return out, dropped
     return value, set()
+
+
+def _at_default(kind, name: str, value) -> bool:
+    """Is `value` the default of the field `name` of the model class `kind` (0 lines omitted: nothing to name)?"""
+    field = kind.model_fields[name]
+    return not field.is_required() and value == field.get_default(call_default_factory=True)
 
 
 def _said(value) -> bool:
