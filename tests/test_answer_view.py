@@ -4,6 +4,7 @@ says left out and named, the stored record whole behind results_history result_i
 import json
 from pathlib import Path
 
+import anyio
 import pytest
 from mcp import Client
 
@@ -92,3 +93,23 @@ async def test_through_the_server_the_answer_names_the_culprit_and_the_store_has
     text = answer.content[0].text
     assert "rank 1" in text and "signatures[" not in text
     assert len(json.dumps(view)) < len(json.dumps(whole)) / 2
+    # A host that reads only the text reaches the rest too: the stored record, whole, without its findings again.
+    stored_text = stored.content[0].text
+    assert '"signatures": [{"id": "python_exception"' in stored_text, stored_text[-2000:]
+    assert stored_text.count(view["findings"][0]) == 1
+
+
+async def test_job_status_gives_the_finished_tools_answer_with_each_finding_once():
+    async with Client(build_server()) as client:
+        handle = (await client.call_tool("log_triage", {"paths": [str(CRASH_LOG)], "wait_s": 0.001})).structured_content
+        assert handle["job"], "the run outlived a 1 ms wait: a job handle"
+        for _ in range(100):
+            status = await client.call_tool("job_status", {"job_id": handle["job"]["job_id"]})
+            if status.structured_content["jobs"][0]["state"] != "running":
+                break
+            await anyio.sleep(0.1)
+    answer = status.structured_content["result"]
+    assert answer["culprit"]["rank"] == 1 and "signatures" not in answer and answer["verdict"] == "fail"
+    first = answer["findings"][0]
+    assert json.dumps(status.structured_content).count(json.dumps(first)[1:-1]) == 1
+    assert status.content[0].text.count(json.dumps(first)[1:-1]) == 1

@@ -88,7 +88,8 @@ def run(params: JobStatusParams, progress) -> JobStatusResult:
     elif job.state == "done":
         out.result = answer_record(job.result)
         out.verdict = job.result.verdict
-        out.findings = [f"{job.spec.name} finished in {job.elapsed_s():.0f} s."] + job.result.findings
+        # Its findings are said once, in `result` (the tool's answer as the tool gives it).
+        out.findings = [f"{job.spec.name} finished in {job.elapsed_s():.0f} s; its answer is `result`."]
         out.next = job.result.next
     else:
         out.verdict = "fail"

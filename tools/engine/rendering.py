@@ -1,5 +1,7 @@
 """How results and errors read to people: one formatter for the CLI and the MCP server alike."""
 
+import json
+
 from pydantic import BaseModel, ValidationError
 
 from .spec import Result, ToolSpec
@@ -56,7 +58,7 @@ def answer_text(spec: ToolSpec, result: Result) -> str:
     only structuredContent to the model; Claude Desktop and others only the text: docs/benchmarks.md)."""
     view = answer_record(result)
     text = format_result(spec, result, view)
-    rows = _row_lines(view)
+    rows = _row_lines({k: v for k, v in view.items() if k not in type(result).whole_fields})   # given whole below
     shown, used = [], 0
     for line in rows:
         if used + len(line) > ROW_TEXT_LIMIT:
@@ -67,9 +69,32 @@ def answer_text(spec: ToolSpec, result: Result) -> str:
     more = [f"    ... {left} more row(s)" + (f" (results_history result_id={result.result_id})" if result.result_id
                                              else "")] if left else []
     lines = [text, "  rows:", *shown, *more] if shown else [text]
+    lines += [f"  {name}: {json.dumps(value, ensure_ascii=False)}" for name, value in _whole_values(result)]
     if view.get("not_shown"):
         lines.append(f"  not shown: {view['not_shown']}")
     return "\n".join(lines)
+
+
+def _whole_values(result: Result):
+    """(name, value) of each `whole_fields` value of the result and of its top-level records (results_history's
+    stored record, job_status's finished answer): asked for whole, so the text gives them whole, as JSON, less the
+    verdict, findings and next steps the lines above already say."""
+    places = [(result, "")] + [(getattr(result, name), f"{name}.") for name in type(result).model_fields
+                              if isinstance(getattr(result, name), BaseModel)]
+    for model, prefix in places:
+        for name in getattr(type(model), "whole_fields", ()):      # a plain BaseModel (JobRef) declares none
+            value = getattr(model, name)
+            if isinstance(value, dict):
+                value = {k: v for k, v in value.items() if not _said_above(result, k, v)}
+            if _said(value):
+                yield prefix + name, value
+
+
+def _said_above(result: Result, key: str, value) -> bool:
+    """Does the answer's own verdict, findings or next already say `value` (the record's `key`)?"""
+    own = {"verdict": [result.verdict], "findings": result.findings, "next": result.next}.get(key)
+    said = value if isinstance(value, list) else [value]
+    return own is not None and all(item in own for item in said)
 
 
 RECORD_STRING_LIMIT = 160   # a quoted log line or a paragraph of meaning, in the structured answer
@@ -96,7 +121,7 @@ def _view(model, data: dict, depth: int, stored: bool) -> tuple[dict, set[str]]:
     """`data` (model_dump of the pydantic model `model`) as the model view, and the names of what it left out
     (detail fields only when the result is `stored`)."""
     kind = type(model)
-    detail = kind.detail_fields if stored else ()
+    detail = getattr(kind, "detail_fields", ()) if stored else ()     # a plain BaseModel (JobRef) declares none
     dropped = {name for name in detail if _said(data.get(name)) and not _at_default(kind, name, getattr(model, name))}
     view = {}
     for name, value in data.items():
@@ -104,7 +129,7 @@ def _view(model, data: dict, depth: int, stored: bool) -> tuple[dict, set[str]]:
             continue
         if depth == 0 and name in Result.model_fields:
             view[name] = value                                 # verdict, findings, next, job, result_id whole
-        elif name in kind.whole_fields:
+        elif name in getattr(kind, "whole_fields", ()):
             view[name] = value
         else:
             lean, inner = _lean(getattr(model, name, None), value, depth + 1, stored)
