@@ -35,10 +35,19 @@ def test_without_the_job_output_there_is_no_window_and_no_false_gpu_culprit():
 
 def test_ib_port_error_names_the_host_whose_port_failed_not_the_victim():
     r = triage_paths([str(PUBLIC / "ib_port_error_4nodes.log")])
-    assert r.culprit_kind == "node" and r.culprit.node == "...-48"
+    # the log prefix elides the host ('...-48'); the victim's completion error spells it in full: name it so
+    assert r.culprit_kind == "node" and r.culprit.node == "node48"
     head = r.findings[0]
-    assert "Culprit (node): ...-48" in head and "...-51 printed the completion errors: the victim" in head
-    assert "peer node48" in head
+    assert "Culprit (node): node48." in head and "...-51 printed the completion errors: the victim" in head
+    assert "the port failed on node48 (printed as ...-48)" in head and "peer node48" in head
+    # its port failed under the job's traffic: out of the scheduler until the link is fixed, not "monitor"
+    assert "Action: drain_node on node48." in head
+    assert (r.first_failure.action, r.action, r.action_on) == ("drain_node", "drain_node", ["node48"])
+
+
+def test_a_port_error_that_broke_no_traffic_is_watched_not_drained():
+    r = triage_text("node3:4411:4500 [0] transport/net_ib.cc:104 NCCL WARN NET/IB : Got async event : port error\n")
+    assert r.action == "monitor" and r.action_on == ["node3"] and "drain" not in " ".join(r.findings)
 
 
 def test_host_oom_during_checkpoint_save_names_the_node_that_ran_out():

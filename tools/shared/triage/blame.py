@@ -109,6 +109,26 @@ def ib_sides(state: ScanState) -> tuple[list[str], list[str], list[str]]:
     return failed, peers, victims
 
 
+def ib_action(state: ScanState, action: str) -> str:
+    """The action on an IB headline. A port that failed while the job's traffic crossed it (completion errors on
+    the hosts talking to it) fails every job placed there until its cable or switch port is fixed: take the node
+    out of the scheduler. A port event that broke nothing yet stays the signature's own action (monitor)."""
+    failed, _, victims = ib_sides(state)
+    return worst_action([action, "drain_node"]) if failed and victims else action
+
+
+def full_name(host: str, peers: list[str]) -> str:
+    """A host printed elided in the log prefix ('...-48', as logs shared in public reports often are) by the name
+    a completion error spells in full for the same host ('peer node48'): the one peer ending in the same
+    number. Otherwise the host as printed."""
+    if not host.startswith("..."):
+        return host
+    tail = host.rstrip("0123456789")
+    number = host[len(tail):]
+    same = [p for p in peers if number and p.endswith(number) and not p[:-len(number)][-1:].isdigit()]
+    return same[0] if len(same) == 1 else host
+
+
 def culprit_of(state: ScanState, tally: Tally, hit: Hit) -> Culprit | None:
     """The culprit the headline names, with its kind; None when the line names none (a cascade, no host)."""
     if hit.role != "cause":
@@ -116,7 +136,7 @@ def culprit_of(state: ScanState, tally: Tally, hit: Hit) -> Culprit | None:
     category = tally.sig.category
     if tally.sig.id in IB_SIGNATURES:
         failed, peers, _ = ib_sides(state)
-        hosts = failed or peers
+        hosts = [full_name(h, peers) for h in failed] or peers
         return node_culprit(", ".join(hosts)) if hosts else None
     if category == "gpu_hardware":
         if hit.details.get("action", tally.sig.action) == "none":
@@ -145,7 +165,8 @@ def ib_sentence(state: ScanState) -> str:
         return ""
     said = []
     if failed:
-        said.append(f"the port failed on {', '.join(failed)} (NCCL's 'Got async event : port error' lines there): "
+        named = [h if full_name(h, peers) == h else f"{full_name(h, peers)} (printed as {h})" for h in failed]
+        said.append(f"the port failed on {', '.join(named)} (NCCL's 'Got async event : port error' lines there): "
                     "that host is the culprit; check its cable, switch port and `ibstat` / counters")
     if victims:
         said.append(f"{', '.join(victims)} printed the completion errors: "

@@ -14,7 +14,7 @@ writes the per-signature and per-rank findings.
 import time
 
 
-from .blame import coincidence, culprit_of, ib_sentence, tally_of, weigh, window_action
+from .blame import IB_SIGNATURES, coincidence, culprit_of, ib_action, ib_sentence, tally_of, weigh, window_action
 from .findings import on_rank, quiet_ranks, silent_ranks, special_findings
 from .match import Hit, ScanState, Tally, merge, new_state, scan_block, scan_file
 from ..logscan import (
@@ -141,6 +141,8 @@ def _summarise(state: ScanState, scanned: list[str], skipped: list[str], max_sig
         silent, _ = silent_ranks(state, None)      # only echoes in the log: the rank that said nothing is the answer
         culprit = rank_culprit(silent[0]) if len(silent) == 1 else None
     first_action = window_action(tallies, first_tally, first, crash) if first else "none"
+    if first is not None and first_tally.sig.id in IB_SIGNATURES:
+        first_action = ib_action(state, first_action)
     ordered = sorted(tallies, key=lambda t: (t is not first_tally, t.sig.severity != "error", t.first.order))
     shown = ordered[:max_signatures]
     by_rank = _by_rank(state)
@@ -155,7 +157,7 @@ def _summarise(state: ScanState, scanned: list[str], skipped: list[str], max_sig
                         "error, crash, timeout, kill or hardware event). Only if a job is hanging right now: dump "
                         "the stacks of its live ranks (hang_stack_dump).")
     severities = {t.sig.severity for t in tallies}
-    worst = worst_action([_tally_action(t) for t in tallies])
+    worst = worst_action([_tally_action(t) for t in tallies] + [first_action])
     verdict = "fail" if "error" in severities else "warn" if severities or quiet else (
         "info" if state.lines == 0 else "ok")
     stacks = state.pyspy_threads and "error" not in severities
