@@ -64,7 +64,8 @@ def test_the_text_says_each_fact_once_and_where_the_rest_is():
 
 def test_an_answer_not_stored_keeps_its_detail_nothing_else_could_return_it():
     view = answer_record(_answer())
-    assert view["seconds"] == 1.5 and len(view["every_row"]) == 5 and view["rows"][0]["samples"] == [1]
+    # figures inside a row stay whole (up to RECORD_INNER_NAMES): a cut list of ranks reads as another answer
+    assert view["seconds"] == 1.5 and len(view["every_row"]) == 5 and view["rows"][0]["samples"] == [1, 2, 3]
     assert view["not_shown"] is None and len(view["rows"][0]["evidence"]) == 1    # quotes are still cut
 
 
@@ -113,3 +114,12 @@ async def test_job_status_gives_the_finished_tools_answer_with_each_finding_once
     first = answer["findings"][0]
     assert json.dumps(status.structured_content).count(json.dumps(first)[1:-1]) == 1
     assert status.content[0].text.count(json.dumps(first)[1:-1]) == 1
+
+
+def test_a_row_keeps_its_list_of_ranks_whole_and_cuts_its_prose():
+    """The real model read a flight-recorder group's waiting_ranks as [0] when the finding said ranks 0-2."""
+    from tools.flight_recorder_analyze import FlightRecorderResult, GroupReport
+    result = FlightRecorderResult(groups=[GroupReport(name="0", ranks=[0, 1, 2, 3], waiting_ranks=[0, 1, 2],
+                                                      culprit_ranks=[3])], result_id=7)
+    group = answer_record(result)["groups"][0]
+    assert (group["ranks"], group["waiting_ranks"], group["culprit_ranks"]) == ([0, 1, 2, 3], [0, 1, 2], [3])

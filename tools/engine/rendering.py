@@ -98,14 +98,17 @@ def _said_above(result: Result, key: str, value) -> bool:
 
 
 RECORD_STRING_LIMIT = 160   # a quoted log line or a paragraph of meaning, in the structured answer
-RECORD_INNER_ITEMS = 1      # evidence lines and other lists inside a row: the first
+RECORD_INNER_ITEMS = 1      # evidence lines and other lists of prose inside a row: the first
+RECORD_INNER_NAMES = 64     # names and figures inside a row (a group's ranks, a link's two ends): up to this many,
+#                             since a cut list of names reads as another answer (ranks [0] for ranks 0-2)
 
 
 def answer_record(result: Result) -> dict:
     """The model view of a result: what a host that forwards structured content hands its model, and what the
     text's rows are drawn from. Findings and `next` whole; every other field unless its class lists it in
     `detail_fields` (a finding says it already, or it is bulk); inside rows no null or empty value, lists cut to
-    their first RECORD_INNER_ITEMS and strings to RECORD_STRING_LIMIT characters (marked), except `whole_fields`;
+    their first RECORD_INNER_ITEMS (lists of names or figures: RECORD_INNER_NAMES) and strings to RECORD_STRING_LIMIT
+    characters (marked), except `whole_fields`;
     a field without a default is always there (clients validate the answer against the output schema).
     Top-level fields stay even when null or empty (clients index them). `not_shown` names what was left out and
     the call that returns the stored record whole (results_history result_id=N). A result that is not stored
@@ -149,7 +152,7 @@ def _lean(obj, value, depth: int, stored: bool):
     if isinstance(obj, BaseModel) and isinstance(value, dict):
         return _view(obj, value, depth, stored)
     if isinstance(value, list):
-        kept = value if depth < 2 else value[:RECORD_INNER_ITEMS]
+        kept = value if depth < 2 else value[:RECORD_INNER_NAMES if _names(value) else RECORD_INNER_ITEMS]
         objs = obj if isinstance(obj, list) and len(obj) == len(value) else [None] * len(value)
         out, dropped = [], set()
         for o, v in zip(objs, kept):
@@ -167,6 +170,12 @@ def _lean(obj, value, depth: int, stored: bool):
             dropped |= inner
         return out, dropped
     return value, set()
+
+
+def _names(values: list) -> bool:
+    """Only short scalars (node names, ranks, figures, None): an identity or a row of figures, not prose."""
+    return all(v is None or isinstance(v, (int, float, bool)) or (isinstance(v, str) and len(v) <= ROW_VALUE_LIMIT)
+               for v in values)
 
 
 def _at_default(kind, name: str, value) -> bool:
