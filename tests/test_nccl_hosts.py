@@ -72,6 +72,9 @@ def test_roce_error_12_names_the_gid_index_setting():
     assert "NCCL_IB_GID_INDEX" in head and "error 12" in head and "IBV_WC_RETRY_EXC_ERR" in head
     assert "do" in head and "not route between subnets" in head and "tf144" in head and "192.168.17.147" in head
     assert r.host_rows[0].transport == "RoCE"
+    # NCCL listed an Intel iWARP port beside the two ConnectX ones; its channels used only the ConnectX ones
+    assert r.host_rows[0].nics == ["i40iw0", "mlx5_0", "mlx5_1"] and r.host_rows[0].nics_used == ["mlx5_0", "mlx5_1"]
+    assert any("channels use mlx5_0, mlx5_1" in f for f in r.findings)
 
 
 def test_roce_error_12_with_routable_gids_does_not_blame_the_gid_index():

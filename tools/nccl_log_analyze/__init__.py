@@ -188,6 +188,10 @@ def _summary(parsed, procs, versions, comm, hosts, nodes, gdr, nics) -> list[str
         speeds = sorted({n.speed_gbps for n in nics if n.speed_gbps})
         per_host = Counter(n.host for n in nics)
         nic_text = (f"{max(per_host.values())} NIC(s) per host ({name_list({n.name for n in nics})})" if per_host else "no NIC list")
+        # NCCL lists every RDMA device it found; the channels may use fewer (an iWARP port beside the ConnectX ones)
+        used = {p.ib_nics[i][0] for p in procs for i in p.net_devs_used if i in p.ib_nics}
+        if used and used < {n.name for n in nics}:
+            nic_text += f", channels use {name_list(used)}"
         speed_text = f" at {'/'.join(f'{s:g}' for s in speeds)} GB/s" if speeds else ""
         plugins = sorted({p.plugin for p in procs if p.plugin})
         out.append(f"Network: {', '.join(networks) or 'not printed'}"

@@ -24,6 +24,8 @@ class HostRow(Record):
         "The plugin's version (aws-ofi-nccl 1.6.0) or its API (v8)."))
     transport: str | None = Field(None, description="IB | RoCE | Socket | the plugin's network (IBext_v8, ...).")
     nics: list[str] = Field(default_factory=list, json_schema_extra=SELF_EVIDENT, description="NICs NCCL listed.")
+    nics_used: list[str] = Field(default_factory=list, description=(
+        "NICs the channels went through (NET/IB/<n> lines), when fewer than those listed."))
     gdr: str = Field("n/a", json_schema_extra=SELF_EVIDENT, description="GPUDirect RDMA: on | off | partial | n/a.")
     gid_index: str | None = Field(None, description="RoCE GID index (NCCL_IB_GID_INDEX or NCCL's QP lines) and kind.")
     completion_errors: int = Field(0, json_schema_extra=SELF_EVIDENT, description="'Got completion ... error' WARNs.")
@@ -105,10 +107,11 @@ def host_rows(parsed: Parsed, procs: list[Proc]) -> list[HostRow]:
     for host, ps in sorted(by_host.items()):
         versions = Counter(p.version for p in ps if p.version)
         nics = sorted({n[0] for p in ps for n in p.ib_nics.values()} or {i for p in ps for i in p.socket_ifaces})
+        used = {p.ib_nics[i][0] for p in ps for i in p.net_devs_used if i in p.ib_nics}
         rows.append(HostRow(host=host, processes=len(ps), nccl_version=versions.most_common(1)[0][0] if versions else None,
                             cuda_driver=_driver(ps), net_plugin=_plugin(ps),
                             net_plugin_version=_plugin_version(ps), transport=_transport(ps), nics=nics,
-                            gdr=_gdr(ps), gid_index=_gid(ps), completion_errors=errors[host]))
+                            nics_used=sorted(used) if used and used < set(nics) else [], gdr=_gdr(ps), gid_index=_gid(ps), completion_errors=errors[host]))
     return rows
 
 
