@@ -137,6 +137,13 @@ def odd_hosts(values: dict[str, str]) -> list[str]:
     return sorted(odd)
 
 
+# Why the host odd_hosts picks on a tie is the likelier odd one, by compared field: it is the one that fell back.
+TIE_REASON = {"net_plugin": "its NCCL printed that it found no net plugin and used its internal one, where the "
+                            "other loaded one",
+              "transport": "it fell back to NCCL's internal network",
+              "gid_index": "it uses a link-local GID, which does not route between subnets"}
+
+
 def check_hosts(rows: list[HostRow], rep, name_list, severity: str) -> list[str]:
     """Flag every compared field of this severity in which hosts differ, naming the odd host(s); returns the
     odd hosts of the fields that fail."""
@@ -160,8 +167,8 @@ def check_hosts(rows: list[HostRow], rep, name_list, severity: str) -> list[str]
         sizes = {len(hosts) for hosts in groups.values()}
         if odd and len(sizes) == 1:     # no majority (one host against one): the odd one is only the likelier one
             text = (f"The hosts differ in the {c.words} ({by_value}), with no majority: {name_list(odd)} is the "
-                    "likelier odd one (it fell back to NCCL's internal network or a link-local GID); check this "
-                    "line on every node. ")
+                    f"likelier odd one ({TIE_REASON.get(c.field, TIE_REASON['transport'])}); check this line on "
+                    "every node. ")
         else:
             who = f"{name_list(odd)} differ{'s' if len(odd) == 1 else ''} from the other hosts" if odd else "Hosts differ"
             text = f"{who} in the {c.words} ({by_value}). "
