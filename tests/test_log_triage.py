@@ -141,7 +141,7 @@ def test_watchdog_timeouts_on_ranks_0_to_6_point_at_rank_7():
     wd = _sig(result, "nccl_watchdog_timeout")
     assert (wd.count, wd.ranks) == (7, "0-6")
     assert wd.details["op"] == "ALLREDUCE" and wd.details["seq"] == "1580" and wd.details["timeout_ms"] == "600000"
-    assert any("Ranks 0-6 timed out" in f and "rank 7 reports no error" in f for f in result.findings)
+    assert any("Ranks 0-6 timed out" in f and "rank 7 (GPU 7) reports no error" in f for f in result.findings)
     assert result.suspect_ranks == [7]
     assert result.first_failure.role == "cascade"
 

@@ -135,3 +135,13 @@ def test_when_the_log_holds_only_echoes_the_silent_rank_leads_the_answer(fixture
     assert result.findings[0].startswith(f"Suspect: rank {rank}."), result.findings[:2]
     assert result.findings[1].startswith("First failure (a consequence, on a waiting rank)")
     assert (result.culprit.kind, result.culprit.rank) == ("rank", rank)
+
+
+def test_a_suspect_rank_is_named_with_the_gpu_it_said_it_drives():
+    """The real model opened the logs to find rank 7's GPU (PyTorch's 'using GPU 7 to perform barrier') and rank
+    5's device (NCCL's init line 'rank 5 nranks 8 cudaDev 5 nvmlDev 5 busId ab000')."""
+    fixtures = Path(__file__).parent.parent / "evals" / "scenarios" / "fixtures"
+    r = triage_paths([str(fixtures / "torchrun_nccl_watchdog_8ranks.log")])
+    assert r.culprit.rank == 7 and "rank 7 (GPU 7) reports no error of its own" in r.findings[0]
+    r = triage_paths([str(fixtures / "init_hang_rank5.log")])
+    assert "Culprit (rank): rank 5 on gpu-node05 (GPU 5, bus ab000)." in r.findings[0]

@@ -55,3 +55,33 @@ def host_addresses(block: str) -> dict[str, str]:
     if " : Using " not in block:      # NCCL says each address once, at init: most blocks have none
         return {}
     return {m.group(2): m.group(1) for m in _NCCL_ADDRESS.finditer(block)}
+
+
+# Which GPU a rank drives, as the rank itself said it: PyTorch's "[PG ID 0 PG GUID 0 Rank 7]  using GPU 7 to perform
+# barrier" and NCCL's init line "host:pid:tid [7] NCCL INFO comm 0x.. rank 7 nranks 8 cudaDev 7 nvmlDev 7 busId b7000".
+_TORCH_RANK_GPU = re.compile(r"\[PG ID \d{1,9} PG GUID [\w()]{1,40} Rank (\d{1,7})\] {1,4}using GPU (\d{1,3}) ")
+_NCCL_RANK_GPU = re.compile(r"^[ \t]*(?:\[(?:rank|default)\d+\]:|\d{1,6}: )?[ \t]*([A-Za-z0-9][\w.-]{0,63}):\d+:\d+ \[\d+\] "
+                            r"NCCL INFO (?:ncclCommInitRank\w{0,12} )?comm 0x[0-9a-f]{1,16} rank (\d{1,7}) nRanks \d{1,7}[^\n]{0,80}? cudaDev (\d{1,3})"
+                            r"(?: nvmlDev \d{1,3})? busId ([0-9a-fA-F]{1,16})", re.MULTILINE | re.IGNORECASE)
+
+
+def rank_devices(block: str) -> dict[int, tuple[str, str, str]]:
+    """rank -> (host or '', CUDA device index, PCI bus id or '') from the ranks' own start-up lines."""
+    found: dict[int, tuple[str, str, str]] = {}
+    if "using GPU " in block:
+        for m in _TORCH_RANK_GPU.finditer(block):
+            found[int(m.group(1))] = ("", m.group(2), "")
+    if "cudaDev " in block:
+        for m in _NCCL_RANK_GPU.finditer(block):
+            found[int(m.group(2))] = (m.group(1), m.group(3), m.group(4).lower())
+    return found
+
+
+def device_phrase(devices: dict[int, tuple[str, str, str]], rank: int, host_said: bool = False) -> str:
+    """' (GPU 7 on node3, bus b7000)' for a rank whose device the log names, else ''; without the host when the
+    sentence names it already (`host_said`)."""
+    if rank not in devices:
+        return ""
+    host, index, bus = devices[rank]
+    host = "" if host_said else host
+    return f" (GPU {index}" + (f" on {host}" if host else "") + (f", bus {bus}" if bus else "") + ")"

@@ -16,6 +16,7 @@ import time
 
 from .blame import IB_SIGNATURES, coincidence, culprit_of, ib_action, ib_sentence, tally_of, weigh, window_action
 from .findings import on_rank, quiet_ranks, silent_ranks, special_findings
+from ..log_hosts import device_phrase
 from .match import Hit, ScanState, Tally, merge, new_state, scan_block, scan_file
 from ..logscan import (
     CHUNK_BYTES,
@@ -139,7 +140,7 @@ def _summarise(state: ScanState, scanned: list[str], skipped: list[str], max_sig
     culprit = culprit_of(state, first_tally, first) if first else None
     if first is not None and first.role == "cascade" and culprit is None:
         silent, _ = silent_ranks(state, None)      # only echoes in the log: the rank that said nothing is the answer
-        culprit = rank_culprit(silent[0]) if len(silent) == 1 else None
+        culprit = rank_culprit(silent[0], state.rank_devices.get(silent[0], ("",))[0] or None) if len(silent) == 1 else None
     first_action = window_action(tallies, first_tally, first, crash) if first else "none"
     if first is not None and first_tally.sig.id in IB_SIGNATURES:
         first_action = ib_action(state, first_action)
@@ -186,7 +187,9 @@ def _summarise(state: ScanState, scanned: list[str], skipped: list[str], max_sig
 def _headline(first: Hit, first_tally: Tally, culprit: Culprit | None, action: str, state: ScanState) -> str:
     """The answer first: what failed, the culprit by kind and name, and the action on what."""
     where = f" on {first.host}" if first.host and not culprit else ""
-    blame = f" Culprit ({culprit.kind}): {culprit.name}." if culprit else ""
+    device = (device_phrase(state.rank_devices, culprit.rank, host_said=bool(culprit.node))
+              if culprit and culprit.kind == "rank" else "")
+    blame = f" Culprit ({culprit.kind}): {culprit.name}{device}." if culprit else ""
     target = (culprit.name if culprit.kind == "gpu" else culprit.node or culprit.name) if culprit else ""
     act = f" Action: {action} on {target}." if action != "none" and culprit else (
         f" Action: {action}." if action != "none" else "")

@@ -4,6 +4,7 @@ torchrun's root cause, and the ranks that are silent or went quiet first while o
 from .match import Hit, ScanState, Tally
 from .signatures import describe_exit
 from ..logscan import ranks_phrase
+from ..log_hosts import device_phrase
 
 
 def on_rank(rank: int | None) -> str:
@@ -58,7 +59,8 @@ def silent_ranks(state: ScanState, cause: Hit | None = None) -> tuple[list[int],
     if not silent:
         return [], []
     verb = "reports" if len(silent) == 1 else "report"
-    text = (f"{ranks_phrase(waiting).capitalize()} timed out waiting in a collective; {ranks_phrase(silent)} "
+    device = device_phrase(state.rank_devices, silent[0]) if len(silent) == 1 else ""
+    text = (f"{ranks_phrase(waiting).capitalize()} timed out waiting in a collective; {ranks_phrase(silent)}{device} "
             f"{verb} no error of its own: likely stuck before the collective (data loading, a different code "
             "path) or dead. Dump the stacks of the live ranks (hang_stack_dump) or read the flight recorder.")
     return silent, [text]

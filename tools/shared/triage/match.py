@@ -13,7 +13,7 @@ from ..actions import worst_action
 from ...engine.redact import redact
 from .signatures import MAX_RANKS_TRACKED, POST, Signature, gates_for, load_signatures
 from ..safe_read import read_head
-from ..log_hosts import gpu_identities, host_addresses, host_of_path, line_host
+from ..log_hosts import gpu_identities, host_addresses, host_of_path, line_host, rank_devices
 from ..logscan import MAX_MATCH_CHARS, iter_text_blocks, line_ranges, line_rank, timestamp_near
 
 MAX_LINE_CHARS = 400           # evidence lines are cut to this
@@ -63,6 +63,7 @@ class ScanState:
     hits: int = 0
     gpu_ids: dict = field(default_factory=dict)      # (host, PCI bus as printed) -> (GPU UUID, board serial)
     addresses: dict = field(default_factory=dict)    # IPv4 address -> host (from NCCL's own lines)
+    rank_devices: dict = field(default_factory=dict)  # rank -> (host, CUDA device, bus id) as the rank said at start
     pyspy_threads: int = 0                            # py-spy dump thread headers: saved stacks, not a log
 
 
@@ -97,6 +98,9 @@ def _track_identities(block: str, label: str, state: ScanState) -> None:
     for address, host in host_addresses(block).items():
         if len(state.addresses) < 4096:
             state.addresses.setdefault(address, host)
+    for rank, device in rank_devices(block).items():
+        if len(state.rank_devices) < 4096:
+            state.rank_devices.setdefault(rank, device)
 
 
 def new_state(evidence_lines: int) -> ScanState:
@@ -273,6 +277,8 @@ def merge(into: ScanState, part: ScanState, line_offset: int) -> None:
         into.gpu_ids.setdefault(key, value)
     for key, value in part.addresses.items():
         into.addresses.setdefault(key, value)
+    for key, value in part.rank_devices.items():
+        into.rank_devices.setdefault(key, value)
     for sig_id, t in part.tallies.items():
         cur = into.tallies.get(sig_id)
         if cur is None:
