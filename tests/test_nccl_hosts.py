@@ -74,6 +74,7 @@ def test_roce_error_12_names_the_gid_index_setting():
     assert r.host_rows[0].transport == "RoCE"
     # NCCL listed an Intel iWARP port beside the two ConnectX ones; its channels used only the ConnectX ones
     assert r.host_rows[0].nics == ["i40iw0", "mlx5_0", "mlx5_1"] and r.host_rows[0].nics_used == ["mlx5_0", "mlx5_1"]
+    assert r.host_rows[0].completion_errors == 1      # its WARN line lost the host prefix; the log has one host
     assert any("channels use mlx5_0, mlx5_1" in f for f in r.findings)
 
 

@@ -103,6 +103,8 @@ def host_rows(parsed: Parsed, procs: list[Proc]) -> list[HostRow]:
         if p.host != "?":
             by_host[p.host].append(p)
     errors = Counter(e.host for e in parsed.completion_errors)
+    if len(by_host) == 1 and errors.get("?"):      # a WARN without its host prefix, in a log of one host: that host's
+        errors[next(iter(by_host))] += errors.pop("?")
     rows = []
     for host, ps in sorted(by_host.items()):
         versions = Counter(p.version for p in ps if p.version)

@@ -154,7 +154,9 @@ def special_findings(tally: Tally) -> list[str]:
                 f"[action: {d.get('action', 'drain_node')}{host}]."]
     if sig_id == "nccl_ib_completion_error" and "likely" in d:
         vendor = f", vendor err {d['vendor']} ({d['vendor_hex']})" if "vendor" in d else ""
-        return [f"IB completion status {d['status']}{vendor}: {d['likely']} [action: {d.get('action', 'monitor')}]."]
+        # the host that prints a completion error is the victim; the host whose port failed is the headline's
+        return [f"IB completion status {d['status']}{vendor}: {d['likely']} "
+                f"[action on the host that printed it: {d.get('action', 'monitor')}]."]
     if sig_id == "fp16_overflow_skip" and "min_scale" in tally.extra:
         return [f"{tally.count} overflow-skipped steps; the loss scale fell to {tally.extra['min_scale']:g}"
                 + (" (very low: the run is diverging)" if tally.extra["min_scale"] < 1 else "") + "."]
