@@ -12,6 +12,10 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))  # `import server` and `import evals` from the tests
 
+# The session's clusters: every module's `multinode_cluster` fixture draws on this one.
+from tests.multinode_cluster import multinode_cluster_session  # noqa: E402,F401  (fixture)
+from tests.slurm_cluster import slurm_cluster_session  # noqa: E402,F401  (fixture)
+
 
 @pytest.fixture(autouse=True)
 def mleng_home(tmp_path, monkeypatch):

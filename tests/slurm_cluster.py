@@ -1,4 +1,4 @@
-"""A real local SLURM cluster for tests (scripts/slurm-local.sh), one per test module that uses it.
+"""A real local SLURM cluster for tests (scripts/slurm-local.sh), one per test session.
 
     from tests.slurm_cluster import slurm_cluster   # noqa: F401  (the fixture)
 
@@ -6,10 +6,11 @@
     def test_x(slurm_cluster): ...
 
 Two logical nodes n1, n2 on this host (4 CPUs and 1 fake GPU each), partitions debug (default) and
-gpu, accounting through slurmdbd + MariaDB unless MLENG_SLURM_ACCOUNTING=0. The fixture starts it
-for each module that uses it (installing the Debian packages on a fresh machine, ~30 s; ~4 s when
-installed), points SLURM_CONF at it for the tests and every tool they run, and stops it after the
-module's last test. Each cluster gets its own directory and free ports, so pytest sessions running
+gpu, accounting through slurmdbd + MariaDB unless MLENG_SLURM_ACCOUNTING=0. It starts with the
+first module that uses it (installing the Debian packages on a fresh machine, ~30 s; ~4 s when
+installed) and stops at the end of the session. Each module finds no job queued or running and both
+nodes idle, and its jobs must be gone when it ends. The fixture points SLURM_CONF at it for the
+module's tests and every tool they run. Each cluster gets its own directory and free ports, so pytest sessions running
 side by side on one machine (CI shards, several engineers) never restart each other's cluster.
 Where it cannot start (not root, no apt, packages unavailable, daemons fail) every test using it is
 skipped with the reason.
@@ -24,6 +25,8 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -33,6 +36,19 @@ SCRIPT = REPO / "scripts" / "slurm-local.sh"
 START_TIMEOUT_S = 200
 TERMINAL = {"COMPLETED", "FAILED", "TIMEOUT", "CANCELLED", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED",
             "BOOT_FAIL", "DEADLINE"}
+
+
+def cancel_jobs(slurm: Callable[..., str], grace_s: float = 15) -> list[str]:
+    """Cancel every job still pending, running or suspended, wait until none is left, and say which there
+    were ('ID STATE NAME'). A job just cancelled or ended is 'completing' for a moment: not left.
+    `slurm(*argv)` runs a SLURM client on the cluster and gives its stdout."""
+    left = slurm("squeue", "-h", "-t", "PD,R,S,CF", "-o", "%i %T %j").splitlines()
+    if left:
+        slurm("scancel", *[row.split()[0] for row in left])
+    deadline = time.monotonic() + grace_s
+    while slurm("squeue", "-h", "-o", "%i").strip() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return left
 
 
 class Cluster:
@@ -65,6 +81,9 @@ class Cluster:
             time.sleep(0.25)
             state = self.job_state(job_id)
         return state
+
+    def cancel_jobs(self) -> list[str]:
+        return cancel_jobs(lambda *argv: self.cmd(*argv, check=False))
 
     def wait_nodes_idle(self, timeout_s: float = 30) -> None:
         deadline = time.monotonic() + timeout_s
@@ -103,8 +122,8 @@ def _free_port_base(span: int = 5) -> int:
     raise RuntimeError("no free port range for the local SLURM cluster")
 
 
-@pytest.fixture(scope="module")
-def slurm_cluster():
+@pytest.fixture(scope="session")
+def slurm_cluster_session():
     reason = _why_not()
     if reason:
         pytest.skip(reason)
@@ -128,13 +147,33 @@ def slurm_cluster():
     if proc.returncode != 0:
         stop()
         pytest.skip(f"the local SLURM cluster did not start: {proc.stderr.strip()[-800:]}")
-    conf = f"{cluster_dir}/etc/slurm.conf"
-    old = os.environ.get("SLURM_CONF")
-    os.environ["SLURM_CONF"] = conf  # tools under test (and their child processes) find the cluster
     try:
-        yield Cluster(conf, accounting, ["n1", "n2"])
+        yield Cluster(f"{cluster_dir}/etc/slurm.conf", accounting, ["n1", "n2"])
     finally:
         stop()
+
+
+@pytest.fixture(scope="module")
+def slurm_cluster(slurm_cluster_session):
+    cluster = slurm_cluster_session
+    left = cluster.cancel_jobs()
+    cluster.wait_nodes_idle()
+    assert not left, f"an earlier module left jobs on the local SLURM (cancelled now): {left}"
+    with lent_to_module(cluster):
+        yield cluster
+
+
+@contextmanager
+def lent_to_module(cluster):
+    """SLURM_CONF names `cluster` for a module's tests (and every tool they run); at the module's end its
+    jobs must be gone: the next module shares the cluster."""
+    old = os.environ.get("SLURM_CONF")
+    os.environ["SLURM_CONF"] = cluster.conf
+    try:
+        yield
+        left = cluster.cancel_jobs()
+        assert not left, f"jobs still queued or running after the module's last test (cancelled now): {left}"
+    finally:
         if old is None:
             os.environ.pop("SLURM_CONF", None)
         else:
