@@ -85,42 +85,48 @@ def _stop(*procs: subprocess.Popen) -> None:
 SPIN = "import time\nwhile True: sum(range(20000)); time.sleep(0.001)"
 
 
+# The review's job was 4242. Each test session claims its own id: these tests read every process of the host
+# that names the job, and another session's fake ranks of a shared id (several engineers and CI run this module on
+# one machine) were read as this job's too, when both ran at once.
+JOB = str(42_000_000 + os.getpid())    # under SLURM's largest job id (67,043,328)
+
+
 @pytest.fixture
-def job_4242(tmp_path):
-    """Two root "ranks" of job 4242 and a nobody process that claims rank 2 of it (env only): (env, pids, impostor)."""
+def fake_job(tmp_path):
+    """Two root "ranks" of job JOB and a nobody process that claims rank 2 of it (env only): (env, pids, impostor)."""
     if shutil.which("py-spy") is None and not (Path(sys.executable).parent / "py-spy").exists():
         pytest.skip("needs py-spy")
     env = _stand_ins(tmp_path)
-    env["FAKE_SQUEUE"] = "RUNNING|root|1|localhost|0|4242"
+    env["FAKE_SQUEUE"] = f"RUNNING|root|1|localhost|0|{JOB}"
     started = []
     try:
-        started += [_spawn(SPIN, {"SLURM_JOB_ID": "4242", "RANK": str(r)}) for r in (0, 1)]
-        started.append(_spawn(SPIN, {"SLURM_JOB_ID": "4242", "RANK": "2"}, user="nobody"))
+        started += [_spawn(SPIN, {"SLURM_JOB_ID": JOB, "RANK": str(r)}) for r in (0, 1)]
+        started.append(_spawn(SPIN, {"SLURM_JOB_ID": JOB, "RANK": "2"}, user="nobody"))
         yield env, [p.pid for p in started[:2]], _child_pid(started[2])
     finally:
         _stop(*started)
 
 
 @needs_root
-def test_r2_another_users_process_claiming_a_rank_is_named_not_dumped(job_4242):
-    env, ranks, impostor = job_4242
-    rc, result, err = mleng("hang_stack_dump", "--slurm-job-id", "4242", env=env)
+def test_r2_another_users_process_claiming_a_rank_is_named_not_dumped(fake_job):
+    env, ranks, impostor = fake_job
+    rc, result, err = mleng("hang_stack_dump", "--slurm-job-id", JOB, env=env)
     assert result is not None, err
     dumped = {p["pid"] for p in result["processes"]}
     assert impostor not in dumped and set(ranks) <= dumped, (result["processes"], result["findings"])
     said = " ".join(result["findings"])
-    assert f"pid {impostor} claims rank 2 of job 4242 but belongs to uid {NOBODY}" in said, said
+    assert f"pid {impostor} claims rank 2 of job {JOB} but belongs to uid {NOBODY}" in said, said
     assert 2 not in result["odd_ranks"]
 
 
 @needs_root
-def test_r2_straggler_find_samples_only_the_jobs_processes(job_4242):
-    env, ranks, impostor = job_4242
-    rc, result, err = mleng("straggler_find", "--slurm-job-id", "4242", "--window-s", "5", env=env)
+def test_r2_straggler_find_samples_only_the_jobs_processes(fake_job):
+    env, ranks, impostor = fake_job
+    rc, result, err = mleng("straggler_find", "--slurm-job-id", JOB, "--window-s", "5", env=env)
     assert result is not None, err
     assert {r["pid"] for r in result["ranks"]} == set(ranks), result["ranks"]
     assert not any(s["rank"] == 2 for s in result["stragglers"]), result["findings"]
-    assert any(f"pid {impostor} claims rank 2 of job 4242 but belongs to uid {NOBODY}" in f
+    assert any(f"pid {impostor} claims rank 2 of job {JOB} but belongs to uid {NOBODY}" in f
                for f in result["findings"]), result["findings"]
 
 
