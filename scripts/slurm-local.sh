@@ -120,11 +120,14 @@ EOF
 node_names() { if [ "$NODES" = 2 ]; then echo n1 n2; else hostname -s; fi; }
 
 write_conf_head() {  # write_conf_head CLUSTER HOST(ADDR) ACCOUNTING-LINES: all but nodes, partitions
+  # FirstJobId: each cluster on a machine counts its jobs from its own base (ports differ). The tools find a
+  # job's processes on a host by SLURM_JOB_ID; clusters all counting from 1 would read each other's "job 3".
   cat > "$SLURM_CONF" <<EOF
 ClusterName=$1
 SlurmctldHost=$2
 SlurmctldPort=$PORT_BASE
 SlurmdPort=$((PORT_BASE + 1))
+FirstJobId=$((PORT_BASE * 1000))
 SlurmUser=root
 AuthType=auth/munge
 StateSaveLocation=$D/state
