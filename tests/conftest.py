@@ -12,8 +12,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))  # `import server` and `import evals` from the tests
 
-# The session's clusters: every module's `multinode_cluster` fixture draws on this one.
-from tests.multinode_cluster import multinode_cluster_session  # noqa: E402,F401  (fixture)
+# The session's one-node SLURM: every module's `slurm_cluster` fixture draws on it.
 from tests.slurm_cluster import slurm_cluster_session  # noqa: E402,F401  (fixture)
 
 

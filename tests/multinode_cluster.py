@@ -1,4 +1,4 @@
-"""A multi-node SLURM cluster on this machine for tests (scripts/cluster-local.sh), one per test session.
+"""A multi-node SLURM cluster on this machine for tests (scripts/cluster-local.sh), one per module.
 
     from tests.multinode_cluster import multinode_cluster   # noqa: F401  (the fixture)
 
@@ -7,14 +7,12 @@
 
 Four nodes mln1..mln4 (MLENG_CLUSTER_NODES=1..8 changes it), each a network + UTS namespace with
 its own hostname and address 10.213.0.K on the bridge mlnbr0, one slurmd per node, slurmctld on the
-host. It starts with the first module that asks for it and stops at the end of the session (a start
-costs ~10 s of the 2 cores; one per module was a dozen). Each module gets it as a fresh one would
-be: no job queued or running, no injected fault, every node idle; its jobs must be gone when it ends.
-The fixture points SLURM_CONF at it for the module and heals injected faults between tests when
-asked (`cluster.heal()`). The names are fixed, so one such cluster runs per machine: a session holds
-/tmp/mln-cluster.session.lock while it runs and a second session waits for it (up to
-MLENG_CLUSTER_WAIT_S, default 240 s, under pytest-timeout's 300) or skips. Where the cluster cannot
-start (not root, no `ip netns`, SLURM not installable) every test using it skips with why.
+host. The fixture points SLURM_CONF at it for the module, heals injected faults between tests when
+asked (`cluster.heal()`), and stops it after the module's last test. The names are fixed, so one
+such cluster runs per machine: a session holds /tmp/mln-cluster.session.lock for the module and a
+second session waits for it (up to MLENG_CLUSTER_WAIT_S, default 240 s, under pytest-timeout's 300)
+or skips. Where the cluster cannot start (not root, no `ip netns`, SLURM not installable) every test
+using it skips with why.
 """
 
 from __future__ import annotations
@@ -32,7 +30,6 @@ import pytest
 # The cluster's names (folder, lock, ports, addresses) have one home, shared with the fault drills.
 from tools.evals.drills.cluster import (CLUSTER_DIR, CLUSTER_SCRIPT as SCRIPT, PORT_BASE, SESSION_LOCK, address,
                                         cluster_env, slurmd_pid)
-from tests.slurm_cluster import cancel_jobs, lent_to_module
 
 REPO = Path(__file__).resolve().parent.parent
 START_TIMEOUT_S = 200
@@ -79,16 +76,6 @@ class MultiNodeCluster:
 
     def heal(self, *nodes: str) -> None:
         self.script("heal", *nodes)
-
-    def answers(self) -> bool:
-        """slurmctld is up (a test may have stopped the cluster and failed before starting it again)."""
-        try:
-            return "UP" in self.cmd("scontrol", "ping", check=False, timeout=20).stdout
-        except subprocess.TimeoutExpired:
-            return False
-
-    def cancel_jobs(self) -> list[str]:
-        return cancel_jobs(lambda *argv: self.cmd(*argv, check=False).stdout)
 
     def node_pids(self, node: str) -> list[int]:
         out = self.cmd("ip", "netns", "pids", node, check=False).stdout
@@ -137,67 +124,41 @@ def _session_lock():
             time.sleep(1)
 
 
-class ClusterSession:
-    """The test session's one cluster: started by the first module that asks, restarted only when a module
-    asks for another node count or finds it stopped, stopped once at the end."""
-
-    def __init__(self, env: dict[str, str]):
-        self.env = env
-        self.cluster: MultiNodeCluster | None = None
-
-    def start(self, count: int) -> str | None:
-        """Start (over whatever runs) a cluster of `count` nodes; None, or why it did not start."""
-        try:
-            proc = subprocess.run(["bash", str(SCRIPT), "start", str(count)], capture_output=True, text=True,
-                                  env=self.env, timeout=START_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            proc = None
-        if proc is None or proc.returncode != 0:
-            self.stop()
-            return "timed out" if proc is None else proc.stderr.strip()[-800:]
-        self.cluster = MultiNodeCluster(f"{CLUSTER_DIR}/etc/slurm.conf", [f"mln{k}" for k in range(1, count + 1)],
-                                        self.env)
-        return None
-
-    def stop(self) -> None:
-        subprocess.run(["bash", str(SCRIPT), "stop"], env=self.env, capture_output=True, timeout=120)
-        shutil.rmtree(CLUSTER_DIR, ignore_errors=True)
-        Path(CLUSTER_DIR + ".op.lock").unlink(missing_ok=True)  # the session lock stays: waiters hold it
-        self.cluster = None
-
-    def fresh(self, count: int) -> MultiNodeCluster:
-        """The cluster as a module's first test should find it: `count` nodes, all idle, no job, no fault."""
-        cluster = self.cluster
-        if cluster is None or len(cluster.nodes) != count or not cluster.answers():
-            why = self.start(count)
-            if why:
-                pytest.skip(f"the multi-node cluster did not start: {why}")
-            return self.cluster
-        left = cluster.cancel_jobs()
-        cluster.heal()
-        assert not left, f"an earlier module left jobs on the cluster (cancelled now): {left}"
-        return cluster
-
-
-@pytest.fixture(scope="session")
-def multinode_cluster_session():
+@pytest.fixture(scope="module")
+def multinode_cluster():
     reason = _why_not()
     if reason:
         pytest.skip(reason)
     lock = _session_lock()
     if lock is None:
         pytest.skip("another test session holds the multi-node cluster (/tmp/mln-cluster.session.lock)")
-    # MLN_CLUSTER_SESSION=held: we hold the session lock, the script may start/stop
-    session = ClusterSession(cluster_env())
+    count = os.environ.get("MLENG_CLUSTER_NODES", "4")
+    env = cluster_env()  # MLN_CLUSTER_SESSION=held: we hold the session lock, the script may start/stop
+
+    def stop():
+        subprocess.run(["bash", str(SCRIPT), "stop"], env=env, capture_output=True, timeout=120)
+        shutil.rmtree(CLUSTER_DIR, ignore_errors=True)
+        Path(CLUSTER_DIR + ".op.lock").unlink(missing_ok=True)  # the session lock stays: waiters hold it
+
     try:
-        yield session
-    finally:
-        session.stop()
+        proc = subprocess.run(["bash", str(SCRIPT), "start", count], capture_output=True, text=True,
+                              env=env, timeout=START_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        proc = None
+    if proc is None or proc.returncode != 0:
+        stop()
         lock.close()
-
-
-@pytest.fixture(scope="module")
-def multinode_cluster(multinode_cluster_session):
-    cluster = multinode_cluster_session.fresh(int(os.environ.get("MLENG_CLUSTER_NODES", "4")))
-    with lent_to_module(cluster):
-        yield cluster
+        why = "timed out" if proc is None else proc.stderr.strip()[-800:]
+        pytest.skip(f"the multi-node cluster did not start: {why}")
+    conf = f"{CLUSTER_DIR}/etc/slurm.conf"
+    old = os.environ.get("SLURM_CONF")
+    os.environ["SLURM_CONF"] = conf  # tools under test (and their child processes) find the cluster
+    try:
+        yield MultiNodeCluster(conf, [f"mln{k}" for k in range(1, int(count) + 1)], env)
+    finally:
+        stop()
+        lock.close()
+        if old is None:
+            os.environ.pop("SLURM_CONF", None)
+        else:
+            os.environ["SLURM_CONF"] = old
