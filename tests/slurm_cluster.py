@@ -25,8 +25,6 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -36,19 +34,6 @@ SCRIPT = REPO / "scripts" / "slurm-local.sh"
 START_TIMEOUT_S = 200
 TERMINAL = {"COMPLETED", "FAILED", "TIMEOUT", "CANCELLED", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED",
             "BOOT_FAIL", "DEADLINE"}
-
-
-def cancel_jobs(slurm: Callable[..., str], grace_s: float = 15) -> list[str]:
-    """Cancel every job still pending, running or suspended, wait until none is left, and say which there
-    were ('ID STATE NAME'). A job just cancelled or ended is 'completing' for a moment: not left.
-    `slurm(*argv)` runs a SLURM client on the cluster and gives its stdout."""
-    left = slurm("squeue", "-h", "-t", "PD,R,S,CF", "-o", "%i %T %j").splitlines()
-    if left:
-        slurm("scancel", *[row.split()[0] for row in left])
-    deadline = time.monotonic() + grace_s
-    while slurm("squeue", "-h", "-o", "%i").strip() and time.monotonic() < deadline:
-        time.sleep(0.2)
-    return left
 
 
 class Cluster:
@@ -82,8 +67,16 @@ class Cluster:
             state = self.job_state(job_id)
         return state
 
-    def cancel_jobs(self) -> list[str]:
-        return cancel_jobs(lambda *argv: self.cmd(*argv, check=False))
+    def cancel_jobs(self, grace_s: float = 15) -> list[str]:
+        """Cancel every job still pending, running or suspended, wait until none is left, and say which there
+        were ('ID STATE NAME'). A job just cancelled or ended is 'completing' for a moment: not left."""
+        left = self.cmd("squeue", "-h", "-t", "PD,R,S,CF", "-o", "%i %T %j", check=False).splitlines()
+        if left:
+            self.cmd("scancel", *[row.split()[0] for row in left], check=False)
+        deadline = time.monotonic() + grace_s
+        while self.cmd("squeue", "-h", "-o", "%i", check=False).strip() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        return left
 
     def wait_nodes_idle(self, timeout_s: float = 30) -> None:
         deadline = time.monotonic() + timeout_s
@@ -159,18 +152,11 @@ def slurm_cluster(slurm_cluster_session):
     left = cluster.cancel_jobs()
     cluster.wait_nodes_idle()
     assert not left, f"an earlier module left jobs on the local SLURM (cancelled now): {left}"
-    with lent_to_module(cluster):
-        yield cluster
-
-
-@contextmanager
-def lent_to_module(cluster):
-    """SLURM_CONF names `cluster` for a module's tests (and every tool they run); at the module's end its
-    jobs must be gone: the next module shares the cluster."""
     old = os.environ.get("SLURM_CONF")
-    os.environ["SLURM_CONF"] = cluster.conf
+    os.environ["SLURM_CONF"] = cluster.conf  # tools under test (and their child processes) find the cluster
     try:
-        yield
+        yield cluster
+        # What a module's tests started, they stop: the next module shares this cluster.
         left = cluster.cancel_jobs()
         assert not left, f"jobs still queued or running after the module's last test (cancelled now): {left}"
     finally:
