@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# cluster-local.sh start [N]|stop|nodes|env|status|cpu NODE PCT|heal — a multi-node SLURM on one machine.
+# cluster-local.sh start [N]|stop|nodes|env|status|sshd|cpu NODE PCT|heal — a multi-node SLURM on one machine.
 #
 # Each node is a network namespace plus a UTS namespace named after its SLURM node (mln1..mlnN,
 # N = 1..8, default 4) with its own hostname and address 10.213.0.K on the bridge mlnbr0. The host
@@ -14,6 +14,12 @@
 #   cluster-local.sh cpu mln2 20          (20% of one CPU for everything on mln2; 0 lifts it)
 #   kill "$(cat $CLUSTER_LOCAL_DIR/run/slurmd-mln2.pid)"
 #   cluster-local.sh heal [NODE...]       (undo all three, resume or restart slurmd, wait until idle)
+#
+# sshd (the SSH transport's tests): `cluster-local.sh sshd` starts one sshd per node, in the node's
+# namespaces and cpu cgroup, listening only on 10.213.0.K:22, with keys made for this cluster under
+# $CLUSTER_LOCAL_DIR/ssh (0700): a host key per node, one client key, the known_hosts and an
+# ssh_config naming every node (export MLENG_SSH_CONFIG=$CLUSTER_LOCAL_DIR/ssh/config). Stop it with
+# kill "$(cat $CLUSTER_LOCAL_DIR/run/sshd-mln2.pid)" (a dead node); heal and stop handle it.
 #
 # Debian 12 (SLURM 22.05), root. Packages as scripts/slurm-local.sh (installed when missing).
 # Knobs: CLUSTER_LOCAL_DIR (default /tmp/mln-cluster), PORT_BASE (slurmctld P, slurmd P+1 inside each
@@ -152,11 +158,68 @@ heal() {  # heal [NODE...]: lift injected faults (qdisc, CPU limit, stopped or d
     # A SIGSTOPped slurmd is "alive" but answers nothing: resume it before asking.
     pkill -CONT -F "$D/run/slurmd-$node.pid" slurmd 2>/dev/null || true
     alive "$D/run/slurmd-$node.pid" slurmd || start_slurmd "$node"
+    # sshd only where `sshd` started one: its config is left behind in the cluster's folder.
+    [ ! -f "$SSH_DIR/sshd-$node.conf" ] || alive "$D/run/sshd-$node.pid" sshd || start_sshd "$node"
   done
   n=$(wc -l < "$D/nodes")
   scontrol update nodename="$(paste -sd, "$D/nodes")" state=resume >/dev/null 2>&1 || true
   # A job that ran on a node whose slurmd was killed stays "completing" until the new slurmd reports.
   wait_idle "$n" 1200
+}
+
+SSH_DIR=$D/ssh
+
+sshd_conf() {  # sshd_conf NODE ADDR: public keys only, nothing forwarded, logs in $D/log
+  cat <<EOF
+ListenAddress $2
+Port 22
+HostKey $SSH_DIR/host-$1
+PidFile $D/run/sshd-$1.pid
+AuthorizedKeysFile $SSH_DIR/authorized_keys
+# /tmp above the key folder is world-writable, which StrictModes refuses; the folder itself is 0700.
+StrictModes no
+PermitRootLogin prohibit-password
+PubkeyAuthentication yes
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+UsePAM no
+AllowAgentForwarding no
+AllowTcpForwarding no
+X11Forwarding no
+PermitTunnel no
+PermitUserEnvironment no
+PrintMotd no
+MaxStartups 200
+EOF
+}
+
+start_sshd() {  # start_sshd NODE: like slurmd, in the node's namespaces and cgroup (CPU caps apply)
+  detached sh -c 'echo $$ > "$1/tasks" && exec nsenter --net="/run/netns/$2" unshare --uts --mount sh -c \
+    "mount --bind /etc/netns/$2/hosts /etc/hosts && hostname $2 && exec /usr/sbin/sshd -f $3 -E $4"' \
+    sh "$CGROUP/$1" "$1" "$SSH_DIR/sshd-$1.conf" "$D/log/sshd-$1.log"
+  for _ in $(seq 50); do alive "$D/run/sshd-$1.pid" sshd && return 0; sleep 0.1; done
+  say "sshd on $1 did not start"; tail -n 5 "$D/log/sshd-$1.log" >&2 || true; return 1
+}
+
+sshd_all() {  # keys made here for this cluster only; known_hosts and ssh_config written by us
+  command -v /usr/sbin/sshd >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+    --no-install-recommends openssh-server >/dev/null
+  mkdir -p /run/sshd                       # sshd's privilege-separation folder (Debian's default path)
+  install -d -m 0700 "$SSH_DIR"
+  [ -f "$SSH_DIR/client" ] || ssh-keygen -q -t ed25519 -N '' -C mln-client -f "$SSH_DIR/client"
+  install -m 0600 "$SSH_DIR/client.pub" "$SSH_DIR/authorized_keys"
+  : > "$SSH_DIR/known_hosts"; : > "$SSH_DIR/config"
+  local node addr
+  for node in $(cat "$D/nodes"); do
+    addr=$NET.${node#"$PREFIX"}
+    [ -f "$SSH_DIR/host-$node" ] || ssh-keygen -q -t ed25519 -N '' -C "$node" -f "$SSH_DIR/host-$node"
+    echo "$node,$addr $(cut -d' ' -f1,2 "$SSH_DIR/host-$node.pub")" >> "$SSH_DIR/known_hosts"
+    printf 'Host %s\n  HostName %s\n  User root\n  IdentityFile %s\n  IdentitiesOnly yes\n  UserKnownHostsFile %s\n' \
+      "$node" "$addr" "$SSH_DIR/client" "$SSH_DIR/known_hosts" >> "$SSH_DIR/config"
+    sshd_conf "$node" "$addr" > "$SSH_DIR/sshd-$node.conf"
+    alive "$D/run/sshd-$node.pid" sshd || start_sshd "$node"
+  done
+  echo "export MLENG_SSH_CONFIG=$SSH_DIR/config"
 }
 
 print_env() { echo "export SLURM_CONF=$SLURM_CONF"; echo "export MLN_CLUSTER_NODES=$(paste -sd, "$D/nodes")"; }
@@ -183,7 +246,8 @@ case "${1:-}" in
   nodes) cat "$D/nodes" ;;
   env) print_env ;;
   status) sinfo -N -l ;;
+  sshd) with_cluster_lock sshd_all ;;
   cpu) cpu_limit "${2:?cpu NODE PCT}" "${3:?cpu NODE PCT}" ;;
   heal) shift; with_cluster_lock heal "$@" ;;
-  *) echo "usage: $0 start [N]|stop|nodes|env|status|cpu NODE PCT|heal [NODE...]" >&2; exit 2 ;;
+  *) echo "usage: $0 start [N]|stop|nodes|env|status|sshd|cpu NODE PCT|heal [NODE...]" >&2; exit 2 ;;
 esac
