@@ -3,6 +3,7 @@ here. The path the GPU box takes (tests/gpu/test_fleet_sweep_gpu.py); and bad ho
 
 from __future__ import annotations
 
+import os
 import socket
 
 import pytest
@@ -25,11 +26,15 @@ def test_this_machine_is_swept_without_slurm(monkeypatch):
     assert [r["host"] for r in stored] == [socket.gethostname()]
 
 
-def test_other_hosts_outside_slurm_are_refused_naming_hosts(monkeypatch):
+def test_other_hosts_outside_slurm_go_over_ssh_and_bad_names_are_refused(monkeypatch):
+    from tools.fleet_sweep.targets import resolve
+
     monkeypatch.setenv("SLURM_CONF", "/nonexistent/slurm.conf")
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
-    with pytest.raises(ToolFailure, match=r'^hosts: outside SLURM only this machine can be swept'):
-        fs.SPEC.run(fs.SPEC.Params(hosts=["gpu-01", "gpu-02"], checks=["gpu_health"]), lambda f, m: None)
+    target = resolve(fs.SPEC.Params(hosts=["gpu-[01-02]"]), dict(os.environ))
+    assert (target.kind, target.nodes) == ("ssh", ["gpu-01", "gpu-02"])
+    with pytest.raises(ToolFailure, match=r"^hosts: 'root@gpu-01' is not a host name"):
+        fs.SPEC.run(fs.SPEC.Params(hosts=["root@gpu-01"], checks=["gpu_health"]), lambda f, m: None)
 
 
 def test_a_suspect_is_re_run_on_its_node_and_only_its_checks(monkeypatch):

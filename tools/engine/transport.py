@@ -39,6 +39,7 @@ from typing import Callable
 
 from .data import IMPORT_ROOT, PACKAGE
 
+TRANSPORT_ENV = "MLENG_TRANSPORT"   # "ssh": a host list goes over SSH even where SLURM is configured
 SSH_CONFIG_ENV = "MLENG_SSH_CONFIG"
 SSH_KNOWN_HOSTS_ENV = "MLENG_SSH_KNOWN_HOSTS"
 MAX_HOSTS = 100_000

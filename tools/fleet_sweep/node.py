@@ -19,6 +19,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..engine.on_node import NODE_ENV
 from ..shared.sidechannel import emit
 
 NAME = Field(max_length=256)
@@ -101,8 +102,9 @@ def check_event(data: dict) -> dict:
 
 
 def node_name() -> str:
-    """The SLURM node name when under srun (what scontrol and the drain list need), else the host."""
-    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+    """The SLURM node name when under srun (what scontrol and the drain list need), the name ssh reached it
+    by (engine/remote_step.py sets it), else the host."""
+    return os.environ.get("SLURMD_NODENAME") or os.environ.get(NODE_ENV) or socket.gethostname()
 
 
 def gpu_count() -> int:

@@ -138,12 +138,20 @@ def channel_findings(got) -> list[str]:
     return lines
 
 
+def drain_rows(drain: list[dict], target) -> list[dict]:
+    """The drain list; hosts reached over SSH have no scontrol to name, so the line says what to do."""
+    if target.kind != "ssh":
+        return drain
+    return [{**d, "command": f"# no SLURM: take {d['node']} out of service by hand (fleet_sweep runs nothing)"}
+            for d in drain]
+
+
 def build_result(params, target, got, stored: dict, wall_s: float, confirm=None, notes=()) -> FleetSweepResult:
     rows = list(got.rows.values()) if got else []
     known = dict(target.skipped)
     if got:
         known.update({n: ended_reason(how) for n, how in got.ended.items()})
-        known.update({n: f"srun could not start its task: {why}" for n, why in got.failed_launch.items()})
+        known.update({n: f"{got.launcher} could not start its task: {why}" for n, why in got.failed_launch.items()})
     planned = got.planned if got else {}
     confirm_rows = list(confirm.rows.values()) if confirm else None
     cut_short = got.relaunch.sentence() if got and got.relaunch and got.timed_out else None
@@ -172,7 +180,7 @@ def build_result(params, target, got, stored: dict, wall_s: float, confirm=None,
         drift=[Drift(**d) for d in agg["drift"]], inventory_drift=[Drift(**d) for d in agg["inventory_drift"]],
         not_answering=[Missing(node=n, reason=why) for n, why in sorted(agg["missing"].items())],
         not_judged=[Missing(node=n, reason=why) for n, why in sorted(agg["not_judged"].items())],
-        drain=[Drain(**d) for d in agg["drain"]], launch_attempts=got.attempts if got else 0, wall_s=wall_s,
+        drain=[Drain(**d) for d in drain_rows(agg["drain"], target)], launch_attempts=got.attempts if got else 0, wall_s=wall_s,
         rows_from_attempt=got.attempts if got else 0, refused=refused_rows(got, confirm),
         findings=[*notes, *findings_for(agg, len(target.nodes), complete, wall_s, params.deadline_s, cut_short),
                   *channel_findings(got)],

@@ -8,6 +8,10 @@ measured under different load are never compared). At the deadline the step is c
 process of it on every node is killed (srun passes the signal to each node's slurmstepd); nodes that
 had not answered are named, never waited for.
 
+Over SSH (target kind "ssh", engine/transport.py) the step is one ssh per node, all at once: a node
+whose sshd does not answer ends alone (no relaunch of the others is needed), and a node still running
+at the deadline is cut there. Each line is credited to the connection it came on.
+
 Identity comes from the launcher: srun runs with --label (every line carries its task number) and -v
 (srun says which host each task was launched on). An event is credited to that host; one that names
 another node, a check that node did not plan, or a second copy of a row is refused and counted.
@@ -25,6 +29,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from ..engine.processes import Supervised, python_module_command
+from ..engine.transport import SshTransport
 from ..shared import sidechannel, slurm
 from .node import check_event
 
@@ -75,6 +80,7 @@ class Collected:
     relaunch: Relaunch | None = None  # set when the last attempt started after others' launch failed
     stderr_tail: str = ""
     leftovers: list[str] = field(default_factory=list)                 # steps scancel had to stop
+    launcher: str = "srun"           # who failed to start a node's task, in the answer's words
 
     def refuse(self, who: str, why: str) -> None:
         self.refused[(who, why)] += 1
@@ -218,6 +224,34 @@ def run_step(nodes: list[str], target, job: dict, got: Collected, deadline: floa
     got.failed_launch.update(launch_failures(got.stderr_tail))
 
 
+def run_ssh_step(nodes: list[str], job: dict, got: Collected, deadline: float, on_row) -> None:
+    """One SSH step over `nodes` (one reader per connection: a node's multi-part events never mix with
+    another's); updates `got` as run_step does for srun."""
+    got.attempts += 1
+    got.launcher = "ssh"
+    readers = {node: sidechannel.Reader(check_event) for node in nodes}
+    follower = Follower(got, nodes, job["checks"], on_row, None)
+
+    def on_line(node: str, line: str) -> None:
+        event = readers[node].parse(line)
+        if event is not None:
+            follower.accept(node, event.data)
+
+    ends = SshTransport().run_step(nodes, python_module_command("fleet_sweep.node", json.dumps(job)),
+                                   max(1.0, deadline - time.monotonic()), on_line)
+    for node, reader in readers.items():
+        for (_, why), count in reader.skipped.items():
+            got.refused[(node, why)] += count
+    for node, end in ends.items():
+        if end.how == "unreachable":
+            got.failed_launch[node] = end.why.removeprefix(f"{node}: ")   # the answer names the node already
+        elif end.how == "silent":
+            got.timed_out = True
+        elif end.code and node not in got.done:
+            got.ended[node] = exit_how(end.code)
+    got.stderr_tail = "".join(f"{n}: {e.stderr_tail}" for n, e in ends.items() if e.stderr_tail)[-4000:]
+
+
 def exit_how(code: int) -> str:
     """An exit status in srun's words ("Killed", "Exited with exit code 1")."""
     if code < 0:
@@ -242,6 +276,9 @@ def sweep(target, job: dict, deadline_s: float, on_row) -> Collected:
     start = time.monotonic()
     deadline = start + deadline_s
     nodes = target.launch_nodes
+    if target.kind == "ssh":
+        run_ssh_step(nodes, job, got, deadline, on_row)
+        return got
     run_step(nodes, target, job, got, deadline, on_row)
     rest = [n for n in nodes if n not in got.failed_launch]
     if got.failed_launch and rest and time.monotonic() < deadline - 1:

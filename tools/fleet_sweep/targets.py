@@ -1,7 +1,7 @@
-"""Which nodes a sweep covers and how srun reaches them: the allocation we run in, a running job,
-a partition and node count (a job of our own), or a host list of SLURM nodes. Without SLURM, only
-this machine (hosts=["localhost"]) can be swept: its node process is started here directly. Other
-hosts outside SLURM are refused: no remote launcher (ssh, pdsh) is built in or tested.
+"""Which nodes a sweep covers and how they are reached: the allocation we run in, a running job,
+a partition and node count (a job of our own), or a host list of SLURM nodes, all through srun; a
+host list without SLURM (or with MLENG_TRANSPORT=ssh) through SSH (engine/transport.py), and
+hosts=["localhost"] by starting the node process here directly.
 
 Every bad input raises ToolFailure naming the field (job_id, partition, nodes, hosts) and what is
 accepted. Nodes SLURM already knows to be unreachable (down, not responding, drained) are left out
@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from ..engine.placement import inside_allocation, inside_job, own_job
 from ..engine.spec import ToolFailure
+from ..engine.transport import TRANSPORT_ENV, node_set
 from ..shared import slurm
 
 UNREACHABLE = ("down", "drain", "fail", "maint", "reboot", "future", "unknown", "power")
@@ -23,7 +24,7 @@ UNREACHABLE = ("down", "drain", "fail", "maint", "reboot", "future", "unknown", 
 
 @dataclass
 class Target:
-    kind: str                       # allocation | job | partition | hosts | local
+    kind: str                       # allocation | job | partition | hosts | ssh | local
     nodes: list[str]                # every node the sweep is about
     srun_args: list[str]            # where the step runs (--jobid/--overlap, or -p for a job of our own)
     skipped: dict[str, str] = field(default_factory=dict)   # node -> why it is not launched on
@@ -133,16 +134,31 @@ def is_this_machine(hosts: list[str]) -> bool:
     return bool(hosts) and all(h in me for h in hosts)
 
 
+def from_ssh_hosts(hosts: list[str]) -> Target:
+    """Hosts reached over SSH: names as the caller's ssh_config knows them, checked before ssh sees them."""
+    try:
+        return Target("ssh", node_set(hosts, slurm.MAX_HOSTS), [])
+    except ValueError as exc:
+        raise ToolFailure(f"hosts: {exc}") from None
+
+
+def over_ssh(env: dict) -> bool:
+    """A host list goes over SSH where there is no SLURM here, or where MLENG_TRANSPORT=ssh asks for it."""
+    if env.get(TRANSPORT_ENV) == "ssh":
+        return True
+    return not slurm.client_configured(env) and not slurm.in_allocation(env)
+
+
 def resolve(params, env: dict) -> Target:
     """The target from the params (hosts, job_id, partition) or, by default, our allocation."""
     if params.hosts is not None and is_this_machine(params.hosts):
         return Target("local", [socket.gethostname()], [], local=True)
+    if params.hosts is not None and over_ssh(env):
+        return from_ssh_hosts(params.hosts)
     if not slurm.client_configured(env) and not slurm.in_allocation(env):
-        what = "hosts: outside SLURM only this machine can be swept (hosts=[\"localhost\"]); " if params.hosts else ""
-        raise ToolFailure(what + "fleet_sweep reaches other nodes through SLURM (one srun step) and this machine has "
-                          "no SLURM client or slurm.conf: run it on a login node or set SLURM_CONF. Hosts outside "
-                          "SLURM: run `python -m mleng.fleet_sweep.node '{\"checks\": [\"env_report\"]}'` on each "
-                          "(ssh/pdsh) and compare the stored results with results_history.")
+        raise ToolFailure("fleet_sweep reaches nodes through SLURM (one srun step) or, with hosts=[...], over SSH, and "
+                          "this machine has no SLURM client or slurm.conf: give hosts (names your ssh reaches with "
+                          "keys and known host keys), or run it on a login node or set SLURM_CONF.")
     if params.hosts is not None:
         return from_hosts(params.hosts, params.partition, params.deadline_s)
     if params.job_id:
