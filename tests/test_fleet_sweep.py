@@ -28,7 +28,8 @@ def sweep(progress=None, **params) -> fs.result.FleetSweepResult:
 
 
 def leftovers(cluster) -> list[str]:
-    """Anything of a sweep still running: node processes other than slurmd, steps SLURM still holds."""
+    """Anything of a sweep still running: node processes other than slurmd or sshd (an SSH step's session
+    and remote_step too), steps SLURM still holds."""
     left = []
     for node in cluster.nodes:
         for pid in cluster.node_pids(node):
@@ -37,7 +38,7 @@ def leftovers(cluster) -> list[str]:
                     cmd = f.read().replace(b"\0", b" ").decode()
             except OSError:
                 continue
-            if "fleet_sweep" in cmd or "slurmstepd" in cmd:
+            if any(mark in cmd for mark in ("fleet_sweep", "slurmstepd", "remote_step", "@notty")):
                 left.append(f"{node}: {cmd[:80]}")
     steps = cluster.cmd("squeue", "-h", "-s", "-o", "%i %j").stdout.split("\n")
     return left + [s for s in steps if "mleng-fleet-sweep" in s]

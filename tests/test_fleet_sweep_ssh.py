@@ -16,7 +16,7 @@ import pytest
 
 from tests.multinode_cluster import multinode_cluster  # noqa: F401  (fixture)
 from tests.ssh_helpers import keygen, local_sshd, why_no_sshd
-from tests.test_fleet_sweep import CPU_CHECKS, leftovers, sweep
+from tests.test_fleet_sweep import CPU_CHECKS, sweep, wait_clean
 from tools.engine.store import query
 from tools.engine.transport import SSH_CONFIG_ENV, TRANSPORT_ENV
 
@@ -67,28 +67,6 @@ def cluster_over_ssh(ssh_cluster, over_ssh):
 
     over_ssh(f"{CLUSTER_DIR}/ssh/config")
     return ssh_cluster
-
-
-def ssh_leftovers(cluster) -> list[str]:
-    """leftovers() plus ssh sessions still open on a node (sshd's session child, remote_step)."""
-    left = leftovers(cluster)
-    for node in cluster.nodes:
-        for pid in cluster.node_pids(node):
-            try:
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    cmd = f.read().replace(b"\0", b" ").decode()
-            except OSError:
-                continue
-            if "remote_step" in cmd or "@notty" in cmd:
-                left.append(f"{node}: {cmd[:80]}")
-    return left
-
-
-def wait_clean(cluster, timeout_s: float = 30) -> list[str]:
-    deadline = time.monotonic() + timeout_s
-    while (left := ssh_leftovers(cluster)) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    return left
 
 
 @pytest.mark.slurm
