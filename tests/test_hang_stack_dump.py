@@ -418,3 +418,15 @@ def test_every_job_node_without_a_report_is_named_with_what_it_or_srun_said():
     assert [p.host for p in procs] == ["n1"] and silent == ["n2", "n3"]
     assert problems[0].startswith("n3: srun could not start the dump there: Socket timed out")
     assert any(p.startswith("n2: no report; it said: no stack could be read") for p in problems)
+
+
+def test_the_all_nodes_srun_runs_our_package_by_its_installed_name(monkeypatch):
+    """From the wheel the package is `mleng`: a fixed `-m tools.hang_stack_dump` failed on every node."""
+    from tools.engine import processes
+    from tools.hang_stack_dump import HangStackDumpParams, slurm_all_nodes_command
+
+    monkeypatch.setattr(processes, "PACKAGE", "mleng")
+    cmd = slurm_all_nodes_command(HangStackDumpParams(slurm_job_id="123", all_nodes=True), 2)
+    at = cmd.index("-m")
+    assert cmd[at - 1] == sys.executable and cmd[at + 1] == "mleng.hang_stack_dump"
+    assert "tools.hang_stack_dump" not in cmd

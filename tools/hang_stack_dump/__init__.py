@@ -20,7 +20,6 @@ Under SLURM (from a login node or inside the allocation; needs this checkout on 
 
 import os
 import socket
-import sys
 from typing import Annotated
 
 from .report import findings_for, odd_groups, odd_headline
@@ -36,6 +35,7 @@ from .stacks import (
 )
 from ..shared.process_targets import ALLOW_OTHER_USERS_HELP, Targets, TargetRequest, running_job, select
 from ..engine.data import IMPORT_ROOT as REPO_ROOT
+from ..engine.processes import python_module_command
 from ..engine.spec import SELF_EVIDENT, Field, Params, Result, ToolFailure, ToolSpec
 from ..shared.culprit_kind import CULPRIT_KIND_FIELD, Culprit, CulpritKind, rank_culprit
 from ..shared.safe_write import check_output, output_path, write_output
@@ -107,8 +107,9 @@ def slurm_all_nodes_command(params: HangStackDumpParams, nnodes: int | None) -> 
            "--kill-on-bad-exit=0", f"--chdir={REPO_ROOT}"]
     if nnodes:
         cmd.append(f"--nodes={nnodes}")
-    cmd += [sys.executable, "-m", "tools.hang_stack_dump", "--slurm-job-id", params.slurm_job_id, "--detail",
-            "--max-frames", str(params.max_frames), "--json"]
+    # Our package by its installed name (`mleng` from the wheel, `tools` in a checkout), not a fixed `tools`.
+    cmd += python_module_command("hang_stack_dump", "--slurm-job-id", params.slurm_job_id, "--detail",
+                                 "--max-frames", str(params.max_frames), "--json")
     if params.save_path:
         path = params.save_path if "{host}" in params.save_path else params.save_path + ".{host}"
         cmd += ["--save-path", str(output_path(path, "dumps", "unused"))]   # absolute: srun runs elsewhere
