@@ -103,3 +103,21 @@ def test_host_names_are_refused_before_ssh_sees_them(text, why):
 def test_node_sets_expand_as_clustershell_does():
     assert node_set(["gpu-[01-03]", "login1"]) == ["gpu-01", "gpu-02", "gpu-03", "login1"]
     assert node_set(["a[1-2]b[1-2]"]) == ["a1b1", "a1b2", "a2b1", "a2b2"]
+
+
+def test_the_node_option_runs_a_tool_over_ssh_and_files_it_under_the_node(monkeypatch, mleng_home):
+    from tools.engine import store
+    from tools.engine.registry import registry
+    from tools.engine.runner import execute
+    from tools.engine.spec import ToolFailure
+    from tools.engine.transport import TRANSPORT_ENV
+
+    spec = registry()["env_report"]
+    monkeypatch.setenv(TRANSPORT_ENV, "ssh")
+    with local_sshd(["n1"], dead=["n2"]) as ssh:
+        monkeypatch.setenv(SSH_CONFIG_ENV, str(ssh.config))
+        result = execute(spec, spec.Params(probe_torch=False), timeout_s=120, node="n1")
+        with pytest.raises(ToolFailure, match=r"(?s)on node n2 did not answer: ssh exited.*Connection refused"):
+            execute(spec, spec.Params(probe_torch=False), timeout_s=60, node="n2")
+    assert any(f.startswith("Ran on node n1") and "through ssh" in f for f in result.findings), result.findings
+    assert store.query(tool="env_report", limit=1)[0]["host"] == "n1"

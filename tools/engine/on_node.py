@@ -1,10 +1,11 @@
-"""Run a subprocess tool on a named node of a SLURM cluster: the call option `node`.
+"""Run a subprocess tool on a named node: the call option `node`, through srun, or over SSH.
 
     mleng run gpu_health --node gpu-017          # CLI
     gpu_health(node="gpu-017")                    # MCP (any tool whose schema lists `node`)
 
 The runner starts the same child (`python -m <pkg>.engine.child TOOL`, params on stdin, JSON lines on
-stdout) under `srun` on that node instead of here, so every per-node tool gets it with no code of its
+stdout) under `srun` on that node instead of here (or over ssh where there is no srun, or where
+MLENG_TRANSPORT=ssh: engine/transport.py, with its key and host-key rules), so every per-node tool gets it with no code of its
 own. Inside an allocation that holds the node, the step joins it (`--overlap`, beside the job's own
 steps); otherwise srun asks for a one-node job of its own on that node, in the first partition that
 node belongs to, limited to the call's timeout. The node must see the same Python and package path
@@ -21,6 +22,7 @@ import subprocess
 
 from .placement import inside_allocation, own_job
 from .processes import without_secrets
+from .transport import TRANSPORT_ENV, SshTransport
 
 NODE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,254}$"
 NODE_MAX_CHARS = 255
@@ -55,14 +57,20 @@ def _node_partition(node: str, env: dict) -> str | None:
     return names[0] if names else None
 
 
+def launcher(env: dict | None = None) -> str:
+    """How `node=` reaches the node: "ssh" where MLENG_TRANSPORT=ssh or there is no srun here, else "srun"."""
+    env = os.environ if env is None else env
+    return "ssh" if env.get(TRANSPORT_ENV) == "ssh" or not shutil.which("srun") else "srun"
+
+
 def node_command(node: str, cmd: list[str], timeout_s: float, job_name: str,
                  env: dict | None = None) -> tuple[list[str], dict]:
-    """(argv, env) that run `cmd` as one task on `node` through srun, and how it was placed."""
+    """(argv, env) that run `cmd` as one task on `node` through srun (and how it was placed) or ssh."""
     if not re.fullmatch(NODE_PATTERN, node):
-        raise NodeUnavailable(f"node {node[:80]!r} is not a SLURM node name (letters, digits, _ . -)")
-    if not shutil.which("srun"):
-        raise NodeUnavailable("node= needs SLURM's srun on this machine; it is not on PATH")
+        raise NodeUnavailable(f"node {node[:80]!r} is not a node name (letters, digits, _ . -)")
     env = without_secrets(dict(os.environ if env is None else env))
+    if launcher(env) == "ssh":
+        return SshTransport(env).command(node, cmd), env
     srun = ["srun", "--nodes=1", "--ntasks=1", f"--nodelist={node}", "--kill-on-bad-exit=1", "--quiet"]
     if node in _allocation_nodes(env):
         place = inside_allocation()   # beside the allocation's own steps, on the resources it already holds

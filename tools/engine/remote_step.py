@@ -3,13 +3,15 @@
 Runs ARGV in a process group of its own, with MLENG_NODE=NODE (the name the caller reached this node
 by, which the node then reports), and kills that group when the connection closes. sshd sends a
 command that has no terminal no signal when the client goes away, so without this a step cut at
-its deadline, or cancelled, would keep running on the node. The connection's end is seen as EOF on
-stdin (the caller never writes to it). Exits with the command's status.
+its deadline, or cancelled, would keep running on the node. The connection's end is seen on stdout:
+sshd closes its end of that pipe, and poll() reports an error on ours. stdin is the command's own
+(the `node=` option sends the tool's params on it). Exits with the command's status.
 """
 
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -35,12 +37,11 @@ def stop_group(child: subprocess.Popen) -> None:
 
 
 def watch_connection(child: subprocess.Popen) -> None:
-    while True:
-        try:
-            if not os.read(0, 4096):
-                break
-        except OSError:
-            break
+    """Wait until the reader of our stdout (sshd) is gone, then stop the command."""
+    watch = select.poll()
+    watch.register(1, 0)     # no event asked for: poll still reports POLLERR/POLLHUP, and only those
+    while not watch.poll():
+        pass
     stop_group(child)
 
 
@@ -50,7 +51,7 @@ def main(args: list[str]) -> int:
     if len(args) < 3 or args[1] != "--" or not re.fullmatch(NODE_PATTERN, args[0]):
         print("usage: remote_step NODE -- ARGV...", file=sys.stderr)
         return 2
-    child = subprocess.Popen(args[2:], stdin=subprocess.DEVNULL, start_new_session=True,
+    child = subprocess.Popen(args[2:], start_new_session=True,
                              env={**os.environ, NODE_ENV: args[0]})
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         signal.signal(sig, lambda *_: stop_group(child))

@@ -23,7 +23,7 @@ import time
 from . import store
 from .bounds import bound_result
 from .home import open_lock, private_dir
-from .on_node import NodeUnavailable, node_command
+from .on_node import NodeUnavailable, launcher, node_command
 from .printable import printable_data
 from .job_python import job_python, stack_line
 from .redact import redact_data
@@ -79,9 +79,9 @@ def execute(spec: ToolSpec, params: Params, progress: Progress | None = None, *,
         if spec.job_python and (stack := stack_line(child_prov)):
             result.findings.append(stack)
         if node:
-            claimed = str(child_prov.get("host", node))
-            result.findings.append(f"Ran on node {node} (host {node}) through srun." if claimed == node else
-                                   f"Ran on node {node} through srun; it calls itself host {claimed[:80]} (a claim: "
+            claimed, via = str(child_prov.get("host", node)), launcher()
+            result.findings.append(f"Ran on node {node} (host {node}) through {via}." if claimed == node else
+                                   f"Ran on node {node} through {via}; it calls itself host {claimed[:80]} (a claim: "
                                    f"stored under {node}).")
     result = bound_result(spec, result)   # what is answered and what is stored have one size limit
     result = _outbound(spec, result)      # no secret, ESC, CR or bidi override leaves, answered or stored
@@ -156,7 +156,7 @@ def _run_child(spec: ToolSpec, params: Params, progress: Progress, timeout_s: fl
             cmd, env = node_command(node, cmd, timeout_s, job_name=f"mleng-{spec.name}")
         except NodeUnavailable as e:
             raise ToolFailure(str(e)) from None
-        progress(0.0, f"starting on node {node} through srun")
+        progress(0.0, f"starting on node {node} through {launcher(env)}")
     deadline = time.monotonic() + timeout_s
     outcome, images = None, {}
     child = Supervised(cmd, parse_line=_parse_wire, env=env, stdin_bytes=params.model_dump_json().encode(),
@@ -186,8 +186,8 @@ def _run_child(spec: ToolSpec, params: Params, progress: Progress, timeout_s: fl
         return event["result"], event.get("provenance") or {}, images
     if kind == "error":
         raise ToolFailure(event["message"])
-    if node:   # srun's own refusal (unknown node, down, not in the partition) is in its stderr
-        raise ToolFailure(f"{spec.name} on node {node} did not answer: srun {_describe_exit(returncode)}."
+    if node:   # srun's or ssh's own refusal (unknown node, down, host key) is in its stderr
+        raise ToolFailure(f"{spec.name} on node {node} did not answer: {launcher(env)} {_describe_exit(returncode)}."
                           f"{_tail_note(child)}")
     raise ToolFailure(f"{spec.name} crashed: {_describe_exit(returncode)}.{_tail_note(child)}")
 

@@ -172,6 +172,11 @@ class SshTransport:
         return shlex.join(["env", f"PYTHONPATH={IMPORT_ROOT}", sys.executable, "-m", f"{PACKAGE}.engine.remote_step",
                            node, "--", *argv])
 
+    def command(self, node: str, argv: list[str]) -> list[str]:
+        """The ssh argv that runs argv on one node (the `node=` option: one node, no fan-out)."""
+        return ["ssh", *self.ssh_options(), "-o", f"ConnectTimeout={self.connect_timeout_s}", node,
+                self.remote_command(node, argv)]
+
     def run_step(self, nodes: list[str], argv: list[str], deadline_s: float,
                  on_line: Callable[[str, str], None]) -> dict[str, NodeEnd]:
         """Start argv on every node at once; on_line(node, line) for each stdout line as it comes; return
