@@ -56,7 +56,7 @@ Execution options, where a tool's schema lists them:
   handle (result.job.job_id): follow it with job_status, stop it with job_cancel.
 - timeout_s (seconds, 1-{TIMEOUT_MAX_S}; {SUBPROCESS_TIMEOUT_S:g} unless the schema shows a default): past it the run is
   killed and the call fails.
-- node (a SLURM node name: letters, digits, _ . -): run the tool on that node through srun.
+- node (a node name: letters, digits, _ . -): run the tool on that node (srun; ssh without SLURM).
 Optional fields may be left out (null means the same); a boolean left out is false unless its schema
 says otherwise; a number shown without a lower bound is positive (an integer >= 1);
 unknown arguments are refused. Guards are enforced but not shown: lengths from 32 characters, lists

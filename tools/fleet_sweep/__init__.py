@@ -39,7 +39,7 @@ class FleetSweepParams(Params):
     nodes: int | None = Field(None, ge=1, le=100000, description=(
         "With partition: how many; default all reachable."))
     hosts: list[str] | None = Field(None, max_length=100000, description=(
-        "Node names or hostlists ('gpu-[01-16]'); ['localhost']: this machine without SLURM."))
+        "Node names or hostlists ('gpu-[01-16]'); over ssh without SLURM; ['localhost']: here."))
     storage_path: str | None = Field(None, min_length=1, max_length=4096, description=(
         "Directory on every node for storage_bench."))
     deadline_s: float = Field(300, ge=10, le=3600, description=(
