@@ -7,8 +7,12 @@ gpu_health, cpu_probe; print wall time, the slowest node's check time (sum of it
 sum over all nodes. Holds /tmp/mln-cluster.session.lock (as the test fixture does) for the whole run.
 Root, Debian 12; the cluster is stopped at the end.
 
+`--launchers srun ssh`: the same nodes as a host list (hosts=["mln[1-N]"]) swept by srun and over SSH
+(an sshd per node, scripts/cluster-local.sh sshd), alternated in each repeat, in one run.
+
     python bench/fleet_sweep_walltime.py                 # 1 2 4 8 nodes, 2 repeats
     python bench/fleet_sweep_walltime.py --nodes 1 8 --repeats 1 --json walltime.json
+    python bench/fleet_sweep_walltime.py --nodes 8 --launchers srun ssh --checks cpu
 """
 
 import argparse
@@ -33,17 +37,21 @@ def cluster(*args: str) -> str:
     return subprocess.run(["bash", str(SCRIPT), *args], env=env, check=True, capture_output=True, text=True).stdout
 
 
-def one_sweep(n: int, checks: list[str]) -> dict:
+def one_sweep(n: int, checks: list[str], launcher: str = "partition") -> dict:
     from tools import fleet_sweep as fs
 
+    os.environ.pop("MLENG_TRANSPORT", None)
+    where = {"partition": "debug", "nodes": n} if launcher == "partition" else {"hosts": [f"mln[1-{n}]"]}
+    if launcher == "ssh":
+        os.environ["MLENG_TRANSPORT"] = "ssh"
     t0 = time.monotonic()
-    r = fs.SPEC.run(fs.SPEC.Params(partition="debug", nodes=n, checks=checks, deadline_s=600, plot=False),
-                    lambda f, m: None)
+    r = fs.SPEC.run(fs.SPEC.Params(**where, checks=checks, deadline_s=600, plot=False), lambda f, m: None)
     wall = time.monotonic() - t0
     per_node: dict[str, float] = {}
     for row in r.rows:
         per_node[row.node] = per_node.get(row.node, 0.0) + row.seconds
-    return {"nodes": n, "checks": ",".join(checks), "wall_s": round(wall, 2), "complete": r.nodes_complete,
+    return {"nodes": n, "launcher": launcher, "target": r.target, "drained": [d.node for d in r.drain],
+            "checks": ",".join(checks), "wall_s": round(wall, 2), "complete": r.nodes_complete,
             "slowest_node_s": round(max(per_node.values(), default=0), 2),
             "sum_nodes_s": round(sum(per_node.values()), 2)}
 
@@ -52,6 +60,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nodes", type=int, nargs="+", default=[1, 2, 4, 8])
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--launchers", nargs="+", choices=["partition", "srun", "ssh"], default=["partition"],
+                    help="partition: srun over the partition (the default); srun / ssh: the nodes as a host list")
+    ap.add_argument("--checks", nargs="+", choices=sorted(CHECK_SETS), default=sorted(CHECK_SETS))
     ap.add_argument("--json", help="write the rows here too")
     args = ap.parse_args()
     lock = open("/tmp/mln-cluster.session.lock", "w")
@@ -63,18 +74,22 @@ def main() -> int:
         for n in args.nodes:
             env_lines = cluster("start", str(n))
             os.environ["SLURM_CONF"] = env_lines.split("SLURM_CONF=")[1].split()[0]
-            for name, checks in CHECK_SETS.items():
+            if "ssh" in args.launchers:
+                os.environ["MLENG_SSH_CONFIG"] = cluster("sshd").split("MLENG_SSH_CONFIG=")[1].split()[0]
+            for name in args.checks:
                 for _ in range(args.repeats):
-                    row = one_sweep(n, checks)
-                    rows.append(row)
-                    print(json.dumps(row), flush=True)
+                    for launcher in args.launchers:
+                        row = one_sweep(n, CHECK_SETS[name], launcher)
+                        rows.append(row)
+                        print(json.dumps(row), flush=True)
     finally:
         cluster("stop")
         lock.close()
         shutil.rmtree(home, ignore_errors=True)
-    print(f"\n{'nodes':>5} {'checks':<30} {'wall s':>7} {'slowest node s':>15} {'sum of nodes s':>15}")
+    print(f"\n{'nodes':>5} {'launcher':<9} {'checks':<30} {'wall s':>7} {'slowest node s':>15} {'sum of nodes s':>15}")
     for r in rows:
-        print(f"{r['nodes']:>5} {r['checks']:<30} {r['wall_s']:>7} {r['slowest_node_s']:>15} {r['sum_nodes_s']:>15}")
+        print(f"{r['nodes']:>5} {r['launcher']:<9} {r['checks']:<30} {r['wall_s']:>7} {r['slowest_node_s']:>15} "
+              f"{r['sum_nodes_s']:>15}")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     return 0
