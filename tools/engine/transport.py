@@ -48,6 +48,7 @@ HOST_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9_.\-]{0,251}[A-Za-z0-9])?")
 BRACKET = re.compile(r"\[([^\[\]]*)\]")
 RANGE = re.compile(r"(\d{1,9})(?:-(\d{1,9}))?")
 STDERR_TAIL_CHARS = 2000
+LATE_S = 5            # past the deadline, the whole step is abandoned even if ClusterShell is still closing
 SSH_FAILED = 255      # ssh's own exit status when it could not connect, authenticate or verify the host
 
 # ssh's words for "nothing listens or the host is gone", as opposed to "it answered and refused us".
@@ -183,6 +184,7 @@ class SshTransport:
         how each node ended. Nodes still running at the deadline are cut (their ssh killed, so
         remote_step kills the command there) and end as silent."""
         from ClusterShell.Event import EventHandler
+        from ClusterShell.Task import TimeoutError as TaskTimeout
         from ClusterShell.Task import task_self
 
         ends: dict[str, NodeEnd] = {}
@@ -214,7 +216,11 @@ class SshTransport:
             task.shell(self.remote_command(node, argv), nodes=node, handler=handler, timeout=deadline_s,
                        stderr=True, tree=False)
         try:
-            task.resume()
+            # Per-node timeouts start when a host's ssh starts; this hard limit also covers hosts that
+            # waited for a fan-out slot (more hosts than the file limit lets run at once).
+            task.resume(timeout=deadline_s + LATE_S)
+        except TaskTimeout:
+            pass   # hosts that had not ended are reported silent below
         finally:
             self._task = None
             task.abort(kill=True)
@@ -233,8 +239,13 @@ class SshTransport:
 
     @staticmethod
     def fanout(count: int) -> int:
-        """Every node at once, within this process's file limit (an ssh holds 3 pipes here)."""
-        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        """Every node at once, within this process's file limit (an ssh holds 3 pipes here, 6 descriptors
+        counting both ends while it starts): the soft limit is raised toward the hard one when needed."""
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        wanted = 64 + 8 * count
+        if soft != resource.RLIM_INFINITY and soft < wanted:
+            soft = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
         return max(1, min(count, (soft - 64) // 8))
 
     def cancel(self) -> None:
