@@ -121,3 +121,16 @@ def test_the_node_option_runs_a_tool_over_ssh_and_files_it_under_the_node(monkey
             execute(spec, spec.Params(probe_torch=False), timeout_s=60, node="n2")
     assert any(f.startswith("Ran on node n1") and "through ssh" in f for f in result.findings), result.findings
     assert store.query(tool="env_report", limit=1)[0]["host"] == "n1"
+
+
+def test_a_known_hosts_file_we_are_given_is_the_only_one_used(tmp_path):
+    from tools.engine.transport import SSH_KNOWN_HOSTS_ENV
+
+    with local_sshd(["n1"]) as ssh:
+        empty = tmp_path / "empty_known_hosts"
+        empty.write_text("")
+        for known, ran in ((empty, False), (ssh.known_hosts, True)):
+            env = {**os.environ, SSH_CONFIG_ENV: str(ssh.config), SSH_KNOWN_HOSTS_ENV: str(known)}
+            lines = []
+            ends = SshTransport(env=env).run_step(["n1"], ["echo", "ran"], 20, lambda n, line: lines.append(line))
+            assert (lines == ["ran"]) == ran and (ends["n1"].how == "exited") == ran, ends
