@@ -134,3 +134,35 @@ def test_a_known_hosts_file_we_are_given_is_the_only_one_used(tmp_path):
             lines = []
             ends = SshTransport(env=env).run_step(["n1"], ["echo", "ran"], 20, lambda n, line: lines.append(line))
             assert (lines == ["ran"]) == ran and (ends["n1"].how == "exited") == ran, ends
+
+
+def test_a_node_that_prints_an_endless_line_is_cut_not_buffered_whole():
+    """ClusterShell keeps a partial line until its newline: a hostile node's 64 MiB line must reach it cut
+    (engine/ssh_lines.py), while the lines after it and the exit status still come through."""
+    from tools.engine.ssh_lines import CUT_MARK, MAX_LINE_BYTES
+    with local_sshd(["n1"]) as ssh:
+        lines, ends = run(ssh.config, ["n1"], ["sh", "-c", "head -c 67108864 /dev/zero | tr '\\0' x; echo; "
+                                                          "echo after; head -c 5000000 /dev/zero >&2; exit 4"])
+    assert [len(line) for _, line in lines] == [MAX_LINE_BYTES + len(CUT_MARK) - 1, len("after")]
+    assert lines[1] == ("n1", "after") and (ends["n1"].how, ends["n1"].code) == ("exited", 4)
+
+
+def test_a_line_cut_across_reads_keeps_its_count():
+    import io
+
+    from tools.engine.ssh_lines import copy_capped
+
+    class Trickle(io.RawIOBase):          # hands out 3 bytes a read, as a slow link would
+        def __init__(self, data):
+            self.data = data
+
+        def readable(self):
+            return True
+
+        def read(self, n=-1):
+            piece, self.data = self.data[:3], self.data[3:]
+            return piece
+
+    out = io.BytesIO()
+    copy_capped(Trickle(b"abcdefghij\nkl\n" + b"m" * 20), out, limit=8)
+    assert out.getvalue() == b"abcdefgh ...[line cut by mleng]\nkl\nmmmmmmmm ...[line cut by mleng]\n"

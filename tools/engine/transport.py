@@ -20,7 +20,7 @@ Security of the SSH side:
 - The command is an argv list, quoted once by shlex.join for the remote shell (ssh always hands the
   remote side one string); no part of it is a shell string built from input.
 - A line is credited to the node whose connection it came on (ClusterShell's per-node stream), never
-  to what the line says.
+  to what the line says, and is cut at ssh_lines.MAX_LINE_BYTES before ClusterShell buffers it.
 
 On the node, the argv runs under engine/remote_step.py, which kills the step's process group when
 the connection closes: sshd gives a command without a terminal no signal when the client goes, so a
@@ -168,6 +168,11 @@ class SshTransport:
             opts += ["-o", option]
         return ["-T", "-a", "-x", *opts]
 
+    @staticmethod
+    def capped_ssh() -> list[str]:
+        """ssh run under engine/ssh_lines.py, which hands on its output with every line cut at a bound."""
+        return ["env", f"PYTHONPATH={IMPORT_ROOT}", sys.executable, "-m", f"{PACKAGE}.engine.ssh_lines", "ssh"]
+
     def remote_command(self, node: str, argv: list[str]) -> str:
         """The one string ssh hands the remote shell: argv quoted once, under remote_step."""
         return shlex.join(["env", f"PYTHONPATH={IMPORT_ROOT}", sys.executable, "-m", f"{PACKAGE}.engine.remote_step",
@@ -205,7 +210,8 @@ class SshTransport:
         task.set_default("stdout_msgtree", False)   # lines go to on_line as they come, not kept twice
         task.set_default("stderr_msgtree", False)
         task.set_default("distant_workername", "ssh")   # whatever a defaults.conf on this machine says
-        task.set_info("ssh_path", "ssh")
+        # every ssh under ssh_lines: ClusterShell buffers a partial line whole, so a node's endless line is cut here
+        task.set_info("ssh_path", shlex.join(self.capped_ssh()))
         task.set_info("ssh_options", shlex.join(self.ssh_options()))
         task.set_info("connect_timeout", self.connect_timeout_s)
         task.set_info("fanout", self.fanout(len(nodes)))
