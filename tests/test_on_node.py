@@ -4,6 +4,7 @@ hostname), inside an allocation that holds the node and as a job of its own; ref
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -37,6 +38,25 @@ def test_the_option_is_offered_exactly_to_one_node_subprocess_tools():
         assert ("node" in props) == takes_node(spec), name
     assert takes_node(registry()["gpu_health"]) and not takes_node(registry()["collective_bench"])
     assert not takes_node(registry()["memory_estimate"])   # in-process: runs in the server
+
+
+def test_with_no_slurm_configuration_the_answer_says_so_and_what_to_do(tmp_path, monkeypatch):
+    """srun installed but no slurm.conf and no configless server (a laptop, a login node of another cluster): the
+    real model got srun's DNS SRV lines; the answer says what is missing and the three ways on."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    for name in ("srun", "scontrol", "sinfo", "squeue"):
+        (fake / name).write_text("#!/bin/sh\necho 'srun: error: fetch_config: DNS SRV lookup failed' >&2\n"
+                                 "echo 'srun: fatal: Could not establish a configuration source' >&2\nexit 1\n")
+        (fake / name).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake}:{os.environ['PATH']}")
+    for var in ("SLURM_JOB_ID", "SLURM_NODELIST", "SLURM_JOB_NODELIST", "MLENG_TRANSPORT"):
+        monkeypatch.delenv(var, raising=False)
+    with pytest.raises(ToolFailure) as caught:
+        _run("gpu-node05", timeout_s=60)
+    said = str(caught.value)
+    assert "there is no SLURM configuration on this machine" in said and "MLENG_TRANSPORT=ssh" in said
+    assert "SLURM_CONF" in said and "DNS SRV" not in said
 
 
 def test_a_name_that_is_not_a_node_never_reaches_argv():

@@ -187,9 +187,20 @@ def _run_child(spec: ToolSpec, params: Params, progress: Progress, timeout_s: fl
     if kind == "error":
         raise ToolFailure(event["message"])
     if node:   # srun's or ssh's own refusal (unknown node, down, host key) is in its stderr
+        if launcher(env) == "srun" and any(words in child.stderr_text() for words in NO_SLURM_CONFIG):
+            raise ToolFailure(
+                f"{spec.name} cannot reach node {node}: there is no SLURM configuration on this machine (srun found "
+                "no slurm.conf and no configless server). Run the tool on that node itself (`mleng run "
+                f"{spec.name}` there), set SLURM_CONF to the cluster's slurm.conf, or reach the node over ssh "
+                "(MLENG_TRANSPORT=ssh, the node's key in known_hosts).")
         raise ToolFailure(f"{spec.name} on node {node} did not answer: {launcher(env)} {_describe_exit(returncode)}."
                           f"{_tail_note(child)}")
     raise ToolFailure(f"{spec.name} crashed: {_describe_exit(returncode)}.{_tail_note(child)}")
+
+
+# srun's words when it finds no configuration at all (no slurm.conf, no DNS SRV record for a configless slurmctld)
+NO_SLURM_CONFIG = ("Could not establish a configuration source", "fetch_config: DNS SRV lookup failed",
+                   "Unable to process configuration file")
 
 
 def _tail_note(child: Supervised) -> str:
