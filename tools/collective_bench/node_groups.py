@@ -54,6 +54,8 @@ def group_run(nodes: list[int], outcome: LaunchOutcome | None, pg_timeout_s: flo
     setup = next((e for e in outcome.data if e.get("kind") == "setup"), {})
     busbw, latency = figures_of(rows)
     where = "+".join(names[i] for i in nodes)
+    if outcome.cut:
+        return GroupRun(nodes, "hang", busbw, latency, wall_s, f"{where} {outcome.cut}", rows)
     if outcome.stalled or outcome.overran:
         return GroupRun(nodes, "hang", busbw, latency, wall_s, f"{where} did not finish within "
                         f"{outcome.elapsed_s:.0f} s ({len(rows)} sizes measured)", rows)
@@ -97,20 +99,26 @@ def srun_group_command(job: dict, names: list[str], addresses: dict[str, str], n
 
 def run_round_srun(groups: list[list[int]], names: list[str], job: dict, *, nproc: int, deadline_s: float,
                    pg_timeout_s: float, port: int, job_id: str | None = None,
-                   scratch_tag: str = "run") -> list[GroupRun]:
-    """Every group of the round at once, one srun step each; results in the order of `groups`."""
+                   scratch_tag: str = "run", pace=None) -> list[GroupRun]:
+    """Every group of the round at once, one srun step each; results in the order of `groups`.
+    `pace` (pairwise, pair_pace.Pace): stops a pair far slower than the healthy ones before the deadline."""
     addresses = node_addresses(names)
     results: list[GroupRun | None] = [None] * len(groups)
 
     def one(k: int, group: list[int]) -> None:
         t0 = time.monotonic()
         outcome = None
+        rows: list[dict] = []   # this group's sizes as they come in: what `pace` judges it by
         try:
             cmd = srun_group_command(job, [names[i] for i in group], addresses, nproc, port, job_id)
             outcome = launch_ranks(cmd, len(group) * nproc, timeout_s=pg_timeout_s, stall_s=deadline_s,
-                                   deadline_s=deadline_s, env={_slurm.SCRATCH_TAG_ENV: scratch_tag})
+                                   deadline_s=deadline_s, env={_slurm.SCRATCH_TAG_ENV: scratch_tag},
+                                   on_event=lambda e: rows.append(e) if e.get("kind") == "row" else None,
+                                   cut=(lambda elapsed_s: pace.why_stop(elapsed_s, rows)) if pace else None)
         finally:
             results[k] = group_run(group, outcome, pg_timeout_s, names, round(time.monotonic() - t0, 2))
+            if pace:
+                pace.record(results[k])
 
     threads = [threading.Thread(target=one, args=(k, g), daemon=True) for k, g in enumerate(groups)]
     for t in threads:

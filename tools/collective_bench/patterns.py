@@ -13,6 +13,7 @@ from ..shared.launch import use_srun
 from .isolation import IsolationReport, bisect, draw_heatmap, pairwise
 from .node_agents import SECRET_ENV, agent, coordinate, open_store, run_secret
 from .node_groups import remove_scratch, run_round_srun
+from .pair_pace import Pace
 from .pair_schedule import full_round_count
 
 
@@ -126,8 +127,9 @@ def run_pattern(params, job: dict, nproc: int, progress) -> tuple[IsolationRepor
     if how == "srun":
         port, tag, report = 29500 + random.randrange(1000), os.urandom(8).hex(), None
         try:
+            pace = Pace() if params.pattern == "pairwise" else None   # bisect's halves differ in size: no pace
             report = drive(functools.partial(run_round_srun, names=names, job=job, nproc=nproc, deadline_s=deadline,
-                                             pg_timeout_s=params.pg_timeout_s, port=port, scratch_tag=tag))
+                                             pg_timeout_s=params.pg_timeout_s, port=port, scratch_tag=tag, pace=pace))
             return report, []
         finally:  # on the nodes that ran a group: a step that includes a dead node is refused as a whole
             ran = {n for g in report.groups if g.status == "ok" for n in g.nodes} if report else set(names)

@@ -76,6 +76,7 @@ class LaunchOutcome:
     output_tail: str              # rank output that was not an event
     launch_failures: dict = field(default_factory=dict)  # node -> srun's "Task launch ... failed" reason
     skipped_lines: list[str] = field(default_factory=list)   # side-channel lines not believed, and why
+    cut: str = ""                 # why the caller's `cut` stopped the run early ("" when it did not)
 
 
 class RankLayout(Params):
@@ -212,7 +213,8 @@ def plan_command(rank_module: str, params: dict, nproc_per_node: int, nnodes: in
 
 
 def launch_ranks(command: list[str], world_size: int, *, timeout_s: float, stall_s: float,
-                 deadline_s: float, on_event=None, env: dict | None = None) -> LaunchOutcome:
+                 deadline_s: float, on_event=None, env: dict | None = None,
+                 cut: Callable[[float], str | None] | None = None) -> LaunchOutcome:
     """Run `command` (from plan_command) and follow its ranks until they finish, stall or overrun.
 
     world_size: ranks expected to report here (0 when this node is one of several started by hand:
@@ -221,6 +223,8 @@ def launch_ranks(command: list[str], world_size: int, *, timeout_s: float, stall
     stall_s: stop when no rank reported anything for this long. deadline_s: stop regardless.
     On stop, the whole process tree is killed (torchrun workers are their own session leaders, so
     by descendants, not by process group). on_event(event) is called for every event as it arrives.
+    cut(elapsed_s): the caller's own reason to stop now (pairwise: a pair far slower than the healthy
+    ones), or None to go on; asked about every 50 ms.
     """
     run_env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
                "PYTHONUNBUFFERED": "1", **(env or {})}
@@ -242,6 +246,7 @@ def launch_ranks(command: list[str], world_size: int, *, timeout_s: float, stall
     ranks = {r: RankState(rank=r) for r in range(world_size)}
     data: list[dict] = []
     last_progress, stalled, overran, reported_world = time.monotonic(), False, False, world_size
+    cut_reason = ""
 
     def drain(wait_s: float = 0.0):
         """Apply every event that has come in (waiting up to wait_s for the first one)."""
@@ -272,11 +277,14 @@ def launch_ranks(command: list[str], world_size: int, *, timeout_s: float, stall
             if now - t0 > deadline_s:
                 overran = True
                 break
+            cut_reason = (cut(now - t0) or "") if cut else ""
+            if cut_reason:
+                break
     finally:
         child.stop(grace_s=3.0)
         if scratch:
             shutil.rmtree(scratch, ignore_errors=True)
-        if own_tag and (stalled or overran or child.proc.returncode):
+        if own_tag and (stalled or overran or cut_reason or child.proc.returncode):
             nodes = _slurm.allocation_nodes(run_env)
             if nodes:   # 15 s at most: a frozen node keeps its own, and the answer does not wait for it
                 _slurm.remove_tagged_scratch(nodes, own_tag, timeout_s=15, env=run_env)
@@ -288,7 +296,7 @@ def launch_ranks(command: list[str], world_size: int, *, timeout_s: float, stall
     for state in ranks.values():
         state.exitcode = codes.get(state.rank)
         if state.status == "running":  # alive when we stopped it, or gone without a word
-            state.status = "stuck" if (stalled or overran) else "vanished"
+            state.status = "stuck" if (stalled or overran or cut_reason) else "vanished"
             state.end_t = end
     return LaunchOutcome(command=command, world_size=max([reported_world, *(r + 1 for r in ranks)]),
                          ranks=ranks, data=data, returncode=child.proc.returncode, stalled=stalled,
@@ -296,7 +304,7 @@ def launch_ranks(command: list[str], world_size: int, *, timeout_s: float, stall
                          stderr_tail=stderr_tail[-4000:], output_tail="\n".join(child.output_tail)[-2000:],
                          skipped_lines=reader.notes(lambda task: "the ranks") + [
                              f"{n} line(s) skipped: {why}" for why, n in child.skipped.items()],
-                         launch_failures=failed_nodes)
+                         launch_failures=failed_nodes, cut=cut_reason)
 
 
 def _mark_gone(ranks: dict[int, RankState]) -> None:
