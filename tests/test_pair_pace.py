@@ -33,10 +33,11 @@ def test_nothing_is_stopped_before_a_healthy_pair_has_finished():
 
 def test_a_pair_at_a_fiftieth_of_the_healthy_busbw_is_stopped_once_a_healthy_pair_is_done():
     pace = paced(20.0, 22.0)
-    slow = rows({32 << 10: 0.004, 256 << 10: 0.004})
+    slow = rows({32 << 10: 0.004, 256 << 10: 0.004, 2 << 20: 0.005})
     assert pace.why_stop(20.0, slow) is None                     # before the healthy pairs' 21 s
     said = pace.why_stop(21.5, slow)
-    assert said and "256 KiB" in said and "0.004 GB/s is under a tenth of a healthy pair's 0.2 GB/s" in said
+    assert said and "at 2 MiB its busbw 0.005 GB/s is under a tenth of a healthy pair's 0.4 GB/s (3 sizes" in said
+    assert pace.why_stop(21.5, slow[:2]) is None                 # two sizes are too few to judge by
 
 
 def test_a_pair_as_fast_as_the_healthy_ones_runs_on_and_one_that_never_ends_stops_at_three_times():

@@ -6,7 +6,7 @@ said at once. What a healthy pair of this run did is known as soon as one has fi
 and its busbw at every size. A pair still running after that long is judged on the sizes it finished:
 
 - once it has run as long as a healthy pair took (the median of those that finished), it is stopped when
-  its busbw at the largest size it finished is under a tenth of a healthy pair's at that size (the gross
+  its busbw at the largest of the (3 or more) sizes it finished is under a tenth of a healthy pair's at that size (the gross
   margin of pair_verdict.py: 2-5x between healthy gloo pairs on shared cores is noise, 45x is a link);
 - it is stopped anyway at `slow_factor` x that time.
 
@@ -25,6 +25,8 @@ from .pair_verdict import GROSS_MARGIN
 from .report import human_size
 
 SLOW_FACTOR = 3.0   # a pair not done in 3 x a healthy pair's time is stopped (start-up included in both)
+MIN_SIZES = 3       # sizes a pair must have finished to be judged on them: the smallest alone are latency, and a
+#                     pair that started late under load has only those (32K read 8x slower on a 50 Mbit/s link)
 
 
 class Pace:
@@ -58,7 +60,7 @@ class Pace:
         with self._lock:
             known = {size: statistics.median(values) for size, values in self._busbw_at.items()}
         done = [r for r in rows if r.get("op") == "all_reduce" and int(r["bytes"]) in known]
-        if done:
+        if len(done) >= MIN_SIZES:
             last = max(done, key=lambda r: r["bytes"])
             healthy = known[int(last["bytes"])]
             if last["busbw_gbps"] < (1 - GROSS_MARGIN) * healthy:
