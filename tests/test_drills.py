@@ -15,7 +15,7 @@ from tools.evals.drills import session as drill_cli
 from tools.evals.drills.state import DrillState, state_file
 from tools.evals.drills.grade import Diagnosis, grade, parse_diagnosis
 from tests.multinode_cluster import multinode_cluster  # noqa: F401  (fixture, requested by the cluster test only)
-from tools.evals.drills.scenarios import Scenario, TOPICS, all_scenarios, load_scenario
+from tools.evals.drills.scenarios import Scenario, TOPICS, Truth, all_scenarios, load_scenario
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -86,6 +86,20 @@ def test_grading_rules():
     assert grade(rank, diag(culprit_kind="rank", culprit=["rank 7"])).score == 1
     setting = load_scenario("pm-socket-fallback")
     assert grade(setting, diag(culprit_kind="setting", culprit=["nccl_ib_disable=1"])).score == 1
+
+
+def test_two_faults_of_different_kinds_are_graded_together():
+    both = load_scenario("cl-link-and-starved-node")   # node mln4 (drain_ok) and link mln1-mln2
+    link = {"culprit_kind": "link", "culprit": ["mln2-mln1"]}
+    assert grade(both, diag(culprit_kind="node", culprit=["mln4"], drain=["mln4"], also=[link])).score == 1
+    assert grade(both, diag(culprit_kind="link", culprit=["mln1-mln2"],
+                            also=[{"culprit_kind": "node", "culprit": ["mln4"]}])).score == 1   # either way round
+    assert grade(both, diag(culprit_kind="node", culprit=["mln4"], drain=["mln4"])).score == 0.5   # the link missed
+    assert grade(both, diag(culprit_kind="node", culprit=["mln4", "mln3"], also=[link])).score == 0.5
+    assert grade(both, diag(culprit_kind="node", culprit=["mln1", "mln2"], drain=["mln1"])).false_drain == ["mln1"]
+    assert grade(both, diag(culprit_kind="node", culprit=["mln3"])).score == 0
+    with pytest.raises(ValueError, match="kinds other than"):
+        Truth(kind="node", identity=["mln4"], also=[{"kind": "node", "identity": ["mln3"]}])
 
 
 @pytest.mark.parametrize("text, complaint", [
@@ -304,3 +318,17 @@ def test_a_culprit_named_by_an_alias_the_log_itself_gives_is_the_culprit():
     assert (right.score, right.false_drain) == (1.0, [])
     wrong = grade(scenario, Diagnosis(culprit_kind="node", culprit=["node51"], drain=["node51"]))
     assert wrong.score == 0 and wrong.false_drain == ["node51"]
+
+
+def test_the_baseline_reads_a_slow_node_and_a_slow_link_from_one_pairwise_answer():
+    from tools.evals.drills.baseline import read_answer
+
+    answer = {"verdict": "fail", "isolation": {"suspects": [
+        {"kind": "link", "nodes": ["mln1", "mln2"], "evidence": "slow twice"},
+        {"kind": "node", "nodes": ["mln4"], "evidence": "slow with 3 of 3 partners"}]}}
+    read = read_answer("collective_bench", answer, {})
+    assert (read.culprit_kind, read.culprit, read.drain) == ("node", ["mln4"], ["mln4"])
+    assert [(a.culprit_kind, a.culprit) for a in read.also] == [("link", ["mln1-mln2"])]
+    assert grade(load_scenario("cl-link-and-starved-node"), read).score == 1
+    assert grade(load_scenario("cl-slow-node"), read_answer("collective_bench", {"verdict": "fail", "isolation": {
+        "suspects": [{"kind": "node", "nodes": ["mln3"]}]}}, {})).score == 1

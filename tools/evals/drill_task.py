@@ -47,8 +47,8 @@ INSTRUCTIONS = (
     "wrong; run real diagnostics rather than guessing. Never drain a node you have not shown to be faulty. "
     "Finish with one JSON object as the last thing in your reply: {\"culprit_kind\": \"node|link|rank|gpu|"
     "setting|none|inconclusive\", \"culprit\": [names], \"drain\": [nodes to drain, if any], \"evidence\": "
-    "\"...\"}. Name nodes as SLURM names them, a link as \"nodeA-nodeB\", a rank by its number, a setting "
-    "by its variable name.")
+    "\"...\", \"also\": [{\"culprit_kind\": ..., \"culprit\": [names]}] only for culprits of another kind}. "
+    "Name nodes as SLURM names them, a link as \"nodeA-nodeB\", a rank by its number, a setting by its variable name.")
 _one_at_a_time = asyncio.Lock()
 
 

@@ -23,7 +23,7 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from .faults import DrillError
-from .grade import Diagnosis, grade
+from .grade import AlsoNamed, Diagnosis, grade
 from .scenarios import all_scenarios, load_scenario
 from .session import start, stop
 
@@ -164,12 +164,14 @@ def read_answer(tool: str, answer: dict, context: dict) -> Diagnosis | str | Non
         isolation = answer.get("isolation") or {}
         suspects = [s for s in isolation.get("suspects") or [] if s.get("kind") in ("node", "link")]
         if suspects:
-            kinds = {s["kind"] for s in suspects}
-            kind = "node" if kinds == {"node"} else "link" if kinds == {"link"} else "node"
-            names = [n for s in suspects if s["kind"] == kind for n in
-                     (s["nodes"] if kind == "node" else ["-".join(s["nodes"])])]
-            return Diagnosis(culprit_kind=kind, culprit=names, drain=names if kind == "node" else [],
-                             evidence="; ".join(s.get("evidence", "") for s in suspects)[:2000])
+            nodes = [n for s in suspects if s["kind"] == "node" for n in s["nodes"]]
+            links = ["-".join(s["nodes"]) for s in suspects if s["kind"] == "link"]
+            evidence = "; ".join(s.get("evidence", "") for s in suspects)[:2000]
+            if not nodes:
+                return Diagnosis(culprit_kind="link", culprit=links, evidence=evidence)
+            # slow nodes are drained; a slow link between two healthy nodes is named beside them, not drained
+            return Diagnosis(culprit_kind="node", culprit=nodes, drain=nodes, evidence=evidence,
+                             also=[AlsoNamed(culprit_kind="link", culprit=links)] if links else [])
         if isolation and verdict == "ok":
             return Diagnosis(culprit_kind="none", evidence="every pair within the rule")
         if isolation:

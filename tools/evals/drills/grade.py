@@ -16,6 +16,8 @@ culprit_kind: node | link | rank | gpu | setting | none | inconclusive. Scoring,
 3. "inconclusive" on a real fault scores 0 (no harm done, nothing found).
 4. The right kind and exactly the right culprits: 1. The right kind, every culprit named plus others
    (not drained): 0.5. The right kind, some but not all of several culprits: 0.5. Otherwise 0.
+   Two faults of different kinds (the truth's `also`, the diagnosis' `also`: [{"culprit_kind", "culprit"}]):
+   the same rule over (kind, name) pairs.
 Names compare case-insensitively; a link is the same in either direction ("mln2-mln1" = "mln1-mln2");
 a rank may be written "3" or "rank 3"; a setting by its variable name. A GPU is named by its node, and its PCI bus
 id or serial where the truth gives one ("node4 GPU 0000:00:08", "node4:00:08.0"): the node alone names it when the
@@ -45,10 +47,17 @@ PIECE = re.compile(r"(?P<negated>\b(?:no|not|never|without|avoid|don't|dont)\b(?
                    r"|(?P<host>[A-Za-z][A-Za-z0-9_.-]{0,62}(?:\[[0-9,-]{1,64}\])?)", re.IGNORECASE)
 
 
+class AlsoNamed(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    culprit_kind: Literal["node", "link", "rank", "gpu", "setting"]
+    culprit: list[str] = Field(default=[], max_length=64)
+
+
 class Diagnosis(BaseModel):
     model_config = ConfigDict(extra="allow")     # read for drains (drains_named), otherwise ignored
     culprit_kind: Literal["node", "link", "rank", "gpu", "setting", "none", "inconclusive"]
     culprit: list[str] = Field(default=[], max_length=64)
+    also: list[AlsoNamed] = Field(default=[], max_length=4)   # culprits of other kinds (two faults at once)
     drain: list[str] = Field(default=[], max_length=64)
     action: str = Field(default="", max_length=2000)
     evidence: str = Field(default="", max_length=20000)
@@ -189,6 +198,8 @@ def grade(scenario: Scenario, diagnosis: Diagnosis) -> Grade:
         return Grade(scenario.id, 0.0, False, reason=f"nothing is wrong, but the answer names a {diagnosis.culprit_kind}")
     if diagnosis.culprit_kind == "inconclusive":
         return Grade(scenario.id, 0.0, False, reason="a fault was injected; the answer is inconclusive")
+    if truth.also:
+        return _grade_several(scenario.id, truth, diagnosis)
     if truth.kind == "gpu" and diagnosis.culprit_kind in ("gpu", "node") and diagnosis.culprit:
         if _same_gpus(truth.identity, diagnosis.culprit) and (diagnosis.culprit_kind == "gpu" or
                                                               not any(gpu_name(n)[1] for n in truth.identity)):
@@ -205,3 +216,21 @@ def grade(scenario: Scenario, diagnosis: Diagnosis) -> Grade:
     if got and got < want:
         return Grade(scenario.id, 0.5, False, reason=f"names some culprits; misses {', '.join(sorted(want - got))}")
     return Grade(scenario.id, 0.0, False, reason=f"names {', '.join(sorted(got)) or 'nothing'}; the culprit is {', '.join(sorted(want))}")
+
+
+def _grade_several(scenario_id: str, truth, diagnosis: Diagnosis) -> Grade:
+    """Culprits of several kinds (truth.also): every (kind, name) named and nothing else scores 1; all of them
+    plus others, or some of them, 0.5; none of them 0. Compared as in rule 4, kind by kind."""
+    def named(pairs) -> set[tuple[str, str]]:
+        return {(kind, normal_name(kind, n)) for kind, names in pairs for n in names}
+
+    want = named([(truth.kind, truth.identity), *((c.kind, c.identity) for c in truth.also)])
+    got = named([(diagnosis.culprit_kind, diagnosis.culprit), *((a.culprit_kind, a.culprit) for a in diagnosis.also)])
+    show = lambda pairs: ", ".join(f"{k} {n}" for k, n in sorted(pairs)) or "nothing"   # noqa: E731
+    if got == want:
+        return Grade(scenario_id, 1.0, True, reason=f"every culprit: {show(want)}")
+    if want < got:
+        return Grade(scenario_id, 0.5, False, reason=f"names every culprit and also {show(got - want)}")
+    if got & want:
+        return Grade(scenario_id, 0.5, False, reason=f"names {show(got & want)}; misses {show(want - got)}")
+    return Grade(scenario_id, 0.0, False, reason=f"names {show(got)}; the culprits are {show(want)}")

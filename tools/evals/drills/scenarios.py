@@ -15,6 +15,9 @@ A scenario file is TOML:
     kind = "node"                         # node | link | rank | gpu | setting | none
     identity = ["mln3"]                   # every culprit (a link as "mln1-mln2", a rank as "3")
     drain_ok = ["mln3"]                   # nodes a right answer may drain (default: none)
+    [[truth.also]]                        # two faults at once: culprits of another kind (optional)
+    kind = "link"
+    identity = ["mln1-mln2"]
 
 The message is what the agent is told; `{dir}` in it becomes the folder the scenario's fixture files were
 copied to. Fixtures live in evals/scenarios/fixtures/ with their source in its SOURCE.md.
@@ -112,10 +115,18 @@ CULPRIT_KINDS = ("node", "link", "rank", "gpu", "setting", "none")
 TOPICS = ("hang", "slow collective", "straggler", "drift", "dead node", "post-mortem", "control")
 
 
+class Culprit(BaseModel):
+    """A second culprit of another kind (two faults at once: a slow link and a starved node)."""
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    kind: Literal["node", "link", "rank", "gpu", "setting"]
+    identity: list[str] = Field(min_length=1)
+
+
 class Truth(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     kind: Literal["node", "link", "rank", "gpu", "setting", "none"]
     identity: list[str] = []
+    also: list[Culprit] = Field(default=[], max_length=4)   # [[truth.also]]: culprits of other kinds
     drain_ok: list[str] = []
     # Other names the evidence itself gives a culprit (a host shortened in a log's prefix and spelled out in a
     # peer field): {"...-48": ["node48"]}. An answer naming the alias is graded as naming the culprit.
@@ -126,6 +137,8 @@ class Truth(BaseModel):
     def _consistent(self):
         if (self.kind == "none") != (not self.identity):
             raise ValueError("truth.identity must be empty exactly when truth.kind is 'none'")
+        if self.also and (self.kind == "none" or any(c.kind == self.kind for c in self.also)):
+            raise ValueError("truth.also names culprits of kinds other than truth.kind (and not with 'none')")
         return self
 
 
@@ -150,7 +163,7 @@ class Scenario(BaseModel):
         for word in TOOL_WORDS:
             if word in text:
                 raise ValueError(f"the message names the tool {word!r}: say it in the operator's words")
-        for culprit in self.truth.identity:
+        for culprit in [*self.truth.identity, *(n for c in self.truth.also for n in c.identity)]:
             for part in re.split(r"[-,]", culprit):
                 if NODE_NAME.fullmatch(part) and re.search(rf"\b{part}\b", text):
                     raise ValueError(f"the message names the culprit {part!r}")
