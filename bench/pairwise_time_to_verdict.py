@@ -10,7 +10,7 @@ cluster (scripts/cluster-local.sh), with the drills' own injectors for the fault
 session, interleaved with ours. One cluster session per --nodes value; faults are lifted between runs.
 
     python bench/pairwise_time_to_verdict.py --nodes 4 --cases slow-link healthy --repeat 3 \
-        --before /work/main --record /tmp/ttv.jsonl
+        --before /work/main --before-cases slow-link --record /tmp/ttv.jsonl
 """
 
 import argparse
@@ -77,12 +77,13 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--before", type=Path, help="a checkout of the code before, run interleaved with this one")
     ap.add_argument("--before-repeat", type=int, default=1, help="runs of the before code per case")
+    ap.add_argument("--before-cases", nargs="*", help="the cases the before code runs (default: every case)")
     ap.add_argument("--record", help="append every run here (JSON lines)")
     args = ap.parse_args()
     plan = []
     for case in args.cases:
         for k in range(args.repeat):
-            if args.before and k < args.before_repeat:
+            if args.before and k < args.before_repeat and case in (args.before_cases or args.cases):
                 plan.append((case, "before", args.before))
             plan.append((case, "after", REPO))
     with cluster_session(args.nodes) as cluster:
