@@ -79,7 +79,11 @@ def main() -> int:
     ap.add_argument("--before-repeat", type=int, default=1, help="runs of the before code per case")
     ap.add_argument("--before-cases", nargs="*", help="the cases the before code runs (default: every case)")
     ap.add_argument("--record", help="append every run here (JSON lines)")
+    ap.add_argument("--port-base", type=int, help="slurmctld's port (when a stray slurmctld holds the usual one)")
     args = ap.parse_args()
+    if args.port_base:
+        import tools.evals.drills.cluster as namespace_cluster
+        namespace_cluster.PORT_BASE = args.port_base
     plan = []
     for case in args.cases:
         for k in range(args.repeat):
