@@ -78,7 +78,10 @@ def local_sshd(names: list[str], dead: list[str] = ()):
         config += "".join(host_entry(n, folder, free_port(), alias) for n in dead)
         (folder / "config").write_text(config)
         Path("/run/sshd").mkdir(exist_ok=True)   # sshd's privilege-separation folder
-        proc = subprocess.Popen([SSHD, "-D", "-f", str(folder / "sshd.conf"), "-E", str(folder / "log")])
+        # its own session: the per-connection sshd children go with the listener at the end (one re-exec'd after
+        # the folder was emptied logged "Unable to load host key" into it and left it behind)
+        proc = subprocess.Popen([SSHD, "-D", "-f", str(folder / "sshd.conf"), "-E", str(folder / "log")],
+                                start_new_session=True)
         for _ in range(100):
             with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
                 break
@@ -86,6 +89,9 @@ def local_sshd(names: list[str], dead: list[str] = ()):
         yield LocalSshd(folder, port, folder / "config", folder / "known_hosts", alias)
     finally:
         if proc is not None:
-            proc.send_signal(signal.SIGTERM)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
             proc.wait(10)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)     # a connection's child that outlived the listener
         shutil.rmtree(folder, ignore_errors=True)
