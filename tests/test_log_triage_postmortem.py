@@ -145,3 +145,11 @@ def test_a_suspect_rank_is_named_with_the_gpu_it_said_it_drives():
     assert r.culprit.rank == 7 and "rank 7 (GPU 7) reports no error of its own" in r.findings[0]
     r = triage_paths([str(fixtures / "init_hang_rank5.log")])
     assert "Culprit (rank): rank 5 on gpu-node05 (GPU 5, bus ab000)." in r.findings[0]
+
+
+def test_a_subgroups_rank_numbers_are_not_taken_for_global_ranks():
+    from tools.shared.log_hosts import rank_devices
+    block = ("h1:1:2 [3] NCCL INFO ncclCommInitRank comm 0x1 rank 0 nranks 2 cudaDev 3 nvmlDev 3 busId 5000 - Init\n"
+             "h1:1:2 [3] NCCL INFO ncclCommInitRank comm 0x2 rank 3 nranks 8 cudaDev 3 nvmlDev 3 busId 5000 - Init\n"
+             "[rank5]:[W1129 09:58:01.1 44 ProcessGroupNCCL.cpp:1] [PG ID 2 PG GUID 3 Rank 0]  using GPU 5 to perform\n")
+    assert rank_devices(block) == {3: ("h1", "3", "5000")}

@@ -59,9 +59,11 @@ def host_addresses(block: str) -> dict[str, str]:
 
 # Which GPU a rank drives, as the rank itself said it: PyTorch's "[PG ID 0 PG GUID 0 Rank 7]  using GPU 7 to perform
 # barrier" and NCCL's init line "host:pid:tid [7] NCCL INFO comm 0x.. rank 7 nranks 8 cudaDev 7 nvmlDev 7 busId b7000".
-_TORCH_RANK_GPU = re.compile(r"\[PG ID \d{1,9} PG GUID [\w()]{1,40} Rank (\d{1,7})\] {1,4}using GPU (\d{1,3}) ")
+# Only the default group (PG ID 0) and the largest NCCL communicator number ranks globally; a subgroup's "Rank 0" is
+# another process.
+_TORCH_RANK_GPU = re.compile(r"\[PG ID 0 PG GUID [\w()]{1,40} Rank (\d{1,7})\] {1,4}using GPU (\d{1,3}) ")
 _NCCL_RANK_GPU = re.compile(r"^[ \t]*(?:\[(?:rank|default)\d+\]:|\d{1,6}: )?[ \t]*([A-Za-z0-9][\w.-]{0,63}):\d+:\d+ \[\d+\] "
-                            r"NCCL INFO (?:ncclCommInitRank\w{0,12} )?comm 0x[0-9a-f]{1,16} rank (\d{1,7}) nRanks \d{1,7}[^\n]{0,80}? cudaDev (\d{1,3})"
+                            r"NCCL INFO (?:ncclCommInitRank\w{0,12} )?comm 0x[0-9a-f]{1,16} rank (\d{1,7}) nRanks (\d{1,7})[^\n]{0,80}? cudaDev (\d{1,3})"
                             r"(?: nvmlDev \d{1,3})? busId ([0-9a-fA-F]{1,16})", re.MULTILINE | re.IGNORECASE)
 
 
@@ -72,8 +74,11 @@ def rank_devices(block: str) -> dict[int, tuple[str, str, str]]:
         for m in _TORCH_RANK_GPU.finditer(block):
             found[int(m.group(1))] = ("", m.group(2), "")
     if "cudaDev " in block:
-        for m in _NCCL_RANK_GPU.finditer(block):
-            found[int(m.group(2))] = (m.group(1), m.group(3), m.group(4).lower())
+        matches = list(_NCCL_RANK_GPU.finditer(block))
+        world = max((int(m.group(3)) for m in matches), default=0)
+        for m in matches:
+            if int(m.group(3)) == world:       # the largest communicator's ranks are the job's global ranks
+                found[int(m.group(2))] = (m.group(1), m.group(4), m.group(5).lower())
     return found
 
 
