@@ -144,8 +144,6 @@ def not_answering(end: NodeEnd) -> bool:
 
 class SshTransport:
     """A step over SSH: one ssh per node, all at once, through ClusterShell."""
-    name = "ssh"
-    launcher = "ssh"
 
     def __init__(self, env: dict | None = None, connect_timeout_s: int = 10):
         self.env = dict(os.environ if env is None else env)
