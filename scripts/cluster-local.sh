@@ -116,6 +116,10 @@ stop_processes() {
   fi
   wait_gone "$D/run/slurmctld.pid" slurmctld
   for f in "$D"/run/slurmd-*.pid; do wait_gone "$f" slurmd; done
+  # A slurmctld of this cluster whose pid file is gone (removed with the folder) still holds our files open.
+  for p in $(pgrep -x slurmctld || true); do
+    if ls -l "/proc/$p/fd" 2>/dev/null | grep -q -- "$D/"; then kill -9 "$p" 2>/dev/null || true; fi
+  done
   # Whatever still runs on a node (steps, tasks, a stopped slurmd) is ours: it lives in our netns.
   for ns in $(our_namespaces); do ip netns pids "$ns" 2>/dev/null | xargs -r kill -9 2>/dev/null || true; done
   for _ in $(seq 50); do

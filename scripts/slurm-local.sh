@@ -220,12 +220,16 @@ alive() {  # alive PIDFILE NAME: the pid in the file runs and is that daemon (no
     && ! awk '{exit ($3 == "Z") ? 0 : 1}' "/proc/$p/stat" 2>/dev/null
 }
 
-wait_gone() {  # wait_gone PIDFILE NAME: wait up to 5 s for that daemon to exit, then TERM it
+wait_gone() {  # wait_gone PIDFILE NAME: wait up to 5 s for that daemon to exit, then TERM it, then KILL it
   local p
   alive "$1" "$2" || return 0
   p=$(cat "$1" 2>/dev/null) || return 0
   for _ in $(seq 50); do alive "$1" "$2" || return 0; sleep 0.1; done
   kill "$p" 2>/dev/null || true
+  # A TERM is not an end: a slurmctld that outlived its cluster's stop kept the port, and the next start
+  # died on "Address already in use" (a clean-clone run, 2026-12-02).
+  for _ in $(seq 50); do [ "$(cat "/proc/$p/comm" 2>/dev/null)" = "$2" ] || return 0; sleep 0.1; done
+  kill -9 "$p" 2>/dev/null || true
 }
 
 stop() {

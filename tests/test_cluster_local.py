@@ -99,7 +99,9 @@ def test_rate_limit_on_one_node_shows_in_its_throughput(multinode_cluster):  # n
 
 
 def test_cpu_limit_and_killed_slurmd_are_faults_heal_undoes(multinode_cluster):  # noqa: F811
-    spin = "import time; t=time.time(); n=0\nwhile time.time()-t<1: n+=1\nprint(n)"
+    # A fixed amount of CPU, not of wall time: on a loaded host a wall-time spin waits in the run queue and
+    # stays under the quota (a clean-clone run saw mln2 throttled in 1 of 3 periods at load 1.9).
+    spin = "import time; t=time.time()\nwhile time.process_time() < 0.4: pass\nprint(round(time.time()-t, 2))"
     multinode_cluster.cpu_limit("mln2", 20)
     periods0, throttled0 = multinode_cluster.cpu_throttled("mln2")
     try:
@@ -107,12 +109,11 @@ def test_cpu_limit_and_killed_slurmd_are_faults_heal_undoes(multinode_cluster): 
         periods, throttled = multinode_cluster.cpu_throttled("mln2")
     finally:
         multinode_cluster.heal("mln2")
-    counts = dict(line.split(": ") for line in out.strip().splitlines())
-    bound = (throttled - throttled0) / max(1, periods - periods0)
-    # The quota is what this test owns: the kernel throttled mln2's task in most periods. How much
-    # slower that makes it than mln1 depends on the other work on these 2 cores (load below).
-    assert bound > 0.5, (bound, counts, os.getloadavg())
-    assert int(counts["1"]) < int(counts["0"]) or os.getloadavg()[0] > 2, (counts, bound)  # task 1 ran on mln2
+    wall_s = {task: float(s) for task, s in (line.split(": ") for line in out.strip().splitlines())}
+    # The quota is what this test owns: ~0.35 s of CPU at 20 ms per 100 ms period is >= 17 periods at the
+    # quota, each one throttled, and >= 1.75 s of wall time on mln2 however idle the host (task 1 ran there).
+    assert throttled - throttled0 >= 10, (throttled - throttled0, periods - periods0, wall_s, os.getloadavg())
+    assert wall_s["1"] >= 1.4, (wall_s, os.getloadavg())
     multinode_cluster.kill_slurmd("mln4")
     time.sleep(0.5)
     assert not any("slurmd" in _comm(p) for p in multinode_cluster.node_pids("mln4"))

@@ -20,7 +20,10 @@ Every figure is judged by the one rule (tools/shared/judging.py, knowledge/data/
   * a candidate goes on the drain list only when its check, re-run on that node (`confirm`), breaks
     the rule again; a check that failed outright (not busy) or a node that did not answer is drained,
     except a node still running when the deadline ended a relaunch that other nodes' launch failures
-    forced (it ran out of their time, not its own): "not judged", never drained;
+    forced (it ran out of their time, not its own), and a node that answered some of its checks when
+    fewer than half the nodes answered all of theirs (the deadline was short for the whole fleet, as on
+    a loaded host; lateness is only evidence against a node its peers were not late with): both "not
+    judged", never drained. A node that answered nothing while others answered is still drained;
   * a node whose own cgroup CPU quota throttled the probe in OWN_LIMIT_BINDS of the periods or more is a
     failed check, drained with that evidence, when fewer than half the probed nodes are so limited (a
     node configured apart from its peers); on half or more it is one fleet-wide finding. This needs no
@@ -44,7 +47,8 @@ RULES = ("a figure is bad when worse than its group's fleet median (needs >= {pe
          "figure by more than max(margin, k x run-to-run spread) of that figure (knowledge/data/verdict_rules.toml); "
          "busy figures are not judged; an outlier is drained only when a re-run on its node repeats it; a check "
          "that fails (not busy) or a node that does not answer is drained, unless the deadline ended a relaunch "
-         "around other nodes' failures while it was still running (not judged)")
+         "around other nodes' failures while it was still running, or it answered some checks when most nodes were "
+         "late too (not judged)")
 DRIFT_KEYS = ("driver", "cuda", "nccl", "torch", "python")
 
 
@@ -231,6 +235,23 @@ def set_apart_cut_short(missing: dict[str, str], known: dict[str, str], failed: 
                 "own failed" for n, why in cut.items()})
 
 
+def set_apart_fleet_late(missing: dict[str, str], known: dict[str, str], failed: list[dict], rows: list[dict],
+                         expected_nodes: list[str], set_apart: dict[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+    """(missing, not judged): when fewer than half the nodes answered every check, the deadline ran out for
+    the fleet, not for one node: a node that answered some of its checks, with no failure of its own, is
+    not judged. A node that answered none (frozen, dead) while others answered stays missing. `set_apart`:
+    nodes already not judged (a cut relaunch), which did not answer every check either."""
+    complete = [n for n in expected_nodes if n not in missing and n not in set_apart]
+    if 2 * len(complete) >= len(expected_nodes):
+        return missing, {}
+    answered = {r["node"] for r in rows}
+    failed_nodes = {r["node"] for r in failed}
+    late = {n: why for n, why in missing.items() if n in answered and n not in known and n not in failed_nodes}
+    return ({n: why for n, why in missing.items() if n not in late},
+            {n: f"{why}; only {len(complete)} of {len(expected_nodes)} node(s) answered every check, so the "
+                "deadline was short for the whole fleet, and no check of its own failed" for n, why in late.items()})
+
+
 def aggregate(rows: list[dict], expected_nodes: list[str], planned: dict[str, list[str]],
               known_missing: dict[str, str], margin_pct: float | None = None,
               confirm_rows: list[dict] | None = None, cut_short: str | None = None) -> dict:
@@ -253,7 +274,8 @@ def aggregate(rows: list[dict], expected_nodes: list[str], planned: dict[str, li
             inventories[r["node"]] = r["inventory"]
     missing, not_judged = set_apart_cut_short(unanswered(rows, expected_nodes, planned, known_missing), known_missing,
                                               failed, cut_short)
-    return {"not_judged": not_judged, "stats": stats, "outliers": outliers, "fleet_below_expected": gates, "busy": busy,
+    missing, fleet_late = set_apart_fleet_late(missing, known_missing, failed, rows, expected_nodes, not_judged)
+    return {"not_judged": not_judged, "fleet_late": fleet_late, "stats": stats, "outliers": outliers, "fleet_below_expected": gates, "busy": busy,
             "drift": version_drift(versions), "inventory_drift": version_drift(inventories),
             "failed": failed, "missing": missing, "drain": drain_list(outliers, failed, missing),
             "cpu_limited_fleet": sorted(r["node"] for r in limited_fleet),

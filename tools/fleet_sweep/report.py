@@ -71,16 +71,33 @@ def drift_sentence(d: dict) -> str:
     return f"Version drift: {d['field']} differs: " + "; ".join(parts) + "."
 
 
+def how_far(not_judged: dict[str, str]) -> tuple[list[str], str]:
+    """(the nodes, sorted; how far each got, the first clause of its reason, for up to 8 of them)."""
+    nodes = sorted(not_judged)
+    return nodes, "; ".join(f"{n}: {not_judged[n].split(';')[0]}" for n in nodes[:8]) + ("; ..." if len(nodes) > 8 else "")
+
+
 def not_judged_findings(not_judged: dict[str, str], cut_short: str | None) -> list[str]:
     """One sentence for the nodes the deadline caught in a relaunch forced by other nodes: why they are
     not judged (the relaunch's story once), and how far each got."""
     if not not_judged:
         return []
-    nodes = sorted(not_judged)
-    each = "; ".join(f"{n}: {not_judged[n].split(';')[0]}" for n in nodes[:8]) + ("; ..." if len(nodes) > 8 else "")
+    nodes, each = how_far(not_judged)
     return [f"NOT JUDGED (not drained): {len(nodes)} node(s) were still running when the deadline ended the relaunch, "
             f"and no check of theirs failed: {cut_short} ({each}). Not judged; sweep them "
             f"again (hosts={nodes[:8]}{' ...' if len(nodes) > 8 else ''}) to judge them."]
+
+
+def fleet_late_findings(fleet_late: dict[str, str], total: int, complete: int, deadline_s: float) -> list[str]:
+    """One sentence for the nodes caught by a deadline that most of the fleet missed: not judged, and what to
+    change (the deadline, not the nodes)."""
+    if not fleet_late:
+        return []
+    nodes, each = how_far(fleet_late)
+    return [f"NOT JUDGED (not drained): {len(nodes)} node(s) answered only some checks, and so did most of the fleet "
+            f"({complete} of {total} answered every check by the {deadline_s:g} s deadline): the deadline was short for "
+            f"these nodes now (a loaded host, slow checks), which says nothing against one of them ({each}). "
+            f"Sweep again with a longer deadline_s to judge them."]
 
 
 def findings_for(agg: dict, total: int, complete: int, wall_s: float, deadline_s: float,
@@ -88,6 +105,7 @@ def findings_for(agg: dict, total: int, complete: int, wall_s: float, deadline_s
     lines = [f"{complete} of {total} node(s) answered every check in {wall_s:.1f} s (deadline {deadline_s:g} s)."]
     lines += [f"NOT ANSWERING: {node}: {why}." for node, why in sorted(agg["missing"].items())]
     lines += not_judged_findings(agg["not_judged"], cut_short)
+    lines += fleet_late_findings(agg["fleet_late"], total, complete, deadline_s)
     lines += [f"FAILED: {r['node']} {failure_reason(r)}" for r in agg["failed"]]
     lines += [f"BUSY (not judged, not drained): {r['node']} {r['check']}: {busy_sentence(r)}"
               + (f"; held by {', '.join(holder_text(h) for h in r['busy']['holders'][:3])}" if r["busy"].get("holders") else "")
@@ -156,12 +174,13 @@ def build_result(params, target, got, stored: dict, wall_s: float, confirm=None,
     confirm_rows = list(confirm.rows.values()) if confirm else None
     cut_short = got.relaunch.sentence() if got and got.relaunch and got.timed_out else None
     agg = aggregate(rows, target.nodes, planned, known, params.margin_pct, confirm_rows, cut_short)
-    complete = len(target.nodes) - len(agg["missing"]) - len(agg["not_judged"])
+    not_judged = {**agg["not_judged"], **agg["fleet_late"]}
+    complete = len(target.nodes) - len(agg["missing"]) - len(not_judged)
     node_list, gpu_list = node_rows(rows, stored)
     confirmed = any(o["status"] == "confirmed" for o in agg["outliers"])
     inconclusive = any(s["inconclusive"] for s in agg["stats"].values())
     verdict = ("fail" if agg["missing"] or agg["failed"] or confirmed else
-               "warn" if (agg["outliers"] or agg["not_judged"] or agg["drift"] or agg["inventory_drift"] or agg["busy"] or inconclusive
+               "warn" if (agg["outliers"] or not_judged or agg["drift"] or agg["inventory_drift"] or agg["busy"] or inconclusive
                           or agg["fleet_below_expected"] or agg["cpu_limited_fleet"]) else "ok" if rows else "info")
     result = FleetSweepResult(
         verdict=verdict, target=f"{target.kind} ({len(target.nodes)} nodes)", nodes_total=len(target.nodes),
@@ -179,7 +198,7 @@ def build_result(params, target, got, stored: dict, wall_s: float, confirm=None,
                         for g in agg["fleet_below_expected"]],
         drift=[Drift(**d) for d in agg["drift"]], inventory_drift=[Drift(**d) for d in agg["inventory_drift"]],
         not_answering=[Missing(node=n, reason=why) for n, why in sorted(agg["missing"].items())],
-        not_judged=[Missing(node=n, reason=why) for n, why in sorted(agg["not_judged"].items())],
+        not_judged=[Missing(node=n, reason=why) for n, why in sorted(not_judged.items())],
         drain=[Drain(**d) for d in drain_rows(agg["drain"], target)], launch_attempts=got.attempts if got else 0, wall_s=wall_s,
         rows_from_attempt=got.attempts if got else 0, refused=refused_rows(got, confirm),
         findings=[*notes, *findings_for(agg, len(target.nodes), complete, wall_s, params.deadline_s, cut_short),

@@ -119,7 +119,8 @@ class FleetSweepResult(Result):
     inventory_drift: list[Drift] = Field(default_factory=list, description="GPU, CPU, memory and NIC counts that differ between nodes.")
     not_answering: list[Missing] = Field(default_factory=list, description="Nodes without a complete answer by the deadline.")
     not_judged: list[Missing] = Field(default_factory=list, description=(
-        "Nodes still running when the deadline ended a relaunch around other nodes' failures: not drained."))
+        "Nodes still running when the deadline ended a relaunch around other nodes' failures, or that answered some "
+        "checks when most nodes were late too: not drained."))
     drain: list[Drain] = Field(default_factory=list, description="Nodes to drain, with reasons and the command.")
     launch_attempts: int = Field(0, description="srun steps started (2 when nodes refused the first launch).")
     rows_from_attempt: int = Field(0, description="The attempt every row, median and outlier comes from (the last).")
