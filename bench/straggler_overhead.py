@@ -8,6 +8,10 @@ its log. Drift (other load coming and going) hits both windows of a pair alike, 
 pairs of log(rate unwatched / rate watched), with a 95% t-interval; printed as % slower while watched.
 
     python bench/straggler_overhead.py --pairs 40 --window-s 6 --json /tmp/sfo.json
+    python bench/straggler_overhead.py --pool a.json b.json     # one interval over several runs' pairs
+
+Several runs at once, each pinned to its own cores (taskset), give more pairs per minute of a large machine:
+each pair is still two windows of one job, so what the other runs do hits both windows of a pair alike.
 """
 
 import argparse
@@ -55,7 +59,15 @@ def main() -> int:
     ap.add_argument("--window-s", type=float, default=6)
     ap.add_argument("--rate-hz", type=int, default=5)
     ap.add_argument("--json", default="")
+    ap.add_argument("--pool", nargs="+", default=[], metavar="JSON",
+                    help="print one interval over the pairs of these --json files (no job is run)")
     args = ap.parse_args()
+    if args.pool:
+        runs = [json.loads(Path(f).read_text()) for f in args.pool]
+        first = runs[0]
+        rows = [r for run in runs for r in run["rows"]]
+        label = f"{len(runs)} runs of {first['ranks']} ranks, {first['cpus']} CPUs seen by each"
+        return summarise(rows, first["ranks"], first["window_s"], first["rate_hz"], label, args.json)
     rows = []
     with tempfile.TemporaryDirectory(prefix="sfoverhead-") as tmp:
         log = Path(tmp) / "job.log"
@@ -77,18 +89,23 @@ def main() -> int:
         finally:
             os.killpg(job.pid, signal.SIGTERM)
             job.wait(timeout=30)
+    cpus = len(os.sched_getaffinity(0))     # taskset's share, not the machine's count
+    return summarise(rows, args.ranks, args.window_s, args.rate_hz, f"{args.ranks} ranks, {cpus} CPUs", args.json)
+
+
+def summarise(rows: list[dict], ranks: int, window_s: float, rate_hz: int, label: str, json_path: str) -> int:
     logs = [math.log(r["unwatched"] / r["watched"]) for r in rows if r["watched"] > 0 and r["unwatched"] > 0]
     mean, sd = statistics.mean(logs), statistics.stdev(logs)
     half = t95(len(logs)) * sd / math.sqrt(len(logs))
     pct = {k: round(100 * (math.exp(v) - 1), 2) for k, v in (("mean", mean), ("low", mean - half), ("high", mean + half))}
-    summary = {"cpus": os.cpu_count(), "ranks": args.ranks, "pairs": len(logs), "window_s": args.window_s,
-               "rate_hz": args.rate_hz, "slower_while_watched_pct": pct,
+    summary = {"cpus": len(os.sched_getaffinity(0)), "ranks": ranks, "pairs": len(logs), "window_s": window_s,
+               "rate_hz": rate_hz, "slower_while_watched_pct": pct,
                "per_window_sd_pct": round(100 * sd, 1), "rows": rows}
-    print(f"SUMMARY {args.ranks} ranks, {os.cpu_count()} CPUs, {len(logs)} pairs of {args.window_s:.0f} s windows at "
-          f"{args.rate_hz} Hz: the job ran {pct['mean']:+.2f}% slower while sampled (95% CI {pct['low']:+.2f} to "
-          f"{pct['high']:+.2f}%; one pair's spread {100 * sd:.1f}%)")
-    if args.json:
-        Path(args.json).write_text(json.dumps(summary, indent=1))
+    print(f"SUMMARY {label}, {len(logs)} pairs of {window_s:.0f} s windows at {rate_hz} Hz: the job ran "
+          f"{pct['mean']:+.2f}% slower while sampled (95% CI {pct['low']:+.2f} to {pct['high']:+.2f}%; "
+          f"one pair's spread {100 * sd:.1f}%)")
+    if json_path:
+        Path(json_path).write_text(json.dumps(summary, indent=1))
     return 0
 
 
