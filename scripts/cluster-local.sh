@@ -134,7 +134,11 @@ stop() {
 
 stop_cluster() {  # everything but munged (shared with other clusters; start keeps it)
   stop_processes
-  for ns in $(our_namespaces); do ip netns del "$ns"; rm -rf "/etc/netns/$ns"; done
+  # The host end of each veth first: deleting it takes its peer at once, where a deleted namespace's
+  # devices go in the kernel's cleanup work later (a loaded host still listed mln1-h after stop returned).
+  for ns in $(our_namespaces); do
+    ip link del "$ns-h" 2>/dev/null || true; ip netns del "$ns"; rm -rf "/etc/netns/$ns"
+  done
   ip link show "$BRIDGE" >/dev/null 2>&1 && ip link del "$BRIDGE"
   for cg in "$CGROUP"/*/; do [ -d "$cg" ] && rmdir "$cg" 2>/dev/null || true; done
   [ -d "$CGROUP" ] && rmdir "$CGROUP" 2>/dev/null || true
