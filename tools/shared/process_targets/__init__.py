@@ -1,7 +1,7 @@
 """The one door for finding a job's processes (hang_stack_dump, straggler_find): who they are, proven by the kernel.
 
-`select(TargetRequest)` turns a pid list, a launcher pid, a command-line regex, GPU memory (NVML) or a SLURM job
-id into the processes to read, each with its role (`roles`), plus what was refused and why. Nothing else in
+`select(TargetRequest)` turns a pid list, a launcher pid, a command-line regex, GPU memory (NVML), a SLURM job
+id or a torchrun run started without SLURM (its rendezvous id or its launcher's command line: runs.py) into the processes to read, each with its role (`roles`), plus what was refused and why. Nothing else in
 tools/ reads another process's environment or working directory or lists processes to pick targets
 (tests/test_door_processes.py fails when something does).
 
@@ -23,12 +23,13 @@ from ...engine.printable import printable
 from ...engine.redact import redact
 from ...engine.spec import ToolFailure
 from .jobs import RunningJob, job_processes, running_job
+from .runs import check_job_name, check_launcher_match, check_run_id, run_processes
 from .kernel import (LOCAL_RANK_VARS, OUR_MARKS, RANK_VARS, Identity, command_of, env_int, frozen_reason, identity,
                      is_ours, is_python, is_python_proc, ourselves, uid_of, user_words)
 
 ALLOW_OTHER_USERS_HELP = "Root: other users' too."
 __all__ = ["ALLOW_OTHER_USERS_HELP", "LOCAL_RANK_VARS", "OUR_MARKS", "RANK_VARS", "Identity", "RunningJob",
-           "TargetRequest", "Targets", "describe", "env_int", "frozen_reason", "identity", "is_python", "roles",
+           "TargetRequest", "Targets", "check_job_name", "check_launcher_match", "check_run_id", "describe", "env_int", "frozen_reason", "identity", "is_python", "roles",
            "running_job", "select"]
 
 
@@ -80,6 +81,8 @@ class TargetRequest:
     gpu_processes: bool = False
     job_id: str = ""                  # SLURM's id of a job running here
     job_uid: int | None = None        # its user's uid, when the caller already asked squeue
+    run_id: str = ""                  # torchrun's --rdzv-id (TORCHELASTIC_RUN_ID in its workers): a job without SLURM
+    launcher_match: str = ""          # or a literal piece of its launcher's command line
     allow_other_users: bool = False
 
 
@@ -136,6 +139,15 @@ def select(req: TargetRequest) -> Targets:
     if req.job_id:
         job_uid = req.job_uid if req.job_uid is not None else running_job(req.job_id).uid
         found, refused = job_processes(req.job_id, job_uid)
+        pids += found
+        out.refused += refused
+    if req.run_id or req.launcher_match:
+        try:    # checked where the params are too; a node's own check, since it reads the spec from argv
+            run_id = req.run_id and check_run_id(req.run_id)
+            launcher_match = "" if run_id else check_launcher_match(req.launcher_match)
+        except ValueError as e:
+            raise ToolFailure(str(e)) from None
+        found, refused = run_processes(run_id, launcher_match, scope)
         pids += found
         out.refused += refused
     ours = ourselves()

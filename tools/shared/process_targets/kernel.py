@@ -7,8 +7,8 @@ from dataclasses import dataclass
 RANK_VARS = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
 LOCAL_RANK_VARS = ("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK")
 # Command-line marks of our own processes: a per-node agent started through srun, py-spy, and every tool run of
-# the server (`<package>.engine.child TOOL`, this one's siblings) are no rank to read.
-OUR_MARKS = ("hang_stack_dump", "straggler_find", "py-spy", "engine.child")
+# the server (`<package>.engine.child TOOL`, this one's siblings) and the SSH transport's wrappers are no rank to read.
+OUR_MARKS = ("hang_stack_dump", "straggler_find", "py-spy", "engine.child", "engine.remote_step", "engine.ssh_lines")
 
 
 @dataclass(frozen=True)
