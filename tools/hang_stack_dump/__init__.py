@@ -16,6 +16,8 @@ Saved dumps (the job is gone, or someone else ran py-spy): one `py-spy dump` (te
 Under SLURM (from a login node or inside the allocation; needs this checkout on a shared filesystem):
     mleng run hang_stack_dump --slurm-job-id 4242              # prints the all-nodes srun command
     mleng run hang_stack_dump --slurm-job-id 4242 --all-nodes  # runs it: every node, one report
+Without SLURM (torchrun launched over ssh; mleng at the same path on every host):
+    mleng run hang_stack_dump --hosts 'gpu-[01-04]' --run-id job42   # every host over ssh (ssh_hosts.py)
 """
 
 import os
@@ -33,7 +35,9 @@ from .stacks import (
     job_nodes,
     run_all_nodes,
 )
-from ..shared.process_targets import ALLOW_OTHER_USERS_HELP, Targets, TargetRequest, running_job, select
+from .ssh_hosts import dump_hosts, hosts_of
+from ..shared.process_targets import (ALLOW_OTHER_USERS_HELP, Targets, TargetRequest, check_job_name, running_job,
+                                     select)
 from ..engine.data import IMPORT_ROOT as REPO_ROOT
 from ..engine.processes import python_module_command
 from ..engine.spec import SELF_EVIDENT, Field, Params, Result, ToolFailure, ToolSpec
@@ -46,14 +50,18 @@ MAX_PROCESSES = 1024
 class HangStackDumpParams(Params):
     pids: list[Annotated[int, Field(ge=1)]] = Field(default_factory=list, max_length=MAX_PROCESSES,
                                                     json_schema_extra=SELF_EVIDENT, description="Process ids to dump.")
-    launcher_pid: int | None = Field(None, ge=1, description=(
-        "torchrun / deepspeed / python parent pid: its descendants; srun pid: its local tasks."))
+    launcher_pid: int | None = Field(None, ge=1, description="A launcher's pid (torchrun, deepspeed, srun): its ranks.")
     pattern: str = Field("", max_length=200, description="Regex on the command line ('train.py').")
     gpu_processes: bool = Field(False, description="Every process holding GPU memory.")
     slurm_job_id: str = Field("", max_length=32, pattern=r"^[0-9_]*$", description=(
         "Its processes here (every node with all_nodes)."))
-    all_nodes: bool = Field(False, description=(
-        "With slurm_job_id: every node (srun --overlap)."))
+    all_nodes: bool = Field(False, description="Every node of slurm_job_id (srun --overlap).")
+    hosts: list[Annotated[str, Field(max_length=4096)]] = Field(default_factory=list, max_length=64, description=(
+        "No SLURM: over ssh, with run_id or launcher_match."))
+    run_id: str | None = Field(None, max_length=128, json_schema_extra=SELF_EVIDENT, description=(
+        "torchrun's --rdzv-id (TORCHELASTIC_RUN_ID in its ranks): its ranks here, or on hosts."))
+    launcher_match: str | None = Field(None, max_length=200, json_schema_extra=SELF_EVIDENT, description=(
+        "A literal piece of the launcher's command line: its ranks here, or on hosts."))
     allow_other_users: bool = Field(False, description=ALLOW_OTHER_USERS_HELP)
     native: bool = Field(False, description="C/C++ frames too (~1 s per torch process).")
     save_path: str = Field("", max_length=4096, description=(
@@ -61,11 +69,12 @@ class HangStackDumpParams(Params):
             "Write full dumps here ('{host}': host name).")))
     overwrite: bool = Field(False, json_schema_extra=SELF_EVIDENT, description="Replace save_path if it exists.")
     max_frames: int = Field(12, ge=1, le=200, json_schema_extra=SELF_EVIDENT, description="Frames kept per stack.")
-    max_groups: int = Field(8, ge=1, le=200, description="Stack groups reported (largest, odd ones first).")
-    per_process_timeout_s: float = Field(30.0, gt=0, le=600, description="Per py-spy call.")
+    max_groups: int = Field(8, ge=1, le=200, json_schema_extra=SELF_EVIDENT, description="Stack groups shown.")
+    per_process_timeout_s: float = Field(30.0, gt=0, le=600, json_schema_extra=SELF_EVIDENT, description=(
+        "Per py-spy call."))
     detail: bool = Field(False, description="Also each process's stack.")
     dump_paths: list[str] = Field(default_factory=list, max_length=64, description=(
-        "Saved `py-spy dump` output (text or --json): files, folders, globs."))
+        "Saved py-spy dumps (text, --json): files, folders, globs."))
     dump_text: str | None = Field(None, max_length=20_000_000, description="Pasted py-spy dumps instead.")
 
 
@@ -82,13 +91,14 @@ class HangStackDumpResult(Result):
     dumped: int = Field(0, description="Processes whose stack was read.")
     failed: int = Field(0, description="Processes that could not be dumped (see processes[].error).")
     slurm_command: str = Field("", description="The srun command that dumps every node of the job.")
+    launcher: str = Field("", description="How other hosts were reached: srun or ssh (empty: this node only).")
     saved_to: str = Field("", description="File holding the full dumps, when save_path was given.")
     frozen_ranks: list[int] = Field(default_factory=list, description=(
         "Ranks whose process is stopped (SIGSTOP) or frozen (cgroup freezer): the ones the others wait for."))
     left_out: list[str] = Field(default_factory=list, description=(
         "Processes not dumped: claimed the job but not its user's or cgroup's, or another user's."))
     silent_nodes: list[str] = Field(default_factory=list, description=(
-        "all_nodes: nodes of the job that sent no report (frozen, unreachable, or the dump failed there); why is "
+        "all_nodes or hosts: nodes of the job that sent no report (frozen, unreachable, or the dump failed there); why is "
         "in findings."))
     culprit_kind: CulpritKind | None = Field(None, description=CULPRIT_KIND_FIELD)
     culprit: Culprit | None = Field(None, description="The one odd rank, when exactly one is outside the majority.")
@@ -97,7 +107,8 @@ class HangStackDumpResult(Result):
 def resolve_targets(params: HangStackDumpParams) -> Targets:
     targets = select(TargetRequest(pids=list(params.pids), launcher_pid=params.launcher_pid, pattern=params.pattern,
                                    gpu_processes=params.gpu_processes, allow_other_users=params.allow_other_users,
-                                   job_id=params.slurm_job_id if not params.all_nodes else ""))
+                                   job_id=params.slurm_job_id if not params.all_nodes else "",
+                                   run_id=params.run_id, launcher_match=params.launcher_match))
     targets.pids = targets.pids[:MAX_PROCESSES]
     return targets
 
@@ -107,9 +118,14 @@ def slurm_all_nodes_command(params: HangStackDumpParams, nnodes: int | None) -> 
            "--kill-on-bad-exit=0", f"--chdir={REPO_ROOT}"]
     if nnodes:
         cmd.append(f"--nodes={nnodes}")
+    return cmd + per_node_command(params, "--slurm-job-id", params.slurm_job_id)
+
+
+def per_node_command(params: HangStackDumpParams, *target: str) -> list[str]:
+    """The dump each node runs on its own processes (srun or ssh puts it there), printing its report as JSON."""
     # Our package by its installed name (`mleng` from the wheel, `tools` in a checkout), not a fixed `tools`.
-    cmd += python_module_command("hang_stack_dump", "--slurm-job-id", params.slurm_job_id, "--detail",
-                                 "--max-frames", str(params.max_frames), "--json")
+    cmd = python_module_command("hang_stack_dump", *target, "--detail", "--max-frames", str(params.max_frames),
+                                "--per-process-timeout-s", str(params.per_process_timeout_s), "--json")
     if params.save_path:
         path = params.save_path if "{host}" in params.save_path else params.save_path + ".{host}"
         cmd += ["--save-path", str(output_path(path, "dumps", "unused"))]   # absolute: srun runs elsewhere
@@ -121,18 +137,27 @@ def slurm_all_nodes_command(params: HangStackDumpParams, nnodes: int | None) -> 
 # The tool
 
 def _require_targets(params: HangStackDumpParams) -> None:
-    live = params.pids or params.launcher_pid or params.pattern or params.gpu_processes or params.slurm_job_id
+    live = (params.pids or params.launcher_pid or params.pattern or params.gpu_processes or params.slurm_job_id
+            or params.run_id or params.launcher_match or params.hosts)
     saved = params.dump_paths or params.dump_text
     if live and saved:
-        raise ToolFailure("give either live targets (pids, launcher_pid, pattern, gpu_processes, slurm_job_id) or "
-                          "saved dumps (dump_paths, dump_text), not both")
+        raise ToolFailure("give either live targets (pids, launcher_pid, pattern, gpu_processes, slurm_job_id, "
+                          "run_id, launcher_match) or saved dumps (dump_paths, dump_text), not both")
+    if params.hosts and params.slurm_job_id:
+        raise ToolFailure("give slurm_job_id (a SLURM job: add all_nodes) or hosts (a job launched over ssh, with "
+                          "run_id or launcher_match), not both")
+    try:
+        check_job_name(params, bool(params.hosts))
+    except ValueError as e:
+        raise ToolFailure(str(e)) from None
     if live or saved:
         return
     job = os.environ.get("SLURM_JOB_ID", "")
     hint = (f" This shell is inside SLURM job {job}: slurm_job_id={job} dumps its processes on this node, "
             "and adding all_nodes=true dumps every node." if job.isdigit() else "")
     raise ToolFailure("say which processes to dump: pids, launcher_pid (torchrun's pid), pattern (e.g. "
-                      "'train.py'), gpu_processes=true, or slurm_job_id." + hint)
+                      "'train.py'), gpu_processes=true, slurm_job_id, or hosts with run_id (a job launched over "
+                      "ssh, no SLURM)." + hint)
 
 
 def _save_full_dumps(save_path: str, full: list[str], overwrite: bool) -> str:
@@ -179,7 +204,7 @@ def _silent_why(problems: list[str]) -> str:
 
 def run(params: HangStackDumpParams, progress) -> HangStackDumpResult:
     _require_targets(params)
-    if params.save_path and not params.all_nodes:   # a bad path fails now, not after every dump
+    if params.save_path and not (params.all_nodes or params.hosts):   # a bad path fails now, not after every dump
         check_output(output_path(params.save_path.replace("{host}", socket.gethostname()), "dumps", "unused"),
                      overwrite=params.overwrite, field="save_path")
     result = HangStackDumpResult()
@@ -195,8 +220,15 @@ def run(params: HangStackDumpParams, progress) -> HangStackDumpResult:
         problems = [n for n in notes if n.startswith("not read") or ": not py-spy" in n]
         derived = [n for n in notes if n not in problems]
     elif params.slurm_job_id and params.all_nodes:
+        result.launcher = "srun"
         procs, problems, result.silent_nodes, left_out = run_all_nodes(
             params.slurm_job_id, cmd, params.per_process_timeout_s, job_node_names(params.slurm_job_id))
+    elif params.hosts:
+        result.launcher = "ssh"
+        target = [*(("--run-id", params.run_id) if params.run_id else ("--launcher-match", params.launcher_match)),
+                  *(["--allow-other-users"] if params.allow_other_users else [])]
+        procs, problems, result.silent_nodes, left_out = dump_hosts(
+            hosts_of(params.hosts), per_node_command(params, *target), params.per_process_timeout_s, progress)
     else:
         targets = resolve_targets(params)
         left_out = targets.refused
@@ -261,11 +293,9 @@ SPEC = ToolSpec(
         "For a job that is stuck right now while its processes are still alive ('training hangs at step 300', "
         "'GPU util 0%, no progress', frozen, deadlock, an eval loop, dataloader or torch.save that never "
         "returns, one rank lagging while the others wait, 'where is it stuck'): reads every rank's Python "
-        "stack with py-spy without stopping the job, groups identical stacks and names the odd ranks ('ranks "
-        "0-6 wait in all_reduce at train.py:212; rank 7 is in data.py:88'). Targets: pids, a torchrun or "
-        "deepspeed launcher pid, a command regex, GPU processes, or a SLURM job (all_nodes). Needs ptrace "
-        "permission (says how). Seconds per node. Also saved py-spy dumps (dump_paths, dump_text). The job "
-        "already died: log_triage or flight_recorder_analyze."),
+        "stack with py-spy without stopping the job, groups identical stacks and names the odd ranks. Targets: pids, a launcher pid, a "
+        "command regex, GPU processes, a SLURM job (all_nodes), hosts over ssh. Needs ptrace (says how). "
+        "Also saved dumps. The job already died: log_triage or flight_recorder_analyze."),
     Params=HangStackDumpParams, Result=HangStackDumpResult, run=run, runs="subprocess",
     read_only=False, destructive=True, idempotent=True, open_world=False, timeout_s=300, store=False,
 )

@@ -10,13 +10,15 @@ every rank runs at the pace of the slowest: the straggler is the rank that waits
 wait in collectives, or whose host starves it far more than its peers' (throttled, run-queue wait, steal,
 memory pressure: host_causes.py) whatever its stacks say (the rules and margins: judge.py,
 knowledge/data/straggler_rules.toml).
-Bounds: window 5-120 s, at most 64 ranks per node and 64 nodes (SLURM), 64 pids.
+Bounds: window 5-120 s, at most 64 ranks per node and 64 nodes (SLURM or hosts), 64 pids.
 
 By hand (as the job's user or root; needs py-spy):
     mleng run straggler_find --pids 4101 4102 4103 4104          # ranks on this node
     mleng run straggler_find --launcher-pid 4100                  # a torchrun: its workers
 Under SLURM (this checkout on a filesystem every node sees):
     mleng run straggler_find --slurm-job-id 4242 --window-s 30    # every node, srun --overlap
+Without SLURM (torchrun launched over ssh; mleng at the same path on every host):
+    mleng run straggler_find --hosts 'gpu-[01-04]' --run-id job42  # each host over ssh (ssh_job.py)
 """
 
 import os
@@ -30,11 +32,12 @@ from .judge import Judgement, Rules
 from .look import look
 from .models import GpuSample, NodeReport, NodeSample, RankSample, Straggler
 from .slurm_job import node_line, sample_job
+from .ssh_job import sample_hosts
 from ..engine.printable import printable
 from ..engine.spec import SELF_EVIDENT, Field, Params, Result, ToolFailure, ToolSpec
 from ..shared.logscan import capped_lines
 from ..shared.safe_read import read_tail
-from ..shared.process_targets import ALLOW_OTHER_USERS_HELP, describe, is_python
+from ..shared.process_targets import ALLOW_OTHER_USERS_HELP, check_job_name, describe, is_python
 
 MAX_PIDS = 64
 LOG_TAIL_BYTES = 65536
@@ -46,26 +49,41 @@ TIME_WORD = re.compile(r"(?i)\b(?:ms|s|sec|time|elapsed|it/s|s/it|tokens/s|tflop
 
 
 class StragglerFindParams(Params):
-    slurm_job_id: str = Field("", max_length=32, pattern=r"^([0-9]+(_[0-9]+)?)?$", description=(
+    # The characters are a published guard; the form (N, or N_M for an array task) is checked in _one_target.
+    slurm_job_id: str = Field("", max_length=32, pattern=r"^[0-9_]*$", description=(
         "A RUNNING job: every node sampled at once."))
+    hosts: list[Annotated[str, Field(max_length=4096)]] = Field(default_factory=list, max_length=64, description=(
+        "No SLURM: over ssh, with run_id or launcher_match."))
+    run_id: str | None = Field(None, max_length=128, json_schema_extra=SELF_EVIDENT, description=(
+        "torchrun's --rdzv-id (TORCHELASTIC_RUN_ID in its ranks): its ranks on hosts."))
+    launcher_match: str | None = Field(None, max_length=200, json_schema_extra=SELF_EVIDENT, description=(
+        "A literal piece of the launcher's command line: its ranks on hosts."))
     launcher_pid: int | None = Field(None, ge=1, description="A launcher pid here: its ranks.")
     pids: list[Annotated[int, Field(ge=1)]] = Field(default_factory=list, max_length=MAX_PIDS,
                                                     json_schema_extra=SELF_EVIDENT, description=(
         "Rank pids here."))
     window_s: float = Field(60.0, ge=5, le=120, description=(
-        "Longest look (answers at 6 s when ranks separate)."))
-    rate_hz: int = Field(5, ge=5, le=100, description="Per rank (~1 ms CPU each).")
+        "Longest look (6 s when clear)."))
+    rate_hz: int = Field(5, ge=5, le=100, json_schema_extra=SELF_EVIDENT, description="Per rank (~1 ms CPU each).")
     allow_other_users: bool = Field(False, description=ALLOW_OTHER_USERS_HELP)
     log_paths: list[Annotated[str, Field(max_length=4096)]] = Field(default_factory=list, max_length=8, description=(
         "Job logs: last step-time lines quoted."))
 
     @model_validator(mode="after")
     def _one_target(self):
-        given = [n for n, v in (("slurm_job_id", self.slurm_job_id), ("launcher_pid", self.launcher_pid),
-                                ("pids", self.pids)) if v]
+        if (self.run_id or self.launcher_match) and not self.hosts:
+            raise ValueError("run_id and launcher_match name a job on hosts reached over ssh: give hosts too (on this "
+                             "node alone: launcher_pid or pids)")
+        if self.slurm_job_id and not re.fullmatch(r"[0-9]+(_[0-9]+)?", self.slurm_job_id):
+            raise ValueError(f"slurm_job_id {self.slurm_job_id!r} is not a SLURM job id: digits, or digits_digits for "
+                             "an array task (4242, 4242_7)")
+        given = [n for n, v in (("slurm_job_id", self.slurm_job_id), ("hosts", self.hosts),
+                                ("launcher_pid", self.launcher_pid), ("pids", self.pids)) if v]
         if len(given) != 1:
-            raise ValueError("give exactly one of slurm_job_id (a running SLURM job), launcher_pid (torchrun's pid) "
-                             f"or pids (ranks on this node); got {', '.join(given) or 'none'}")
+            raise ValueError("give exactly one of slurm_job_id (a running SLURM job), hosts (with run_id or "
+                             "launcher_match: a job launched over ssh), launcher_pid (torchrun's pid) or pids (ranks "
+                             f"on this node); got {', '.join(given) or 'none'}")
+        check_job_name(self, bool(self.hosts))
         return self
 
 
@@ -93,13 +111,16 @@ def _local(spec: dict, progress) -> tuple[list[NodeReport], list[str]]:
 
 def _spec(params: StragglerFindParams, window_s: float, rate_hz: int) -> dict:
     return {"pids": params.pids, "launcher_pid": params.launcher_pid, "window_s": window_s,
-            "rate_hz": rate_hz, "max_ranks": 64, "allow_other_users": params.allow_other_users}
+            "rate_hz": rate_hz, "max_ranks": 64, "allow_other_users": params.allow_other_users,
+            "run_id": params.run_id, "launcher_match": params.launcher_match}
 
 
 def _sampler(params: StragglerFindParams, progress):
     """One look of `seconds` at `rate` samples/s at the target: (node reports, problems)."""
     if params.slurm_job_id:
         return lambda seconds, rate: sample_job(params.slurm_job_id, _spec(params, seconds, rate), progress)
+    if params.hosts:
+        return lambda seconds, rate: sample_hosts(params.hosts, _spec(params, seconds, rate), progress)
     return lambda seconds, rate: _local(_spec(params, seconds, rate), progress)
 
 
@@ -184,13 +205,12 @@ SPEC = ToolSpec(
     description=(
         "For a job that is running but slow ('the job got slower', 'one rank is slow', 'MFU dropped mid-run', "
         "one GPU at 0% while the others are at 100%): "
-        "samples every rank's Python stack with py-spy (6-60 s) and CPU, cgroup, memory, "
-        "network and NVML per node, without touching the job or its code. The rank that waits least while the "
-        "others wait in collectives, or whose host starves it (throttling, run-queue wait), is the straggler; the answer names rank, host, GPU index and serial, how "
-        "much the others wait on it, the reason (cpu, memory, data_loading, h2d, gpu, network) with evidence, "
-        "and the next step; or 'no straggler' with the measured spread. Targets: a SLURM job id (every node "
-        "via srun --overlap), a torchrun pid, or pids on this node. Needs py-spy and ptrace rights. Not for a "
-        "job that is stuck (hang_stack_dump) or dead (log_triage)."),
+        "samples every rank's stack (py-spy, 6-60 s) and each node's CPU, cgroup, memory, network and NVML, "
+        "without touching the job. The rank that waits least while the others wait in collectives, or whose "
+        "host starves it, is the straggler: rank, host, GPU serial, how much the others wait on it, the reason "
+        "(cpu, memory, data_loading, h2d, gpu, network) with evidence, next step; or 'no straggler' with the "
+        "spread. Targets: a SLURM job, hosts over ssh, a torchrun pid, pids. Needs ptrace. Not for a job that "
+        "is stuck (hang_stack_dump) or dead (log_triage)."),
     Params=StragglerFindParams, Result=StragglerFindResult, run=run, runs="subprocess",
     read_only=True, destructive=False, idempotent=True, open_world=True, timeout_s=300,
 )

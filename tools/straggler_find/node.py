@@ -1,7 +1,7 @@
 """One node's sampler: every rank's stacks, CPU and cgroup counters, the host's pressure, NVML, for a window.
 
 Run by straggler_find in its own child (pids or a launcher on this node), or on every node of a SLURM
-job through `srun --overlap` as `python -m <package>.straggler_find.node '<json>'`, which prints one
+job through `srun --overlap` (on every host of a job launched over ssh: ssh_job.py) as `python -m <package>.straggler_find.node '<json>'`, which prints one
 JSON line (a NodeReport). One `py-spy record` per rank samples its main thread at `rate_hz` for the
 window; nothing else touches the ranks.
 
@@ -110,6 +110,8 @@ def find_ranks(spec: dict) -> tuple[list[int], list[str]]:
     left out with why (a claim the kernel does not back, another user's process)."""
     targets = select(TargetRequest(pids=list(spec.get("pids") or []), launcher_pid=spec.get("launcher_pid"),
                                    job_id=str(spec.get("job_id") or ""), job_uid=spec.get("job_uid"),
+                                   run_id=str(spec.get("run_id") or ""),
+                                   launcher_match=str(spec.get("launcher_match") or ""),
                                    allow_other_users=bool(spec.get("allow_other_users"))))
     info = {p: describe(p) for p in targets.pids}
     role = roles(info, {p: i[1] for p, i in info.items()}, {p: i[2] for p, i in info.items()})
@@ -219,7 +221,9 @@ def sample_node(spec: dict, progress=None) -> NodeReport:
     report.node.sampler_cpu_s = round(_sampler_cpu_s() - cpu_before, 2)
     report.gpus = gpus.summary({r.pid: r for r in report.ranks})
     if not pids:
-        report.node.errors.append("no process of the job found on this node")
+        report.node.errors.append("no process of the job found on this node" + (
+            " (a process in another network namespace than this host's, as in a container with a network of its "
+            "own, is not counted as this host's)" if spec.get("run_id") or spec.get("launcher_match") else ""))
     return report
 
 
