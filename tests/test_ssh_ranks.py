@@ -193,7 +193,7 @@ def test_hang_stack_dump_over_ssh_names_the_stopped_rank_and_its_host(job, sshd)
     os.kill(job[1], signal.SIGSTOP)
     try:
         time.sleep(1.0)                       # rank 0 enters the all_reduce rank 1 will not join
-        result = hsd.run(hsd.HangStackDumpParams(hosts=["n1", "n9"], launcher_match=f"rdzv-id={RUN_ID}"), QUIET)
+        result = hsd.run(hsd.HangStackDumpParams(hosts=["n1", "n9"], launcher_match=f"--rdzv-id={RUN_ID}"), QUIET)
     finally:
         os.kill(job[1], signal.SIGCONT)
     assert result.launcher == "ssh" and result.frozen_ranks == [1], result.findings

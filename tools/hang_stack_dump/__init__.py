@@ -225,7 +225,8 @@ def run(params: HangStackDumpParams, progress) -> HangStackDumpResult:
             params.slurm_job_id, cmd, params.per_process_timeout_s, job_node_names(params.slurm_job_id))
     elif params.hosts:
         result.launcher = "ssh"
-        target = [*(("--run-id", params.run_id) if params.run_id else ("--launcher-match", params.launcher_match)),
+        # --flag=value: a launcher piece may start with '-' ('--rdzv-id=job42'), which argparse would take for a flag
+        target = [f"--run-id={params.run_id}" if params.run_id else f"--launcher-match={params.launcher_match}",
                   *(["--allow-other-users"] if params.allow_other_users else [])]
         procs, problems, result.silent_nodes, left_out = dump_hosts(
             hosts_of(params.hosts), per_node_command(params, *target), params.per_process_timeout_s, progress)
