@@ -208,3 +208,24 @@ def test_hang_stack_dump_over_ssh_healthy_run_has_no_culprit(job, sshd):
     assert result.frozen_ranks == [] and result.silent_nodes == [] and result.hosts == ["n1"], result.findings
     assert sorted(p.rank for p in result.processes if p.role == "rank") == [0, 1]
     assert not result.left_out
+
+
+# --- the SSH drills' twins: what the scripted baseline is told and calls ------------------------------
+
+
+def test_ssh_drills_tell_the_baseline_no_slurm_and_it_calls_hosts_with_the_run_id():
+    from tools.evals.drills.baseline import params_for
+    from tools.evals.drills.scenarios import load_scenario
+    from tools.evals.drills.session import context_for
+    from tools.evals.drills.state import DrillState, work_dir
+
+    for scenario_id in ("cl-ssh-frozen-rank", "cl-ssh-throttled-rank"):
+        scenario = load_scenario(scenario_id)
+        context = context_for(scenario, DrillState(scenario=scenario.id, work_dir=str(work_dir())))
+        assert "partition" not in context and "job_id" not in context and "SLURM_CONF" not in context["env"]
+        assert context["env"]["MLENG_TRANSPORT"] == "ssh" and context["env"][SSH_CONFIG_ENV].endswith("/ssh/config")
+        for tool in ("straggler_find", "hang_stack_dump"):
+            assert params_for(tool, scenario.message, context) == {"hosts": ["mln1", "mln2", "mln3", "mln4"],
+                                                                   "run_id": "drill-ssh-train"}
+        assert params_for("collective_bench", scenario.message, context) is None    # no allocation to run in
+        assert params_for("fleet_sweep", scenario.message, context) is None

@@ -59,6 +59,9 @@ class Attempt:
 # --------------------------------------------------------------------------------------------------
 # How to call each tool from what the agent knows, and how to read its answer
 
+RDZV_ID = re.compile(r"--rdzv[-_]id[= ]([A-Za-z0-9][A-Za-z0-9_.:-]*[A-Za-z0-9])")   # torchrun's run id in the message
+
+
 def paths_in(message: str) -> list[str]:
     return [p.rstrip(".,;:)") for p in re.findall(r"(/[^\s'\"]+)", message)]
 
@@ -77,15 +80,21 @@ def params_for(tool: str, message: str, context: dict) -> dict | None:
         if job:
             return {"job_id": str(job), "checks": ["env_report", "cpu_probe"]}
         return {"partition": partition, "checks": ["env_report", "cpu_probe"]} if partition else None
+    run_id = RDZV_ID.search(message)
     if tool == "hang_stack_dump":
         if paths:
             return {"dump_paths": paths[:1]}       # saved py-spy dumps the message points at
+        if not job and run_id and nodes:           # torchrun launched over ssh, no SLURM: its hosts and run id
+            return {"hosts": nodes, "run_id": run_id.group(1)}
         return {"slurm_job_id": str(job), "all_nodes": True} if job else None
     if tool == "straggler_find":
+        if not job and run_id and nodes:
+            return {"hosts": nodes, "run_id": run_id.group(1)}
         return {"slurm_job_id": str(job)} if job else None
     if tool == "collective_bench":
         # Which node or link: the pairwise pattern (SKILL.md: "one node is slow / which pair" -> pairwise).
-        return {"pattern": "pairwise", "backend": "gloo"} if len(nodes) >= 2 and not job else None
+        return ({"pattern": "pairwise", "backend": "gloo"} if len(nodes) >= 2 and not job and partition
+                else None)                         # pairwise runs in a SLURM allocation of the nodes
     if tool in ("gpu_health", "matmul_bench"):
         return {} if context.get("place") == "gpu" else None
     return None

@@ -10,19 +10,21 @@ slurmd or a rank, a co-tenant process.
 
 from __future__ import annotations
 
+import os
 import re
 import secrets
 import shlex
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 from ...engine.data import PACKAGE_DIR
 from ...engine.home import private_dir, write_private
-from .cluster import (DrillError, address, cluster_nodes, cluster_script, hold_session_lock, lock_is_ours,
+from .cluster import (CLUSTER_DIR, DrillError, address, cluster_nodes, cluster_script, hold_session_lock, lock_is_ours,
                       on_node, run, slurmd_pid, why_no_cluster)
-from .scenarios import (FIXTURES_DIR, CpuLimit, Fixture, FreezeSlurmd, GpuCotenant, KillSlurmd,
+from .scenarios import (FIXTURES_DIR, SSH_RUN_ID, CpuLimit, Fixture, FreezeSlurmd, GpuCotenant, KillSlurmd,
                         LinkDown, RateLimit, Scenario, SlowLink, TrainingJob)
 from .stamps import ProcessStamp, start_detached
 from .state import DrillState, Step
@@ -117,6 +119,8 @@ def undo(step: Step, state: DrillState) -> list[str]:
         elif isinstance(fault, TrainingJob):
             for rank in step.frozen:
                 rank.signal(signal.SIGCONT)
+            if step.launched:
+                problems += _stop_ssh_job(step.launched, Path(state.work_dir))
             if step.job_id or step.job_name:
                 target = [str(step.job_id)] if step.job_id else [f"--name={step.job_name}"]
                 run(["scancel", *target], check=False)
@@ -137,10 +141,78 @@ def start_training_job(fault: TrainingJob, state: DrillState, scenario: Scenario
         raise DrillError("training-job drills need a checkout of mleng (bench/straggler_workload.py)")
     work = private_dir("drill", "work")
     nodes = scenario.node_names
-    argv = [sys.executable, str(WORKLOAD), "--master", address(nodes[0]), "--port", "29561",
-            "--steps", str(fault.steps), "--pid-dir", str(work), *WORKLOAD_SIZE]
+    args = ["--steps", str(fault.steps), "--pid-dir", str(work), *WORKLOAD_SIZE]
     if fault.slow_rank is not None:
-        argv += ["--slow-loader-rank", str(fault.slow_rank), "--loader-sleep-s", str(fault.loader_sleep_s)]
+        args += ["--slow-loader-rank", str(fault.slow_rank), "--loader-sleep-s", str(fault.loader_sleep_s)]
+    if fault.launcher == "ssh":
+        start_ssh_job(nodes, args, work, state, step)
+        _wait_running(work, len(nodes), [work / f"job-{nodes[0]}.out"], STEP_5_PLAIN, "over ssh")
+    else:
+        start_sbatch_job(nodes, args, work, state, step)
+        _wait_running(work, len(nodes), [work / f"job-{step.job_id}.out"], STEP_5, str(step.job_id))
+    if fault.freeze_rank is not None:
+        rank = ProcessStamp.of(int((work / f"rank{fault.freeze_rank}.pid").read_text()))
+        step.frozen = [rank]
+        state.save()
+        rank.signal(signal.SIGSTOP)
+
+
+def _wait_running(work: Path, ranks: int, outputs: list[Path], step_5: re.Pattern, which: str) -> None:
+    """Until every rank has written its pid and rank 0 has printed a few steps: the fault lands in a running
+    job, past the rendezvous."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        pids = [work / f"rank{r}.pid" for r in range(ranks)]
+        if all(p.exists() for p in pids) and any(o.exists() and step_5.search(o.read_text(errors="replace"))
+                                                 for o in outputs):
+            return
+        time.sleep(1)
+    raise DrillError(f"the drill's training job ({which}) did not start within 120 s (see {work})")
+
+
+def start_ssh_job(nodes: list[str], args: list[str], work: Path, state: DrillState, step: Step) -> None:
+    """torchrun on every node over ssh, no SLURM: rank K-1 on mlnK (static rendezvous at the first node), each
+    under remote_step, so the node's torchrun stops when its ssh client ends (undo ends the clients)."""
+    from ...engine.transport import SSH_CONFIG_ENV, SshTransport
+
+    cluster_script("sshd")
+    transport = SshTransport({**os.environ, SSH_CONFIG_ENV: f"{CLUSTER_DIR}/ssh/config"})
+    for k, node in enumerate(nodes):
+        argv = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={len(nodes)}", "--nproc-per-node=1",
+                f"--node-rank={k}", f"--master-addr={address(nodes[0])}", "--master-port=29562",
+                f"--rdzv-id={SSH_RUN_ID}", "--monitor-interval=0.5", str(WORKLOAD), *args]
+        with open(work / f"job-{node}.out", "w") as out:
+            proc = subprocess.Popen(transport.command(node, argv), stdout=out, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True)
+        step.launched.append(ProcessStamp.of(proc.pid))
+        state.save()
+
+
+def _stop_ssh_job(clients: list[ProcessStamp], work: Path) -> list[str]:
+    """End the ssh clients; remote_step on each node then stops its torchrun, and torchrun its rank. What is
+    still running the drill's workload a minute later is reported, not signalled (its pid is not stamped)."""
+    for client in clients:
+        client.end()
+    deadline = time.monotonic() + 60
+    while True:
+        left = [p.name for p in Path("/proc").iterdir() if p.name.isdigit() and _runs_drill_job(p, work)]
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    return [f"training job over ssh: pid(s) {', '.join(left[:8])} outlived their ssh client"] if left else []
+
+
+def _runs_drill_job(proc: Path, work: Path) -> bool:
+    """Whether the process runs the drill's workload (a rank, or its torchrun) with the drill's pid folder."""
+    try:
+        command = (proc / "cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return any(part.endswith(WORKLOAD.name.encode()) for part in command) and str(work).encode() in command
+
+
+def start_sbatch_job(nodes: list[str], args: list[str], work: Path, state: DrillState, step: Step) -> None:
+    argv = [sys.executable, str(WORKLOAD), "--master", address(nodes[0]), "--port", "29561", *args]
     script = work / "job.sh"
     write_private(script, "#!/bin/bash\numask 077\nexec srun --label " + shlex.join(argv) + "\n", mode=0o700)
     step.job_name = f"drill-train-{secrets.token_hex(6)}"
@@ -149,25 +221,10 @@ def start_training_job(fault: TrainingJob, state: DrillState, scenario: Scenario
                f"--output={work}/job-%j.out", f"--job-name={step.job_name}", str(script)]).stdout.strip()
     step.job_id = state.job_id = int(out.split(";")[0])
     state.save()
-    # Wait until every rank has written its pid and rank 0 has printed a few steps: the fault lands in a
-    # running job, past the rendezvous.
-    output = work / f"job-{step.job_id}.out"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        pids = [work / f"rank{r}.pid" for r in range(len(nodes))]
-        if all(p.exists() for p in pids) and output.exists() and STEP_5.search(output.read_text(errors="replace")):
-            break
-        time.sleep(1)
-    else:
-        raise DrillError(f"the drill's training job {step.job_id} did not start within 120 s (see {work})")
-    if fault.freeze_rank is not None:
-        rank = ProcessStamp.of(int((work / f"rank{fault.freeze_rank}.pid").read_text()))
-        step.frozen = [rank]
-        state.save()
-        rank.signal(signal.SIGSTOP)
 
 
 STEP_5 = re.compile(r"^0: step 5 ", re.MULTILINE)   # srun --label prefixes rank 0's lines with "0: "
+STEP_5_PLAIN = re.compile(r"^step 5 ", re.MULTILINE)   # over ssh: rank 0's own lines, through torchrun
 
 
 def _wait_job_gone(job_id: int, timeout_s: float = 60) -> None:

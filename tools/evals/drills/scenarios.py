@@ -95,8 +95,11 @@ class TrainingJob(_Fault):
     """A small gloo training job (bench/straggler_workload.py, one rank per node) through sbatch.
 
     `slow_rank` / `loader_sleep_s` make one rank's data loading slow (a fault inside the job);
-    `freeze_rank` SIGSTOPs that rank once the job runs (a rank frozen mid-collective)."""
+    `freeze_rank` SIGSTOPs that rank once the job runs (a rank frozen mid-collective).
+    `launcher = "ssh"`: no SLURM job; torchrun started on every node over ssh (cluster-local.sh sshd), rank K-1 on
+    mlnK, rendezvous id SSH_RUN_ID (the scenario's message tells the operator's agent)."""
     kind: Literal["training_job"]
+    launcher: Literal["sbatch", "ssh"] = "sbatch"
     steps: int = Field(default=100000, ge=1)
     slow_rank: int | None = None
     loader_sleep_s: float = Field(default=0.0, ge=0, le=10)
@@ -111,6 +114,7 @@ class GpuCotenant(_Fault):
 
 Fault = Annotated[Union[RateLimit, SlowLink, LinkDown, CpuLimit, KillSlurmd, FreezeSlurmd, Fixture,
                         TrainingJob, GpuCotenant], Field(discriminator="kind")]
+SSH_RUN_ID = "drill-ssh-train"
 CULPRIT_KINDS = ("node", "link", "rank", "gpu", "setting", "none")
 TOPICS = ("hang", "slow collective", "straggler", "drift", "dead node", "post-mortem", "control")
 

@@ -48,6 +48,7 @@ class Step(BaseModel):
     job_name: str | None = Field(None, pattern=f"^{JOB_NAME}$")
     job_id: int | None = Field(None, gt=0)
     frozen: list[ProcessStamp] = Field(default=[], max_length=8)   # ranks SIGSTOPped
+    launched: list[ProcessStamp] = Field(default=[], max_length=8)   # the ssh clients of a job started over ssh
 
     @model_validator(mode="after")
     def _cluster_names(self):
