@@ -183,10 +183,23 @@ def sshd(monkeypatch):
 
 
 def test_straggler_find_over_ssh_credits_ranks_to_the_host_ssh_reached(job, sshd):
-    result = sf.run(sf.StragglerFindParams(hosts=["n1", "n9"], run_id=RUN_ID, window_s=6, rate_hz=10), QUIET)
+    other = _claimant(["runuser", "-u", "nobody", "--"], 5)
+    try:
+        result = sf.run(sf.StragglerFindParams(hosts=["n1", "n9"], run_id=RUN_ID, window_s=6, rate_hz=10), QUIET)
+    finally:
+        _end(other)
     assert sorted((r.rank, r.host, r.pid) for r in result.ranks) == [(0, "n1", job[0]), (1, "n1", job[1])]
     assert [n.host for n in result.nodes] == ["n1"] and all(r.samples > 0 for r in result.ranks), result.findings
     assert any(f.startswith("n9: no report: sshd not answering") for f in result.findings), result.findings
+    [left_out] = [f for f in result.findings if "left out, not sampled" in f]
+    assert "first: n1: pid" in left_out and "claims rank 5 of torchrun run" in left_out and "(nobody)" in left_out
+
+
+def test_a_run_id_with_no_process_on_the_hosts_is_a_clear_answer(job, sshd):
+    with pytest.raises(ToolFailure, match="n1: no process of the job found on this node"):
+        sf.run(sf.StragglerFindParams(hosts=["n1"], run_id="no-such-run", window_s=5), QUIET)
+    with pytest.raises(ToolFailure, match="n1: none of the job's processes found there"):
+        hsd.run(hsd.HangStackDumpParams(hosts=["n1"], run_id="no-such-run"), QUIET)
 
 
 def test_hang_stack_dump_over_ssh_names_the_stopped_rank_and_its_host(job, sshd):

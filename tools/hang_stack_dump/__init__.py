@@ -35,7 +35,7 @@ from .stacks import (
     job_nodes,
     run_all_nodes,
 )
-from .ssh_hosts import dump_hosts, hosts_of
+from .ssh_hosts import NOTHING_THERE, dump_hosts, hosts_of
 from ..shared.process_targets import (ALLOW_OTHER_USERS_HELP, Targets, TargetRequest, check_job_name, running_job,
                                      select)
 from ..engine.data import IMPORT_ROOT as REPO_ROOT
@@ -235,7 +235,7 @@ def run(params: HangStackDumpParams, progress) -> HangStackDumpResult:
         left_out = targets.refused
         if not targets.pids:
             why = f" Left out: {'; '.join(left_out[:3])}." if left_out else ""
-            raise ToolFailure("no process matched: check the pid / pattern / job id on THIS node (ps -ef), or use "
+            raise ToolFailure(f"{NOTHING_THERE}: check the pid / pattern / job id on THIS node (ps -ef), or use "
                               "slurm_job_id with all_nodes to reach every node of a SLURM job." + why)
         procs, full = dump_processes(targets.pids, params.native, params.per_process_timeout_s, params.max_frames, progress)
     procs = list({(p.host, p.pid): p for p in procs}.values())   # nodes sharing a host report alike

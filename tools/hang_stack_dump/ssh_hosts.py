@@ -13,6 +13,7 @@ from ..engine.spec import ToolFailure
 from ..engine.transport import SshTransport, node_set
 
 MAX_HOSTS = 64
+NOTHING_THERE = "no process matched"     # the per-node dump's own failure when no target is found (run())
 MAX_REPORT_LINES = 200_000      # a node's JSON report, indented one field a line: far above 1024 processes' worth
 
 
@@ -50,6 +51,10 @@ def dump_hosts(nodes: list[str], argv: list[str], per_process_timeout_s: float,
                 problems.append(f"{node}: no report within {deadline_s:.0f} s (the host froze, or the dump hung)")
             else:
                 said = " | ".join(x.strip() for x in end.stderr_tail.splitlines()[-3:] if x.strip())
+                if NOTHING_THERE in said:          # it answered: the job has no process of the caller's there
+                    silent.pop()
+                    problems.append(f"{node}: none of the job's processes found there ({said[-600:]})")
+                    continue
                 problems.append(f"{node}: no report (exit {end.code})" + (f"; it said: {said[-400:]}" if said else ""))
             continue
         for p in found:

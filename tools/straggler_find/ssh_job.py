@@ -28,10 +28,14 @@ def hosts_of(hosts: list[str]) -> list[str]:
 
 
 def credited(report: NodeReport, host: str) -> NodeReport:
-    """The report with `host` (the transport's name for the connection) in every place a host is named."""
+    """The report with `host` (the transport's name for the connection) in every place a host is named, and
+    before each of its refusals and errors."""
     report.host = report.node.host = host
     for row in [*report.ranks, *report.gpus, *report.flight]:
         row.host = host
+    # what the node left out or could not do is said with the host's name, as the findings quote it alone
+    report.node.refused = [f"{host}: {line}" for line in report.node.refused]
+    report.node.errors = [f"{host}: {line}" for line in report.node.errors]
     return report
 
 
