@@ -58,7 +58,8 @@ class SshJob:
         self.ssh, self.outs = [], []
         transport = SshTransport()
         for k, node in enumerate(cluster.nodes):
-            argv = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={len(cluster.nodes)}",
+            # TMPDIR: torchrun's torchelastic_* folder, which a stopped torchrun leaves behind, goes to the test's
+            argv = ["env", f"TMPDIR={work}", sys.executable, "-m", "torch.distributed.run", f"--nnodes={len(cluster.nodes)}",
                     "--nproc-per-node=1", f"--node-rank={k}", f"--master-addr={cluster.address(cluster.nodes[0])}",
                     f"--master-port={port}", f"--rdzv-id={run_id}", "--monitor-interval=0.5", str(WORKLOAD),
                     "--steps", "1000000", "--pid-dir", str(work), *args]

@@ -178,8 +178,9 @@ def start_ssh_job(nodes: list[str], args: list[str], work: Path, state: DrillSta
     cluster_script("sshd")
     transport = SshTransport({**os.environ, SSH_CONFIG_ENV: f"{CLUSTER_DIR}/ssh/config"})
     for k, node in enumerate(nodes):
-        argv = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={len(nodes)}", "--nproc-per-node=1",
-                f"--node-rank={k}", f"--master-addr={address(nodes[0])}", "--master-port=29562",
+        # TMPDIR: torchrun's torchelastic_* folder, which a stopped torchrun leaves, goes to the drill's own folder
+        argv = ["env", f"TMPDIR={work}", sys.executable, "-m", "torch.distributed.run", f"--nnodes={len(nodes)}",
+                "--nproc-per-node=1", f"--node-rank={k}", f"--master-addr={address(nodes[0])}", "--master-port=29562",
                 f"--rdzv-id={SSH_RUN_ID}", "--monitor-interval=0.5", str(WORKLOAD), *args]
         with open(work / f"job-{node}.out", "w") as out:
             proc = subprocess.Popen(transport.command(node, argv), stdout=out, stderr=subprocess.STDOUT,
