@@ -23,10 +23,22 @@ from pathlib import Path
 SSHD = "/usr/sbin/sshd"
 
 
+def _have_openssh() -> bool:
+    return Path(SSHD).is_file() and bool(shutil.which("ssh")) and bool(shutil.which("ssh-keygen"))
+
+
 def why_no_sshd() -> str | None:
     if os.name != "posix" or os.geteuid() != 0:
         return "the local sshd runs as root (it logs in as root with a key made for the test)"
-    if not (Path(SSHD).is_file() and shutil.which("ssh") and shutil.which("ssh-keygen")):
+    if not _have_openssh() and shutil.which("apt-get"):
+        # As scripts/cluster-local.sh does for its nodes: a fresh CI machine has no sshd, and these tests
+        # would skip there (or pass only after a cluster test happened to install it first). One apt at a
+        # time: two pytest workers may ask at once.
+        subprocess.run(["flock", "-w", "600", "/run/lock/mleng-apt.lock", "sh", "-c",
+                        "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "
+                        "--no-install-recommends openssh-server openssh-client"],
+                       capture_output=True, timeout=700)
+    if not _have_openssh():
         return "needs openssh-server and openssh-client (apt-get install -y openssh-server)"
     return None
 
