@@ -86,6 +86,10 @@ def main() -> int:
                 order = random.sample([False, True], 2)
                 rates = {watched: window(log, args.window_s, sampler if watched else None) for watched in order}
                 rows.append({"unwatched": rates[False], "watched": rates[True]})
+                if args.json:   # pair by pair: a run cut by its time limit keeps what it measured (--pool reads it)
+                    Path(args.json).write_text(json.dumps({"cpus": len(os.sched_getaffinity(0)), "ranks": args.ranks,
+                                                           "window_s": args.window_s, "rate_hz": args.rate_hz,
+                                                           "rows": rows}))
         finally:
             os.killpg(job.pid, signal.SIGTERM)
             job.wait(timeout=30)
