@@ -27,6 +27,8 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("tools/flight_recorder_analyze/torch_trace.py", ".write_bytes"): "inside that private temp folder",
     ("tools/launch_script/__init__.py", ".mkdir"): "the job's log folder in the caller's work dir, which SLURM needs",
     ("tools/shared/launch.py", "tempfile.mkdtemp"): "the ranks' own TMPDIR (0700, tagged, removed after the run)",
+    ("tools/shared/torchrun_on_host.py", "tempfile.mkdtemp"): "on a host reached over ssh, its ranks' own TMPDIR "
+                                                             "(0700, removed when torchrun ends)",
     ("tools/storage_bench/__init__.py", "tempfile.mkdtemp"): "the benchmark's scratch folder on the filesystem "
                                                              "the caller asked to measure",
     ("tools/storage_bench/storage_io.py", "os.open(O_CREAT)"): "an O_DIRECT probe in that scratch folder",

@@ -34,6 +34,7 @@ import re
 import resource
 import shlex
 import sys
+import threading
 from dataclasses import dataclass
 from typing import Callable
 
@@ -45,9 +46,11 @@ SSH_KNOWN_HOSTS_ENV = "MLENG_SSH_KNOWN_HOSTS"
 MAX_HOSTS = 100_000
 NODESET_TEXT = re.compile(r"[A-Za-z0-9_.\-\[\],]{1,4096}")
 HOST_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9_.\-]{0,251}[A-Za-z0-9])?")
+ADDRESS = re.compile(r"[0-9A-Fa-f:.]{2,45}")   # an IPv4 or IPv6 address, as ssh -G prints a HostName
 BRACKET = re.compile(r"\[([^\[\]]*)\]")
 RANGE = re.compile(r"(\d{1,9})(?:-(\d{1,9}))?")
 STDERR_TAIL_CHARS = 2000
+TASK_MADE = threading.Lock()
 LATE_S = 5            # past the deadline, the whole step is abandoned even if ClusterShell is still closing
 SSH_FAILED = 255      # ssh's own exit status when it could not connect, authenticate or verify the host
 
@@ -182,10 +185,12 @@ class SshTransport:
                 self.remote_command(node, argv)]
 
     def run_step(self, nodes: list[str], argv: list[str], deadline_s: float,
-                 on_line: Callable[[str, str], None]) -> dict[str, NodeEnd]:
+                 on_line: Callable[[str, str], None],
+                 on_end: Callable[[NodeEnd], None] | None = None) -> dict[str, NodeEnd]:
         """Start argv on every node at once; on_line(node, line) for each stdout line as it comes; return
         how each node ended. Nodes still running at the deadline are cut (their ssh killed, so
-        remote_step kills the command there) and end as silent."""
+        remote_step kills the command there) and end as silent. on_end(end): a node's end as soon as it
+        comes (ranks of several nodes stop waiting for one whose sshd did not answer)."""
         from ClusterShell.Event import EventHandler
         from ClusterShell.Task import TimeoutError as TaskTimeout
         from ClusterShell.Task import task_self
@@ -202,9 +207,12 @@ class SshTransport:
                     on_line(node, text)
 
             def ev_hup(self, worker, node, rc):
-                ends[node] = NodeEnd(node, "exited", rc)
+                ends[node] = SshTransport._classified(NodeEnd(node, "exited", rc), tails.get(node, ""))
+                if on_end:
+                    on_end(ends[node])
 
-        task = self._task = task_self()   # bound to this thread; abort(kill=True) unbinds it at the end
+        with TASK_MADE:   # a thread's first task imports ClusterShell's worker module: two at once saw it half made
+            task = self._task = task_self()   # bound to this thread; abort(kill=True) unbinds it at the end
         task.set_default("stdout_msgtree", False)   # lines go to on_line as they come, not kept twice
         task.set_default("stderr_msgtree", False)
         task.set_default("distant_workername", "ssh")   # whatever a defaults.conf on this machine says
@@ -228,13 +236,32 @@ class SshTransport:
         finally:
             self._task = None
             task.abort(kill=True)
-        for node in nodes:
+        for node in nodes:   # with the whole stderr tail: some may have come after the node's end
             end = ends.get(node) or NodeEnd(node, "silent")
-            end.stderr_tail = tails.get(node, "")
-            if end.how == "exited" and end.code == SSH_FAILED and self._ssh_failed(end.stderr_tail):
-                end.how, end.code, end.why = "unreachable", None, _ssh_reason(node, end.stderr_tail)
-            ends[node] = end
+            ends[node] = self._classified(end, tails.get(node, ""))
         return ends
+
+    @staticmethod
+    def _classified(end: NodeEnd, stderr_tail: str) -> NodeEnd:
+        """An exited node's end, as unreachable when ssh itself failed (status 255 and ssh's complaint)."""
+        end.stderr_tail = stderr_tail
+        if end.how == "exited" and end.code == SSH_FAILED and SshTransport._ssh_failed(stderr_tail):
+            end.how, end.code, end.why = "unreachable", None, _ssh_reason(end.node, stderr_tail)
+        return end
+
+    def address(self, node: str) -> str:
+        """The address this machine's ssh reaches `node` at (its HostName in the ssh_config, `ssh -G`): what
+        the other hosts dial for a rendezvous there. The name itself when ssh names no plain address."""
+        import subprocess
+
+        try:
+            out = subprocess.run(["ssh", "-G", *self.ssh_options(), node], capture_output=True, text=True,
+                                 timeout=10, env=self.env).stdout
+        except (OSError, subprocess.TimeoutExpired):
+            return node
+        said = next((line.split()[1] for line in out.splitlines() if line.startswith("hostname ")
+                     and len(line.split()) == 2), "")
+        return said if HOST_NAME.fullmatch(said) or ADDRESS.fullmatch(said) else node
 
     @staticmethod
     def _ssh_failed(stderr: str) -> bool:

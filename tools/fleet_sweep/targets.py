@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 
 from ..engine.placement import inside_allocation, inside_job, own_job
 from ..engine.spec import ToolFailure
-from ..engine.transport import TRANSPORT_ENV, node_set
+from ..engine.transport import node_set
 from ..shared import slurm
+from ..shared.launch import over_ssh
 
 UNREACHABLE = ("down", "drain", "fail", "maint", "reboot", "future", "unknown", "power")
 
@@ -140,13 +141,6 @@ def from_ssh_hosts(hosts: list[str]) -> Target:
         return Target("ssh", node_set(hosts, slurm.MAX_HOSTS), [])
     except ValueError as exc:
         raise ToolFailure(f"hosts: {exc}") from None
-
-
-def over_ssh(env: dict) -> bool:
-    """A host list goes over SSH where there is no SLURM here, or where MLENG_TRANSPORT=ssh asks for it."""
-    if env.get(TRANSPORT_ENV) == "ssh":
-        return True
-    return not slurm.client_configured(env) and not slurm.in_allocation(env)
 
 
 def resolve(params, env: dict) -> Target:

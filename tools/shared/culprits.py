@@ -37,10 +37,15 @@ def _diagnose(outcome: LaunchOutcome, timeout_s: float) -> tuple[list[int], list
         return [], []
     findings: list[str] = []
     culprits: list[int] = []
-    if outcome.launch_failures:
+    if outcome.launch_failures and outcome.launcher == "ssh":
+        findings += [f"ssh could not start the ranks on {why}. That host is the culprit (down, sshd not "
+                     "answering, or a host key we do not trust); the other hosts' ranks waited for it."
+                     for why in outcome.launch_failures.values()]
+    elif outcome.launch_failures:
         findings += [f"srun could not start the task on node {node}: {why} (srun: \"Task launch ... failed on node "
                      f"{node}\"). That node is the culprit (frozen, slurmd down or unreachable); the other nodes' "
                      "ranks waited for it." for node, why in outcome.launch_failures.items()]
+    if outcome.launch_failures:
         culprits = sorted(s.rank for s in states if s.host and s.host.split(".")[0] in outcome.launch_failures)
         return culprits, findings
     if all(s.status == "not_started" for s in states):

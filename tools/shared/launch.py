@@ -32,6 +32,7 @@ from .ranks import check_event
 from ..engine.data import IMPORT_ROOT, PACKAGE
 from ..engine.spec import Field, Params
 from ..engine.processes import Supervised, local_gpu_count, torchrun_command
+from ..engine.transport import TRANSPORT_ENV
 
 @dataclass
 class RankState:
@@ -74,9 +75,10 @@ class LaunchOutcome:
     elapsed_s: float
     stderr_tail: str
     output_tail: str              # rank output that was not an event
-    launch_failures: dict = field(default_factory=dict)  # node -> srun's "Task launch ... failed" reason
+    launch_failures: dict = field(default_factory=dict)  # node -> why the launcher could not start its ranks there
     skipped_lines: list[str] = field(default_factory=list)   # side-channel lines not believed, and why
     cut: str = ""                 # why the caller's `cut` stopped the run early ("" when it did not)
+    launcher: str = "srun"        # who started the ranks on other nodes: srun, or ssh (launch_ssh.py)
 
 
 class RankLayout(Params):
@@ -199,6 +201,15 @@ def use_srun(nnodes: int) -> bool:
         and shutil.which("srun") is not None
 
 
+def over_ssh(env: dict | None = None) -> bool:
+    """A host list goes over SSH (engine/transport.py) where there is no SLURM here, or where
+    MLENG_TRANSPORT=ssh asks for it; through srun otherwise."""
+    env = os.environ if env is None else env
+    if env.get(TRANSPORT_ENV) == "ssh":
+        return True
+    return not _slurm.client_configured(env) and not _slurm.in_allocation(env)
+
+
 def plan_command(rank_module: str, params: dict, nproc_per_node: int, nnodes: int,
                  rdzv_endpoint: str | None) -> list[str]:
     """The command to run here: local torchrun, this node's part of a rendezvous, or srun over SLURM."""
@@ -271,14 +282,9 @@ def launch_ranks(command: list[str], world_size: int, *, timeout_s: float, stall
             drain(wait_s=0.05)
             _mark_gone(ranks)
             now = time.monotonic()
-            if now - last_progress > stall_s:
-                stalled = True
-                break
-            if now - t0 > deadline_s:
-                overran = True
-                break
-            cut_reason = (cut(now - t0) or "") if cut else ""
-            if cut_reason:
+            stop, cut_reason = stop_reason(now - t0, now - last_progress, stall_s=stall_s, deadline_s=deadline_s, cut=cut)
+            stalled, overran = stop == "stalled", stop == "overran"
+            if stop:
                 break
     finally:
         child.stop(grace_s=3.0)
@@ -289,15 +295,9 @@ def launch_ranks(command: list[str], world_size: int, *, timeout_s: float, stall
             if nodes:   # 15 s at most: a frozen node keeps its own, and the answer does not wait for it
                 _slurm.remove_tagged_scratch(nodes, own_tag, timeout_s=15, env=run_env)
     drain()
-    end = time.time()
     stderr_tail = child.stderr_text()
-    codes = torchrun_exitcodes(stderr_tail)
+    settle(ranks, torchrun_exitcodes(stderr_tail), stopped=bool(stalled or overran or cut_reason))
     failed_nodes = _slurm.launch_failures(stderr_tail) if command[0] == "srun" else {}
-    for state in ranks.values():
-        state.exitcode = codes.get(state.rank)
-        if state.status == "running":  # alive when we stopped it, or gone without a word
-            state.status = "stuck" if (stalled or overran or cut_reason) else "vanished"
-            state.end_t = end
     return LaunchOutcome(command=command, world_size=max([reported_world, *(r + 1 for r in ranks)]),
                          ranks=ranks, data=data, returncode=child.proc.returncode, stalled=stalled,
                          overran=overran, elapsed_s=round(time.monotonic() - t0, 2),
@@ -305,6 +305,28 @@ def launch_ranks(command: list[str], world_size: int, *, timeout_s: float, stall
                          skipped_lines=reader.notes(lambda task: "the ranks") + [
                              f"{n} line(s) skipped: {why}" for why, n in child.skipped.items()],
                          launch_failures=failed_nodes, cut=cut_reason)
+
+
+def stop_reason(elapsed_s: float, quiet_s: float, *, stall_s: float, deadline_s: float,
+                cut: Callable[[float], str | None] | None) -> tuple[str, str]:
+    """Why a launch stops now: ("stalled" | "overran" | "cut", the caller's reason for a cut), or ("", "")."""
+    if quiet_s > stall_s:
+        return "stalled", ""
+    if elapsed_s > deadline_s:
+        return "overran", ""
+    said = (cut(elapsed_s) or "") if cut else ""
+    return ("cut", said) if said else ("", "")
+
+
+def settle(ranks: dict[int, RankState], exitcodes: dict[int, int], stopped: bool) -> None:
+    """Each rank's last state once its launch is over: its exit code, and a rank still running is stuck
+    (the launcher stopped it) or vanished (gone without a word)."""
+    end = time.time()
+    for state in ranks.values():
+        state.exitcode = exitcodes.get(state.rank)
+        if state.status == "running":
+            state.status = "stuck" if stopped else "vanished"
+            state.end_t = end
 
 
 def _mark_gone(ranks: dict[int, RankState]) -> None:
