@@ -304,7 +304,7 @@ def _run_bench(monkeypatch, env: dict, **fields):
 
 @pytest.mark.parametrize("fields,env,field", [
     ({"pattern": "pairwise"}, {}, "pattern"),
-    ({"pattern": "bisect", "hosts": ["n1", "n2"]}, {}, "hosts"),
+    ({"pattern": "bisect", "hosts": ["n1", "n2"], "node_rank": 0}, {}, "hosts"),   # by hand: rdzv_endpoint too
     ({"pattern": "pairwise", "hosts": ["n1", "n2"], "node_rank": 2, "rdzv_endpoint": "n1:29400"}, {}, "node_rank"),
     ({"pattern": "pairwise", "hosts": ["n1", "n1"], "node_rank": 0, "rdzv_endpoint": "n1:29400"}, {}, "hosts"),
     ({"pattern": "pairwise", "hosts": ["n1", "n2", "n3", "n4"], "node_rank": 0, "rdzv_endpoint": "n1:29400",

@@ -18,6 +18,7 @@ Which node or link is bad (knowledge://network/finding-the-bad-node.md):
     MLENG_COORD_SECRET=<the same per-run secret on every node> \
     mleng run collective_bench --pattern pairwise --hosts n1 n2 n3 n4 --node-rank K \
         --rdzv-endpoint n1:29400                                          # outside SLURM, on every node K
+    mleng run collective_bench --pattern pairwise --hosts 'gpu-[01-16]'   # no SLURM: over ssh, from here
 """
 
 import re
@@ -32,7 +33,7 @@ from ..shared.nccl_env import echo_nccl_env
 from ..shared.launch import RankLayout, launch_ranks, layout, manual_start, plan_command, visible_gpus
 from .isolation import IsolationReport
 from .models import BenchRow, OpSummary
-from .patterns import PatternFields, pattern_result, take_allocation
+from .patterns import PatternFields, launch_all_ssh, pattern_result, ssh_hosts, take_allocation
 from .report import draw_plot, format_table, gbps, human_size, judge, point_at
 from ..shared.expected_busbw import expected_busbw
 from ..engine.spec import SELF_EVIDENT, SELF_TEST, Field, Result, ToolSpec, worst
@@ -141,8 +142,10 @@ def measure(params: CollectiveBenchParams, progress) -> CollectiveBenchResult:
         _plot_target(params)   # a bad plot_path fails now, before any rank starts
     gpus = visible_gpus()
     nproc, nnodes = layout(params.nproc_per_node, params.nnodes)
+    hosts = ssh_hosts(params) if params.pattern == "all" else None   # one run over every rank, over ssh
+    nnodes = len(hosts) if hosts else nnodes
     world = nproc * nnodes
-    cmd = manual_start("collective_bench", nnodes, nproc, params.rdzv_endpoint)
+    cmd = None if hosts else manual_start("collective_bench", nnodes, nproc, params.rdzv_endpoint)
     if cmd and params.pattern == "all":
         return CollectiveBenchResult(verdict="info", world_size=world, nnodes=nnodes, findings=[
             f"{nnodes} nodes asked for outside a SLURM allocation: run this on each node: {cmd}"],
@@ -169,10 +172,13 @@ def measure(params: CollectiveBenchParams, progress) -> CollectiveBenchResult:
 
     progress(0.0, f"starting {world} ranks")
     t0 = time.monotonic()
-    outcome = launch_ranks(plan_command("collective_bench.rank", job, nproc, nnodes, params.rdzv_endpoint),
-                           0 if params.rdzv_endpoint else world,
-                           timeout_s=params.pg_timeout_s, stall_s=params.pg_timeout_s + 60,
-                           deadline_s=840, on_event=on_event)
+    if hosts:
+        outcome = launch_all_ssh(hosts, job, nproc, stall_s=params.pg_timeout_s + 60, deadline_s=840, on_event=on_event)
+    else:
+        outcome = launch_ranks(plan_command("collective_bench.rank", job, nproc, nnodes, params.rdzv_endpoint),
+                               0 if params.rdzv_endpoint else world,
+                               timeout_s=params.pg_timeout_s, stall_s=params.pg_timeout_s + 60,
+                               deadline_s=840, on_event=on_event)
     wall = round(time.monotonic() - t0, 2)
     return build_result(outcome, params, nnodes, wall)
 

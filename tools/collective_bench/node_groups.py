@@ -5,20 +5,26 @@ torchrun per node meeting at a c10d rendezvous on the group's first node. The gr
 in parallel threads, each through launch_ranks, so a group that hangs is stopped at its deadline
 without holding the others, and nothing of it is left running.
 
-Outside SLURM the same rounds run through per-node agents (node_agents.py).
+Over SSH (hosts=, no SLURM) each group is one torchrun per host started through the engine's node
+transport (shared/launch_ssh.py), the same way. Started by hand on every node, the rounds run through
+per-node agents instead (node_agents.py).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from dataclasses import dataclass, field
 
 from ..engine.data import PACKAGE
+from ..engine.processes import without_secrets
+from ..engine.transport import SshTransport
 from ..shared import slurm as _slurm
 from ..shared.culprits import diagnose
 from ..shared.launch import LaunchOutcome, launch_ranks
+from ..shared.launch_ssh import host_command, launch_ranks_ssh
 
 
 @dataclass
@@ -97,12 +103,10 @@ def srun_group_command(job: dict, names: list[str], addresses: dict[str, str], n
                                         extra_srun=["--overlap", f"--nodelist={','.join(names)}"])
 
 
-def run_round_srun(groups: list[list[int]], names: list[str], job: dict, *, nproc: int, deadline_s: float,
-                   pg_timeout_s: float, port: int, job_id: str | None = None,
-                   scratch_tag: str = "run", pace=None) -> list[GroupRun]:
-    """Every group of the round at once, one srun step each; results in the order of `groups`.
+def run_round(groups: list[list[int]], names: list[str], launch, *, pg_timeout_s: float, pace=None) -> list[GroupRun]:
+    """Every group of the round at once, one thread each; results in the order of `groups`.
+    launch(k, nodes, on_event, cut) -> LaunchOutcome starts group k on those nodes (srun or ssh).
     `pace` (pairwise, pair_pace.Pace): stops a pair far slower than the healthy ones before the deadline."""
-    addresses = node_addresses(names)
     results: list[GroupRun | None] = [None] * len(groups)
 
     def one(k: int, group: list[int]) -> None:
@@ -110,11 +114,8 @@ def run_round_srun(groups: list[list[int]], names: list[str], job: dict, *, npro
         outcome = None
         rows: list[dict] = []   # this group's sizes as they come in: what `pace` judges it by
         try:
-            cmd = srun_group_command(job, [names[i] for i in group], addresses, nproc, port, job_id)
-            outcome = launch_ranks(cmd, len(group) * nproc, timeout_s=pg_timeout_s, stall_s=deadline_s,
-                                   deadline_s=deadline_s, env={_slurm.SCRATCH_TAG_ENV: scratch_tag},
-                                   on_event=lambda e: rows.append(e) if e.get("kind") == "row" else None,
-                                   cut=(lambda elapsed_s: pace.why_stop(elapsed_s, rows)) if pace else None)
+            outcome = launch(k, [names[i] for i in group], lambda e: rows.append(e) if e.get("kind") == "row" else None,
+                             (lambda elapsed_s: pace.why_stop(elapsed_s, rows)) if pace else None)
         finally:
             results[k] = group_run(group, outcome, pg_timeout_s, names, round(time.monotonic() - t0, 2))
             if pace:
@@ -126,3 +127,35 @@ def run_round_srun(groups: list[list[int]], names: list[str], job: dict, *, npro
     for t in threads:
         t.join()
     return [r for r in results if r is not None]
+
+
+def run_round_srun(groups: list[list[int]], names: list[str], job: dict, *, nproc: int, deadline_s: float,
+                   pg_timeout_s: float, port: int, job_id: str | None = None,
+                   scratch_tag: str = "run", pace=None) -> list[GroupRun]:
+    """A round inside a SLURM allocation: one srun step per group."""
+    addresses = node_addresses(names)
+
+    def launch(k: int, nodes: list[str], on_event, cut) -> LaunchOutcome:
+        return launch_ranks(srun_group_command(job, nodes, addresses, nproc, port, job_id), len(nodes) * nproc,
+                            timeout_s=pg_timeout_s, stall_s=deadline_s, deadline_s=deadline_s,
+                            env={_slurm.SCRATCH_TAG_ENV: scratch_tag}, on_event=on_event, cut=cut)
+
+    return run_round(groups, names, launch, pg_timeout_s=pg_timeout_s, pace=pace)
+
+
+def ssh_group_command(job: dict, nodes: list[str], nproc: int, port: int) -> list[str]:
+    """The argv every host of one group runs over ssh: torchrun meeting on nodes[0], at the address this
+    machine's ssh reaches it by (its HostName: the caller's config, not what the host says)."""
+    address = SshTransport(without_secrets(dict(os.environ))).address(nodes[0])
+    return host_command("collective_bench.rank", job, nproc, nodes, address, port, f"mleng-{os.urandom(6).hex()}")
+
+
+def run_round_ssh(groups: list[list[int]], names: list[str], job: dict, *, nproc: int, deadline_s: float,
+                  pg_timeout_s: float, port: int, pace=None) -> list[GroupRun]:
+    """A round over SSH, no SLURM: each group is one torchrun per host through the node transport, group k
+    on port + k (one machine may answer for several host names)."""
+    def launch(k: int, nodes: list[str], on_event, cut) -> LaunchOutcome:
+        return launch_ranks_ssh(nodes, ssh_group_command(job, nodes, nproc, port + k), len(nodes) * nproc,
+                                deadline_s=deadline_s, stall_s=deadline_s, on_event=on_event, cut=cut)
+
+    return run_round(groups, names, launch, pg_timeout_s=pg_timeout_s, pace=pace)

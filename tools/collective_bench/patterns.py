@@ -8,11 +8,13 @@ import random
 from typing import Annotated, Literal
 
 from ..engine.spec import Field, Params, ToolFailure
+from ..engine.transport import node_set
 from ..shared import slurm as _slurm
-from ..shared.launch import use_srun
+from ..shared.launch import over_ssh, use_srun
+from ..shared.launch_ssh import launch_ranks_ssh
 from .isolation import IsolationReport, bisect, draw_heatmap, pairwise
 from .node_agents import SECRET_ENV, agent, coordinate, open_store, run_secret
-from .node_groups import remove_scratch, run_round_srun
+from .node_groups import remove_scratch, run_round_srun, run_round_ssh, ssh_group_command
 from .pair_pace import Pace
 from .pair_schedule import full_round_count
 
@@ -40,16 +42,36 @@ class PatternFields(Params):
         "No allocation: a job of ours here (nnodes; default all idle)."))
     job_id: str | None = Field(None, pattern=r"^\d+(_\d+)?$", max_length=40, description=(
         "Run inside this RUNNING job."))
-    hosts: list[NodeName] | None = Field(None, min_length=2, max_length=8192, description=(
-        "pairwise/bisect outside SLURM: all node addresses in order; call on each with its node_rank, one "
-        "rdzv_endpoint and one MLENG_COORD_SECRET (16+ chars)."))
+    hosts: list[NodeName] | None = Field(None, min_length=1, max_length=8192, description=(
+        "No SLURM: hosts over ssh (mln[1-4]), one call. By hand on each: with node_rank, rdzv_endpoint, "
+        "MLENG_COORD_SECRET."))
     node_rank: int | None = Field(None, ge=0, le=8191, description="This node's index in hosts.")
     transport: Literal["nccl", "rdma"] = Field("nccl", description=(
         "pairwise in SLURM: nccl (all_reduce) or rdma (perftest per rail; needs perftest, ACTIVE ports)."))
 
 
+def ssh_hosts(params) -> list[str] | None:
+    """The hosts to reach over ssh from here (hosts= without node_rank / rdzv_endpoint), expanded from
+    node-set text; None when the call is not one; ToolFailure naming the field when it is wrong."""
+    if not params.hosts or params.node_rank is not None or params.rdzv_endpoint:
+        return None
+    if not over_ssh():
+        raise ToolFailure("hosts: without node_rank, hosts are reached over ssh, and this machine has SLURM: give "
+                          "nodes inside an allocation (or partition / job_id), or set MLENG_TRANSPORT=ssh to reach "
+                          "these hosts over ssh")
+    try:
+        names = node_set(params.hosts, limit=8192)
+    except ValueError as exc:
+        raise ToolFailure(f"hosts: {exc}") from None
+    if len(names) < 2:
+        raise ToolFailure(f"hosts: need 2 or more hosts, got {names}")
+    return names
+
+
 def pattern_nodes(params) -> tuple[list[str], str]:
-    """(node names in matrix order, "srun" or "agents"); a clear error naming the field otherwise."""
+    """(node names in matrix order, "srun", "ssh" or "agents"); a clear error naming the field otherwise."""
+    if (names := ssh_hosts(params)) is not None:
+        return names, "ssh"
     if params.hosts:
         if params.node_rank is None or not params.rdzv_endpoint:
             raise ToolFailure("hosts: outside SLURM every node runs the same command with hosts (all node "
@@ -63,7 +85,7 @@ def pattern_nodes(params) -> tuple[list[str], str]:
     if not use_srun(2):
         raise ToolFailure(f"pattern: {params.pattern} needs several nodes: run it inside a SLURM allocation "
                           "(salloc -N 4 ...), give partition (a job of our own) or job_id (a running job's nodes), or give "
-                          "hosts, node_rank and rdzv_endpoint on every node")
+                          "hosts (reached over ssh from here, e.g. gpu-[01-16])")
     names = _slurm.allocation_nodes()
     if params.nodes:
         unknown = [n for n in params.nodes if n not in names]
@@ -73,6 +95,12 @@ def pattern_nodes(params) -> tuple[list[str], str]:
     if len(names) < 2:
         raise ToolFailure(f"nodes: pattern {params.pattern} needs at least 2 nodes, the allocation has {names}")
     return names, "srun"
+
+
+def launch_all_ssh(hosts: list[str], job: dict, nproc: int, *, stall_s: float, deadline_s: float, on_event):
+    """pattern all over ssh: one run over every rank of every host (a LaunchOutcome, as launch_ranks gives)."""
+    return launch_ranks_ssh(hosts, ssh_group_command(job, hosts, nproc, 29500 + random.randrange(1000)),
+                            nproc * len(hosts), deadline_s=deadline_s, stall_s=stall_s, on_event=on_event)
 
 
 def take_allocation(params, timeout_s: float, progress):
@@ -117,6 +145,11 @@ def run_pattern(params, job: dict, nproc: int, progress) -> tuple[IsolationRepor
                             latency_factor=params.slow_latency_factor, progress=progress)
         return bisect(names, run_round, progress=progress)
 
+    if how == "ssh" and params.transport != "rdma":
+        pace = Pace() if params.pattern == "pairwise" else None
+        return drive(functools.partial(run_round_ssh, names=names, job=job, nproc=nproc, deadline_s=deadline,
+                                       pg_timeout_s=params.pg_timeout_s, port=29500 + random.randrange(1000),
+                                       pace=pace)), []
     if params.transport == "rdma":
         if params.pattern != "pairwise" or how != "srun":
             raise ToolFailure("transport: rdma runs with pattern pairwise inside a SLURM allocation only")
