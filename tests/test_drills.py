@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tools.evals.drills import session as drill_cli
-from tools.evals.drills.state import DrillState, state_file
+from tools.evals.drills.state import DrillState, state_file, work_dir
 from tools.evals.drills.grade import Diagnosis, grade, parse_diagnosis
 from tests.multinode_cluster import multinode_cluster  # noqa: F401  (fixture, requested by the cluster test only)
 from tools.evals.drills.scenarios import Scenario, TOPICS, Truth, all_scenarios, load_scenario
@@ -41,12 +41,30 @@ def test_the_scenarios_cover_the_drill_topics_with_controls():
     ({"topic": "control"}, "control scenario's truth is 'none'"),
     ({"fault": [{"kind": "rate_limit", "node": "mln7"}]}, "not one of the scenario's nodes"),
     ({"fault": [{"kind": "rate_limit", "node": "mln3", "bogus": 1}]}, "bogus"),
+    ({"fault": [{"kind": "kill_sshd", "node": "mln3"}]}, "kill_sshd needs transport = 'ssh'"),
+    ({"transport": "ssh", "fault": [{"kind": "kill_slurmd", "node": "mln3"}]}, "without SLURM faults"),
 ])
 def test_a_scenario_that_gives_the_answer_away_or_is_malformed_is_refused(change, complaint):
     data = load_scenario("cl-slow-node").model_dump()
     data.update(change)
     with pytest.raises(ValueError, match=complaint):
         Scenario(**data)
+
+
+def test_an_ssh_drill_gives_host_names_and_ssh_and_the_baseline_passes_them_as_hosts(home):
+    """The SSH twins: no partition, no SLURM_CONF; the tools reach the hosts over ssh from the one call."""
+    from tools.evals.drills.baseline import params_for
+
+    scenario = load_scenario("ssh-slow-link")
+    context = drill_cli.context_for(scenario, DrillState(scenario=scenario.id, work_dir=str(work_dir())))
+    assert context["hosts"] == ["mln1", "mln2", "mln3", "mln4"] and "partition" not in context
+    assert context["env"]["MLENG_TRANSPORT"] == "ssh" and "SLURM_CONF" not in context["env"]
+    assert params_for("collective_bench", scenario.message, context) == {
+        "pattern": "pairwise", "backend": "gloo", "hosts": ["mln1", "mln2", "mln3", "mln4"]}
+    assert params_for("fleet_sweep", scenario.message, context)["hosts"] == context["hosts"]
+    slurm_twin = load_scenario("cl-slow-link")
+    assert "hosts" not in params_for("collective_bench", slurm_twin.message, drill_cli.context_for(
+        slurm_twin, DrillState(scenario=slurm_twin.id, work_dir=str(work_dir()))))
 
 
 def diag(**kw) -> Diagnosis:

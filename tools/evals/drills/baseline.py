@@ -72,11 +72,14 @@ def params_for(tool: str, message: str, context: dict) -> dict | None:
     partition = context.get("partition")
     job = context.get("job_id")
     nodes = context.get("nodes") or []
+    hosts = context.get("hosts")    # no SLURM: host names reached over ssh
     if tool in ("log_triage", "nccl_log_analyze"):
         return {"paths": paths[:1]} if paths else None
     if tool == "flight_recorder_analyze":
         return {"path": paths[0]} if paths else None
     if tool == "fleet_sweep":
+        if hosts:
+            return {"hosts": hosts, "checks": ["env_report", "cpu_probe"]}
         if job:
             return {"job_id": str(job), "checks": ["env_report", "cpu_probe"]}
         return {"partition": partition, "checks": ["env_report", "cpu_probe"]} if partition else None
@@ -93,6 +96,8 @@ def params_for(tool: str, message: str, context: dict) -> dict | None:
         return {"slurm_job_id": str(job)} if job else None
     if tool == "collective_bench":
         # Which node or link: the pairwise pattern (SKILL.md: "one node is slow / which pair" -> pairwise).
+        if hosts:
+            return {"pattern": "pairwise", "backend": "gloo", "hosts": hosts}   # the tool reaches them over ssh
         return ({"pattern": "pairwise", "backend": "gloo"} if len(nodes) >= 2 and not job and partition
                 else None)                         # pairwise runs in a SLURM allocation of the nodes
     if tool in ("gpu_health", "matmul_bench"):
@@ -100,7 +105,7 @@ def params_for(tool: str, message: str, context: dict) -> dict | None:
     return None
 
 
-NEEDS_ALLOCATION = ("collective_bench",)   # pairwise/bisect run inside a SLURM allocation
+NEEDS_ALLOCATION = ("collective_bench",)   # pairwise/bisect run inside a SLURM allocation (hosts=: over ssh)
 
 
 def read_answer(tool: str, answer: dict, context: dict) -> Diagnosis | str | None:
@@ -280,7 +285,7 @@ def solve(message: str, context: dict) -> Attempt:
             async def call(tool: str, params: dict):
                 nonlocal in_allocation
                 caller = client
-                if tool in NEEDS_ALLOCATION:
+                if tool in NEEDS_ALLOCATION and not context.get("hosts"):
                     in_allocation = in_allocation or await stack.enter_async_context(allocation_server())
                     caller = in_allocation
                 t0 = time.monotonic()

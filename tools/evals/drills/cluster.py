@@ -75,6 +75,12 @@ def slurmd_pid(node: str) -> int:
     return int(Path(f"{CLUSTER_DIR}/run/slurmd-{node}.pid").read_text())
 
 
+def sshd_pid(node: str) -> int:
+    if not NODE_NAME.fullmatch(node):
+        raise DrillError(f"{node!r} is not a node of the namespace cluster (mln1..mln8)")
+    return int(Path(f"{CLUSTER_DIR}/run/sshd-{node}.pid").read_text())
+
+
 def why_no_cluster() -> str | None:
     if os.name != "posix" or os.geteuid() != 0:
         return "cluster drills need root (network namespaces, a bridge, SLURM daemons)"

@@ -5,7 +5,7 @@ Every step is written to the drill's state file (state.py) BEFORE it takes effec
 way: undoing a step that never happened is harmless (each undo tolerates "not there"), and a signal goes
 only to a process that is still the one recorded. Faults are injected from outside mleng, the way an
 operator's world breaks: tc qdiscs inside a node's network namespace, cgroup CPU quotas, signals to
-slurmd or a rank, a co-tenant process.
+slurmd, sshd or a rank, a co-tenant process.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from pathlib import Path
 from ...engine.data import PACKAGE_DIR
 from ...engine.home import private_dir, write_private
 from .cluster import (CLUSTER_DIR, DrillError, address, cluster_nodes, cluster_script, hold_session_lock, lock_is_ours,
-                      on_node, run, slurmd_pid, why_no_cluster)
-from .scenarios import (FIXTURES_DIR, SSH_RUN_ID, CpuLimit, Fixture, FreezeSlurmd, GpuCotenant, KillSlurmd,
+                      on_node, run, slurmd_pid, sshd_pid, why_no_cluster)
+from .scenarios import (FIXTURES_DIR, SSH_RUN_ID, CpuLimit, Fixture, FreezeSlurmd, GpuCotenant, KillSlurmd, KillSshd,
                         LinkDown, RateLimit, Scenario, SlowLink, TrainingJob)
 from .stamps import ProcessStamp, start_detached
 from .state import DrillState, Step
@@ -50,6 +50,12 @@ def bring_up_cluster(state: DrillState, scenario: Scenario, wait_s: float) -> No
     cluster_script("start", str(scenario.nodes), timeout=300)
 
 
+def bring_up_sshd(scenario: Scenario) -> None:
+    """An sshd per node for an SSH drill (cluster-local.sh sshd; stop and heal take them too)."""
+    if scenario.transport == "ssh":
+        cluster_script("sshd", timeout=300)
+
+
 # --------------------------------------------------------------------------------------------------
 # Faults: apply one (the step is recorded first), undo one
 
@@ -70,6 +76,10 @@ def apply(fault, state: DrillState, scenario: Scenario) -> None:
         on_node(fault.node, "ip", "link", "set", "eth0", "down")
     elif isinstance(fault, CpuLimit):
         cluster_script("cpu", fault.node, str(fault.percent))
+    elif isinstance(fault, KillSshd):
+        step.pid = ProcessStamp.of(sshd_pid(fault.node))
+        state.save()
+        step.pid.signal(signal.SIGKILL)
     elif isinstance(fault, (KillSlurmd, FreezeSlurmd)):
         step.pid = ProcessStamp.of(slurmd_pid(fault.node))
         state.save()                                     # the stamp first: `stop` resumes a frozen slurmd
@@ -111,6 +121,9 @@ def undo(step: Step, state: DrillState) -> list[str]:
             on_node(node, "ip", "link", "set", "eth0", "up", check=False)
         elif isinstance(fault, CpuLimit):
             cluster_script("cpu", node, "0", check=False)
+        elif isinstance(fault, KillSshd):
+            if not state.started_cluster:
+                cluster_script("heal", node, check=False)     # restarts its sshd (a lent cluster stays up)
         elif isinstance(fault, (KillSlurmd, FreezeSlurmd)):
             if step.pid:
                 step.pid.signal(signal.SIGCONT)          # only if it is still the slurmd we stopped

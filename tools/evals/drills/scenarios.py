@@ -6,6 +6,7 @@ A scenario file is TOML:
     message = "All-reduce over our 4 nodes ..."   # the operator's words: no tool names, no culprit
     place = "cluster"                     # local | cluster | gpu
     nodes = 4                             # cluster size (place = cluster)
+    transport = "ssh"                     # the agent reaches the nodes over ssh, no SLURM (default "slurm")
     topic = "slow collective"             # hang | slow collective | straggler | drift | dead node |
                                           # post-mortem | control (nothing is wrong)
     [[fault]]                             # zero or more, applied in order, undone in reverse
@@ -85,6 +86,12 @@ class FreezeSlurmd(_Fault):
     node: str
 
 
+class KillSshd(_Fault):
+    """The node's sshd is killed (SIGKILL): nothing answers on its ssh port (a dead host, transport = "ssh")."""
+    kind: Literal["kill_sshd"]
+    node: str
+
+
 class Fixture(_Fault):
     """Files from evals/scenarios/fixtures copied to a private folder the message names as {dir}."""
     kind: Literal["fixture"]
@@ -112,7 +119,7 @@ class GpuCotenant(_Fault):
     gpu: int = 0
 
 
-Fault = Annotated[Union[RateLimit, SlowLink, LinkDown, CpuLimit, KillSlurmd, FreezeSlurmd, Fixture,
+Fault = Annotated[Union[RateLimit, SlowLink, LinkDown, CpuLimit, KillSlurmd, FreezeSlurmd, KillSshd, Fixture,
                         TrainingJob, GpuCotenant], Field(discriminator="kind")]
 SSH_RUN_ID = "drill-ssh-train"
 CULPRIT_KINDS = ("node", "link", "rank", "gpu", "setting", "none")
@@ -152,6 +159,7 @@ class Scenario(BaseModel):
     message: str = Field(min_length=20)
     place: Literal["local", "cluster", "gpu"]
     nodes: int = Field(default=0, ge=0, le=8)
+    transport: Literal["slurm", "ssh"] = "slurm"   # ssh: the agent gets host names and ssh, no SLURM
     topic: Literal["hang", "slow collective", "straggler", "drift", "dead node", "post-mortem", "control"]
     fault: list[Fault] = []
     truth: Truth
@@ -163,6 +171,11 @@ class Scenario(BaseModel):
             raise ValueError("a cluster scenario needs nodes = 1..8")
         if self.place != "cluster" and self.nodes:
             raise ValueError("nodes is for place = 'cluster' only")
+        if self.transport == "ssh" and (self.place != "cluster" or any(
+                isinstance(f, (KillSlurmd, FreezeSlurmd, TrainingJob)) for f in self.fault)):
+            raise ValueError("transport = 'ssh' is for place = 'cluster' without SLURM faults or jobs")
+        if self.transport != "ssh" and any(isinstance(f, KillSshd) for f in self.fault):
+            raise ValueError("kill_sshd needs transport = 'ssh' (the nodes' sshd runs only there)")
         text = self.message.lower()
         for word in TOOL_WORDS:
             if word in text:

@@ -6,8 +6,9 @@ import shutil
 from pathlib import Path
 
 from ...engine.home import private_dir
+from ...engine.transport import SSH_CONFIG_ENV, TRANSPORT_ENV
 from .cluster import CLUSTER_DIR, DrillError, cluster_script
-from .faults import apply, bring_up_cluster, undo
+from .faults import apply, bring_up_cluster, bring_up_sshd, undo
 from .scenarios import Scenario, load_scenario
 from .state import DrillState, state_file, work_dir
 
@@ -17,7 +18,10 @@ def context_for(scenario: Scenario, state: DrillState) -> dict:
     context = {"scenario": scenario.id, "place": scenario.place,
                "message": scenario.message.replace("{dir}", state.work_dir),
                "server": ["mleng", "serve"]}
-    if scenario.place == "cluster":
+    if scenario.place == "cluster" and scenario.transport == "ssh":   # host names and ssh, no SLURM
+        context["env"] = {TRANSPORT_ENV: "ssh", SSH_CONFIG_ENV: f"{CLUSTER_DIR}/ssh/config"}
+        context["nodes"] = context["hosts"] = scenario.node_names
+    elif scenario.place == "cluster":
         context["env"] = {"SLURM_CONF": f"{CLUSTER_DIR}/etc/slurm.conf"}
         context["nodes"] = scenario.node_names
         context["partition"] = "debug"
@@ -45,6 +49,7 @@ def start(scenario_id: str, wait_s: float) -> dict:
     try:
         if scenario.place == "cluster":
             bring_up_cluster(state, scenario, wait_s)
+            bring_up_sshd(scenario)
         for fault in scenario.fault:
             apply(fault, state, scenario)
     except BaseException as e:
