@@ -29,8 +29,6 @@ def context_for(scenario: Scenario, state: DrillState) -> dict:
         context["job_id"] = state.job_id
     if any(getattr(f, "launcher", "") == "ssh" for f in scenario.fault):
         # A fleet without SLURM, as the message says: no partition, no SLURM_CONF; the hosts' own ssh_config.
-        from ...engine.transport import SSH_CONFIG_ENV, TRANSPORT_ENV
-
         context["env"] = {SSH_CONFIG_ENV: f"{CLUSTER_DIR}/ssh/config", TRANSPORT_ENV: "ssh"}
         context.pop("partition")
     return context
