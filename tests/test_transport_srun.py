@@ -5,6 +5,8 @@ namespace cluster."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from tools.engine.placement import inside_allocation, inside_job, own_job
@@ -105,3 +107,47 @@ def test_srun_words_are_read_and_task_lines_cannot_pass_for_them():
     assert launch_failures("srun: error: Task launch for StepId=1.0 failed on node mln2: \n") == {"mln2": "task launch failed"}
     assert [exit_code_of(w) for w in ("Completed", "Exited with exit code 255", "Terminated", "Segmentation fault",
                                       "Out Of Memory", "")] == [0, 255, -15, -11, None, None]
+
+
+# ---- on the namespace cluster: real srun, real slurmd --------------------------------------------
+
+from tests.multinode_cluster import multinode_cluster  # noqa: E402,F401  (fixture)
+
+SAY_WHO = ["sh", "-c", 'echo "I am mln1"; echo "reached $SLURMD_NODENAME"; [ "$SLURMD_NODENAME" = mln2 ] && exit 3; exit 0']
+
+
+@pytest.mark.slurm
+def test_a_real_step_credits_each_line_to_its_node_and_ends_each_node_once(multinode_cluster):  # noqa: F811
+    got: list[tuple[str, str]] = []
+    srun = SrunTransport(own_job("debug", 60).srun_args, job_name="mleng-transport-test")
+    ends = srun.run_step(["mln3", "mln1", "mln2"], SAY_WHO, 60, lambda node, line: got.append((node, line)))
+    # Every node claims to be mln1; each line still goes to the node srun ran it on.
+    assert sorted(got) == sorted([(n, "I am mln1") for n in ("mln1", "mln2", "mln3")]
+                                 + [(n, f"reached {n}") for n in ("mln1", "mln2", "mln3")])
+    assert (ends["mln2"].how, ends["mln2"].code) == ("exited", 3), ends
+    assert all(ends[n].how == "exited" and ends[n].code in (0, None) for n in ("mln1", "mln3")), ends
+    assert not srun.refused and srun.leftovers == []
+
+
+@pytest.mark.slurm
+def test_a_real_step_is_cut_at_the_deadline_and_its_nodes_are_silent(multinode_cluster):  # noqa: F811
+    srun = SrunTransport(own_job("debug", 60).srun_args, job_name="mleng-transport-cut", grace_s=5)
+    t0 = time.monotonic()
+    ends = srun.run_step(["mln1", "mln2"], ["sh", "-c", "echo started; sleep 300"], 8, lambda node, line: None)
+    took = time.monotonic() - t0
+    assert {n: e.how for n, e in ends.items()} == {"mln1": "silent", "mln2": "silent"}
+    assert 8 <= took < 40, took
+    left = multinode_cluster.cmd("squeue", "-h", "-o", "%j").stdout.split()
+    assert "mleng-transport-cut" not in left          # nothing of the step runs on
+
+
+@pytest.mark.slurm
+def test_a_node_whose_slurmd_is_dead_ends_unreachable_in_srun_words(multinode_cluster):  # noqa: F811
+    multinode_cluster.kill_slurmd("mln4")
+    try:
+        srun = SrunTransport(own_job("debug", 120).srun_args, job_name="mleng-transport-dead")
+        ends = srun.run_step(["mln3", "mln4"], ["true"], 90, lambda node, line: None)
+    finally:
+        multinode_cluster.heal("mln4")
+    assert ends["mln4"].how == "unreachable" and ends["mln4"].why.startswith("mln4: "), ends
+    assert ends["mln3"].how != "unreachable", ends
