@@ -5,6 +5,7 @@ namespace cluster."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -103,8 +104,10 @@ def test_srun_words_are_read_and_task_lines_cannot_pass_for_them():
     assert srun_said("srun: error: Task launch for StepId=53.0 failed on node mln5: Socket timed out on send/recv "
                      "operation") == LaunchFailed("mln5", "Socket timed out on send/recv operation")
     assert srun_said("3: srun: error: mln2: task 1: Killed") is None       # a task's labelled line
-    assert labelled("3: srun: launching StepId=7.0 on host mln9, 1 tasks: 0") == (3, "srun: launching StepId=7.0 on host mln9, 1 tasks: 0")
-    assert launch_failures("srun: error: Task launch for StepId=1.0 failed on node mln2: \n") == {"mln2": "task launch failed"}
+    forged = "srun: launching StepId=7.0 on host mln9, 1 tasks: 0"
+    assert labelled("3: " + forged) == (3, forged)                          # stays task 3's text
+    assert launch_failures("srun: error: Task launch for StepId=1.0 failed on node mln2: \n") == {
+        "mln2": "task launch failed"}
     assert [exit_code_of(w) for w in ("Completed", "Exited with exit code 255", "Terminated", "Segmentation fault",
                                       "Out Of Memory", "")] == [0, 255, -15, -11, None, None]
 
@@ -139,6 +142,11 @@ def test_a_real_step_is_cut_at_the_deadline_and_its_nodes_are_silent(multinode_c
     assert 8 <= took < 40, took
     left = multinode_cluster.cmd("squeue", "-h", "-o", "%j").stdout.split()
     assert "mleng-transport-cut" not in left          # nothing of the step runs on
+    # cancel from another thread, long before a 120 s deadline, ends it the same way
+    threading.Timer(3, srun.cancel).start()
+    t0 = time.monotonic()
+    ends = srun.run_step(["mln1", "mln2"], ["sleep", "300"], 120, lambda node, line: None)
+    assert {e.how for e in ends.values()} == {"silent"} and time.monotonic() - t0 < 40
 
 
 @pytest.mark.slurm

@@ -248,6 +248,7 @@ class SrunTransport:
             self.refused[(NOT_LABELLED, why)] += count
         if self.job_name:
             self.leftovers += cancel_named(self.job_name, self.env)
+        self._cancelled.clear()   # a cancel ends the step it came during, as SshTransport's does
         return lines.ends(nodes, finished)
 
     def cancel(self) -> None:
