@@ -13,7 +13,7 @@ import pytest
 from tools.fleet_sweep.aggregate import MIN_PEERS, aggregate, drain_command, unanswered, version_drift
 from tools.fleet_sweep.node import check_event
 from tools.shared.sidechannel import PREFIX, Reader
-from tools.fleet_sweep.sweep import launch_failures
+from tools.engine.srun import launch_failures
 from tools.fleet_sweep.targets import unreachable_reason
 
 
@@ -301,8 +301,10 @@ def test_a_node_check_waits_for_a_gpu_lock_only_until_its_deadline(tmp_path, mon
 
 def test_events_are_credited_to_the_node_srun_placed_their_task_on():
     # srun -v --label, as SLURM 22.05.8 printed it on the namespace cluster; the task's output may
-    # come before srun's "launching" line reaches us (two pipes), so early events wait for it.
-    from tools.fleet_sweep.sweep import Collected, Follower, srun_said
+    # come before srun's "launching" line reaches us (two pipes), so early lines wait for it. The lines go
+    # through the srun transport's crediting and the sweep's per-node readers, as in a real step.
+    from tools.engine.srun import SrunLines, labelled, srun_said
+    from tools.fleet_sweep.sweep import Collected, Follower, NodeLines, take_ends
     from tools.shared.sidechannel import encode
 
     def out(task: int, event: dict) -> list[str]:
@@ -312,8 +314,9 @@ def test_events_are_credited_to_the_node_srun_placed_their_task_on():
         return {"kind": "row", "node": node, "check": check, "verdict": "info", **extra}
 
     got, seen = Collected(), []
-    follow = Follower(got, ["mln1", "mln2", "mln4"], ["env_report", "cpu_probe"], seen.append, None)
-    reader = Reader(check_event, labelled=True)
+    nodes = ["mln1", "mln2", "mln4"]
+    per_node = NodeLines(Follower(got, nodes, ["env_report", "cpu_probe"], seen.append), nodes)
+    lines = SrunLines(nodes, per_node)
     stdout = (out(2, {"kind": "hello", "node": "mln4", "checks": ["cpu_probe"]})           # before srun's word
               + out(0, {"kind": "hello", "node": "mln1", "checks": ["cpu_probe"]})
               + out(2, row("mln2", "gpu_health", problems=["48 ECC errors"]))              # forged for mln2
@@ -324,20 +327,34 @@ def test_events_are_credited_to_the_node_srun_placed_their_task_on():
               + out(1, {"kind": "hello", "node": "mln2", "checks": ["cpu_probe", "rm"]})   # not asked for
               + out(0, row("mln1")) + out(0, {"kind": "done", "node": "mln1"}))
     stderr = ["srun: launching StepId=7.0 on host mln1, 1 tasks: 0", "srun: launching StepId=7.0 on host mln2, 1 tasks: 1",
-              "srun: launching StepId=7.0 on host mln4, 1 tasks: 2", "srun: error: mln2: task 1: Killed"]
+              "srun: launching StepId=7.0 on host mln4, 1 tasks: 2", "srun: error: mln2: task 1: Killed",
+              "srun: launch/slurm: _task_finish: mln1: task 0: Completed"]
     for line in stdout[:1] + stderr[:1] + stdout[1:] + stderr[1:]:
-        item = srun_said(line) if line.startswith("srun:") else reader.parse(line)
-        if item is not None:
-            follow.take(item)
-    follow.unplaced()
+        lines.take(srun_said(line) if line.startswith("srun:") else labelled(line))
+    lines.unplaced()
+    take_ends(got, lines.ends(nodes, finished=True))
+    per_node.count_refused(got)
     assert sorted(got.rows) == [("mln1", "cpu_probe"), ("mln4", "cpu_probe")]
     assert got.rows[("mln4", "cpu_probe")]["provenance"]["host"] == "mln4" and len(seen) == 2
     assert got.planned == {"mln1": ["cpu_probe"], "mln4": ["cpu_probe"]} and got.done == {"mln1"}
-    assert got.ended == {"mln2": "Killed"}
+    assert got.ended == {"mln2": "Killed"} and not got.timed_out and not lines.refused
     assert dict(got.refused) == {
         ("mln4", "the event names another node ('mln2')"): 1, ("mln4", "the event names another node ('ghost-01')"): 1,
         ("mln4", "a second row for cpu_probe"): 1, ("mln4", "a row for a check it did not plan ('env_report')"): 1,
         ("mln2", "checks not asked for: ['rm']"): 1}
+
+
+def test_a_node_cut_at_the_deadline_or_not_started_is_told_apart_from_one_that_ended():
+    from tools.engine.transport import NodeEnd
+    from tools.fleet_sweep.sweep import Collected, take_ends
+
+    got = Collected(done={"n4"})
+    take_ends(got, {"n1": NodeEnd("n1", "unreachable", why="n1: sshd not answering (Connection refused)"),
+                    "n2": NodeEnd("n2", "silent"), "n3": NodeEnd("n3", "exited", -9),
+                    "n4": NodeEnd("n4", "exited", 1), "n5": NodeEnd("n5", "exited", None, said="Out Of Memory"),
+                    "n6": NodeEnd("n6", "exited", 0, said="Completed")})
+    assert got.failed_launch == {"n1": "sshd not answering (Connection refused)"} and got.timed_out
+    assert got.ended == {"n3": "Killed", "n5": "Out Of Memory"}   # n4 said it was done before exiting 1
 
 
 def frozen_slurmd_sweep(relaunched: bool, mln2_fails: bool = False):

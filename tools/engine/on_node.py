@@ -22,6 +22,7 @@ import subprocess
 
 from .placement import inside_allocation, own_job
 from .processes import without_secrets
+from .srun import SrunTransport
 from .transport import TRANSPORT_ENV, SshTransport
 
 NODE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,254}$"
@@ -71,11 +72,10 @@ def node_command(node: str, cmd: list[str], timeout_s: float, job_name: str,
     env = without_secrets(dict(os.environ if env is None else env))
     if launcher(env) == "ssh":
         return SshTransport(env).command(node, cmd), env
-    srun = ["srun", "--nodes=1", "--ntasks=1", f"--nodelist={node}", "--kill-on-bad-exit=1", "--quiet"]
     if node in _allocation_nodes(env):
         place = inside_allocation()   # beside the allocation's own steps, on the resources it already holds
     else:
         env = own_job(None, timeout_s).env(env)   # not the allocation we may be inside: srun would try it
         place = own_job(_node_partition(node, env), timeout_s, job_name)
     env = {**place.env(env), NODE_ENV: node}
-    return srun + list(place.srun_args) + cmd, env
+    return SrunTransport(place.srun_args, kill_on_bad_exit=True).command(node, cmd), env

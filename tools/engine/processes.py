@@ -237,6 +237,20 @@ class Supervised:
         except queue.Empty:
             return None
 
+    def follow(self, on_event, deadline: float, cancelled: threading.Event | None = None) -> bool:
+        """on_event(event) for each event until stdout ends (True), or the monotonic deadline passes or
+        `cancelled` is set (False)."""
+        while not (cancelled and cancelled.is_set()):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            item = self.next_event(min(left, 1.0))
+            if item is self.EOF:
+                return True
+            if item is not None:
+                on_event(item)
+        return False
+
     def _remember_descendants(self) -> None:
         if time.monotonic() - self._last_scan > 0.5:
             self._known.update({p.pid: p for p in descendants(self.proc.pid)})

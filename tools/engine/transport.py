@@ -4,9 +4,17 @@
     ends = SshTransport().run_step(hosts, argv, deadline_s=60, on_line=lambda node, line: ...)
     ends["gpu-03"].how                                 # "exited" | "unreachable" | "silent"
 
-Two implementations: srun (the SLURM paths, today in fleet_sweep/sweep.py, on_node.py and shared/slurm.py)
-and SSH through ClusterShell, here: ClusterShell does the fan-out, the per-node streams and the
-timeouts; this module decides what ssh may do and what a node's end means.
+A step is one argv started once on each of a set of nodes, all at once, under one deadline. Every
+transport (`Transport` below) runs it the same way: each stdout line is handed on as
+on_line(node, line), `node` being the one the transport started that part on (never what the line
+says); lines it cannot tie to a node are counted in `refused`, not handed on; and each node's part
+ends exactly once, as a NodeEnd: exited (with a status when known), unreachable (the transport could
+not start it there: its words, naming the node) or silent (still running at the deadline or cancel:
+cut there).
+
+Two implementations: srun (engine/srun.py: one job step, one task per node) and SSH through
+ClusterShell, here: ClusterShell does the fan-out, the per-node streams and the timeouts; this module
+decides what ssh may do and what a node's end means.
 
 Security of the SSH side:
 - ssh runs with BatchMode (no password or passphrase prompt), StrictHostKeyChecking=yes (only keys
@@ -29,6 +37,7 @@ cancelled or timed-out step would otherwise run on.
 
 from __future__ import annotations
 
+import collections
 import os
 import re
 import resource
@@ -36,7 +45,7 @@ import shlex
 import sys
 import threading
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Protocol
 
 from .data import IMPORT_ROOT, PACKAGE
 
@@ -124,8 +133,28 @@ class NodeEnd:
     node: str
     how: str                  # exited | unreachable (ssh could not reach or trust it) | silent (still running at the deadline)
     code: int | None = None   # the command's exit status when it exited
-    why: str = ""             # for unreachable: ssh's own words, naming the host
+    why: str = ""             # for unreachable: the transport's own words, naming the node
     stderr_tail: str = ""
+    said: str = ""            # the launcher's words for how it exited ("Completed", "Out Of Memory"; srun only)
+
+
+OnLine = Callable[[str, str], None]    # on_line(node, line): one stdout line, credited to the node it came from
+
+
+class Transport(Protocol):
+    """One way to reach nodes (srun: engine/srun.py SrunTransport; SSH: SshTransport below)."""
+
+    refused: collections.Counter   # (who, why) -> lines that could not be credited to a node of the step
+
+    def command(self, node: str, argv: list[str]) -> list[str]:
+        """The local argv that runs argv on one node, its output as argv prints it (the `node=` option)."""
+
+    def run_step(self, nodes: list[str], argv: list[str], deadline_s: float, on_line: OnLine) -> dict[str, NodeEnd]:
+        """argv on every node at once; on_line(node, line) per stdout line; one NodeEnd per node. The step
+        is stopped on every node before this returns."""
+
+    def cancel(self) -> None:
+        """From another thread: stop the running step on every node (its nodes end as silent)."""
 
 
 def _ssh_reason(node: str, stderr: str) -> str:
@@ -151,6 +180,7 @@ class SshTransport:
     def __init__(self, env: dict | None = None, connect_timeout_s: int = 10):
         self.env = dict(os.environ if env is None else env)
         self.connect_timeout_s = connect_timeout_s
+        self.refused: collections.Counter = collections.Counter()   # stays empty: each line comes on its node's connection
         self._task = None
 
     def ssh_options(self) -> list[str]:

@@ -33,7 +33,10 @@ import re
 import shlex
 import shutil
 import subprocess
-from dataclasses import dataclass
+
+from ..engine.placement import inside_allocation, inside_job
+# srun's own words are read by the node transport; these names stay here for the tools that import them
+from ..engine.srun import SrunTasks, SrunTransport, launch_failures, srun_tasks_line
 
 __all__ = [
     "SlurmError", "failures_as_tool_failure", "in_allocation", "allocation_nodes", "allocation_head_address", "job_allocation_env", "expand_hostlist",
@@ -226,65 +229,17 @@ def srun_torchrun_command(module_args: list[str], nnodes: int, nproc_per_node: i
     split = cmd.index("-m", 3)  # the tool's "-m module" (the first -m is torch.distributed.run)
     is_host = rdzv_is_host(rdzv_node) if rdzv_node else RDZV_IS_HOST
     per_node = _SCRATCH + shlex.join(cmd[:split]) + f" {is_host} " + shlex.join(cmd[split:])
-    return ["srun", f"--nodes={nnodes}", f"--ntasks={nnodes}", "--ntasks-per-node=1",
-            "--kill-on-bad-exit=1", "--label", *(extra_srun or []), "bash", "-c", per_node]
-
-
-_LAUNCH_FAILED = re.compile(r"[Tt]ask launch for \S+ failed on node ([A-Za-z0-9_.\-]+):\s*([^\n]*)")
-
-
-def launch_failures(stderr: str) -> dict[str, str]:
-    """{node: srun's reason} from srun's own "Task launch for StepId=53.0 failed on node mln5: Socket timed
-    out on send/recv operation": the node srun could not start a task on (frozen, slurmd dead, unreachable)."""
-    return {m.group(1): m.group(2).strip() or "task launch failed" for m in _LAUNCH_FAILED.finditer(stderr)}
-
-
-@dataclass(frozen=True)
-class SrunTasks:
-    """What srun itself (never a task) said about tasks on a node: where it launched them (`srun -v`),
-    or how they ended ("Completed", "Killed", "Out Of Memory", "Exited with exit code 1")."""
-    kind: str              # launched | ended
-    node: str
-    tasks: tuple[int, ...]
-    how: str = ""
-
-
-# srun 22.05 with -v, as printed on the namespace cluster (task numbers follow SLURM's node order,
-# not the order of --nodelist: mln4,mln2,mln1,mln3 gave task 0 to mln1):
-#   srun: launching StepId=1.0 on host mln1, 1 tasks: 0
-#   srun: launch/slurm: _task_finish: mln4: task 3: Completed
-#   srun: error: mln2: task 1: Killed
-_SRUN_LAUNCHING = re.compile(r"srun: launching StepId=\S+ on host (\S+), \d+ tasks?: ([\d,\-]{1,200})")
-_SRUN_ENDED = re.compile(r"srun: (?:error: )?(?:launch/slurm: _task_finish: )?([^\s:]+): tasks? ([\d,\-]{1,200}): (.{1,200})")
-
-
-def srun_tasks_line(line: str) -> SrunTasks | None:
-    """The task placement or ending in one line of srun's stderr, else None. Task output is labelled
-    ("3: ...") under --label, so a task cannot print a line that starts like srun's own."""
-    if m := _SRUN_LAUNCHING.fullmatch(line.rstrip()):
-        return SrunTasks("launched", m.group(1), _task_ids(m.group(2)))
-    if m := _SRUN_ENDED.fullmatch(line.rstrip()):
-        return SrunTasks("ended", m.group(1), _task_ids(m.group(2)), m.group(3).strip())
-    return None
-
-
-def _task_ids(text: str) -> tuple[int, ...]:
-    """'0', '0-3,7' -> task numbers (at most MAX_HOSTS)."""
-    ids: list[int] = []
-    for part in text.split(","):
-        lo, _, hi = part.partition("-")
-        if lo.isdigit() and (hi or lo).isdigit():
-            ids.extend(range(int(lo), min(int(hi or lo), int(lo) + MAX_HOSTS) + 1))
-    return tuple(ids[:MAX_HOSTS])
+    return SrunTransport(extra_srun or (), kill_on_bad_exit=True).argv(["bash", "-c", per_node], count=nnodes,
+                                                                       label=True)
 
 
 def scratch_cleanup_command(nodes: list[str], tag: str, job_id: str | None = None) -> list[str]:
     """One srun step, one task per node, that removes the scratch folders the run tagged `tag` left behind."""
     if not re.fullmatch(r"[A-Za-z0-9]{4,64}", tag):
         raise ValueError(f"tag: {tag!r} is not 4-64 letters and digits")
-    return ["srun", "--overlap", f"--nodes={len(nodes)}", f"--ntasks={len(nodes)}", "--ntasks-per-node=1",
-            f"--nodelist={','.join(nodes)}", *([f"--jobid={job_id}"] if job_id else []),
-            "bash", "-c", f'rm -rf "${{TMPDIR:-/tmp}}"/mleng-ranks-{tag}-*']
+    placement = inside_job(job_id).srun_args if job_id else inside_allocation().srun_args
+    return SrunTransport(placement, kill_on_bad_exit=None).argv(
+        ["bash", "-c", f'rm -rf "${{TMPDIR:-/tmp}}"/mleng-ranks-{tag}-*'], nodes=nodes)
 
 
 def remove_tagged_scratch(nodes: list[str], tag: str, *, timeout_s: float, env: dict | None = None) -> None:
