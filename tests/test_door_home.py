@@ -25,6 +25,8 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("tools/flight_recorder_analyze/torch_trace.py", "tempfile.TemporaryDirectory"):
         "a fresh 0700 temp folder (mkdtemp) for fr_trace's input copies, removed at the end; not the home",
     ("tools/flight_recorder_analyze/torch_trace.py", ".write_bytes"): "inside that private temp folder",
+    ("tools/evals/drills/faults.py", "open(write)"): "an ssh-launched drill job's output, in the drill's work "
+                                                     "folder, which private_dir('drill', 'work') made 0700",
     ("tools/launch_script/__init__.py", ".mkdir"): "the job's log folder in the caller's work dir, which SLURM needs",
     ("tools/shared/launch.py", "tempfile.mkdtemp"): "the ranks' own TMPDIR (0700, tagged, removed after the run)",
     ("tools/shared/torchrun_on_host.py", "tempfile.mkdtemp"): "on a host reached over ssh, its ranks' own TMPDIR "
