@@ -11,6 +11,8 @@ data parallel. It prints one `step N rank R step_ms X` line per step on rank 0 a
     srun -N4 -n4 python bench/straggler_workload.py --master mln1 --steps 200
     # one rank with a slow loader (0.2 s per batch on rank 2)
     srun -N4 -n4 python bench/straggler_workload.py --master mln1 --slow-loader-rank 2 --loader-sleep-s 0.2
+    # a small straggler: rank 3 sleeps 15% of its own recent step time, ~15% slower whatever the host's load
+    srun -N4 -n4 python bench/straggler_workload.py --master mln1 --slow-loader-rank 3 --loader-sleep-fraction 0.15
     # writing its flight recorder every 20 steps, as a job that dumps it periodically would
     TORCH_FR_DUMP_TEMP_FILE=/tmp/fr/rank_ torchrun --standalone --nproc-per-node 4 bench/straggler_workload.py --fr-dump-every 20
 
@@ -19,7 +21,9 @@ SIGSTOP one rank from outside.
 """
 
 import argparse
+import collections
 import os
+import statistics
 import time
 
 
@@ -31,6 +35,8 @@ def parse_args():
     ap.add_argument("--grad-floats", type=int, default=65536, help="floats all_reduced per step (256 KiB)")
     ap.add_argument("--slow-loader-rank", type=int, default=-1, help="this rank sleeps in its loader")
     ap.add_argument("--loader-sleep-s", type=float, default=0.2)
+    ap.add_argument("--loader-sleep-fraction", type=float, default=0.0, help="instead of --loader-sleep-s: "
+                    "sleep this fraction of the rank's median step time over its last 20 steps (sleep not counted)")
     ap.add_argument("--fr-dump-every", type=int, default=0, help="write the flight recorder to "
                     "$TORCH_FR_DUMP_TEMP_FILE<rank> every N steps (0: never)")
     ap.add_argument("--master", default="127.0.0.1", help="first node's address (srun; torchrun gives its own)")
@@ -39,10 +45,23 @@ def parse_args():
     return ap.parse_args()
 
 
-def load_batch(step: int, rank: int, args, torch):
+def loader_delay_s(rank: int, args, recent_s) -> float:
+    """How long the slow rank's loader stalls this step: fixed, or a fraction of its recent step time.
+
+    The fraction follows the step: on a shared host the step time moves with the load, and a fixed sleep
+    that was 15% of a step at one load is 8% at another. The slow rank's own step time, less its sleep,
+    is the healthy pace (the others wait for it, it waits for nobody)."""
+    if rank != args.slow_loader_rank:
+        return 0.0
+    if not args.loader_sleep_fraction:
+        return args.loader_sleep_s
+    return args.loader_sleep_fraction * statistics.median(recent_s) if len(recent_s) >= 5 else 0.0
+
+
+def load_batch(step: int, rank: int, delay_s: float, args, torch):
     """The data loader: a deterministic batch; the slow rank sleeps here, as a stalled reader would."""
-    if rank == args.slow_loader_rank:
-        time.sleep(args.loader_sleep_s)
+    if delay_s:
+        time.sleep(delay_s)
     gen = torch.Generator().manual_seed(step * 1000 + rank)
     return torch.randn(args.dim, args.dim, generator=gen)
 
@@ -83,15 +102,18 @@ def main():
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     weight = torch.eye(args.dim) * 0.5
     grad = torch.zeros(args.grad_floats)
+    recent_s = collections.deque(maxlen=20)      # this rank's last step times without its loader stall
     for step in range(args.steps):
         t0 = time.perf_counter()
-        batch = load_batch(step, rank, args, torch)
+        delay_s = loader_delay_s(rank, args, recent_s)
+        batch = load_batch(step, rank, delay_s, args, torch)
         update = compute(batch, weight, args, torch)
         grad[: update.numel()] = update
         dist.all_reduce(grad)
         weight += 1e-3 * grad[: args.dim].view(1, -1) / world
         if args.fr_dump_every and (step + 1) % args.fr_dump_every == 0:
             dump_flight_recorder(rank, torch)
+        recent_s.append(time.perf_counter() - t0 - delay_s)
         if rank == 0:
             print(f"step {step} rank {rank} step_ms {1000 * (time.perf_counter() - t0):.1f}", flush=True)
     if rank == 0:

@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
+import secrets
+import shutil
+import signal
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -251,6 +256,8 @@ def test_cluster_faults_are_injected_and_stop_takes_every_one_out(home, monkeypa
     scenario = load_scenario("cl-slow-node")
     many = scenario.model_copy(update={"fault": [*scenario.fault,
                                                  *load_scenario("cl-cpu-starved").fault,
+                                                 *[f for f in load_scenario("cl-busy-neighbour").fault
+                                                   if f.kind == "cpu_hog"],
                                                  *load_scenario("cl-dead-slurmd").fault]})
     monkeypatch.setattr(drill_cli, "load_scenario", lambda _id: many)
     drill_cli.start("cl-slow-node", wait_s=1)
@@ -258,13 +265,122 @@ def test_cluster_faults_are_injected_and_stop_takes_every_one_out(home, monkeypa
         assert "tbf" in cluster.on_node("mln3", "tc", "qdisc", "show", "dev", "eth0").stdout
         quota = Path("/sys/fs/cgroup/cpu/mln/mln4/cpu.cfs_quota_us").read_text().strip()
         assert quota == "20000"
+        hog = DrillState.load().steps[-2].pid.pid                 # cl-busy-neighbour's loops on mln2
+        nobody = f"Uid:\t{pwd.getpwnam('nobody').pw_uid}\t"
+        loops = {p for p in _pids_in(Path("/sys/fs/cgroup/cpu/mln/mln2"))
+                 if nobody in Path(f"/proc/{p}/status").read_text()}
+        assert hog in loops and len(loops) == 3                  # the leader and its 2 loops, as user nobody
+        assert os.stat(f"/proc/{hog}/ns/net").st_ino == os.stat("/run/netns/mln2").st_ino
         assert DrillState.load().steps[-1].fault.kind == "kill_slurmd"
     finally:
         assert drill_cli.stop() == []
+    assert not {p for p in loops if _alive(p)}
     assert "tbf" not in cluster.on_node("mln3", "tc", "qdisc", "show", "dev", "eth0").stdout
     assert Path("/sys/fs/cgroup/cpu/mln/mln4/cpu.cfs_quota_us").read_text().strip() == "-1"
     assert os.path.exists(f"/proc/{cluster.slurmd_pid('mln2')}")  # healed: a new slurmd answers
     assert DrillState.load() is None and Path(CLUSTER_DIR).is_dir()  # the lent cluster keeps running
+
+
+def _pids_in(cgroup: Path) -> set[int]:
+    return {int(x) for x in (cgroup / "cgroup.procs").read_text().split()}
+
+
+def _cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _alive(pid: int) -> bool:
+    """Running, not a zombie (the leader is our child here, and nobody reaps it while the test runs)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _gone(pids: set[int], timeout_s: float = 10) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not any(_alive(p) for p in pids):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+@pytest.fixture
+def hog_place():
+    """A cpu cgroup (v1) and a network namespace of our own, as cluster-local.sh gives each node; removed after."""
+    if os.geteuid() != 0 or not Path("/sys/fs/cgroup/cpu/cgroup.procs").is_file() or not shutil.which("ip"):
+        pytest.skip("needs root, the cgroup v1 cpu controller and iproute2 (as the namespace cluster does)")
+    name = f"mleng-test-hog-{secrets.token_hex(4)}"
+    cgroup = Path("/sys/fs/cgroup/cpu") / name
+    cgroup.mkdir()
+    subprocess.run(["ip", "netns", "add", name], check=True)
+    try:
+        yield cgroup, Path("/run/netns") / name
+    finally:
+        for pid in _pids_in(cgroup):
+            os.kill(pid, signal.SIGKILL)
+        _gone(_pids_in(cgroup))
+        cgroup.rmdir()
+        subprocess.run(["ip", "netns", "del", name], check=True)
+
+
+def test_a_cpu_hog_is_another_users_busy_loops_on_the_node_and_undo_ends_them(home, hog_place):
+    """The CPU-contention drill's co-tenant: busy loops owned by another user in the node's cgroup and network
+    namespace, no quota; `stop` (undo) ends every loop, and a leader killed alone takes its loops with it."""
+    from tools.evals.drills.faults import start_cpu_hog, undo
+    from tools.evals.drills.scenarios import CpuHog
+    from tools.evals.drills.state import Step, work_dir
+
+    cgroup, netns = hog_place
+    stamps = []
+    start_cpu_hog(cgroup / "tasks", netns, 2, "nobody", record=stamps.append)
+    leader = stamps[0].pid
+    pids = _pids_in(cgroup)
+    loops = pids - {leader}
+    assert leader in pids and len(loops) == 2
+    for pid in pids:
+        assert f"Uid:\t{pwd.getpwnam('nobody').pw_uid}\t" in Path(f"/proc/{pid}/status").read_text()
+        assert os.stat(f"/proc/{pid}/ns/net").st_ino == os.stat(netns).st_ino
+    assert (cgroup / "cpu.cfs_quota_us").read_text().strip() == "-1"      # contention, not a cap
+    deadline = time.monotonic() + 10
+    while min(_cpu_s(p) for p in loops) < 0.2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert min(_cpu_s(p) for p in loops) >= 0.2, "the loops do not run"
+    state = DrillState(scenario="cl-busy-neighbour", work_dir=str(work_dir()))
+    assert undo(Step(fault=CpuHog(kind="cpu_hog", node="mln2"), pid=stamps[0]), state) == []
+    assert _gone(pids) and not {p for p in _pids_in(cgroup) if _alive(p)}
+
+    stamps.clear()
+    start_cpu_hog(cgroup / "tasks", netns, 1, "nobody", record=stamps.append)
+    pids = _pids_in(cgroup)
+    os.kill(stamps[0].pid, signal.SIGKILL)            # the leader alone (a drill stopped half way)
+    assert _gone(pids), "a loop outlived its leader"
+
+
+def test_the_small_stragglers_stall_follows_its_own_step_time():
+    """cl-small-straggler: the slow rank sleeps a fraction of its recent step time (sleep not counted), so it stays
+    ~15% slower when the shared host's load moves the step; a fixed --loader-sleep-s keeps its meaning."""
+    import argparse
+    import collections
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("straggler_workload", REPO / "bench" / "straggler_workload.py")
+    workload = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(workload)
+    small = argparse.Namespace(slow_loader_rank=3, loader_sleep_s=0.2, loader_sleep_fraction=0.15)
+    recent = collections.deque([0.100] * 4, maxlen=20)
+    assert workload.loader_delay_s(3, small, recent) == 0.0                 # too few steps to know the pace yet
+    recent.extend([0.100, 0.120, 0.080, 0.300])
+    assert workload.loader_delay_s(3, small, recent) == pytest.approx(0.015)  # 15% of the median, 100 ms
+    recent.extend([0.200] * 20)                                               # the host got busier: 200 ms steps
+    assert workload.loader_delay_s(3, small, recent) == pytest.approx(0.030)
+    assert workload.loader_delay_s(2, small, recent) == 0.0
+    fixed = argparse.Namespace(slow_loader_rank=2, loader_sleep_s=0.5, loader_sleep_fraction=0.0)
+    assert workload.loader_delay_s(2, fixed, recent) == 0.5
+    job = load_scenario("cl-small-straggler").fault[0]
+    assert (job.slow_rank, job.loader_sleep_fraction) == (3, 0.15)
 
 
 def test_the_baseline_follows_a_job_handle_to_the_answer(home, monkeypatch):

@@ -20,6 +20,7 @@ from .stamps import ProcessStamp, start_detached
 CLUSTER_SCRIPT = PACKAGE_DIR.parent / "scripts" / "cluster-local.sh"   # a checkout's; the wheel has none
 CLUSTER_DIR = "/tmp/mln-cluster"
 SESSION_LOCK = "/tmp/mln-cluster.session.lock"
+NODE_CGROUPS = Path("/sys/fs/cgroup/cpu/mln")     # the script's cpu cgroup per node (cgroup v1): mln/mlnK
 PORT_BASE = 7817                                  # slurmctld's port; each node's slurmd listens on the next
 NODE_NAME = re.compile(r"mln[1-8]")               # the script's nodes: mln1..mlnN, N = 1..8
 
@@ -67,6 +68,16 @@ def on_node(node: str, *argv: str, check: bool = True) -> subprocess.CompletedPr
 def address(node: str) -> str:
     """mlnK's address on the cluster's bridge (cluster-local.sh gives node K 10.213.0.K)."""
     return f"10.213.0.{int(node.removeprefix('mln'))}"
+
+
+def node_cgroup_tasks(node: str) -> Path:
+    """The tasks file of a node's cpu cgroup: a pid written there runs on that node's CPU share."""
+    if not NODE_NAME.fullmatch(node):
+        raise DrillError(f"{node!r} is not a node of the namespace cluster (mln1..mln8)")
+    tasks = NODE_CGROUPS / node / "tasks"
+    if not tasks.is_file():
+        raise DrillError(f"{tasks} is missing: is the namespace cluster up with {node}?")
+    return tasks
 
 
 def slurmd_pid(node: str) -> int:

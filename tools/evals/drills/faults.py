@@ -5,7 +5,7 @@ Every step is written to the drill's state file (state.py) BEFORE it takes effec
 way: undoing a step that never happened is harmless (each undo tolerates "not there"), and a signal goes
 only to a process that is still the one recorded. Faults are injected from outside mleng, the way an
 operator's world breaks: tc qdiscs inside a node's network namespace, cgroup CPU quotas, signals to
-slurmd, sshd or a rank, a co-tenant process.
+slurmd, sshd or a rank, a co-tenant process (on a GPU, or busy loops of another user on a node's CPUs).
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from pathlib import Path
 from ...engine.data import PACKAGE_DIR
 from ...engine.home import private_dir, write_private
 from .cluster import (CLUSTER_DIR, DrillError, address, cluster_nodes, cluster_script, hold_session_lock, lock_is_ours,
-                      on_node, run, slurmd_pid, sshd_pid, why_no_cluster)
-from .scenarios import (FIXTURES_DIR, SSH_RUN_ID, CpuLimit, Fixture, FreezeSlurmd, GpuCotenant, KillSlurmd, KillSshd,
-                        LinkDown, RateLimit, Scenario, SlowLink, TrainingJob)
+                      node_cgroup_tasks, on_node, run, slurmd_pid, sshd_pid, why_no_cluster)
+from .scenarios import (FIXTURES_DIR, SSH_RUN_ID, CpuHog, CpuLimit, Fixture, FreezeSlurmd, GpuCotenant, KillSlurmd,
+                        KillSshd, LinkDown, RateLimit, Scenario, SlowLink, TrainingJob)
 from .stamps import ProcessStamp, start_detached
 from .state import DrillState, Step
 
@@ -90,6 +90,9 @@ def apply(fault, state: DrillState, scenario: Scenario) -> None:
         start_training_job(fault, state, scenario, step)
     elif isinstance(fault, GpuCotenant):
         start_gpu_cotenant(fault.gpu, record=lambda stamp: (setattr(step, "pid", stamp), state.save()))
+    elif isinstance(fault, CpuHog):
+        start_cpu_hog(node_cgroup_tasks(fault.node), Path(f"/run/netns/{fault.node}"), fault.processes, fault.user,
+                      record=lambda stamp: (setattr(step, "pid", stamp), state.save()))
     else:  # pragma: no cover - the scenario model admits only the kinds above
         raise DrillError(f"no injector for fault kind {fault.kind!r}")
 
@@ -139,7 +142,7 @@ def undo(step: Step, state: DrillState) -> list[str]:
                 run(["scancel", *target], check=False)
                 if step.job_id:
                     _wait_job_gone(step.job_id)
-        elif isinstance(fault, GpuCotenant) and step.pid:
+        elif isinstance(fault, (GpuCotenant, CpuHog)) and step.pid:
             step.pid.signal(signal.SIGKILL, group=True)
     except (DrillError, OSError, ValueError) as e:
         problems.append(f"{fault.kind} on {node or '-'}: {e}")
@@ -156,7 +159,8 @@ def start_training_job(fault: TrainingJob, state: DrillState, scenario: Scenario
     nodes = scenario.node_names
     args = ["--steps", str(fault.steps), "--pid-dir", str(work), *WORKLOAD_SIZE]
     if fault.slow_rank is not None:
-        args += ["--slow-loader-rank", str(fault.slow_rank), "--loader-sleep-s", str(fault.loader_sleep_s)]
+        args += ["--slow-loader-rank", str(fault.slow_rank), "--loader-sleep-s", str(fault.loader_sleep_s),
+                 "--loader-sleep-fraction", str(fault.loader_sleep_fraction)]
     if fault.launcher == "ssh":
         start_ssh_job(nodes, args, work, state, step)
         _wait_running(work, len(nodes), [work / f"job-{nodes[0]}.out"], STEP_5_PLAIN, "over ssh")
@@ -256,8 +260,38 @@ def start_gpu_cotenant(gpu: int, record) -> None:
             f"d=torch.device('cuda',{gpu}); a=torch.randn(8192,8192,device=d,dtype=torch.bfloat16)\n"
             "print('busy',flush=True)\n"
             "while True:\n    a@a; torch.cuda.synchronize(d)\n")
+    _start_cotenant(code, record, "the GPU co-tenant did not start (no CUDA GPU here?)")
+
+
+def _start_cotenant(code: str, record, failure: str) -> None:
+    """A detached co-tenant whose code prints 'busy' once it runs; DrillError(failure) when it does not."""
     proc, line = start_detached(code, record)
     if line != "busy":
         proc.kill()
         proc.wait()
-        raise DrillError("the GPU co-tenant did not start (no CUDA GPU here?)")
+        raise DrillError(failure)
+
+
+def start_cpu_hog(tasks: Path, netns: Path | None, processes: int, user: str, record) -> None:
+    """`processes` busy loops run by `user`, in the cpu cgroup whose tasks file is `tasks` and the network
+    namespace `netns` (None: this one), in a session of their own; `record` gets the leader's stamp first.
+
+    The leader joins the cgroup and namespace as root, drops to `user` and forks the loops, each asking the
+    kernel to kill it when the leader goes: killing the leader's process group, or the leader alone, ends
+    them all (a loop left behind would skew every later drill on this host)."""
+    code = ("import ctypes,os,pwd,signal\n"
+            f"who=pwd.getpwnam({user!r})\n"
+            "libc=ctypes.CDLL(None,use_errno=True)\n"
+            f"open({str(tasks)!r},'w').write(str(os.getpid()))\n"
+            + (f"fd=os.open({str(netns)!r},os.O_RDONLY)\n"
+               "assert libc.setns(fd,0x40000000)==0,'setns'\nos.close(fd)\n" if netns else "")
+            + "os.setgroups([]); os.setgid(who.pw_gid); os.setuid(who.pw_uid)\n"
+            "leader=os.getpid()\n"
+            f"for _ in range({int(processes)}):\n"
+            "    if os.fork()==0:\n"
+            "        libc.prctl(1,signal.SIGKILL)\n"          # PR_SET_PDEATHSIG, after setuid (which clears it)
+            "        if os.getppid()!=leader: os._exit(0)\n"   # the leader died before prctl took
+            "        while True: pass\n"
+            "print('busy',flush=True)\n"
+            "while True: signal.pause()\n")
+    _start_cotenant(code, record, f"the CPU hog did not start (cgroup {tasks}, namespace {netns}, user {user!r})")

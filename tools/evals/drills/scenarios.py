@@ -74,6 +74,16 @@ class CpuLimit(_Fault):
     percent: int = Field(ge=1, le=100)
 
 
+class CpuHog(_Fault):
+    """Busy loops of another user on a node, in its network namespace and cpu cgroup with no quota: a
+    co-tenant (another team's job on the same host) the node's ranks share their CPUs with. Unlike
+    cpu_limit nothing is throttled: the rank waits in the run queue behind the loops."""
+    kind: Literal["cpu_hog"]
+    node: str
+    processes: int = Field(default=2, ge=1, le=8)
+    user: str = Field(default="nobody", pattern=r"^[a-z_][a-z0-9_-]{0,31}$")
+
+
 class KillSlurmd(_Fault):
     """The node's slurmd is killed (SIGKILL): SLURM marks it not responding, then down."""
     kind: Literal["kill_slurmd"]
@@ -101,7 +111,9 @@ class Fixture(_Fault):
 class TrainingJob(_Fault):
     """A small gloo training job (bench/straggler_workload.py, one rank per node) through sbatch.
 
-    `slow_rank` / `loader_sleep_s` make one rank's data loading slow (a fault inside the job);
+    `slow_rank` / `loader_sleep_s` make one rank's data loading slow (a fault inside the job); with
+    `loader_sleep_fraction` instead, that rank sleeps this fraction of its own recent step time, so it
+    stays that much slower whatever the host's load does to the step (a small straggler);
     `freeze_rank` SIGSTOPs that rank once the job runs (a rank frozen mid-collective).
     `launcher = "ssh"`: no SLURM job; torchrun started on every node over ssh (cluster-local.sh sshd), rank K-1 on
     mlnK, rendezvous id SSH_RUN_ID (the scenario's message tells the operator's agent)."""
@@ -110,6 +122,7 @@ class TrainingJob(_Fault):
     steps: int = Field(default=100000, ge=1)
     slow_rank: int | None = None
     loader_sleep_s: float = Field(default=0.0, ge=0, le=10)
+    loader_sleep_fraction: float = Field(default=0.0, ge=0, le=1)
     freeze_rank: int | None = None
 
 
@@ -119,7 +132,7 @@ class GpuCotenant(_Fault):
     gpu: int = 0
 
 
-Fault = Annotated[Union[RateLimit, SlowLink, LinkDown, CpuLimit, KillSlurmd, FreezeSlurmd, KillSshd, Fixture,
+Fault = Annotated[Union[RateLimit, SlowLink, LinkDown, CpuLimit, CpuHog, KillSlurmd, FreezeSlurmd, KillSshd, Fixture,
                         TrainingJob, GpuCotenant], Field(discriminator="kind")]
 SSH_RUN_ID = "drill-ssh-train"
 CULPRIT_KINDS = ("node", "link", "rank", "gpu", "setting", "none")
