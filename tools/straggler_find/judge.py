@@ -3,9 +3,11 @@
 The rule, for synchronous data parallel (every rank meets the others in a collective each step): the
 ranks run at the pace of the slowest, so the slowest is the rank that waits least while the others wait
 in collectives. Per rank, its own-work share = 1 - (share of samples waiting in a collective). A rank is
-a straggler when its own-work share exceeds the median of the OTHER ranks' by more than
-max(margin, k x spread) (the one verdict rule: shared/judging.py, figure peer_wait_share), and the
-others wait at least `min_others_wait` of the window (otherwise nobody is held back). When every rank
+a straggler when its waiting share is below the median of the OTHER ranks' by more than
+max(margin, k x spread) (the one verdict rule: shared/judging.py, figure peer_wait_share), the margin
+capped at `lost_share_min` of the window (a communication-bound job's ranks all wait most of it, and 30%
+of that hides a rank 15% slower), and the others wait at least `min_others_wait` of the window
+(otherwise nobody is held back). When every rank
 waits in collectives most of the time and one node's links are shaped or retransmitting, that node is
 named for the network. When the spread of the healthy ranks is too wide to resolve the margin, the
 answer is "inconclusive", with the spread.
@@ -13,7 +15,7 @@ answer is "inconclusive", with the spread.
 
 import math
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .host_causes import HostCause, cpu_starved, host_causes
 from .flight import evidence as fr_evidence, finding as fr_finding, line_up as fr_line_up
@@ -28,13 +30,20 @@ MIN_SAMPLES = 10
 class Rules:
     share: FigureRule          # peer_wait_share in verdict_rules.toml
     min_others_wait: float
+    lost_share_min: float      # the margin's cap, as a share of the window (straggler_rules.toml)
     reason: dict
 
     @classmethod
     def load(cls) -> "Rules":
-        table = load_data("straggler_rules")
-        return cls(share=rule_for("peer_wait_share"),
-                   min_others_wait=table["figure"]["peer_wait_share"]["min_others_wait"], reason=table["reason"])
+        table = load_data("straggler_rules")["figure"]["peer_wait_share"]
+        return cls(share=rule_for("peer_wait_share"), min_others_wait=table["min_others_wait"],
+                   lost_share_min=table["lost_share_min"], reason=load_data("straggler_rules")["reason"])
+
+    def bar(self, others_wait: float, spread: float) -> float:
+        """The relative lead over the others' median waiting share `others_wait` that names a rank: the shared
+        rule's max(margin, k x spread), the margin no more than lost_share_min of the window."""
+        margin = min(self.share.margin, self.lost_share_min / others_wait) if others_wait > 0 else self.share.margin
+        return threshold(replace(self.share, margin=margin), spread)
 
 
 @dataclass
@@ -74,7 +83,7 @@ def _stands_out(r: RankSample, ranks: list[RankSample], rules: Rules) -> tuple[f
     others = [_wait(o) for o in _others(ranks, r)]
     ref = statistics.median(others)
     spread = max(relative_spread(others), _sampling_error(ref, min(o.samples for o in _others(ranks, r))))
-    return deficit(_wait(r), ref, "higher") if ref > 0 else 0.0, threshold(rules.share, spread), spread
+    return deficit(_wait(r), ref, "higher") if ref > 0 else 0.0, rules.bar(ref, spread), spread
 
 
 def _in_every_part(r: RankSample, ranks: list[RankSample], rules: Rules) -> bool:
@@ -90,7 +99,7 @@ def _in_every_part(r: RankSample, ranks: list[RankSample], rules: Rules) -> bool
         spread = max(relative_spread(shares), _sampling_error(ref, samples))
         waiting = statistics.median(o.part_fractions[i].get("collective", 0) for o in others)
         short = deficit(mine.get("collective", 0), ref, "higher") if ref > 0 else 0.0
-        if waiting < rules.min_others_wait or short <= threshold(rules.share, spread) / 2:
+        if waiting < rules.min_others_wait or short <= rules.bar(ref, spread) / 2:
             return False
     return True
 
@@ -141,7 +150,7 @@ def _compare(ranks, nodes, gpus, rules: Rules, out: Judgement) -> None:
     caused = {k: c for k, c in caused.items() if k in held}
     healthy = [_wait(r) for r in ranks if r not in [c for c, _ in candidates] and id(r) not in caused]
     out.spread = relative_spread(healthy)
-    out.threshold = threshold(rules.share, out.spread)
+    out.threshold = rules.bar(statistics.median(healthy) if healthy else 0.0, out.spread)
     # A hard cause on the host names its rank whatever the stacks say (host_causes.py), noise or not.
     for r in (r for r in ranks if id(r) in caused):
         out.stragglers.append(_named(r, ranks, nodes.get(r.host), gpus, rules, caused[id(r)]))
