@@ -4,10 +4,11 @@ Each case starts 4 gloo ranks of bench/straggler_workload.py on this machine (to
 its fault from outside the tool, then runs straggler_find on the launcher pid as a user would (CLI, JSON)
 and records the wall time to its answer, the seconds it sampled, the ranks it named and why:
 - healthy: nothing injected (repeated --healthy-repeats times): nobody may be named;
-- clear: rank 1 sleeps one healthy step time in its loader (about 2x slower);
-- small: rank 1 sleeps 15% of a healthy step time in its loader (15% slower);
+- clear: rank 1 sleeps its own recent step time in its loader (about 2x slower);
+- small: rank 1 sleeps 15% of its own recent step time in its loader (15% slower);
 - contention: rank 3 pinned to the last CPU (taskset -a) with two busy loops pinned there too, at nice -10.
-The healthy step time is measured on the first healthy job. --before-root runs another checkout's
+The slow rank's sleep follows its own step time (bench/straggler_workload.py --loader-sleep-fraction), so
+the case keeps its size when the host's load moves. --before-root runs another checkout's
 straggler_find (a `git archive` of the old commit) on the same job right after, with its own defaults:
 before/after in one run, on the same machine and load.
 
@@ -128,15 +129,13 @@ def main() -> int:
     rows = []
     with tempfile.TemporaryDirectory(prefix="sfverdicts-") as tmp:
         tmp = Path(tmp)
-        first = run_case(tmp, "healthy-1", [], args.before_root)
-        rows.append(first)
-        step_s = first["job_step_ms_median"] / 1000
-        for i in range(2, args.healthy_repeats + 1):
-            if "healthy" in cases:
-                rows.append(run_case(tmp, f"healthy-{i}", [], args.before_root))
+        for i in range(1, args.healthy_repeats + 1 if "healthy" in cases else 1):
+            rows.append(run_case(tmp, f"healthy-{i}", [], args.before_root))
         slow = {"clear": 1.0, "small": 0.15}
         for name in (c for c in cases if c in slow):
-            rows.append(run_case(tmp, name, ["--slow-loader-rank", "1", "--loader-sleep-s", f"{slow[name] * step_s:.3f}"],
+            # A fraction of the slow rank's own recent step (the workload's --loader-sleep-fraction), not of the first
+            # job's: under a moving load a fixed 15% of an earlier step came out ~10% (2026-12-02 morning run).
+            rows.append(run_case(tmp, name, ["--slow-loader-rank", "1", "--loader-sleep-fraction", str(slow[name])],
                                  args.before_root))
         if "contention" in cases:
             rows.append(run_case(tmp, "contention", [], args.before_root, contend=True))

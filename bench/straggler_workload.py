@@ -45,23 +45,52 @@ def parse_args():
     return ap.parse_args()
 
 
-def loader_delay_s(rank: int, args, recent_s) -> float:
-    """How long the slow rank's loader stalls this step: fixed, or a fraction of its recent step time.
+class LoaderStall:
+    """The slow rank's loader stall: a fixed sleep per batch, or a fraction of its own recent step time.
 
     The fraction follows the step: on a shared host the step time moves with the load, and a fixed sleep
     that was 15% of a step at one load is 8% at another. The slow rank's own step time, less its sleep,
-    is the healthy pace (the others wait for it, it waits for nobody)."""
-    if rank != args.slow_loader_rank:
-        return 0.0
-    if not args.loader_sleep_fraction:
-        return args.loader_sleep_s
-    return args.loader_sleep_fraction * statistics.median(recent_s) if len(recent_s) >= 5 else 0.0
+    is the healthy pace (the others wait for it, it waits for nobody). What it owes is kept as a debt and
+    slept once it reaches MIN_SLEEP_S, less what earlier sleeps overran: a 1 ms sleep on a loaded host
+    lasts several, and would make a 15% straggler of a 7 ms step a 50% one."""
+
+    MIN_SLEEP_S = 0.002
+
+    def __init__(self, rank: int, args):
+        self.on = rank == args.slow_loader_rank
+        self.fixed_s, self.fraction = args.loader_sleep_s, args.loader_sleep_fraction
+        self.recent_s = collections.deque(maxlen=20)   # its last step times without the stall
+        self.owed_s = 0.0
+        self.slept_s = 0.0                             # this step's
+
+    def per_step_s(self) -> float:
+        if not self.on:
+            return 0.0
+        if not self.fraction:
+            return self.fixed_s
+        return self.fraction * statistics.median(self.recent_s) if len(self.recent_s) >= 5 else 0.0
+
+    def due_s(self) -> float:
+        """What to sleep now: the debt once it reaches MIN_SLEEP_S, else 0 (the debt grows)."""
+        self.owed_s += self.per_step_s()
+        return self.owed_s if self.owed_s >= self.MIN_SLEEP_S else 0.0
+
+    def paid(self, slept_s: float) -> None:
+        self.slept_s = slept_s
+        self.owed_s -= slept_s
+
+    def step_done(self, step_s: float) -> None:
+        self.recent_s.append(step_s - self.slept_s)
+        self.slept_s = 0.0
 
 
-def load_batch(step: int, rank: int, delay_s: float, args, torch):
+def load_batch(step: int, rank: int, stall: LoaderStall, args, torch):
     """The data loader: a deterministic batch; the slow rank sleeps here, as a stalled reader would."""
-    if delay_s:
-        time.sleep(delay_s)
+    due_s = stall.due_s()
+    if due_s:      # the sleep itself in this frame: the stack a sampler sees is the loader's
+        t0 = time.perf_counter()
+        time.sleep(due_s)
+        stall.paid(time.perf_counter() - t0)
     gen = torch.Generator().manual_seed(step * 1000 + rank)
     return torch.randn(args.dim, args.dim, generator=gen)
 
@@ -102,18 +131,17 @@ def main():
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     weight = torch.eye(args.dim) * 0.5
     grad = torch.zeros(args.grad_floats)
-    recent_s = collections.deque(maxlen=20)      # this rank's last step times without its loader stall
+    stall = LoaderStall(rank, args)
     for step in range(args.steps):
         t0 = time.perf_counter()
-        delay_s = loader_delay_s(rank, args, recent_s)
-        batch = load_batch(step, rank, delay_s, args, torch)
+        batch = load_batch(step, rank, stall, args, torch)
         update = compute(batch, weight, args, torch)
         grad[: update.numel()] = update
         dist.all_reduce(grad)
         weight += 1e-3 * grad[: args.dim].view(1, -1) / world
         if args.fr_dump_every and (step + 1) % args.fr_dump_every == 0:
             dump_flight_recorder(rank, torch)
-        recent_s.append(time.perf_counter() - t0 - delay_s)
+        stall.step_done(time.perf_counter() - t0)
         if rank == 0:
             print(f"step {step} rank {rank} step_ms {1000 * (time.perf_counter() - t0):.1f}", flush=True)
     if rank == 0:

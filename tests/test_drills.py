@@ -360,25 +360,38 @@ def test_a_cpu_hog_is_another_users_busy_loops_on_the_node_and_undo_ends_them(ho
 
 
 def test_the_small_stragglers_stall_follows_its_own_step_time():
-    """cl-small-straggler: the slow rank sleeps a fraction of its recent step time (sleep not counted), so it stays
-    ~15% slower when the shared host's load moves the step; a fixed --loader-sleep-s keeps its meaning."""
+    """cl-small-straggler: the slow rank sleeps a fraction of its recent step time (its sleep not counted), so it
+    stays ~15% slower when the shared host's load moves the step; what a short sleep overruns is paid back."""
     import argparse
-    import collections
     import importlib.util
+
+    import torch
 
     spec = importlib.util.spec_from_file_location("straggler_workload", REPO / "bench" / "straggler_workload.py")
     workload = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(workload)
-    small = argparse.Namespace(slow_loader_rank=3, loader_sleep_s=0.2, loader_sleep_fraction=0.15)
-    recent = collections.deque([0.100] * 4, maxlen=20)
-    assert workload.loader_delay_s(3, small, recent) == 0.0                 # too few steps to know the pace yet
-    recent.extend([0.100, 0.120, 0.080, 0.300])
-    assert workload.loader_delay_s(3, small, recent) == pytest.approx(0.015)  # 15% of the median, 100 ms
-    recent.extend([0.200] * 20)                                               # the host got busier: 200 ms steps
-    assert workload.loader_delay_s(3, small, recent) == pytest.approx(0.030)
-    assert workload.loader_delay_s(2, small, recent) == 0.0
-    fixed = argparse.Namespace(slow_loader_rank=2, loader_sleep_s=0.5, loader_sleep_fraction=0.0)
-    assert workload.loader_delay_s(2, fixed, recent) == 0.5
+    small = workload.LoaderStall(3, argparse.Namespace(slow_loader_rank=3, loader_sleep_s=0.2, loader_sleep_fraction=0.15))
+    for _ in range(4):
+        small.step_done(0.010)
+    assert small.per_step_s() == 0.0                                  # too few steps to know the pace yet
+    small.step_done(0.010)
+    assert small.per_step_s() == pytest.approx(0.0015)                 # 15% of a 10 ms step
+    t0, slept = time.perf_counter(), 0.0
+    tiny = argparse.Namespace(dim=4)
+    for step in range(200):                                            # 1.5 ms owed a step: sleeps of >= 2 ms
+        t1 = time.perf_counter()
+        workload.load_batch(step, 3, small, tiny, torch)
+        slept += small.slept_s
+        small.step_done(0.010 + time.perf_counter() - t1)              # the step's time, its sleep included
+    assert 0.300 - 0.003 <= slept <= 0.300 + 0.003, slept             # overruns paid back: 200 x 1.5 ms, +- 2 steps
+    assert time.perf_counter() - t0 < 1.0
+    for _ in range(20):
+        small.step_done(0.020)                                         # the host got busier: 20 ms steps
+    assert small.per_step_s() == pytest.approx(0.003)
+    assert workload.LoaderStall(2, argparse.Namespace(slow_loader_rank=3, loader_sleep_s=0.2,
+                                                      loader_sleep_fraction=0.15)).per_step_s() == 0.0
+    fixed = workload.LoaderStall(2, argparse.Namespace(slow_loader_rank=2, loader_sleep_s=0.5, loader_sleep_fraction=0.0))
+    assert fixed.per_step_s() == 0.5
     job = load_scenario("cl-small-straggler").fault[0]
     assert (job.slow_rank, job.loader_sleep_fraction) == (3, 0.15)
 
