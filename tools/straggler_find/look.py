@@ -3,7 +3,8 @@
 A clear straggler separates from its peers in the first seconds; a small one (15% slower) needs
 several hundred samples a rank before its lead passes the sampling noise. So the ranks are sampled in
 looks: FIRST_LOOK_S first, then, while the judge says `unsettled` (a rank ahead short of the margin,
-ahead in part of the window only, or the healthy ranks too scattered to tell), again for as long as
+ahead in part of the window only, the healthy ranks too scattered to tell, or samples still too few to
+have seen a small straggler: judge._too_short), again for as long as
 has been sampled so far, at twice the rate (the sampling error falls with the samples, not the
 seconds), until the caller's bound (window_s). Each look's reports are merged with the
 earlier ones (same host and pid: samples add up, counters average over time) and judged whole, so
