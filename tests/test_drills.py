@@ -479,3 +479,26 @@ def test_the_baseline_reads_a_slow_node_and_a_slow_link_from_one_pairwise_answer
     assert grade(load_scenario("cl-link-and-starved-node"), read).score == 1
     assert grade(load_scenario("cl-slow-node"), read_answer("collective_bench", {"verdict": "fail", "isolation": {
         "suspects": [{"kind": "node", "nodes": ["mln3"]}]}}, {})).score == 1
+
+
+def test_nodes_fleet_sweep_judged_alone_are_measured_in_pairs_before_the_answer():
+    """cl-link-and-starved-node (2026-12-02 16:09): fleet_sweep drained mln4 (its own CPU quota) and the baseline
+    answered with that alone, 0.5: fleet_sweep judges each node on its own and cannot see the slow mln1-mln2 link.
+    Its answer points on to collective_bench; pairwise's nodes and links are added to the drained node."""
+    from tools.evals.drills.baseline import nodes_judged_alone, read_answer, with_pairs
+
+    sweep = {"verdict": "fail", "drain": [{"node": "mln4", "reasons": ["cpu_probe failed"]}],
+             "next": ["results_history", "gpu_health", "collective_bench"]}
+    alone = read_answer("fleet_sweep", sweep, {})
+    assert nodes_judged_alone("fleet_sweep", sweep, alone)
+    assert not nodes_judged_alone("fleet_sweep", {**sweep, "not_answering": [{"node": "mln2"}]}, alone)  # a dead node
+    assert not nodes_judged_alone("fleet_sweep", {**sweep, "next": []}, alone)
+    pairs = read_answer("collective_bench", {"verdict": "fail", "isolation": {"suspects": [
+        {"kind": "link", "nodes": ["mln1", "mln2"], "evidence": "slow twice"},
+        {"kind": "node", "nodes": ["mln4"], "evidence": "slow with 3 of 3 partners"}]}}, {})
+    both = with_pairs(alone, pairs)
+    scenario = load_scenario("cl-link-and-starved-node")
+    assert grade(scenario, alone).score == 0.5 and grade(scenario, both).score == 1
+    assert (both.culprit, both.drain) == (["mln4"], ["mln4"])
+    assert with_pairs(alone, Diagnosis(culprit_kind="inconclusive")) is alone
+    assert with_pairs(alone, None) is alone

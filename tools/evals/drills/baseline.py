@@ -226,6 +226,27 @@ def fleet_judged_clean(answer: dict) -> bool:
             and all(o.get("status") == "not repeated" for o in outliers) and bool(answer.get("rows")))
 
 
+def nodes_judged_alone(tool: str, answer: dict, reading) -> bool:
+    """A fleet_sweep drain list of nodes that answered and failed their own checks: each node was judged on its
+    own, so a slow link between two others is not in it. The answer points on to collective_bench (its `next`);
+    the agent asked about collectives across nodes measures the pairs too before it answers."""
+    return (tool == "fleet_sweep" and isinstance(reading, Diagnosis) and reading.culprit_kind == "node"
+            and not answer.get("not_answering") and "collective_bench" in (answer.get("next") or []))
+
+
+def with_pairs(alone: Diagnosis, pairs) -> Diagnosis:
+    """The nodes fleet_sweep drained, with what pairwise named beside them (its nodes and links); pairwise
+    finding nothing or nothing sure leaves fleet_sweep's answer as it was."""
+    if not isinstance(pairs, Diagnosis) or pairs.culprit_kind not in ("node", "link"):
+        return alone
+    nodes = list(dict.fromkeys(alone.culprit + (pairs.culprit if pairs.culprit_kind == "node" else [])))
+    links = (pairs.culprit if pairs.culprit_kind == "link" else
+             [n for a in pairs.also if a.culprit_kind == "link" for n in a.culprit])
+    return Diagnosis(culprit_kind="node", culprit=nodes, drain=list(dict.fromkeys(alone.drain + pairs.drain)),
+                     evidence=f"{alone.evidence}; pairwise: {pairs.evidence}"[:2000],
+                     also=[AlsoNamed(culprit_kind="link", culprit=links)] if links else [])
+
+
 def is_inconclusive(reading) -> bool:
     return isinstance(reading, Diagnosis) and reading.culprit_kind == "inconclusive"
 
@@ -282,8 +303,11 @@ def solve(message: str, context: dict) -> Attempt:
             tried: set[str] = set()
             undecided: list[tuple[str, Diagnosis]] = []   # (tool, "inconclusive"): said if nothing settles it
 
+            last: dict = {}                                # the latest answer, as the agent read it
+
             async def call(tool: str, params: dict):
                 nonlocal in_allocation
+                last.clear()
                 caller = client
                 if tool in NEEDS_ALLOCATION and not context.get("hosts"):
                     in_allocation = in_allocation or await stack.enter_async_context(allocation_server())
@@ -310,6 +334,7 @@ def solve(message: str, context: dict) -> Attempt:
                 if result.is_error:
                     record.error = " ".join(getattr(c, "text", "") for c in result.content)[:300]
                     return None
+                last.update(answer)
                 record.verdict = answer.get("verdict")
                 record.findings = [str(f)[:400] for f in (answer.get("findings") or [])[:4]]
                 return read_answer(tool, answer, context)
@@ -335,6 +360,11 @@ def solve(message: str, context: dict) -> Attempt:
                     # answer a question another check found too noisy to judge: that stays inconclusive.
                     undecided.append((tool, reading))
                     continue
+                pairs_params = params_for("collective_bench", message, context)
+                if (nodes_judged_alone(tool, last, reading) and pairs_params and "collective_bench" not in tried
+                        and len(attempt.calls) < MAX_CALLS):
+                    tried.add("collective_bench")
+                    reading = with_pairs(reading, await call("collective_bench", pairs_params))
                 if isinstance(reading, Diagnosis):
                     return reading
                 if isinstance(reading, str):
