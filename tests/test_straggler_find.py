@@ -343,6 +343,20 @@ def test_no_straggler_is_not_said_before_the_samples_could_show_a_small_one():
     assert looks == [(6, 5), (6, 10)] and not healthy.verdict.stragglers and not healthy.verdict.unsettled
 
 
+def test_a_small_lead_once_the_noise_is_down_is_said_and_answered_not_sampled_to_the_bound():
+    # bench/straggler_verdicts.py, healthy 4-rank job waiting ~40% of the window (2026-12-02 16:19): rank 0, which
+    # prints every step, waited 6% of the window less than the others. Below the bar once 600 samples had brought the
+    # noise under the margin, it still counted as "a lead short of the bar: look longer", so a healthy job was
+    # sampled to the 60 s bound and answered "info". A longer look cannot lower the margin: said, and answered "ok".
+    rows = [_rank(i, w, part_fractions=[{"collective": w}] * 3, part_samples=[200] * 3)
+            for i, w in enumerate([0.37, 0.43, 0.44, 0.42])]
+    for r in rows:
+        r.samples = 600
+    result = _headline(rows)
+    assert result.stragglers == [] and result.verdict == "ok", result.findings
+    assert any("Rank 0 on n0 waits 14% less than the others, short of the" in f for f in result.findings)
+
+
 def test_rule_names_only_a_rank_slow_in_every_third_of_the_window():
     def parts(*collective):
         return {"part_fractions": [{"collective": c} for c in collective], "part_samples": [130] * len(collective)}

@@ -170,7 +170,7 @@ def _compare(ranks, nodes, gpus, rules: Rules, out: Judgement) -> None:
         out.unsettled = not out.stragglers and bool(out.leading)
         return
     if not out.stragglers:
-        _leads(scored, held, out)
+        _leads(scored, ranks, held, rules, out)
         out.unsettled = out.unsettled or (bool(held) and _too_short(ranks, rules))
         _network(ranks, nodes, rules, out)
 
@@ -184,13 +184,15 @@ def _too_short(ranks: list[RankSample], rules: Rules) -> bool:
     return rules.share.k * _sampling_error(ref, min(r.samples for r in ranks)) > rules.bar(ref, 0.0)
 
 
-def _leads(scored, held: set[int], out: Judgement) -> None:
-    """Ranks ahead of the others by more than half the margin but not past it: worth a longer look."""
+def _leads(scored, ranks: list[RankSample], held: set[int], rules: Rules, out: Judgement) -> None:
+    """Ranks ahead of the others by more than half the bar but not past it: said; worth a longer look only while
+    the bar is the noise's (more samples lower it). Once it is down to the margin, a lead short of it stays short:
+    rank 0 logging 6% of the window in a healthy job that waits 40% of it is said, and the answer is given."""
     for r, d, thr, _ in sorted(scored, key=lambda x: -x[1]):
         if id(r) in held and thr / 2 < d <= thr:
             out.leading.append(f"Rank {r.rank} on {r.host} waits {d:.0%} less than the others, short of the "
                                f"{thr:.0%} that names a straggler: not named.")
-    out.unsettled = bool(out.leading)
+            out.unsettled = out.unsettled or thr > rules.bar(_others_wait(r, ranks), 0.0) + 1e-9
 
 
 def _caused_not_held(ranks, caused: dict, held: set[int], out: Judgement) -> None:
