@@ -502,3 +502,11 @@ def test_nodes_fleet_sweep_judged_alone_are_measured_in_pairs_before_the_answer(
     assert (both.culprit, both.drain) == (["mln4"], ["mln4"])
     assert with_pairs(alone, Diagnosis(culprit_kind="inconclusive")) is alone
     assert with_pairs(alone, None) is alone
+    # cl-slow-link (16:26): fleet_sweep "ok" on quiet nodes was read as "none"; pairwise names the link.
+    clean = {"verdict": "ok", "rows": [{"node": "mln1"}], "next": ["collective_bench"]}
+    none = read_answer("fleet_sweep", clean, {})
+    assert none.culprit_kind == "none" and nodes_judged_alone("fleet_sweep", clean, none)
+    link = read_answer("collective_bench", {"verdict": "fail", "isolation": {"suspects": [
+        {"kind": "link", "nodes": ["mln1", "mln2"], "evidence": "slow twice"}]}}, {})
+    assert grade(load_scenario("cl-slow-link"), with_pairs(none, link)).score == 1
+    assert with_pairs(none, read_answer("collective_bench", {"verdict": "ok", "isolation": {"suspects": []}}, {})) is none

@@ -227,18 +227,20 @@ def fleet_judged_clean(answer: dict) -> bool:
 
 
 def nodes_judged_alone(tool: str, answer: dict, reading) -> bool:
-    """A fleet_sweep drain list of nodes that answered and failed their own checks: each node was judged on its
-    own, so a slow link between two others is not in it. The answer points on to collective_bench (its `next`);
-    the agent asked about collectives across nodes measures the pairs too before it answers."""
-    return (tool == "fleet_sweep" and isinstance(reading, Diagnosis) and reading.culprit_kind == "node"
+    """A fleet_sweep answer about nodes that all answered, a drain list or a clean bill: each node was judged on
+    its own, so a slow link between two of them is in neither (cl-slow-link: fleet_sweep "ok", answered "none").
+    The answer points on to collective_bench (its `next`); the agent measures the pairs before it answers."""
+    return (tool == "fleet_sweep" and isinstance(reading, Diagnosis) and reading.culprit_kind in ("node", "none")
             and not answer.get("not_answering") and "collective_bench" in (answer.get("next") or []))
 
 
 def with_pairs(alone: Diagnosis, pairs) -> Diagnosis:
-    """The nodes fleet_sweep drained, with what pairwise named beside them (its nodes and links); pairwise
-    finding nothing or nothing sure leaves fleet_sweep's answer as it was."""
+    """fleet_sweep's answer with what pairwise named beside it (its nodes and links); pairwise finding nothing
+    or nothing sure leaves fleet_sweep's answer as it was."""
     if not isinstance(pairs, Diagnosis) or pairs.culprit_kind not in ("node", "link"):
         return alone
+    if alone.culprit_kind == "none":
+        return pairs
     nodes = list(dict.fromkeys(alone.culprit + (pairs.culprit if pairs.culprit_kind == "node" else [])))
     links = (pairs.culprit if pairs.culprit_kind == "link" else
              [n for a in pairs.also if a.culprit_kind == "link" for n in a.culprit])
