@@ -510,3 +510,17 @@ def test_nodes_fleet_sweep_judged_alone_are_measured_in_pairs_before_the_answer(
         {"kind": "link", "nodes": ["mln1", "mln2"], "evidence": "slow twice"}]}}, {})
     assert grade(load_scenario("cl-slow-link"), with_pairs(none, link)).score == 1
     assert with_pairs(none, read_answer("collective_bench", {"verdict": "ok", "isolation": {"suspects": []}}, {})) is none
+
+
+def test_the_readme_counts_the_scenarios_there_are():
+    # The first-run review found evals/README's counts stale (issue 37): they are checked against the loader.
+    import re
+    from pathlib import Path
+
+    from tools.evals.drills.scenarios import all_scenarios
+
+    text = (Path(__file__).resolve().parent.parent / "evals" / "README.md").read_text()
+    said = re.search(r"(\d+) scenarios: post-mortem.*?and (\d+) \"nothing is wrong\" controls", text, re.S)
+    scenarios = all_scenarios()
+    assert said, "evals/README.md no longer says how many scenarios and controls there are"
+    assert (int(said.group(1)), int(said.group(2))) == (len(scenarios), sum(s.truth.kind == "none" for s in scenarios))
