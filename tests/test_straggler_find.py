@@ -448,3 +448,18 @@ def test_flight_recorder_lateness_names_the_last_rank_as_evidence():
     assert "rank 2 issued 100% of them last" in flight.finding(lined, dumps)[0]
     assert flight._entry({"collective_seq_id": True, "time_created_ns": 5}) is None      # bool is no number
     assert flight._entry({"collective_seq_id": 3, "time_created_ns": 5, "is_p2p": True}) is None
+
+
+def test_a_shaped_link_is_named_and_the_retransmits_of_a_node_sending_into_it_are_not():
+    # The clean-clone run of 2026-12-02: a tbf on mln4's link; mln3, which sends into it, retransmitted far above
+    # the rest, and the answer named both with mln3 first. The shaper is the cause where one is seen.
+    ranks = [_rank(i, 0.98, host=f"mln{i + 1}") for i in range(4)]
+    reports = _reports(ranks)
+    for report in reports:
+        report.node.tcp_retrans_per_s = 0.5
+    reports[2].node.tcp_retrans_per_s = 40.0
+    reports[3].node.shaped_links = ["eth0: tbf, 63919 overlimits, 0 drops in 7 s"]
+    v = judge(reports, Rules.load())
+    assert [(s.host, s.reason) for s in v.stragglers] == [("mln4", "network")]
+    reports[3].node.shaped_links = []               # no shaper seen: the retransmitting node is the lead
+    assert [s.host for s in judge(reports, Rules.load()).stragglers] == ["mln3"]

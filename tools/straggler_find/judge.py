@@ -289,10 +289,13 @@ def _network(ranks: list[RankSample], nodes: dict[str, NodeSample], rules: Rules
                             "job is communication-bound on this node; collective_bench measures its links.")
         return
     retrans = {h: n.tcp_retrans_per_s or 0.0 for h, n in nodes.items()}
+    # A link shaped in the window is the cause where one is seen: the nodes sending into it retransmit too (a
+    # clean-clone run named mln3 for its retransmits beside mln4, whose tbf did it, and headlined mln3).
+    shaped = {h for h, n in nodes.items() if n.shaped_links}
     for host, node in nodes.items():
         rest = [v for h, v in retrans.items() if h != host]
         # Retransmits name a node only when they are many and far above the rest: a busy host drops a few.
-        noisy = retrans[host] >= rules.reason["retrans_per_s_min"] and retrans[host] > 5 * max(
+        noisy = not shaped and retrans[host] >= rules.reason["retrans_per_s_min"] and retrans[host] > 5 * max(
             1.0, statistics.median(rest) if rest else 0)
         if not node.shaped_links and not noisy:
             continue
