@@ -513,7 +513,7 @@ def test_nodes_fleet_sweep_judged_alone_are_measured_in_pairs_before_the_answer(
 
 
 def test_the_readme_counts_the_scenarios_there_are():
-    # The first-run review found evals/README's counts stale (issue 37): they are checked against the loader.
+    # The first-run review found the counts in evals/README.md stale (issue 37): they are checked against the loader.
     import re
     from pathlib import Path
 
