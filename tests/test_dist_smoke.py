@@ -128,6 +128,7 @@ def test_all_ranks_ok(nproc):
     assert result.ranks_ok == result.world_size == nproc
     assert [r.status for r in result.ranks] == ["done"] * nproc
     assert all("all_reduce" in r.seconds for r in result.ranks)
+    assert result.nccl_env == {} and not any("NCCL settings" in f for f in result.findings)  # none were set
     assert not _no_rank_processes_left()
 
 

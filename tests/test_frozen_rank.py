@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 import pytest
 
@@ -36,10 +37,21 @@ def freeze_after_first_row(victim: int):
 
 @pytest.mark.timeout(240)
 def test_collective_bench_names_the_rank_frozen_mid_sweep():
-    on_event, frozen = freeze_after_first_row(victim=1)
+    on_freeze, frozen = freeze_after_first_row(victim=1)
+    peers_failed = []
+
+    def on_event(event):
+        on_freeze(event)
+        if event["ev"] == "error" and not peers_failed:
+            peers_failed.append(time.monotonic())
+
     outcome = launch_ranks(plan_command("collective_bench.rank", JOB, 3, 1, None), 3, timeout_s=15,
                            stall_s=75, deadline_s=180, on_event=on_event)
+    ended = time.monotonic()
     assert frozen, "the sweep ended before the rank could be frozen"
+    # The stopped rank cannot act on torchrun's SIGTERM; torchrun would SIGKILL it only 30 s later (fixed),
+    # the launcher does once it is the only one left.
+    assert peers_failed and ended - peers_failed[0] < 20, f"ended {ended - peers_failed[0]:.1f} s after the peers failed"
     params = CollectiveBenchParams(backend="gloo", nproc_per_node=3, pg_timeout_s=15, plot=False)
     result = build_result(outcome, params, 1, outcome.elapsed_s)
     text = " ".join(result.findings)

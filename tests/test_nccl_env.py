@@ -55,6 +55,5 @@ def test_a_real_run_echoes_its_settings():
     assert result.verdict == "ok", result.findings
     assert result.nccl_env == {"NCCL_ALGO": "Ring", "NCCL_DEBUG": "WARN"}
     assert "NCCL settings for this run: NCCL_ALGO=Ring, NCCL_DEBUG=WARN." in result.findings
-    plain = SMOKE.run(DistSmokeTestParams(backend="gloo", nproc_per_node=2, numel=4096, alloc_mib=1),
-                      lambda f, m: None)
-    assert plain.nccl_env == {} and not any("NCCL settings" in f for f in plain.findings)
+    # The same run without settings echoes none: test_dist_smoke.py::test_all_ranks_ok checks it on its real
+    # runs (a second launch here cost ~20 s of the quick test command and checked nothing more).

@@ -33,6 +33,8 @@ from tools.shared.process_targets import TargetRequest, check_launcher_match, ch
 REPO = Path(__file__).resolve().parent.parent
 RUN_ID = f"sshranks-{os.getpid()}"
 QUIET = lambda fraction, message: None  # noqa: E731
+# One worker under `-n 2 --dist loadgroup`: split across two, each started its own job and sshd (module fixtures).
+pytestmark = pytest.mark.xdist_group("ssh_ranks")
 
 
 # --- names checked before anything runs ------------------------------------------------------------

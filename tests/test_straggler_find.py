@@ -52,17 +52,27 @@ def ptrace_ok():
         pytest.skip(f"py-spy cannot attach here: {err.strip()[:200]}")
 
 
-def _start(tmp_path, *args, steps=100000, name="job", env=None):
-    """torchrun --standalone with 3 ranks of the workload; returns (torchrun process, its log path)."""
+def _launch(tmp_path, *args, steps=100000, name="job", env=None):
+    """torchrun --standalone with 3 ranks of the workload, not waited for; returns (torchrun process, its log)."""
     cmd = torchrun_command("straggler_workload", 3, ["--steps", str(steps), *args])
     log = tmp_path / f"{name}.log"
     # TMPDIR: torchrun's torchelastic_* folder, which a killed torchrun leaves behind, goes to the test's folder
     proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True,
                             env=dict(os.environ, PYTHONPATH=str(WORKLOAD.parent), TMPDIR=str(tmp_path), **(env or {})))
+    return proc, log
+
+
+def _wait_for_step_5(proc, log: Path) -> None:
     deadline = time.monotonic() + 120
     while "step 5 " not in log.read_text() and time.monotonic() < deadline:
         assert proc.poll() is None, log.read_text()[-2000:]
         time.sleep(0.5)
+
+
+def _start(tmp_path, *args, **kw):
+    """_launch, then wait until the job is under way (its step 5)."""
+    proc, log = _launch(tmp_path, *args, **kw)
+    _wait_for_step_5(proc, log)
     return proc, log
 
 
@@ -72,12 +82,15 @@ def _result_line(log: Path) -> str:
 
 def test_slow_loader_rank_is_named_for_data_loading_and_the_job_is_untouched(ptrace_ok, tmp_path):
     slow = ("--slow-loader-rank", "2", "--loader-sleep-s", "0.1")
-    alone, alone_log = _start(tmp_path, *slow, steps=200, name="alone")      # never watched: the reference result
+    # Both jobs start at once (their torch imports overlap); 150 steps of >= 0.1 s each leave the watched job
+    # >= 14.5 s after its step 5, past the 6 s window and py-spy's start (the poll() check below says if not).
+    alone, alone_log = _launch(tmp_path, *slow, steps=150, name="alone")     # never watched: the reference result
     # The watched job also writes its flight recorder every 10 steps, read as a second witness; a relative
     # prefix (the ranks' working directory) as jobs often give it.
-    proc, log = _start(tmp_path, *slow, "--fr-dump-every", "10", steps=200, name="watched",
-                       env={"TORCH_FR_DUMP_TEMP_FILE": "fr_rank_"})
+    proc, log = _launch(tmp_path, *slow, "--fr-dump-every", "10", steps=150, name="watched",
+                        env={"TORCH_FR_DUMP_TEMP_FILE": "fr_rank_"})
     try:
+        _wait_for_step_5(proc, log)
         result, rows = _run(launcher_pid=proc.pid, window_s=6, rate_hz=10)
         assert proc.poll() is None, "the job must keep running while it is sampled"
         assert proc.wait(timeout=200) == 0 and alone.wait(timeout=60) == 0

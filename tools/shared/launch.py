@@ -31,7 +31,7 @@ from .nccl_env import check_nccl_env, nccl_env_field
 from .ranks import check_event
 from ..engine.data import IMPORT_ROOT, PACKAGE
 from ..engine.spec import Field, Params
-from ..engine.processes import Supervised, local_gpu_count, torchrun_command
+from ..engine.processes import Supervised, descendants, local_gpu_count, torchrun_command
 from ..engine.transport import TRANSPORT_ENV
 
 @dataclass
@@ -277,10 +277,14 @@ def launch_ranks(command: list[str], world_size: int, *, timeout_s: float, stall
             if on_event:
                 on_event(event)
 
+    next_stopped_check = 0.0
     try:
         while child.proc.poll() is None:
             drain(wait_s=0.05)
             _mark_gone(ranks)
+            if time.monotonic() >= next_stopped_check:
+                _kill_ranks_left_stopped(child.proc.pid, ranks)
+                next_stopped_check = time.monotonic() + 0.5
             now = time.monotonic()
             stop, cut_reason = stop_reason(now - t0, now - last_progress, stall_s=stall_s, deadline_s=deadline_s, cut=cut)
             stalled, overran = stop == "stalled", stop == "overran"
@@ -327,6 +331,28 @@ def settle(ranks: dict[int, RankState], exitcodes: dict[int, int], stopped: bool
         if state.status == "running":
             state.status = "stuck" if stopped else "vanished"
             state.end_t = end
+
+
+def _kill_ranks_left_stopped(launcher_pid: int, ranks: dict[int, RankState]) -> None:
+    """SIGKILL our own tree's processes when a rank has ended and every one left is stopped (SIGSTOP, a debugger's
+    stop): nothing can go on. torchrun SIGTERMs the ranks left after a failure, which a stopped process cannot act
+    on, and SIGKILLs them only after a fixed 30 s (its shutdown timeout does not reach that path): every answer
+    about a frozen rank waited those 30 s for nothing. The processes come from the tree, never from what a
+    rank's events say its pid is."""
+    if not any(s.status in ("done", "error", "terminated", "vanished") for s in ranks.values()):
+        return
+    try:
+        import psutil
+    except ImportError:
+        return  # torchrun's own SIGKILL comes 30 s later
+    try:
+        left = [p for p in descendants(launcher_pid) if p.status() != psutil.STATUS_ZOMBIE]
+        if not left or any(p.status() != psutil.STATUS_STOPPED for p in left):
+            return
+        for p in left:
+            p.kill()
+    except psutil.NoSuchProcess:
+        pass  # one ended meanwhile: look again on the next round
 
 
 def _mark_gone(ranks: dict[int, RankState]) -> None:
