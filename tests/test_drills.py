@@ -263,20 +263,20 @@ def test_cluster_faults_are_injected_and_stop_takes_every_one_out(home, monkeypa
     drill_cli.start("cl-slow-node", wait_s=1)
     try:
         assert "tbf" in cluster.on_node("mln3", "tc", "qdisc", "show", "dev", "eth0").stdout
-        quota = Path("/sys/fs/cgroup/cpu/mln/mln4/cpu.cfs_quota_us").read_text().strip()
+        quota = (cluster.cgroups / "mln4" / "cpu.cfs_quota_us").read_text().strip()
         assert quota == "20000"
         hog = DrillState.load().steps[-2].pid.pid                 # cl-busy-neighbour's loops on mln2
         nobody = f"Uid:\t{pwd.getpwnam('nobody').pw_uid}\t"
-        loops = {p for p in _pids_in(Path("/sys/fs/cgroup/cpu/mln/mln2"))
+        loops = {p for p in _pids_in(cluster.cgroups / "mln2")
                  if nobody in Path(f"/proc/{p}/status").read_text()}
         assert hog in loops and len(loops) == 3                  # the leader and its 2 loops, as user nobody
-        assert os.stat(f"/proc/{hog}/ns/net").st_ino == os.stat("/run/netns/mln2").st_ino
+        assert os.stat(f"/proc/{hog}/ns/net").st_ino == os.stat(f"/run/netns/{cluster.netns('mln2')}").st_ino
         assert DrillState.load().steps[-1].fault.kind == "kill_slurmd"
     finally:
         assert drill_cli.stop() == []
     assert not {p for p in loops if _alive(p)}
     assert "tbf" not in cluster.on_node("mln3", "tc", "qdisc", "show", "dev", "eth0").stdout
-    assert Path("/sys/fs/cgroup/cpu/mln/mln4/cpu.cfs_quota_us").read_text().strip() == "-1"
+    assert (cluster.cgroups / "mln4" / "cpu.cfs_quota_us").read_text().strip() == "-1"
     assert os.path.exists(f"/proc/{cluster.slurmd_pid('mln2')}")  # healed: a new slurmd answers
     assert DrillState.load() is None and Path(CLUSTER_DIR).is_dir()  # the lent cluster keeps running
 
