@@ -114,9 +114,7 @@ start() {
   make_network "$n"
   write_conf "$n"
   seq "$n" | sed "s/^/$PREFIX/" > "$D/nodes"
-  # munged is shared by every cluster here: another instance's stop must not take it between our
-  # start_munge and our slurmctld (its stop_munge_if_last counts slurmctlds under the same lock).
-  { flock -w 120 8; start_munge; detached slurmctld; } 8>"$MUNGE_LOCK"
+  with_munge_lock start_head                # munged (shared; see MUNGE_LOCK in slurm-local.sh) and slurmctld
   for node in $(cat "$D/nodes"); do start_slurmd "$node"; done
   wait_idle "$n" && print_env
 }
@@ -143,10 +141,10 @@ stop_processes() {
 
 stop() {
   stop_cluster
-  { flock -w 120 8; stop_munge_if_last; } 8>"$MUNGE_LOCK"
+  with_munge_lock stop_munge_if_last
 }
 
-MUNGE_LOCK=/tmp/mln-munge.lock
+start_head() { start_munge; detached slurmctld; }
 
 stop_cluster() {  # everything but munged (shared with other clusters; start keeps it)
   stop_processes
