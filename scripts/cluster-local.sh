@@ -34,6 +34,9 @@
 # (/tmp/mln-cluster.session.lock for instance 0; see with_cluster_lock), and hold $CLUSTER_LOCAL_DIR.op.lock.
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# The caller's knobs, before slurm-local.sh gives them its own defaults (6817, nproc): by hand, every
+# instance started on 6817 (job ids from 6817000, beside a one-node slurm-local.sh's) with nproc CPUs a node.
+CALLER_PORT_BASE=${PORT_BASE:-}; CALLER_CPUS=${CPUS:-}
 # shellcheck source=slurm-local.sh
 . "$HERE/slurm-local.sh"                   # install_pkgs, start_munge, alive, wait_gone, ...
 INSTANCE=${MLN_CLUSTER_INSTANCE:-0}
@@ -43,8 +46,8 @@ if [ "$INSTANCE" = 0 ]; then
 else
   D=${CLUSTER_LOCAL_DIR:-/tmp/mln-cluster-$INSTANCE}; NS_PREFIX=i${INSTANCE}mln
 fi
-PORT_BASE=${PORT_BASE:-$((7817 + 10 * INSTANCE))}
-CPUS=${CPUS:-2}
+PORT_BASE=${CALLER_PORT_BASE:-$((7817 + 10 * INSTANCE))}
+CPUS=${CALLER_CPUS:-2}
 PREFIX=mln                                 # SLURM node names and hostnames, in every instance
 BRIDGE=mlnbr$INSTANCE
 NET=10.213.$INSTANCE

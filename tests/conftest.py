@@ -50,7 +50,7 @@ def _has_nvidia_gpu() -> bool:
 # The modules are split so the two groups take about as long (measured per module on 2 cores; see the README's
 # "Run the tests"): the slowest cluster modules in CLUSTER_B, the rest in CLUSTER_A.
 CLUSTER_A, CLUSTER_B = "cluster-a", "cluster-b"
-CLUSTER_B_MODULES = {"test_isolation_cluster.py", "test_fleet_sweep_hostile.py", "test_fleet_sweep.py"}
+CLUSTER_B_MODULES = {"test_isolation_cluster.py", "test_fleet_sweep_hostile.py"}
 SERIAL_FIXTURES = {"multinode_cluster", "slurm_cluster"}
 # These assert on every py-spy of the host, or on which of the host's processes claim a job's ranks: in CLUSTER_A,
 # with the cluster modules that run py-spy on the nodes (straggler_find, hang_stack_dump through srun), never
