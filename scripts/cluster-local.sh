@@ -24,10 +24,11 @@
 # Debian 12 (SLURM 22.05), root. Packages as scripts/slurm-local.sh (installed when missing).
 # Instances: MLN_CLUSTER_INSTANCE=I (0..9, default 0) runs a second cluster beside the first (parallel
 # test workers). Instance 0 has the names above; instance I>0 puts node K in the namespace i<I>mln<K>
-# on the bridge mlnbr<I> at 10.213.<I>.K, its cgroups under cpu/i<I>mln, its folder /tmp/mln-cluster-<I>,
-# ports 7817+10*I (so its job ids start elsewhere too, see FirstJobId) and its own session lock. The
-# SLURM node names and hostnames stay mln1..mlnN in every instance. tools/evals/drills/cluster.py holds
-# the same names for Python (the tests and drills); change them in both.
+# on the bridge mlnbr<I> at 10.213.<I>.K, its cgroups under cpu/i<I>mln, its folder /tmp/i<I>mln-cluster
+# (no name of instance 0 is a prefix of one of its names), its ports at 7817+10*I (so its job ids start
+# elsewhere too, see FirstJobId) and its own session lock. The SLURM node names and hostnames stay
+# mln1..mlnN in every instance. tools/evals/drills/cluster.py holds the same names for Python (tests,
+# drills); change them in both.
 # Knobs: CLUSTER_LOCAL_DIR (default the instance's folder), PORT_BASE (slurmctld P, slurmd P+1 inside each
 # namespace; default 7817, so this runs beside slurm-local.sh's 6817), CPUS per node (default 2).
 # start/stop/heal refuse while another session holds the instance's session lock
@@ -44,7 +45,7 @@ INSTANCE=${MLN_CLUSTER_INSTANCE:-0}
 if [ "$INSTANCE" = 0 ]; then
   D=${CLUSTER_LOCAL_DIR:-/tmp/mln-cluster}; NS_PREFIX=mln
 else
-  D=${CLUSTER_LOCAL_DIR:-/tmp/mln-cluster-$INSTANCE}; NS_PREFIX=i${INSTANCE}mln
+  D=${CLUSTER_LOCAL_DIR:-/tmp/i${INSTANCE}mln-cluster}; NS_PREFIX=i${INSTANCE}mln
 fi
 PORT_BASE=${CALLER_PORT_BASE:-$((7817 + 10 * INSTANCE))}
 CPUS=${CALLER_CPUS:-2}
@@ -255,7 +256,7 @@ with_cluster_lock() {
   # A test session (tests/multinode_cluster.py) holds the session lock while it uses the cluster and
   # says so with MLN_CLUSTER_SESSION=held; anyone else may not start, stop or heal it under them.
   # Manual runs: flock -w 900 /tmp/mln-cluster.session.lock env MLN_CLUSTER_SESSION=held <this script> ...
-  # (instance I>0: its own lock, /tmp/mln-cluster-I.session.lock, and MLN_CLUSTER_INSTANCE=I)
+  # (instance I>0: its own lock, /tmp/i<I>mln-cluster.session.lock, and MLN_CLUSTER_INSTANCE=I)
   if [ "${MLN_CLUSTER_SESSION:-}" != held ] && ! flock -n "$SESSION_LOCK" true; then
     say "a session holds $SESSION_LOCK (a test run uses the cluster); wait for it, or run under:"
     say "  flock -w 900 $SESSION_LOCK env MLN_CLUSTER_SESSION=held $0 $*"

@@ -149,7 +149,7 @@ def test_stop_leaves_nothing_and_start_recovers_from_a_stale_run(multinode_clust
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
     daemons = [p for p in os.listdir("/proc") if p.isdigit()
                and _comm(int(p)) in {"slurmctld", "slurmd", "slurmstepd"} and _alive(int(p))
-               and CLUSTER_DIR in _cmdline_and_fds(int(p))]
+               and CLUSTER_DIR + "/" in _cmdline_and_fds(int(p))]   # this folder: not another instance's
     # This instance's names only: another instance (a parallel test worker) may run beside it.
     assert not [n for n in netns.split() if n.startswith(MultiNodeCluster.netns_prefix)
                 and n.removeprefix(MultiNodeCluster.netns_prefix).isdigit()], netns

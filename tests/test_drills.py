@@ -155,7 +155,7 @@ def test_cluster_instance_0_keeps_the_names_and_instance_1_shares_none():
     assert zero == ["/tmp/mln-cluster", "/tmp/mln-cluster.session.lock", "mlnbr0", "10.213.0.3", "7817",
                     "/sys/fs/cgroup/cpu/mln", "ip", "netns", "exec", "mln3", "true"]
     one = _cluster_names("1").stdout.split()
-    assert one == ["/tmp/mln-cluster-1", "/tmp/mln-cluster-1.session.lock", "mlnbr1", "10.213.1.3", "7827",
+    assert one == ["/tmp/i1mln-cluster", "/tmp/i1mln-cluster.session.lock", "mlnbr1", "10.213.1.3", "7827",
                    "/sys/fs/cgroup/cpu/i1mln", "ip", "netns", "exec", "i1mln3", "true"]
     bad = _cluster_names("12")
     assert bad.returncode and "MLN_CLUSTER_INSTANCE must be one digit, 0..9" in bad.stderr and "'12'" in bad.stderr

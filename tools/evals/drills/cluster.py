@@ -37,7 +37,7 @@ def _instance() -> int:
 
 
 INSTANCE = _instance()
-CLUSTER_DIR = "/tmp/mln-cluster" if INSTANCE == 0 else f"/tmp/mln-cluster-{INSTANCE}"
+CLUSTER_DIR = "/tmp/mln-cluster" if INSTANCE == 0 else f"/tmp/i{INSTANCE}mln-cluster"   # neither a prefix of another
 SESSION_LOCK = f"{CLUSTER_DIR}.session.lock"       # /tmp/mln-cluster.session.lock for instance 0
 NETNS_PREFIX = "mln" if INSTANCE == 0 else f"i{INSTANCE}mln"   # node mlnK's network namespace: NETNS_PREFIX + K
 BRIDGE = f"mlnbr{INSTANCE}"
