@@ -47,10 +47,13 @@ def _has_nvidia_gpu() -> bool:
 # of the one-node SLURM (one per worker session), and the modules that check /tmp or the process table around them.
 # `-n 2 --dist loadgroup` sends each group whole to one worker, in file order; xdist's default reordering puts the
 # two groups (its largest scopes) first, one on each worker, and the other tests follow on whichever worker is free.
-# The modules are split so the two groups take about as long (measured per module on 2 cores; see the README's
-# "Run the tests"): the slowest cluster modules in CLUSTER_B, the rest in CLUSTER_A.
+# The modules are split so the two groups take about as long: measured per module (setup + call + teardown) with
+# both groups at once on 2 cores, load 17-20 (2026-12-02, instances 1 and 2): isolation_cluster 1,291 s,
+# fleet_sweep 501, fleet_sweep_hostile 386 (CLUSTER_B, 2,177 s); fleet_sweep_ssh 476, isolation_ssh_cluster 420,
+# dist_across_nodes 249, pair_agent_seat 181, ssh_ranks_cluster 166, straggler_find_cluster 147, slurm_local 118,
+# and 10 more, 396 (CLUSTER_A, 2,153 s).
 CLUSTER_A, CLUSTER_B = "cluster-a", "cluster-b"
-CLUSTER_B_MODULES = {"test_isolation_cluster.py", "test_fleet_sweep_hostile.py"}
+CLUSTER_B_MODULES = {"test_isolation_cluster.py", "test_fleet_sweep_hostile.py", "test_fleet_sweep.py"}
 SERIAL_FIXTURES = {"multinode_cluster", "slurm_cluster"}
 # These assert on every py-spy of the host, or on which of the host's processes claim a job's ranks: in CLUSTER_A,
 # with the cluster modules that run py-spy on the nodes (straggler_find, hang_stack_dump through srun), never

@@ -15,6 +15,7 @@ import time
 import pytest
 
 from tests.multinode_cluster import CLUSTER_DIR, SCRIPT, MultiNodeCluster, multinode_cluster  # noqa: F401  (fixture)
+from tools.evals.drills.cluster import host_link
 
 pytestmark = pytest.mark.slurm
 
@@ -154,7 +155,7 @@ def test_stop_leaves_nothing_and_start_recovers_from_a_stale_run(multinode_clust
     assert not [n for n in netns.split() if n.startswith(MultiNodeCluster.netns_prefix)
                 and n.removeprefix(MultiNodeCluster.netns_prefix).isdigit()], netns
     link_names = {line.split(": ")[1].split("@")[0] for line in links.splitlines()}
-    assert MultiNodeCluster.bridge not in link_names and f"{multinode_cluster.netns('mln1')}-h" not in link_names
+    assert MultiNodeCluster.bridge not in link_names and host_link("mln1") not in link_names
     assert not daemons and not MultiNodeCluster.cgroups.exists()
     assert stop_s < 30
     multinode_cluster.script("start", "4")  # the fixture's teardown stops it again

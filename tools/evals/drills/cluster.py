@@ -90,6 +90,11 @@ def netns(node: str) -> str:
     return NETNS_PREFIX + _known(node).removeprefix("mln")
 
 
+def host_link(node: str) -> str:
+    """The host's end of the node's veth (on the cluster's bridge): down there, the node's link is down."""
+    return f"{netns(node)}-h"
+
+
 def in_node(node: str, *argv: str) -> list[str]:
     """argv run inside a node's network namespace (and its /etc/hosts), as `ip netns exec` does."""
     return ["ip", "netns", "exec", netns(node), *argv]
