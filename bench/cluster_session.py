@@ -39,7 +39,7 @@ class Cluster:
 
     def throttled(self, node: str) -> tuple[int, int]:
         """(CFS periods, periods throttled) of the node's cgroup so far."""
-        stat = dict(line.split() for line in Path(f"/sys/fs/cgroup/cpu/mln/{node}/cpu.stat").read_text().splitlines())
+        stat = dict(line.split() for line in (namespace_cluster.NODE_CGROUPS / node / "cpu.stat").read_text().splitlines())
         return int(stat["nr_periods"]), int(stat["nr_throttled"])
 
     def slurmd_pid(self, node: str) -> int:

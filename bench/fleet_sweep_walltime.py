@@ -29,6 +29,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 SCRIPT = REPO / "scripts" / "cluster-local.sh"
+from tools.evals.drills.cluster import SESSION_LOCK  # noqa: E402  (the instance's, MLN_CLUSTER_INSTANCE)
 CHECK_SETS = {"light": ["gpu_health"], "cpu": ["env_report", "gpu_health", "cpu_probe"]}
 
 
@@ -65,7 +66,7 @@ def main() -> int:
     ap.add_argument("--checks", nargs="+", choices=sorted(CHECK_SETS), default=sorted(CHECK_SETS))
     ap.add_argument("--json", help="write the rows here too")
     args = ap.parse_args()
-    lock = open("/tmp/mln-cluster.session.lock", "w")
+    lock = open(SESSION_LOCK, "w")
     if os.environ.get("MLN_CLUSTER_SESSION") != "held":   # else the caller holds it (flock ... env MLN_CLUSTER_SESSION=held)
         fcntl.flock(lock, fcntl.LOCK_EX)
     home = tempfile.mkdtemp(prefix="mln-walltime-")  # the sweeps' stored rows; removed at the end

@@ -22,34 +22,51 @@
 # kill "$(cat $CLUSTER_LOCAL_DIR/run/sshd-mln2.pid)" (a dead node); heal and stop handle it.
 #
 # Debian 12 (SLURM 22.05), root. Packages as scripts/slurm-local.sh (installed when missing).
-# Knobs: CLUSTER_LOCAL_DIR (default /tmp/mln-cluster), PORT_BASE (slurmctld P, slurmd P+1 inside each
+# Instances: MLN_CLUSTER_INSTANCE=I (0..9, default 0) runs a second cluster beside the first (parallel
+# test workers). Instance 0 has the names above; instance I>0 puts node K in the namespace i<I>mln<K>
+# on the bridge mlnbr<I> at 10.213.<I>.K, its cgroups under cpu/i<I>mln, its folder /tmp/i<I>mln-cluster
+# (no name of instance 0 is a prefix of one of its names), its ports at 7817+10*I (so its job ids start
+# elsewhere too, see FirstJobId) and its own session lock. The SLURM node names and hostnames stay
+# mln1..mlnN in every instance. tools/evals/drills/cluster.py holds the same names for Python (tests,
+# drills); change them in both.
+# Knobs: CLUSTER_LOCAL_DIR (default the instance's folder), PORT_BASE (slurmctld P, slurmd P+1 inside each
 # namespace; default 7817, so this runs beside slurm-local.sh's 6817), CPUS per node (default 2).
-# One such cluster per machine (the names are fixed); start/stop/heal refuse while another session
-# holds /tmp/mln-cluster.session.lock (see with_cluster_lock), and hold $CLUSTER_LOCAL_DIR.op.lock.
+# start/stop/heal refuse while another session holds the instance's session lock
+# (/tmp/mln-cluster.session.lock for instance 0; see with_cluster_lock), and hold $CLUSTER_LOCAL_DIR.op.lock.
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# The caller's knobs, before slurm-local.sh gives them its own defaults (6817, nproc): by hand, every
+# instance started on 6817 (job ids from 6817000, beside a one-node slurm-local.sh's) with nproc CPUs a node.
+CALLER_PORT_BASE=${PORT_BASE:-}; CALLER_CPUS=${CPUS:-}
 # shellcheck source=slurm-local.sh
 . "$HERE/slurm-local.sh"                   # install_pkgs, start_munge, alive, wait_gone, ...
-D=${CLUSTER_LOCAL_DIR:-/tmp/mln-cluster}
-PORT_BASE=${PORT_BASE:-7817}
-CPUS=${CPUS:-2}
-PREFIX=mln
-BRIDGE=mlnbr0
-NET=10.213.0
+INSTANCE=${MLN_CLUSTER_INSTANCE:-0}
+[[ "$INSTANCE" =~ ^[0-9]$ ]] || { echo "cluster-local: MLN_CLUSTER_INSTANCE must be 0..9, got '$INSTANCE'" >&2; exit 2; }
+if [ "$INSTANCE" = 0 ]; then
+  D=${CLUSTER_LOCAL_DIR:-/tmp/mln-cluster}; NS_PREFIX=mln
+else
+  D=${CLUSTER_LOCAL_DIR:-/tmp/i${INSTANCE}mln-cluster}; NS_PREFIX=i${INSTANCE}mln
+fi
+PORT_BASE=${CALLER_PORT_BASE:-$((7817 + 10 * INSTANCE))}
+CPUS=${CALLER_CPUS:-2}
+PREFIX=mln                                 # SLURM node names and hostnames, in every instance
+BRIDGE=mlnbr$INSTANCE
+NET=10.213.$INSTANCE
 HEAD_ADDR=$NET.254
-CGROUP=/sys/fs/cgroup/cpu/mln
+CGROUP=/sys/fs/cgroup/cpu/$NS_PREFIX
 export SLURM_CONF=$D/etc/slurm.conf
 
+netns() { echo "$NS_PREFIX${1#"$PREFIX"}"; }   # netns NODE: the network namespace of node mlnK
 say() { echo "cluster-local: $*" >&2; }
 
-our_namespaces() { ip netns list 2>/dev/null | awk '{print $1}' | grep -E "^${PREFIX}[0-9]+$" || true; }
+our_namespaces() { ip netns list 2>/dev/null | awk '{print $1}' | grep -E "^${NS_PREFIX}[0-9]+$" || true; }
 
 make_network() {  # make_network N
   ip link add "$BRIDGE" type bridge
   ip addr add "$HEAD_ADDR/24" dev "$BRIDGE"
   ip link set "$BRIDGE" up
   for k in $(seq "$1"); do
-    local ns=$PREFIX$k
+    local ns=$NS_PREFIX$k
     ip netns add "$ns"
     ip link add "$ns-h" type veth peer name eth0 netns "$ns"
     ip link set "$ns-h" master "$BRIDGE" up
@@ -78,9 +95,9 @@ start_slurmd() {  # start_slurmd NODE: in its netns, its own UTS (hostname) and 
   # The mount namespace only carries /etc/hosts naming every node (gloo resolves its own hostname);
   # /sys stays the host's, so the cgroup tree joined first is seen by slurmd too.
   mkdir -p "$CGROUP/$1" "$D/spool/$1"
-  detached sh -c 'echo $$ > "$1/tasks" && exec nsenter --net="/run/netns/$2" unshare --uts --mount sh -c \
-    "mount --bind /etc/netns/$2/hosts /etc/hosts && hostname $2 && exec slurmd -N $2"' \
-    sh "$CGROUP/$1" "$1"
+  detached sh -c 'echo $$ > "$1/tasks" && exec nsenter --net="/run/netns/$3" unshare --uts --mount sh -c \
+    "mount --bind /etc/netns/$3/hosts /etc/hosts && hostname $2 && exec slurmd -N $2"' \
+    sh "$CGROUP/$1" "$1" "$(netns "$1")"
 }
 
 wait_idle() {  # wait_idle N [TENTHS]: every node plain "idle" ("idle*" is not responding yet)
@@ -98,11 +115,10 @@ start() {
   install_pkgs
   stop_cluster                             # a stale earlier run; munged stays for other clusters
   rm -rf "$D"; mkdir -p "$D"/{etc,state,spool,log,run}
-  start_munge
   make_network "$n"
   write_conf "$n"
   seq "$n" | sed "s/^/$PREFIX/" > "$D/nodes"
-  detached slurmctld
+  with_munge_lock start_head                # munged (shared; see MUNGE_LOCK in slurm-local.sh) and slurmctld
   for node in $(cat "$D/nodes"); do start_slurmd "$node"; done
   wait_idle "$n" && print_env
 }
@@ -129,8 +145,10 @@ stop_processes() {
 
 stop() {
   stop_cluster
-  stop_munge_if_last
+  with_munge_lock stop_munge_if_last
 }
+
+start_head() { start_munge; detached slurmctld; }
 
 stop_cluster() {  # everything but munged (shared with other clusters; start keeps it)
   stop_processes
@@ -161,7 +179,7 @@ heal() {  # heal [NODE...]: lift injected faults (qdisc, CPU limit, stopped or d
   nodes=${*:-$(cat "$D/nodes")}
   for node in $nodes; do
     grep -qx "$node" "$D/nodes" || { say "heal: unknown node '$node'"; return 2; }
-    ip netns exec "$node" tc qdisc del dev eth0 root 2>/dev/null || true
+    ip netns exec "$(netns "$node")" tc qdisc del dev eth0 root 2>/dev/null || true
     cpu_limit "$node" 0
     # A SIGSTOPped slurmd is "alive" but answers nothing: resume it before asking.
     pkill -CONT -F "$D/run/slurmd-$node.pid" slurmd 2>/dev/null || true
@@ -202,9 +220,9 @@ EOF
 }
 
 start_sshd() {  # start_sshd NODE: like slurmd, in the node's namespaces and cgroup (CPU caps apply)
-  detached sh -c 'echo $$ > "$1/tasks" && exec nsenter --net="/run/netns/$2" unshare --uts --mount sh -c \
-    "mount --bind /etc/netns/$2/hosts /etc/hosts && hostname $2 && exec /usr/sbin/sshd -f $3 -E $4"' \
-    sh "$CGROUP/$1" "$1" "$SSH_DIR/sshd-$1.conf" "$D/log/sshd-$1.log"
+  detached sh -c 'echo $$ > "$1/tasks" && exec nsenter --net="/run/netns/$5" unshare --uts --mount sh -c \
+    "mount --bind /etc/netns/$5/hosts /etc/hosts && hostname $2 && exec /usr/sbin/sshd -f $3 -E $4"' \
+    sh "$CGROUP/$1" "$1" "$SSH_DIR/sshd-$1.conf" "$D/log/sshd-$1.log" "$(netns "$1")"
   for _ in $(seq 50); do alive "$D/run/sshd-$1.pid" sshd && return 0; sleep 0.1; done
   say "sshd on $1 did not start"; tail -n 5 "$D/log/sshd-$1.log" >&2 || true; return 1
 }
@@ -232,12 +250,13 @@ sshd_all() {  # keys made here for this cluster only; known_hosts and ssh_config
 
 print_env() { echo "export SLURM_CONF=$SLURM_CONF"; echo "export MLN_CLUSTER_NODES=$(paste -sd, "$D/nodes")"; }
 
-SESSION_LOCK=${MLN_SESSION_LOCK:-/tmp/mln-cluster.session.lock}
+SESSION_LOCK=${MLN_SESSION_LOCK:-$D.session.lock}      # /tmp/mln-cluster.session.lock for instance 0
 
 with_cluster_lock() {
   # A test session (tests/multinode_cluster.py) holds the session lock while it uses the cluster and
   # says so with MLN_CLUSTER_SESSION=held; anyone else may not start, stop or heal it under them.
   # Manual runs: flock -w 900 /tmp/mln-cluster.session.lock env MLN_CLUSTER_SESSION=held <this script> ...
+  # (instance I>0: its own lock, /tmp/i<I>mln-cluster.session.lock, and MLN_CLUSTER_INSTANCE=I)
   if [ "${MLN_CLUSTER_SESSION:-}" != held ] && ! flock -n "$SESSION_LOCK" true; then
     say "a session holds $SESSION_LOCK (a test run uses the cluster); wait for it, or run under:"
     say "  flock -w 900 $SESSION_LOCK env MLN_CLUSTER_SESSION=held $0 $*"

@@ -29,6 +29,9 @@ PORT_BASE=${PORT_BASE:-6817}
 DBD_PORT=$((PORT_BASE + 3))
 DB_PORT=$((PORT_BASE + 4))
 MUNGE_MARK=/run/munge/started-by-slurm-local
+# munged is shared by every cluster on this machine (this script's, each cluster-local.sh instance): one's
+# stop_munge_if_last must not take it while another is between start_munge and its slurmctld.
+MUNGE_LOCK=/tmp/mln-munge.lock
 export SLURM_CONF=$D/etc/slurm.conf
 
 say() { echo "slurm-local: $*" >&2; }
@@ -68,6 +71,7 @@ close_inherited_fds() {
   return 0
 }
 detached() { ( close_inherited_fds; exec "$@" ); }
+with_munge_lock() { { flock -w 120 8 || { say "munged: $MUNGE_LOCK still held after 120 s"; return 1; }; "$@"; } 8>"$MUNGE_LOCK"; }
 
 start_munge() {
   munge_works && return 0                                   # someone else's munged is fine
@@ -192,15 +196,19 @@ PartitionName=gpu Nodes=$nodes MaxTime=INFINITE State=UP
 EOF
 }
 
+start_controller() {  # munged (if no other cluster's runs), the conf, accounting, slurmctld
+  start_munge
+  write_conf
+  if [ "$ACCOUNTING" = 1 ]; then start_accounting; fi   # slurmdbd must be up before slurmctld registers
+  detached slurmctld
+}
+
 start() {
   install_pkgs
   stop                                   # leftovers of an earlier run; no-op when there are none
   rm -rf "$D/state" "$D/spool" "$D/log" "$D/mysql"
   mkdir -p "$D"/{etc,state,spool,log,run}
-  start_munge
-  write_conf
-  [ "$ACCOUNTING" = 1 ] && start_accounting   # slurmdbd must be up before slurmctld registers
-  detached slurmctld
+  with_munge_lock start_controller
   for n in $(node_names); do detached slurmd -N "$n"; done
   for _ in $(seq 300); do                # "idle*" means not responding yet: wait for plain idle
     if [ "$(sinfo -h -N -o '%T' 2>/dev/null | sort -u)" = idle ]; then
@@ -256,7 +264,7 @@ stop() {
     wait_gone "$D/run/mysqld.pid" mariadbd
   fi
   rm -f "$D/run/mysqld.pid"
-  stop_munge_if_last
+  with_munge_lock stop_munge_if_last
   return 0
 }
 

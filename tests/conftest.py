@@ -12,6 +12,13 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))  # `import server` and `import evals` from the tests
 
+# Each xdist worker has a namespace cluster of its own (scripts/cluster-local.sh, instance = the one given, default 0,
+# plus the worker's number: gw0 -> 0, gw1 -> 1), so the two cluster groups below run at the same time.
+# tools/evals/drills/cluster.py reads MLN_CLUSTER_INSTANCE once, at import, which is after this line.
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+if _WORKER.startswith("gw") and _WORKER[2:].isdigit():
+    os.environ["MLN_CLUSTER_INSTANCE"] = str((int(os.environ.get("MLN_CLUSTER_INSTANCE", "0")) + int(_WORKER[2:])) % 10)
+
 # The session's one-node SLURM: every module's `slurm_cluster` fixture draws on it.
 from tests.slurm_cluster import slurm_cluster_session  # noqa: E402,F401  (fixture)
 
@@ -35,12 +42,22 @@ def _has_nvidia_gpu() -> bool:
     return local_gpu_count() > 0
 
 
-# What must not run beside another test under pytest-xdist: the namespace cluster and the one-node SLURM (fixed
-# names, one session lock per machine), and the modules that check /tmp or the process table around them. With
-# `-n 2 --dist loadgroup` every test of this group goes to one worker, in file order.
-SERIAL_GROUP = "cluster"
+# What must not run beside another test of its kind under pytest-xdist: the tests of the namespace cluster (one per
+# worker, see above: a module's faults and restarts must not meet another module's tests on the same cluster) and
+# of the one-node SLURM (one per worker session), and the modules that check /tmp or the process table around them.
+# `-n 2 --dist loadgroup` sends each group whole to one worker, in file order; xdist's default reordering puts the
+# two groups (its largest scopes) first, one on each worker, and the other tests follow on whichever worker is free.
+# The modules are split so the two groups take about as long: measured per module (setup + call + teardown) with
+# both groups at once on 2 cores, load 17-20 (2026-12-02, instances 1 and 2): isolation_cluster 1,291 s,
+# fleet_sweep 501, fleet_sweep_hostile 386 (CLUSTER_B, 2,177 s); fleet_sweep_ssh 476, isolation_ssh_cluster 420,
+# dist_across_nodes 249, pair_agent_seat 181, ssh_ranks_cluster 166, straggler_find_cluster 147, slurm_local 118,
+# and 10 more, 396 (CLUSTER_A, 2,153 s).
+CLUSTER_A, CLUSTER_B = "cluster-a", "cluster-b"
+CLUSTER_B_MODULES = {"test_isolation_cluster.py", "test_fleet_sweep_hostile.py", "test_fleet_sweep.py"}
 SERIAL_FIXTURES = {"multinode_cluster", "slurm_cluster"}
-# These assert on every py-spy of the host, or on which of the host's processes claim a job's ranks.
+# These assert on every py-spy of the host, or on which of the host's processes claim a job's ranks: in CLUSTER_A,
+# with the cluster modules that run py-spy on the nodes (straggler_find, hang_stack_dump through srun), never
+# beside them. The one-node SLURM's modules are in CLUSTER_A too (started once, on one worker).
 SERIAL_MODULES = {"test_straggler_find.py", "test_hang_stack_dump.py", "test_security_processes.py"}
 
 
@@ -53,7 +70,7 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if (item.get_closest_marker("slurm") or SERIAL_FIXTURES & set(getattr(item, "fixturenames", ()))
                 or item.path.name in SERIAL_MODULES):
-            item.add_marker(pytest.mark.xdist_group(SERIAL_GROUP))
+            item.add_marker(pytest.mark.xdist_group(CLUSTER_B if item.path.name in CLUSTER_B_MODULES else CLUSTER_A))
     if any(item.get_closest_marker("gpu") for item in items) and not _has_nvidia_gpu():
         skip = pytest.mark.skip(reason="needs an NVIDIA GPU (NVML finds none); run on the GPU machine with -m gpu")
         for item in items:

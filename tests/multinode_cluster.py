@@ -8,10 +8,11 @@
 Four nodes mln1..mln4 (MLENG_CLUSTER_NODES=1..8 changes it), each a network + UTS namespace with
 its own hostname and address 10.213.0.K on the bridge mlnbr0, one slurmd per node, slurmctld on the
 host. The fixture points SLURM_CONF at it for the module, heals injected faults between tests when
-asked (`cluster.heal()`), and stops it after the module's last test. The names are fixed, so one
-such cluster runs per machine: a session holds /tmp/mln-cluster.session.lock for the module and a
-second session waits for it (up to MLENG_CLUSTER_WAIT_S, default 240 s, under pytest-timeout's 300)
-or skips. Where the cluster cannot start (not root, no `ip netns`, SLURM not installable) every test
+asked (`cluster.heal()`), and stops it after the module's last test. One such cluster per instance
+(MLN_CLUSTER_INSTANCE, tools/evals/drills/cluster.py: instance 0 has the names above, instance 1
+i1mln1.. on mlnbr1 at 10.213.1.K; tests/conftest.py gives each xdist worker its own): a session holds
+the instance's lock (/tmp/mln-cluster.session.lock for instance 0) for the module and a second session
+waits for it (up to MLENG_CLUSTER_WAIT_S, default 240 s, under pytest-timeout's 300) or skips. Where the cluster cannot start (not root, no `ip netns`, SLURM not installable) every test
 using it skips with why.
 """
 
@@ -28,8 +29,9 @@ from pathlib import Path
 import pytest
 
 # The cluster's names (folder, lock, ports, addresses) have one home, shared with the fault drills.
-from tools.evals.drills.cluster import (CLUSTER_DIR, CLUSTER_SCRIPT as SCRIPT, PORT_BASE, SESSION_LOCK, address,
-                                        cluster_env, slurmd_pid)
+from tools.evals.drills.cluster import (BRIDGE, CLUSTER_DIR, CLUSTER_SCRIPT as SCRIPT, HEAD_ADDRESS, NETNS_PREFIX,
+                                        NODE_CGROUPS, PORT_BASE, SESSION_LOCK, address, cluster_env, in_node, netns,
+                                        slurmd_pid)
 
 REPO = Path(__file__).resolve().parent.parent
 START_TIMEOUT_S = 200
@@ -58,10 +60,15 @@ class MultiNodeCluster:
 
     def on_node(self, node: str, *argv: str, check: bool = True) -> subprocess.CompletedProcess:
         """Run a command inside a node's network namespace (fault injection, inspection)."""
-        return self.cmd("ip", "netns", "exec", node, *argv, check=check)
+        return self.cmd(*in_node(node, *argv), check=check)
 
     address = staticmethod(address)
+    netns = staticmethod(netns)
     slurmd_pid = staticmethod(slurmd_pid)
+    head_address = HEAD_ADDRESS      # the host on the cluster's bridge
+    bridge = BRIDGE
+    netns_prefix = NETNS_PREFIX
+    cgroups = NODE_CGROUPS
 
     def kill_slurmd(self, node: str) -> None:
         os.kill(self.slurmd_pid(node), 9)
@@ -71,14 +78,14 @@ class MultiNodeCluster:
 
     def cpu_throttled(self, node: str) -> tuple[int, int]:
         """(CFS periods, periods throttled) of the node's cgroup so far: whether a CPU limit bound."""
-        stat = dict(line.split() for line in Path(f"/sys/fs/cgroup/cpu/mln/{node}/cpu.stat").read_text().splitlines())
+        stat = dict(line.split() for line in (NODE_CGROUPS / node / "cpu.stat").read_text().splitlines())
         return int(stat["nr_periods"]), int(stat["nr_throttled"])
 
     def heal(self, *nodes: str) -> None:
         self.script("heal", *nodes)
 
     def node_pids(self, node: str) -> list[int]:
-        out = self.cmd("ip", "netns", "pids", node, check=False).stdout
+        out = self.cmd("ip", "netns", "pids", self.netns(node), check=False).stdout
         return [int(p) for p in out.split()]
 
     def connect_rtt_s(self, node: str, samples: int = 5) -> float:
@@ -98,10 +105,10 @@ def _why_not() -> str | None:
         return "the multi-node cluster needs iproute2 (ip) and util-linux (nsenter, unshare)"
     if not shutil.which("slurmctld") and not shutil.which("apt-get"):
         return "SLURM is not installed and there is no apt-get to install slurmctld/slurmd/munge"
-    probe = subprocess.run(["ip", "netns", "add", "mlnprobe"], capture_output=True, text=True)
+    probe = subprocess.run(["ip", "netns", "add", f"{NETNS_PREFIX}probe"], capture_output=True, text=True)
     if probe.returncode:
         return f"cannot create a network namespace here: {probe.stderr.strip()}"
-    subprocess.run(["ip", "netns", "del", "mlnprobe"], capture_output=True)
+    subprocess.run(["ip", "netns", "del", f"{NETNS_PREFIX}probe"], capture_output=True)
     return None
 
 
@@ -131,7 +138,7 @@ def multinode_cluster():
         pytest.skip(reason)
     lock = _session_lock()
     if lock is None:
-        pytest.skip("another test session holds the multi-node cluster (/tmp/mln-cluster.session.lock)")
+        pytest.skip(f"another test session holds the multi-node cluster ({SESSION_LOCK})")
     count = os.environ.get("MLENG_CLUSTER_NODES", "4")
     env = cluster_env()  # MLN_CLUSTER_SESSION=held: we hold the session lock, the script may start/stop
 

@@ -14,14 +14,15 @@ import time
 
 import pytest
 
-from tests.multinode_cluster import CLUSTER_DIR, SCRIPT, multinode_cluster  # noqa: F401  (fixture)
+from tests.multinode_cluster import CLUSTER_DIR, SCRIPT, MultiNodeCluster, multinode_cluster  # noqa: F401  (fixture)
+from tools.evals.drills.cluster import host_link
 
 pytestmark = pytest.mark.slurm
 
 GLOO_ALL_REDUCE = textwrap.dedent("""
     import os, socket, torch, torch.distributed as dist
     rank, world = int(os.environ["SLURM_PROCID"]), int(os.environ["SLURM_NTASKS"])
-    dist.init_process_group("gloo", init_method="tcp://10.213.0.1:29511", rank=rank, world_size=world)
+    dist.init_process_group("gloo", init_method="tcp://MLN1_ADDRESS:29511", rank=rank, world_size=world)
     value = torch.tensor([float(rank + 1)])
     dist.all_reduce(value)
     print(socket.gethostname(), rank, int(value.item()), flush=True)
@@ -41,7 +42,7 @@ def test_srun_runs_one_task_per_node_with_its_own_hostname(multinode_cluster):  
 
 def test_gloo_all_reduce_crosses_the_bridge(multinode_cluster, tmp_path):  # noqa: F811
     script = tmp_path / "allreduce.py"
-    script.write_text(GLOO_ALL_REDUCE)
+    script.write_text(GLOO_ALL_REDUCE.replace("MLN1_ADDRESS", multinode_cluster.address("mln1")))
     out = multinode_cluster.cmd("srun", "-N4", "--ntasks-per-node=1", sys.executable, str(script),
                                 timeout=120).stdout
     rows = sorted(line.split() for line in out.strip().splitlines())
@@ -70,17 +71,17 @@ def test_netem_delay_on_one_node_shows_in_its_round_trip(multinode_cluster):  # 
 def _upload_mbit_s(cluster, node: str) -> float:
     """Throughput of 20 MB sent from NODE to a receiver on the head, in Mbit/s (1e6 bit/s)."""
     receiver = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
-        import socket, time
+        import socket, sys, time
         s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        s.bind(("10.213.0.254", 29600)); s.listen(1); print("ready", flush=True)
+        s.bind((sys.argv[1], 29600)); s.listen(1); print("ready", flush=True)
         c, _ = s.accept(); n = 0; t = time.perf_counter()
         while (b := c.recv(1 << 20)):
             n += len(b)
         print(n * 8 / (time.perf_counter() - t) / 1e6, flush=True)
-    """)], stdout=subprocess.PIPE, text=True)
+    """), cluster.head_address], stdout=subprocess.PIPE, text=True)
     try:
         assert receiver.stdout.readline().strip() == "ready"
-        cluster.on_node(node, sys.executable, "-c", SEND_20MB, "10.213.0.254")
+        cluster.on_node(node, sys.executable, "-c", SEND_20MB, cluster.head_address)
         return float(receiver.communicate(timeout=60)[0])
     finally:
         receiver.kill()
@@ -149,10 +150,13 @@ def test_stop_leaves_nothing_and_start_recovers_from_a_stale_run(multinode_clust
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
     daemons = [p for p in os.listdir("/proc") if p.isdigit()
                and _comm(int(p)) in {"slurmctld", "slurmd", "slurmstepd"} and _alive(int(p))
-               and CLUSTER_DIR in _cmdline_and_fds(int(p))]
-    assert not [n for n in netns.split() if n.startswith("mln")], netns
-    assert "mlnbr0" not in links and "mln1-h" not in links
-    assert not daemons and not os.path.exists("/sys/fs/cgroup/cpu/mln")
+               and CLUSTER_DIR + "/" in _cmdline_and_fds(int(p))]   # this folder: not another instance's
+    # This instance's names only: another instance (a parallel test worker) may run beside it.
+    assert not [n for n in netns.split() if n.startswith(MultiNodeCluster.netns_prefix)
+                and n.removeprefix(MultiNodeCluster.netns_prefix).isdigit()], netns
+    link_names = {line.split(": ")[1].split("@")[0] for line in links.splitlines()}
+    assert MultiNodeCluster.bridge not in link_names and host_link("mln1") not in link_names
+    assert not daemons and not MultiNodeCluster.cgroups.exists()
     assert stop_s < 30
     multinode_cluster.script("start", "4")  # the fixture's teardown stops it again
 

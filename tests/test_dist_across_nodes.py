@@ -98,7 +98,7 @@ STUCK_JOB = textwrap.dedent("""
     import os, socket, time, torch, torch.distributed as dist
     rank, world = int(os.environ["SLURM_PROCID"]), int(os.environ["SLURM_NTASKS"])
     os.environ["RANK"] = str(rank)
-    dist.init_process_group("gloo", init_method="tcp://10.213.0.1:29611", rank=rank, world_size=world)
+    dist.init_process_group("gloo", init_method="tcp://MLN1_ADDRESS:29611", rank=rank, world_size=world)
 
     def load_next_batch():  # the odd node never reaches the collective
         time.sleep(600)
@@ -116,7 +116,7 @@ def submit_stuck_job(cluster, tmp_path_factory, name: str):
     processes named so."""
     tmp_path = tmp_path_factory.mktemp(name)
     script = tmp_path / "stuck.py"
-    script.write_text(STUCK_JOB)
+    script.write_text(STUCK_JOB.replace("MLN1_ADDRESS", cluster.address("mln1")))
     job = cluster.cmd("sbatch", "--parsable", "-N4", "--ntasks-per-node=1", "--time=5", f"--output={tmp_path}/job.out",
                       "--wrap", f"srun {sys.executable} {script}").stdout.strip().split(";")[0]
     deadline = time.monotonic() + 90

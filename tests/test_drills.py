@@ -142,6 +142,41 @@ def mleng_drill(*args: str, home: Path, stdin: str | None = None) -> subprocess.
                           capture_output=True, text=True, timeout=120)
 
 
+def _cluster_names(instance: str) -> subprocess.CompletedProcess:
+    code = ("from tools.evals.drills import cluster as c\n"
+            "print(c.CLUSTER_DIR, c.SESSION_LOCK, c.BRIDGE, c.address('mln3'), c.PORT_BASE, c.NODE_CGROUPS,"
+            " ' '.join(c.in_node('mln3', 'true')))")
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "MLN_CLUSTER_INSTANCE": instance}, cwd=Path(__file__).parent.parent)
+
+
+def test_cluster_instance_0_keeps_the_names_and_instance_1_shares_none():
+    zero = _cluster_names("0").stdout.split()
+    assert zero == ["/tmp/mln-cluster", "/tmp/mln-cluster.session.lock", "mlnbr0", "10.213.0.3", "7817",
+                    "/sys/fs/cgroup/cpu/mln", "ip", "netns", "exec", "mln3", "true"]
+    one = _cluster_names("1").stdout.split()
+    assert one == ["/tmp/i1mln-cluster", "/tmp/i1mln-cluster.session.lock", "mlnbr1", "10.213.1.3", "7827",
+                   "/sys/fs/cgroup/cpu/i1mln", "ip", "netns", "exec", "i1mln3", "true"]
+    bad = _cluster_names("12")
+    assert bad.returncode and "MLN_CLUSTER_INSTANCE must be one digit, 0..9" in bad.stderr and "'12'" in bad.stderr
+    script = Path(__file__).parent.parent / "scripts" / "cluster-local.sh"
+    refused = subprocess.run(["bash", str(script), "nodes"], capture_output=True, text=True, timeout=60,
+                             env={**os.environ, "MLN_CLUSTER_INSTANCE": "x"})
+    assert refused.returncode == 2 and "MLN_CLUSTER_INSTANCE must be 0..9, got 'x'" in refused.stderr
+
+
+def test_stop_refuses_a_drill_started_on_another_cluster_instance(home):
+    """Its faults are on that instance's namespaces: stop here would undo nothing of them and drop the state."""
+    from tools.evals.drills.cluster import INSTANCE
+
+    other = (INSTANCE + 1) % 10
+    DrillState(scenario="cl-slow-node", work_dir=str(work_dir()), instance=other).save()
+    with pytest.raises(drill_cli.DrillError, match=f"instance {other} .*MLN_CLUSTER_INSTANCE={other} mleng drill stop"):
+        drill_cli.stop()
+    assert state_file().is_file()          # kept for the stop on the right instance
+    state_file().unlink()
+
+
 def test_a_local_drill_starts_grades_and_stops_leaving_nothing(home):
     started = mleng_drill("start", "pm-watchdog-missing-rank", "--json", home=home)
     assert started.returncode == 0, started.stderr
@@ -263,20 +298,20 @@ def test_cluster_faults_are_injected_and_stop_takes_every_one_out(home, monkeypa
     drill_cli.start("cl-slow-node", wait_s=1)
     try:
         assert "tbf" in cluster.on_node("mln3", "tc", "qdisc", "show", "dev", "eth0").stdout
-        quota = Path("/sys/fs/cgroup/cpu/mln/mln4/cpu.cfs_quota_us").read_text().strip()
+        quota = (cluster.cgroups / "mln4" / "cpu.cfs_quota_us").read_text().strip()
         assert quota == "20000"
         hog = DrillState.load().steps[-2].pid.pid                 # cl-busy-neighbour's loops on mln2
         nobody = f"Uid:\t{pwd.getpwnam('nobody').pw_uid}\t"
-        loops = {p for p in _pids_in(Path("/sys/fs/cgroup/cpu/mln/mln2"))
+        loops = {p for p in _pids_in(cluster.cgroups / "mln2")
                  if nobody in Path(f"/proc/{p}/status").read_text()}
         assert hog in loops and len(loops) == 3                  # the leader and its 2 loops, as user nobody
-        assert os.stat(f"/proc/{hog}/ns/net").st_ino == os.stat("/run/netns/mln2").st_ino
+        assert os.stat(f"/proc/{hog}/ns/net").st_ino == os.stat(f"/run/netns/{cluster.netns('mln2')}").st_ino
         assert DrillState.load().steps[-1].fault.kind == "kill_slurmd"
     finally:
         assert drill_cli.stop() == []
     assert not {p for p in loops if _alive(p)}
     assert "tbf" not in cluster.on_node("mln3", "tc", "qdisc", "show", "dev", "eth0").stdout
-    assert Path("/sys/fs/cgroup/cpu/mln/mln4/cpu.cfs_quota_us").read_text().strip() == "-1"
+    assert (cluster.cgroups / "mln4" / "cpu.cfs_quota_us").read_text().strip() == "-1"
     assert os.path.exists(f"/proc/{cluster.slurmd_pid('mln2')}")  # healed: a new slurmd answers
     assert DrillState.load() is None and Path(CLUSTER_DIR).is_dir()  # the lent cluster keeps running
 

@@ -17,6 +17,7 @@ import pytest
 
 from tests.multinode_cluster import multinode_cluster  # noqa: F401  (fixture)
 from tools import fleet_sweep as fs
+from tools.evals.drills.cluster import host_link
 
 pytestmark = pytest.mark.slurm
 
@@ -30,7 +31,8 @@ class Flapper:
     """Flap a node's link from the host side until stopped: 0.1 s down every `period_s`."""
 
     def __init__(self, node: str, period_s: float = 0.7):
-        self.link, self.period_s, self.stop_event = f"{node}-h", period_s, threading.Event()
+        # This instance's veth: a bare f"{node}-h" flapped instance 0's mln3 from a test on instance 1.
+        self.link, self.period_s, self.stop_event = host_link(node), period_s, threading.Event()
         self.flaps = 0
         self.thread = threading.Thread(target=self._run, daemon=True)
 

@@ -1,8 +1,13 @@
 """The namespace SLURM cluster of scripts/cluster-local.sh, as the drills and the cluster tests reach it.
 
-One place for its names (folder, session lock, ports, node addresses) and the ways in: the script, a
-command inside a node's network namespace, the session lock that keeps one user of the cluster at a
-time (tests/multinode_cluster.py takes the same lock for a test module).
+One place for its names (folder, session lock, ports, node addresses, namespaces, cgroups) and the ways
+in: the script, a command inside a node's network namespace, the session lock that keeps one user of the
+cluster at a time (tests/multinode_cluster.py takes the same lock for a test module).
+
+Instances: MLN_CLUSTER_INSTANCE=I (0..9, read once at import; default 0, the names below) selects a
+cluster that runs beside the others (one per parallel test worker). Each has its own namespaces,
+bridge, subnet 10.213.I.0/24, cgroups, folder, ports, job ids and session lock; its SLURM nodes and
+hostnames are mln1..mlnN in every instance. scripts/cluster-local.sh derives the same names.
 """
 
 from __future__ import annotations
@@ -18,19 +23,34 @@ from ...engine.data import PACKAGE_DIR
 from .stamps import ProcessStamp, start_detached
 
 CLUSTER_SCRIPT = PACKAGE_DIR.parent / "scripts" / "cluster-local.sh"   # a checkout's; the wheel has none
-CLUSTER_DIR = "/tmp/mln-cluster"
-SESSION_LOCK = "/tmp/mln-cluster.session.lock"
-NODE_CGROUPS = Path("/sys/fs/cgroup/cpu/mln")     # the script's cpu cgroup per node (cgroup v1): mln/mlnK
-PORT_BASE = 7817                                  # slurmctld's port; each node's slurmd listens on the next
-NODE_NAME = re.compile(r"mln[1-8]")               # the script's nodes: mln1..mlnN, N = 1..8
 
 
 class DrillError(RuntimeError):
     pass
 
 
+def _instance() -> int:
+    value = os.environ.get("MLN_CLUSTER_INSTANCE", "0")
+    if not re.fullmatch(r"[0-9]", value):
+        raise DrillError(f"MLN_CLUSTER_INSTANCE must be one digit, 0..9 (which namespace cluster); got {value!r}")
+    return int(value)
+
+
+INSTANCE = _instance()
+CLUSTER_DIR = "/tmp/mln-cluster" if INSTANCE == 0 else f"/tmp/i{INSTANCE}mln-cluster"   # neither a prefix of another
+SESSION_LOCK = f"{CLUSTER_DIR}.session.lock"       # /tmp/mln-cluster.session.lock for instance 0
+NETNS_PREFIX = "mln" if INSTANCE == 0 else f"i{INSTANCE}mln"   # node mlnK's network namespace: NETNS_PREFIX + K
+BRIDGE = f"mlnbr{INSTANCE}"
+SUBNET = f"10.213.{INSTANCE}"                      # node K at SUBNET.K, the head (host) at SUBNET.254
+HEAD_ADDRESS = f"{SUBNET}.254"
+NODE_CGROUPS = Path(f"/sys/fs/cgroup/cpu/{NETNS_PREFIX}")   # the script's cpu cgroup per node (cgroup v1): .../mlnK
+PORT_BASE = 7817 + 10 * INSTANCE                   # slurmctld's port; each node's slurmd listens on the next
+NODE_NAME = re.compile(r"mln[1-8]")               # the script's nodes: mln1..mlnN, N = 1..8
+
+
 def cluster_env() -> dict[str, str]:
-    env = {**os.environ, "CLUSTER_LOCAL_DIR": CLUSTER_DIR, "PORT_BASE": str(PORT_BASE), "MLN_CLUSTER_SESSION": "held"}
+    env = {**os.environ, "CLUSTER_LOCAL_DIR": CLUSTER_DIR, "PORT_BASE": str(PORT_BASE), "MLN_CLUSTER_SESSION": "held",
+           "MLN_CLUSTER_INSTANCE": str(INSTANCE), "MLN_SESSION_LOCK": SESSION_LOCK}
     env.pop("SLURM_CONF", None)
     return env
 
@@ -59,37 +79,50 @@ def cluster_nodes() -> list[str]:
         return []
 
 
-def on_node(node: str, *argv: str, check: bool = True) -> subprocess.CompletedProcess:
+def _known(node: str) -> str:
     if not NODE_NAME.fullmatch(node):
         raise DrillError(f"{node!r} is not a node of the namespace cluster (mln1..mln8)")
-    return run(["ip", "netns", "exec", node, *argv], check=check)
+    return node
+
+
+def netns(node: str) -> str:
+    """The network namespace of node mlnK in this instance (mlnK itself in instance 0)."""
+    return NETNS_PREFIX + _known(node).removeprefix("mln")
+
+
+def host_link(node: str) -> str:
+    """The host's end of the node's veth (on the cluster's bridge): down there, the node's link is down."""
+    return f"{netns(node)}-h"
+
+
+def in_node(node: str, *argv: str) -> list[str]:
+    """argv run inside a node's network namespace (and its /etc/hosts), as `ip netns exec` does."""
+    return ["ip", "netns", "exec", netns(node), *argv]
+
+
+def on_node(node: str, *argv: str, check: bool = True) -> subprocess.CompletedProcess:
+    return run(in_node(node, *argv), check=check)
 
 
 def address(node: str) -> str:
-    """mlnK's address on the cluster's bridge (cluster-local.sh gives node K 10.213.0.K)."""
-    return f"10.213.0.{int(node.removeprefix('mln'))}"
+    """mlnK's address on the cluster's bridge (cluster-local.sh gives node K SUBNET.K, 10.213.0.K in instance 0)."""
+    return f"{SUBNET}.{int(_known(node).removeprefix('mln'))}"
 
 
 def node_cgroup_tasks(node: str) -> Path:
     """The tasks file of a node's cpu cgroup: a pid written there runs on that node's CPU share."""
-    if not NODE_NAME.fullmatch(node):
-        raise DrillError(f"{node!r} is not a node of the namespace cluster (mln1..mln8)")
-    tasks = NODE_CGROUPS / node / "tasks"
+    tasks = NODE_CGROUPS / _known(node) / "tasks"
     if not tasks.is_file():
         raise DrillError(f"{tasks} is missing: is the namespace cluster up with {node}?")
     return tasks
 
 
 def slurmd_pid(node: str) -> int:
-    if not NODE_NAME.fullmatch(node):
-        raise DrillError(f"{node!r} is not a node of the namespace cluster (mln1..mln8)")
-    return int(Path(f"{CLUSTER_DIR}/run/slurmd-{node}.pid").read_text())
+    return int(Path(f"{CLUSTER_DIR}/run/slurmd-{_known(node)}.pid").read_text())
 
 
 def sshd_pid(node: str) -> int:
-    if not NODE_NAME.fullmatch(node):
-        raise DrillError(f"{node!r} is not a node of the namespace cluster (mln1..mln8)")
-    return int(Path(f"{CLUSTER_DIR}/run/sshd-{node}.pid").read_text())
+    return int(Path(f"{CLUSTER_DIR}/run/sshd-{_known(node)}.pid").read_text())
 
 
 def why_no_cluster() -> str | None:

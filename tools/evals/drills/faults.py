@@ -23,7 +23,7 @@ from pathlib import Path
 from ...engine.data import PACKAGE_DIR
 from ...engine.home import private_dir, write_private
 from .cluster import (CLUSTER_DIR, DrillError, address, cluster_nodes, cluster_script, hold_session_lock, lock_is_ours,
-                      node_cgroup_tasks, on_node, run, slurmd_pid, sshd_pid, why_no_cluster)
+                      netns, node_cgroup_tasks, on_node, run, slurmd_pid, sshd_pid, why_no_cluster)
 from .scenarios import (FIXTURES_DIR, SSH_RUN_ID, CpuHog, CpuLimit, Fixture, FreezeSlurmd, GpuCotenant, KillSlurmd,
                         KillSshd, LinkDown, RateLimit, Scenario, SlowLink, TrainingJob)
 from .stamps import ProcessStamp, start_detached
@@ -91,7 +91,7 @@ def apply(fault, state: DrillState, scenario: Scenario) -> None:
     elif isinstance(fault, GpuCotenant):
         start_gpu_cotenant(fault.gpu, record=lambda stamp: (setattr(step, "pid", stamp), state.save()))
     elif isinstance(fault, CpuHog):
-        start_cpu_hog(node_cgroup_tasks(fault.node), Path(f"/run/netns/{fault.node}"), fault.processes, fault.user,
+        start_cpu_hog(node_cgroup_tasks(fault.node), Path(f"/run/netns/{netns(fault.node)}"), fault.processes, fault.user,
                       record=lambda stamp: (setattr(step, "pid", stamp), state.save()))
     else:  # pragma: no cover - the scenario model admits only the kinds above
         raise DrillError(f"no injector for fault kind {fault.kind!r}")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from ...engine.home import private_dir
 from ...engine.transport import SSH_CONFIG_ENV, TRANSPORT_ENV
-from .cluster import CLUSTER_DIR, DrillError, cluster_script
+from .cluster import CLUSTER_DIR, INSTANCE, DrillError, cluster_script
 from .faults import apply, bring_up_cluster, bring_up_sshd, undo
 from .scenarios import Scenario, load_scenario
 from .state import DrillState, state_file, work_dir
@@ -64,6 +64,10 @@ def stop() -> list[str]:
     state = DrillState.load()
     if state is None:
         return []
+    if state.instance != INSTANCE:   # its faults and daemons are on that cluster: undoing them here would miss them
+        raise DrillError(f"drill {state.scenario!r} was started on namespace cluster instance {state.instance} and "
+                         f"this is instance {INSTANCE}; run `MLN_CLUSTER_INSTANCE={state.instance} mleng drill stop`. "
+                         "Nothing was undone.")
     problems: list[str] = []
     for step in reversed(state.steps):
         problems += undo(step, state)

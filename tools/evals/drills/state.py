@@ -19,7 +19,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ...engine.home import private_dir, read_private, write_private
-from .cluster import NODE_NAME, DrillError
+from .cluster import INSTANCE, NODE_NAME, DrillError
 from .scenarios import Fault
 from .stamps import ProcessStamp
 
@@ -67,6 +67,7 @@ class DrillState(BaseModel):
     holder: ProcessStamp | None = None  # the process holding the cluster's session lock for the drill
     steps: list[Step] = Field(default=[], max_length=64)
     job_id: int | None = Field(None, gt=0)   # the training job, told to the agent
+    instance: int = Field(INSTANCE, ge=0, le=9)   # the namespace cluster's instance (MLN_CLUSTER_INSTANCE) at start
 
     @field_validator("work_dir")
     @classmethod
