@@ -127,6 +127,22 @@ def test_a_tasks_stderr_goes_with_its_nodes_end_and_cannot_pass_for_srun():
     assert launch_failures("\n".join(stderr)) == {}
 
 
+def test_srun_words_that_come_after_the_tasks_output_closed_still_place_and_end_them(monkeypatch, tmp_path):
+    """Two pipes: srun's -v words on stderr can come after stdout has closed; the lines wait for them."""
+    from tests.srun_stand_in import stand_in_srun
+
+    stand_in_srun(tmp_path, monkeypatch, stdout=["0: from mln2", "1: from mln1"], stderr=[], code=0)
+    srun_file = tmp_path / "srun-bin" / "srun"
+    late = ["srun: launching StepId=3.0 on host mln2, 1 tasks: 0", "srun: launching StepId=3.0 on host mln1, 1 tasks: 1",
+            "1: a warning", "srun: error: mln1: task 1: Exited with exit code 2"]
+    srun_file.write_text(srun_file.read_text().replace("exit 0", "exec 1>&-\nsleep 0.5\n" + "".join(
+        f"echo '{line}' >&2\n" for line in late) + "exit 0"))
+    got = []
+    ends = SrunTransport().run_step(["mln1", "mln2"], ["true"], 20, lambda node, line: got.append((node, line)))
+    assert sorted(got) == [("mln1", "from mln1"), ("mln2", "from mln2")]
+    assert (ends["mln1"].code, ends["mln1"].stderr_tail) == (2, "a warning\n")
+
+
 def test_srun_words_are_read_and_task_lines_cannot_pass_for_them():
     assert srun_said("srun: error: Task launch for StepId=53.0 failed on node mln5: Socket timed out on send/recv "
                      "operation") == LaunchFailed("mln5", "Socket timed out on send/recv operation")

@@ -262,8 +262,12 @@ class SrunTransport:
             finished = child.follow(lines.take, deadline, self._cancelled)
             child.stop(grace_s=self.grace_s, exit_wait_s=2 if finished else 0)
             self.stderr_tail = child.stderr_text()[-STDERR_TAIL_CHARS:]
-            while (late := child.next_event(0)) not in (None, Supervised.EOF):   # srun's words after the cut
-                if isinstance(late, (LaunchFailed, TaskStderr)):
+            # What srun's stderr said after stdout closed (two pipes: its -v words may come after the tasks'
+            # lines). At the deadline or a cancel, the nodes cut end silent whatever srun then says of them,
+            # and what the tasks printed after the cut is not read.
+            while (late := child.next_event(0)) not in (None, Supervised.EOF):
+                if finished or isinstance(late, (LaunchFailed, TaskStderr)) or (
+                        isinstance(late, SrunTasks) and late.kind == "launched"):
                     lines.take(late)
         lines.unplaced()
         lines.failed.update(launch_failures(self.stderr_tail))
