@@ -12,7 +12,6 @@ LAUNCHERS = {"srun", "ssh"}
 # Still building srun argv themselves, each on its way behind the transport in another branch (issue 38).
 # When one moves, its entry must go: the list is the work left.
 BYPASSES = {
-    "tools/hang_stack_dump/__init__.py": "hang_stack_dump's job step (branch sshranks)",
     "tools/collective_bench/rdma_rounds.py": "collective_bench's RDMA rounds (branch sshbench)",
 }
 

@@ -15,7 +15,6 @@ from ..engine.placement import inside_job
 from ..engine.spec import ToolFailure
 from ..engine.srun import SrunTransport
 from ..shared.process_targets import RunningJob, running_job
-from ..shared.slurm import expand_hostlist
 
 MAX_NODES = 64
 STEP_NAME = "mleng-straggler-find"
@@ -30,21 +29,10 @@ def check_job(job_id: str) -> RunningJob:
     return job
 
 
-def job_node_names(job: RunningJob) -> list[str]:
-    """The job's nodes as squeue listed them, expanded; ToolFailure when the list is not one."""
-    try:
-        nodes = expand_hostlist(job.nodelist, limit=MAX_NODES)
-    except ValueError as e:
-        raise ToolFailure(f"slurm_job_id {job.job_id}: squeue's node list is not one ({e})") from None
-    if not nodes:
-        raise ToolFailure(f"slurm_job_id {job.job_id}: squeue lists no node for it (`scontrol show job {job.job_id}`)")
-    return nodes
-
-
 def sample_job(job_id: str, spec: dict, progress) -> tuple[list[NodeReport], list[str]]:
     """Every node's report, and what went wrong on the way (a node without a report, srun's words)."""
     job = check_job(job_id)
-    nodes = job_node_names(job)
+    nodes = job.node_names(MAX_NODES)
     # The nodes keep only processes of the job's user (and cgroup): a SLURM_JOB_ID in an environment is a claim.
     spec = {**spec, "job_id": job.job_id, "job_uid": job.uid}
     progress(0.05, f"sampling {len(nodes)} node(s) of job {job_id} ({job.nodelist}) for {spec['window_s']:.0f} s")
