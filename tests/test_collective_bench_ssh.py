@@ -150,3 +150,67 @@ def test_pairwise_names_a_host_whose_sshd_does_not_answer_and_no_other(over_ssh)
     failed = [g for g in iso.groups if "n3" in g.nodes]
     assert len(failed) == 3 and all(g.wall_s < 20 for g in failed), failed   # not held to the group deadline
     assert json.dumps(result.model_dump())   # the answer serialises as the srun path's does
+
+
+# --- transport rdma over ssh: perftest per pair, each side on its host ------------------------------
+
+
+@needs_sshd
+def test_rdma_over_ssh_asks_every_host_and_names_what_each_lacks(over_ssh):
+    """transport=rdma with hosts= asks each host over ssh (this machine has no RDMA device and, unless installed,
+    no perftest): every host named with what it lacks, a dead sshd as no answer, nothing measured."""
+    import shutil
+    from pathlib import Path
+
+    if any(Path("/sys/class/infiniband").glob("*")):
+        pytest.skip("this machine has RDMA devices: the hosts would not lack one")
+    lacks = "no RDMA device with an ACTIVE port" + ("" if shutil.which("ib_write_bw") and shutil.which("ib_write_lat")
+                                                    else ", perftest not present (ib_write_bw / ib_write_lat not on PATH)")
+    with local_sshd(["n1", "n2"], dead=["n3"]) as ssh:
+        over_ssh(ssh.config)
+        with pytest.raises(ToolFailure) as failure:
+            SPEC.run(SPEC.Params(pattern="pairwise", transport="rdma", hosts=["n[1-3]"], **SMALL), lambda f, m: None)
+    said = str(failure.value)
+    assert said.startswith("transport: rdma needs perftest and an ACTIVE RDMA port on every node; "), said
+    assert f"n1: {lacks}; n2: {lacks}; n3: no answer (sshd not answering" in said, said
+
+
+@needs_sshd
+def test_rdma_over_ssh_runs_each_side_on_its_host_and_a_hung_pair_is_cut_there(monkeypatch):
+    """Each side of a pair is the transport's command on its host; at the deadline the local ssh is killed and
+    remote_step ends the side on the host: nothing of the pair runs on."""
+    import time
+    import uuid
+
+    import psutil
+
+    from tools.collective_bench import rdma_rounds
+    from tools.shared import perftest
+
+    with local_sshd(["n1", "n2"]) as ssh:
+        launch = rdma_rounds.launcher(SshTransport({**os.environ, SSH_CONFIG_ENV: str(ssh.config)}))
+        out, _ = launch("n2", ["sh", "-c", "echo reached $MLENG_NODE"]).communicate(timeout=60)
+        assert out.strip() == "reached n2"
+        mark = f"{300 + uuid.uuid4().int % 1000}.{os.getpid()}"      # each side sleeps this long: findable
+        monkeypatch.setattr(perftest, "SERVER_START_S", 0.2)
+        monkeypatch.setattr(perftest, "argv", lambda *a, **k: ["sleep", mark])
+        (run,) = rdma_rounds.run_round_rdma([[0, 1]], names=["n1", "n2"], devices={"n1": ["d0"], "n2": ["d0"]},
+                                            addresses={"n1": "127.0.0.1", "n2": "127.0.0.1"}, deadline_s=8,
+                                            launch=launch)
+        assert run.status == "hang" and "n1+n2" in run.detail and "hung" in run.detail, run
+
+        def sides() -> list[int]:
+            return [p.pid for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] == ["sleep", mark]]
+
+        deadline = time.monotonic() + 15
+        while sides() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not sides(), "a side of the hung pair still runs on its host"
+
+
+def test_rdma_started_by_hand_on_each_node_or_with_another_pattern_is_refused_naming_what_runs(over_ssh):
+    for params in (dict(pattern="pairwise", hosts=["a", "b"], node_rank=0, rdzv_endpoint="a:29400"),
+                   dict(pattern="bisect", hosts=["a", "b"])):
+        with pytest.raises(ToolFailure, match="^transport: rdma runs with pattern pairwise, on nodes reached through "
+                                              r"SLURM \(an allocation, partition or job_id\) or over ssh"):
+            SPEC.run(SPEC.Params(transport="rdma", **params, **SMALL), lambda f, m: None)

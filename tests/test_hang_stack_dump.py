@@ -244,13 +244,18 @@ def test_all_ranks_in_the_same_collective_points_past_python():
 
 
 def test_slurm_all_nodes_command():
+    """The command a user runs by hand: srun inside the job, on each of its nodes, from mleng's folder."""
+    from tools.engine.data import IMPORT_ROOT
+
     p = hsd.HangStackDumpParams(slurm_job_id="4242", all_nodes=True, native=True)
-    cmd = hsd.slurm_all_nodes_command(p, 16)
-    assert cmd[:2] == ["srun", "--overlap"] and "--jobid=4242" in cmd and "--nodes=16" in cmd
+    nodes = [f"n{i}" for i in range(16)]
+    cmd = hsd.slurm_all_nodes_command(p, nodes)
+    assert cmd[0] == "srun" and {"--overlap", "--jobid=4242", "--nodes=16", f"--nodelist={','.join(nodes)}",
+                                 "--kill-on-bad-exit=0", f"--chdir={IMPORT_ROOT}"} <= set(cmd)
     assert "--ntasks-per-node=1" in cmd and "--label" in cmd and cmd[-1] == "--native"
     assert cmd[cmd.index("--slurm-job-id") + 1] == "4242" and "--json" in cmd
     p.save_path = "/shared/stacks.txt"
-    cmd = hsd.slurm_all_nodes_command(p, 16)
+    cmd = hsd.slurm_all_nodes_command(p, nodes)
     assert cmd[cmd.index("--save-path") + 1] == "/shared/stacks.txt.{host}"       # one file per node
 
 
@@ -408,16 +413,22 @@ def test_a_stopped_rank_is_named_with_the_true_reason_and_its_stack():
     assert "load_next_batch" in result.groups[0].where  # read although stopped
 
 
-def test_every_job_node_without_a_report_is_named_with_what_it_or_srun_said():
-    """Review 5e/5f: a node whose dump failed (stderr only) or that srun could not reach was silently missing."""
-    report = json.dumps({"processes": [{"pid": 7, "host": "n1", "rank": 0, "stack": ["f (a.py:1)"]}]})
-    fake_srun = ["bash", "-c", f"echo '0: {report}'; echo '1: no stack could be read: pid 9 is stopped' >&2; "
-                               "echo 'srun: error: Task launch for StepId=5.0 failed on node n3: Socket timed out "
-                               "on send/recv operation' >&2; exit 1"]
-    procs, problems, silent, _ = stacks.run_all_nodes("5", fake_srun, 5, nodes=["n1", "n2", "n3"])
+def test_every_job_node_without_a_report_is_named_with_what_it_or_srun_said(monkeypatch, tmp_path):
+    """Review 5e/5f: a node whose dump failed (stderr only) or that srun could not reach was silently missing.
+    Through the srun transport: each process is credited to the node srun placed its task on (not the host it
+    names), a node's own stderr is quoted, and srun's launch failure names its node."""
+    from tests.srun_stand_in import stand_in_srun
+    from tools.hang_stack_dump import slurm_job
+
+    report = json.dumps({"processes": [{"pid": 7, "host": "claims-n9", "rank": 0, "stack": ["f (a.py:1)"]}]})
+    stand_in_srun(tmp_path, monkeypatch, stdout=[f"0: {report}"], stderr=[
+        "srun: launching StepId=5.0 on host n1, 1 tasks: 0", "srun: launching StepId=5.0 on host n2, 1 tasks: 1",
+        "1: no stack could be read: pid 9 is stopped", "srun: error: n2: task 1: Exited with exit code 1",
+        "srun: error: Task launch for StepId=5.0 failed on node n3: Socket timed out on send/recv operation"], code=1)
+    procs, problems, silent, _ = slurm_job.dump_job("5", ["n1", "n2", "n3"], ["true"], 5, lambda f, m: None)
     assert [p.host for p in procs] == ["n1"] and silent == ["n2", "n3"]
-    assert problems[0].startswith("n3: srun could not start the dump there: Socket timed out")
-    assert any(p.startswith("n2: no report; it said: no stack could be read") for p in problems)
+    assert problems == ["n2: no report (exit 1); it said: no stack could be read: pid 9 is stopped",
+                        "n3: no report: Socket timed out on send/recv operation"]
 
 
 def test_the_all_nodes_srun_runs_our_package_by_its_installed_name(monkeypatch):
@@ -426,7 +437,7 @@ def test_the_all_nodes_srun_runs_our_package_by_its_installed_name(monkeypatch):
     from tools.hang_stack_dump import HangStackDumpParams, slurm_all_nodes_command
 
     monkeypatch.setattr(processes, "PACKAGE", "mleng")
-    cmd = slurm_all_nodes_command(HangStackDumpParams(slurm_job_id="123", all_nodes=True), 2)
+    cmd = slurm_all_nodes_command(HangStackDumpParams(slurm_job_id="123", all_nodes=True), ["n1", "n2"])
     at = cmd.index("-m")
     assert cmd[at - 1] == sys.executable and cmd[at + 1] == "mleng.hang_stack_dump"
     assert "tools.hang_stack_dump" not in cmd

@@ -92,29 +92,43 @@ def test_absent_perftest_says_not_present(monkeypatch):
     assert not ok and detail == "not present (ib_write_bw, ib_write_lat not on PATH)"
 
 
-def test_rdma_readiness_names_each_node_and_what_it_lacks(monkeypatch):
-    """The parsing of the one readiness step (its srun output as the nodes print it; srun itself runs on the
-    namespace cluster in tests/test_nic_health_cluster.py)."""
+class SaidOnNodes:
+    """A transport whose nodes print the given lines: the readiness step's parsing without a cluster (the step runs
+    for real by srun in tests/test_nic_health_cluster.py and over ssh in tests/test_collective_bench_ssh.py)."""
+
+    def __init__(self, lines: dict[str, str], ends: dict | None = None):
+        self.lines, self.ends, self.refused = lines, ends or {}, {}
+
+    def run_step(self, nodes, argv, deadline_s, on_line):
+        from tools.engine.transport import NodeEnd
+
+        for node in nodes:
+            for line in self.lines.get(node, "").splitlines():
+                on_line(node, line)
+        return {n: self.ends.get(n) or NodeEnd(n, "exited", 0) for n in nodes}
+
+
+def test_rdma_readiness_names_each_node_and_what_it_lacks():
+    """Each node's answer is the transport's: a line naming another node is still its own node's."""
     from tools.collective_bench import rdma_rounds
     from tools.engine.spec import ToolFailure
+    from tools.engine.transport import NodeEnd
 
-    printed = ("n1 mlx5_0 /usr/bin/ib_write_bw /usr/bin/ib_write_lat\nn2 - /usr/bin/ib_write_bw /usr/bin/ib_write_lat\n"
-               "n4 mlx5_1 - -\n")
-    monkeypatch.setattr(rdma_rounds.subprocess, "run",
-                        lambda *a, **k: subprocess.CompletedProcess(a, 0, stdout=printed, stderr=""))
+    printed = {"n1": "mlx5_0 /usr/bin/ib_write_bw /usr/bin/ib_write_lat", "n2": "- /usr/bin/ib_write_bw /usr/bin/ib_write_lat",
+               "n4": "mlx5_1 - -", "n5": "n1 mlx5_0 /x/ib_write_bw /x/ib_write_lat"}
+    dead = {"n3": NodeEnd("n3", "unreachable", why="n3: sshd not answering (Connection refused)"),
+            "n6": NodeEnd("n6", "silent")}
     with pytest.raises(ToolFailure) as failure:
-        rdma_rounds.readiness(["n1", "n2", "n3", "n4"])
+        rdma_rounds.readiness(SaidOnNodes(printed, dead), ["n1", "n2", "n3", "n4", "n5", "n6"])
     said = str(failure.value)
-    assert "n1:" not in said and "n2: no RDMA device with an ACTIVE port;" in said and "n3: no answer;" in said
-    assert "n4: perftest not present" in said
-    ready = "n1 mlx5_0 /x/ib_write_bw /x/ib_write_lat\nn2 mlx5_3 /x/ib_write_bw /x/ib_write_lat\n"
-    monkeypatch.setattr(rdma_rounds.subprocess, "run",
-                        lambda *a, **k: subprocess.CompletedProcess(a, 0, stdout=ready, stderr=""))
-    assert rdma_rounds.readiness(["n1", "n2"]) == {"n1": ["mlx5_0"], "n2": ["mlx5_3"]}
-    rails = "n1 mlx5_0,mlx5_1 /x/ib_write_bw /x/ib_write_lat\nn2 mlx5_2,mlx5_3 /x/ib_write_bw /x/ib_write_lat\n"
-    monkeypatch.setattr(rdma_rounds.subprocess, "run",
-                        lambda *a, **k: subprocess.CompletedProcess(a, 0, stdout=rails, stderr=""))
-    assert rdma_rounds.readiness(["n1", "n2"]) == {"n1": ["mlx5_0", "mlx5_1"], "n2": ["mlx5_2", "mlx5_3"]}
+    assert "n1:" not in said and "n2: no RDMA device with an ACTIVE port;" in said
+    assert "n3: no answer (sshd not answering (Connection refused));" in said and "n4: perftest not present" in said
+    assert "n5: no answer;" in said and "n6: no answer within 60 s." in said
+    ready = {"n1": "mlx5_0 /x/ib_write_bw /x/ib_write_lat", "n2": "mlx5_3 /x/ib_write_bw /x/ib_write_lat"}
+    assert rdma_rounds.readiness(SaidOnNodes(ready), ["n1", "n2"]) == {"n1": ["mlx5_0"], "n2": ["mlx5_3"]}
+    rails = {"n1": "mlx5_0,mlx5_1 /x/ib_write_bw /x/ib_write_lat", "n2": "mlx5_2,mlx5_3 /x/ib_write_bw /x/ib_write_lat"}
+    assert rdma_rounds.readiness(SaidOnNodes(rails), ["n1", "n2"]) == {"n1": ["mlx5_0", "mlx5_1"],
+                                                                       "n2": ["mlx5_2", "mlx5_3"]}
 
 
 def test_rdma_readiness_script_lists_every_active_port_in_a_sysfs_tree(tmp_path):
@@ -129,13 +143,13 @@ def test_rdma_readiness_script_lists_every_active_port_in_a_sysfs_tree(tmp_path)
     for tool in ("grep", "basename", "dirname"):
         (tools_dir / tool).symlink_to(shutil.which(tool))
     script = rdma_rounds.READINESS.replace("/sys/class/infiniband", str(tmp_path))
-    env = {"SLURMD_NODENAME": "n9", "PATH": str(tools_dir)}
+    env = {"PATH": str(tools_dir)}
     out = subprocess.run(["/bin/sh", "-c", script], capture_output=True, text=True, env=env).stdout
-    assert out.split() == ["n9", "mlx5_0,mlx5_2", "-", "-"]
+    assert out.split() == ["mlx5_0,mlx5_2", "-", "-"]
     (tmp_path / "mlx5_0" / "ports" / "1" / "state").write_text("1: DOWN\n")
     (tmp_path / "mlx5_2" / "ports" / "1" / "state").write_text("2: INIT\n")
     out = subprocess.run(["/bin/sh", "-c", script], capture_output=True, text=True, env=env).stdout
-    assert out.split() == ["n9", "-", "-", "-"]
+    assert out.split() == ["-", "-", "-"]
 
 
 def test_rdma_round_measures_every_rail_and_names_the_slowest(monkeypatch):
@@ -144,7 +158,6 @@ def test_rdma_round_measures_every_rail_and_names_the_slowest(monkeypatch):
     from tools.collective_bench import rdma_rounds
 
     monkeypatch.setattr(perftest, "SERVER_START_S", 0.05)
-    monkeypatch.setattr(rdma_rounds, "node_addresses", lambda names: {n: f"10.0.0.{i + 1}" for i, n in enumerate(names)})
     bw = (FIXTURES / "ib_write_bw_perftest273.txt").read_text()
     lat = (FIXTURES / "ib_write_lat_dgxspark_playbooks.txt").read_text()
     reports = {("ib_write_bw", "mlx5_2"): bw.replace(" 0.48 ", " 392.10 "), ("ib_write_bw", "mlx5_3"): bw,
@@ -160,7 +173,8 @@ def test_rdma_round_measures_every_rail_and_names_the_slowest(monkeypatch):
         return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     (run,) = rdma_rounds.run_round_rdma([[0, 1]], names=["n1", "n2"], devices={"n1": ["mlx5_0", "mlx5_1"],
-                                        "n2": ["mlx5_2", "mlx5_3"]}, deadline_s=40, launch=launch)
+                                        "n2": ["mlx5_2", "mlx5_3"]}, addresses={"n1": "10.0.0.1", "n2": "10.0.0.2"},
+                                        deadline_s=40, launch=launch)
     assert sorted(clients) == [("n2", t, d, "10.0.0.1") for t in ("ib_write_bw", "ib_write_lat")
                                for d in ("mlx5_2", "mlx5_3")]
     assert run.status == "ok" and run.busbw_gbps == pytest.approx(0.48 / 8) and run.latency_us == 2.5

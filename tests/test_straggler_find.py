@@ -476,3 +476,32 @@ def test_a_shaped_link_is_named_and_the_retransmits_of_a_node_sending_into_it_ar
     assert [(s.host, s.reason) for s in v.stragglers] == [("mln4", "network")]
     reports[3].node.shaped_links = []               # no shaper seen: the retransmitting node is the lead
     assert [s.host for s in judge(reports, Rules.load()).stragglers] == ["mln3"]
+
+
+def test_a_slurm_jobs_nodes_are_sampled_in_one_srun_step_and_credited_by_placement(monkeypatch, tmp_path):
+    """The job step goes through the srun transport: inside the job (--jobid --overlap) on the nodes squeue lists,
+    from mleng's folder; a report is credited to the node srun placed its task on (not the host it names), its
+    pieces joined; a node without one is named with its own stderr."""
+    import json as _json
+
+    from tests.srun_stand_in import stand_in_srun
+    from tools.engine.data import IMPORT_ROOT
+    from tools.shared.process_targets import RunningJob
+    from tools.straggler_find import slurm_job
+
+    report = NodeReport(host="claims-mln9", ranks=[RankSample(rank=0, host="claims-mln9", pid=7, samples=50,
+                                                              fractions={"compute": 1.0})]).model_dump_json()
+    cut = len(report) // 2
+    argv_file = stand_in_srun(tmp_path, monkeypatch, stdout=[f"0: {report[:cut]}", f"0: {report[cut:]}"], stderr=[
+        "srun: launching StepId=41.3 on host mln2, 1 tasks: 1", "srun: launching StepId=41.3 on host mln1, 1 tasks: 0",
+        "1: no rank of job 41 on this node", "srun: error: mln2: task 1: Exited with exit code 1",
+        "srun: launch/slurm: _task_finish: mln1: task 0: Completed"], code=1)
+    monkeypatch.setattr(slurm_job, "running_job", lambda job_id: RunningJob(job_id, "root", 0, 2, "mln[1-2]"))
+    reports, problems = slurm_job.sample_job("41", {"window_s": 1.0}, lambda f, m: None)
+    argv = argv_file.read_text().splitlines()
+    assert {"--jobid=41", "--overlap", "--nodelist=mln1,mln2", "--kill-on-bad-exit=0", f"--chdir={IMPORT_ROOT}",
+            "--label", "-v"} <= set(argv), argv
+    node_spec = _json.loads(argv[-1])
+    assert (node_spec["job_id"], node_spec["job_uid"]) == ("41", 0)
+    assert [(r.host, r.ranks[0].host) for r in reports] == [("mln1", "mln1")]
+    assert problems == ["mln2: no report (the sampler exited 1): 'no rank of job 41 on this node'"]

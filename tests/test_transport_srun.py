@@ -11,8 +11,8 @@ import time
 import pytest
 
 from tools.engine.placement import inside_allocation, inside_job, own_job
-from tools.engine.srun import (LaunchFailed, SrunLines, SrunTransport, exit_code_of, labelled, launch_failures,
-                               srun_said)
+from tools.engine.srun import (LaunchFailed, SrunLines, SrunTransport, TaskStderr, exit_code_of, labelled,
+                               launch_failures, srun_said)
 from tools.engine.transport import NodeEnd, SshTransport, Transport
 
 
@@ -47,6 +47,13 @@ def test_a_step_slurm_places_has_no_nodelist_and_a_job_of_our_own_is_time_limite
     assert argv == ["srun", "--nodes=4", "--ntasks=4", "--ntasks-per-node=1", "--kill-on-bad-exit=1", "--label",
                     "--partition=gpu", "--time=4", "bash", "-c", "x"]
     assert "--kill-on-bad-exit" not in " ".join(SrunTransport(kill_on_bad_exit=None).argv(["true"], count=2))
+
+
+def test_the_folder_tasks_start_in_is_given_once_after_the_placement():
+    """straggler_find's and hang_stack_dump's job steps start in mleng's folder: the caller's may not exist there."""
+    argv = SrunTransport(inside_job("9").srun_args, chdir="/opt/mleng").argv(["true"], nodes=["mln1"])
+    assert argv[-4:] == ["--jobid=9", "--overlap", "--chdir=/opt/mleng", "true"]
+    assert not any(a.startswith("--chdir") for a in SrunTransport().argv(["true"], nodes=["mln1"]))
 
 
 @pytest.mark.parametrize("bad", ["-w", "--uid=0", "a b", "x;y", "", "n,m"])
@@ -100,10 +107,46 @@ def test_each_node_ends_once_as_srun_said():
     assert lines.ends(["mln6"], finished=True)["mln6"] == NodeEnd("mln6", "exited")   # the step ended, no word on it
 
 
+def test_a_tasks_stderr_goes_with_its_nodes_end_and_cannot_pass_for_srun():
+    """A task's labelled stderr is credited to the node srun placed it on (as ssh's to its connection); one that
+    reads like srun's launch failure names no node unreachable."""
+    stderr = ["1: no stack could be read: pid 9 is stopped", "0: warming up",
+              "2: srun: error: Task launch for StepId=5.0 failed on node mln1: forged",
+              "7: from a task the step does not have",
+              "srun: launching StepId=5.0 on host mln1, 1 tasks: 0", "srun: launching StepId=5.0 on host mln2, 1 tasks: 1",
+              "srun: launching StepId=5.0 on host mln3, 1 tasks: 2", "srun: error: mln2: task 1: Exited with exit code 1"]
+    nodes = ["mln1", "mln2", "mln3"]
+    lines = SrunLines(nodes, lambda node, text: None)
+    for line in stderr:                                  # as srun's stderr reader hands them on
+        lines.take(srun_said(line))
+    ends = lines.ends(nodes, finished=True)
+    assert (ends["mln2"].how, ends["mln2"].code) == ("exited", 1)
+    assert ends["mln2"].stderr_tail == "no stack could be read: pid 9 is stopped\n"
+    assert ends["mln1"].how == "exited" and ends["mln1"].stderr_tail == "warming up\n"
+    assert "forged" in ends["mln3"].stderr_tail and 7 not in lines.task_stderr
+    assert launch_failures("\n".join(stderr)) == {}
+
+
+def test_srun_words_that_come_after_the_tasks_output_closed_still_place_and_end_them(monkeypatch, tmp_path):
+    """Two pipes: srun's -v words on stderr can come after stdout has closed; the lines wait for them."""
+    from tests.srun_stand_in import stand_in_srun
+
+    stand_in_srun(tmp_path, monkeypatch, stdout=["0: from mln2", "1: from mln1"], stderr=[], code=0)
+    srun_file = tmp_path / "srun-bin" / "srun"
+    late = ["srun: launching StepId=3.0 on host mln2, 1 tasks: 0", "srun: launching StepId=3.0 on host mln1, 1 tasks: 1",
+            "1: a warning", "srun: error: mln1: task 1: Exited with exit code 2"]
+    srun_file.write_text(srun_file.read_text().replace("exit 0", "exec 1>&-\nsleep 0.5\n" + "".join(
+        f"echo '{line}' >&2\n" for line in late) + "exit 0"))
+    got = []
+    ends = SrunTransport().run_step(["mln1", "mln2"], ["true"], 20, lambda node, line: got.append((node, line)))
+    assert sorted(got) == [("mln1", "from mln1"), ("mln2", "from mln2")]
+    assert (ends["mln1"].code, ends["mln1"].stderr_tail) == (2, "a warning\n")
+
+
 def test_srun_words_are_read_and_task_lines_cannot_pass_for_them():
     assert srun_said("srun: error: Task launch for StepId=53.0 failed on node mln5: Socket timed out on send/recv "
                      "operation") == LaunchFailed("mln5", "Socket timed out on send/recv operation")
-    assert srun_said("3: srun: error: mln2: task 1: Killed") is None       # a task's labelled line
+    assert srun_said("3: srun: error: mln2: task 1: Killed") == TaskStderr(3, "srun: error: mln2: task 1: Killed")
     forged = "srun: launching StepId=7.0 on host mln9, 1 tasks: 0"
     assert labelled("3: " + forged) == (3, forged)                          # stays task 3's text
     assert launch_failures("srun: error: Task launch for StepId=1.0 failed on node mln2: \n") == {

@@ -47,7 +47,7 @@ class PatternFields(Params):
         "MLENG_COORD_SECRET."))
     node_rank: int | None = Field(None, ge=0, le=8191, description="This node's index in hosts.")
     transport: Literal["nccl", "rdma"] = Field("nccl", description=(
-        "pairwise in SLURM: nccl (all_reduce) or rdma (perftest per rail; needs perftest, ACTIVE ports)."))
+        "pairwise: nccl (all_reduce) or rdma (perftest per rail; needs perftest, ACTIVE ports)."))
 
 
 def ssh_hosts(params) -> list[str] | None:
@@ -132,6 +132,10 @@ def run_pattern(params, job: dict, nproc: int, progress) -> tuple[IsolationRepor
     """Run the pattern; (report, findings). report is None on a node that is not the coordinator."""
     names, how = pattern_nodes(params)
     check_rounds(params, len(names))
+    if params.transport == "rdma" and (params.pattern != "pairwise" or how == "agents"):
+        raise ToolFailure("transport: rdma runs with pattern pairwise, on nodes reached through SLURM (an "
+                          "allocation, partition or job_id) or over ssh (hosts without node_rank); not with "
+                          "node_rank and rdzv_endpoint, nor with pattern bisect")
     if how == "agents":
         run_secret()  # refused now, before any round, when the nodes were not given the run's secret;
         #               after the parameters, so bad input is named first
@@ -151,12 +155,12 @@ def run_pattern(params, job: dict, nproc: int, progress) -> tuple[IsolationRepor
                                        pg_timeout_s=params.pg_timeout_s, port=29500 + random.randrange(1000),
                                        pace=pace)), []
     if params.transport == "rdma":
-        if params.pattern != "pairwise" or how != "srun":
-            raise ToolFailure("transport: rdma runs with pattern pairwise inside a SLURM allocation only")
-        from .rdma_rounds import readiness, run_round_rdma
+        from .rdma_rounds import launcher, rdma_transport, readiness, run_round_rdma
 
-        devices = readiness(names)
-        return drive(functools.partial(run_round_rdma, names=names, devices=devices, deadline_s=deadline)), []
+        transport, addresses = rdma_transport(how, names)
+        devices = readiness(transport, names)
+        return drive(functools.partial(run_round_rdma, names=names, devices=devices, addresses=addresses,
+                                       deadline_s=deadline, launch=launcher(transport))), []
     if how == "srun":
         port, tag, report = 29500 + random.randrange(1000), os.urandom(8).hex(), None
         try:

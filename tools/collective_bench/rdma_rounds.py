@@ -1,45 +1,75 @@
 """collective_bench transport "rdma": the pairwise rounds run perftest per pair instead of NCCL.
 
 Each pair of a round runs `ib_write_bw` then `ib_write_lat` (tools/shared/perftest.py) on every rail: the
-server as one srun step on the first node, the client as one on the second, naming the first node's address;
+server on the first node, the client on the second, naming the first node's address;
 rail k pairs the k-th RDMA device with an ACTIVE port of one node with the k-th of the other (rail-optimised
 fabrics cable rail k to rail k); pairs of a round run at once, a pair's rails one after another. The pair's
 figure is its slowest rail, named in the record, so one bad NIC or cable among eight shows apart from NCCL and
-its settings. Before any round, one srun step asks every node whether it has perftest and ACTIVE RDMA ports:
+its settings. Before any round, one step asks every node whether it has perftest and ACTIVE RDMA ports:
 nodes without them are named and nothing runs.
+
+Nodes are reached through the node transport the pattern found them with (engine/transport.py): srun inside
+the SLURM allocation, or ssh to `hosts=` without SLURM. The readiness step is one `run_step`, its answers
+credited to the node the transport reached (never to a name the node prints); each side of a pair is one
+`command(node, argv)`, killed at its deadline (over ssh, remote_step then kills it on the node). The server's
+address is the one the transport names: SLURM's NodeAddr, or the HostName this machine's ssh config gives.
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 
+from ..engine.placement import inside_allocation
+from ..engine.processes import child_env, without_secrets
 from ..engine.spec import ToolFailure
+from ..engine.srun import SrunTransport
+from ..engine.transport import SshTransport, Transport
 from ..shared import perftest
 from .node_groups import GroupRun, node_addresses
 
-# Prints "<node> <RDMA devices with an ACTIVE port 1, comma-separated, or -> <perftest paths or ->" on each node.
+# Prints "<RDMA devices with an ACTIVE port 1, comma-separated, or -> <perftest paths or ->" on each node.
 READINESS = ('d=; for p in /sys/class/infiniband/*/ports/1/state; do grep -q ACTIVE "$p" 2>/dev/null && '
              'd="${d:+$d,}$(basename "$(dirname "$(dirname "$(dirname "$p")")")")"; done; '
-             'echo "${SLURMD_NODENAME:-$(hostname)} ${d:--} $(command -v ib_write_bw || echo -) $(command -v ib_write_lat || echo -)"')
+             'echo "${d:--} $(command -v ib_write_bw || echo -) $(command -v ib_write_lat || echo -)"')
 PORT_BASE = 18515
+STEP_NAME = "mleng-rdma-rounds"
 
 
-def readiness(names: list[str], timeout_s: float = 60) -> dict[str, list[str]]:
+def rdma_transport(how: str, names: list[str]) -> tuple[Transport, dict[str, str]]:
+    """The transport the pattern reached `names` by ("srun": inside the allocation; "ssh": hosts=), and the
+    address each node's server is dialled at."""
+    if how == "ssh":
+        ssh = SshTransport(without_secrets(dict(os.environ)))
+        return ssh, {n: ssh.address(n) for n in names}
+    srun = SrunTransport(inside_allocation().srun_args, job_name=f"{STEP_NAME}-{uuid.uuid4().hex[:8]}",
+                         kill_on_bad_exit=False)
+    return srun, node_addresses(names)
+
+
+def readiness(transport: Transport, names: list[str], timeout_s: float = 60) -> dict[str, list[str]]:
     """node -> its RDMA devices with an ACTIVE port (its rails, in sysfs order); ToolFailure naming every node that
-    lacks perftest or an active RDMA port."""
-    cmd = ["srun", "--overlap", f"--nodelist={','.join(names)}", f"--nodes={len(names)}",
-           f"--ntasks={len(names)}", "--ntasks-per-node=1", "sh", "-c", READINESS]
+    lacks perftest or an active RDMA port, or did not answer."""
+    seen: dict[str, list[str]] = {}
+
+    def on_line(node: str, line: str) -> None:
+        if len(parts := line.split()) == 3:
+            seen.setdefault(node, parts)
+
     try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s).stdout
-    except (OSError, subprocess.TimeoutExpired) as e:
+        ends = transport.run_step(names, ["sh", "-c", READINESS], timeout_s, on_line)
+    except OSError as e:
         raise ToolFailure(f"transport: could not ask the nodes whether perftest is there ({e})") from None
-    seen = {parts[0]: parts[1:] for parts in (line.split() for line in out.splitlines()) if len(parts) == 4}
     lacking = []
     for node in names:
         device, bw, lat = seen.get(node, ["?", "?", "?"])
-        why = [w for w, bad in (("no answer", device == "?"), ("no RDMA device with an ACTIVE port", device == "-"),
+        end = ends[node]
+        silence = "no answer" + (f" ({end.why.removeprefix(node + ': ')})" if end.how == "unreachable" else
+                                 f" within {timeout_s:.0f} s" if end.how == "silent" else "")
+        why = [w for w, bad in ((silence, device == "?"), ("no RDMA device with an ACTIVE port", device == "-"),
                                 ("perftest not present (ib_write_bw / ib_write_lat not on PATH)", "-" in (bw, lat)))
                if bad]
         if why:
@@ -50,18 +80,21 @@ def readiness(names: list[str], timeout_s: float = 60) -> dict[str, list[str]]:
     return {node: seen[node][0].split(",") for node in names}
 
 
-def _launch(node: str, argv: list[str]) -> subprocess.Popen:
-    return subprocess.Popen(["srun", "--overlap", f"--nodelist={node}", "--nodes=1", "--ntasks=1", *argv],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+def launcher(transport: Transport):
+    """launch(node, argv) -> Popen: one side of a pair, run on `node` through the transport, in a session of
+    its own so that perftest.run_pair's kill_tree at the deadline takes srun or ssh with it."""
+    def launch(node: str, argv: list[str]) -> subprocess.Popen:
+        return subprocess.Popen(transport.command(node, argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                stdin=subprocess.DEVNULL, text=True, start_new_session=True, env=child_env())
+    return launch
 
 
 def run_round_rdma(groups: list[list[int]], *, names: list[str], devices: dict[str, list[str]],
-                   deadline_s: float, launch=None) -> list[GroupRun]:
+                   addresses: dict[str, str], deadline_s: float, launch) -> list[GroupRun]:
     """Every pair of the round at once; busbw_gbps holds the slowest rail's RDMA write bandwidth (GB/s, from
     Gb/s / 8) and latency_us the highest typical write latency, so the pairwise judging and matrix work
-    unchanged; the detail names each rail's figures. `launch(node, argv) -> Popen`: an srun step by default."""
-    addresses = node_addresses(names)
-    launch = launch or _launch
+    unchanged; the detail names each rail's figures. `launch(node, argv) -> Popen` (launcher(transport));
+    `addresses`: node -> the address its server is dialled at."""
 
     def one(k: int, group: list[int]) -> GroupRun:
         server, client = (names[i] for i in group)

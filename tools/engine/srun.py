@@ -62,6 +62,13 @@ class LaunchFailed:
 
 
 @dataclass(frozen=True)
+class TaskStderr:
+    """One labelled stderr line of a task (under --label srun labels a task's stderr as its stdout)."""
+    task: int
+    text: str
+
+
+@dataclass(frozen=True)
 class SrunTasks:
     """What srun itself (never a task) said about tasks on a node: where it launched them (`srun -v`),
     or how they ended ("Completed", "Killed", "Out Of Memory", "Exited with exit code 1")."""
@@ -73,8 +80,10 @@ class SrunTasks:
 
 def launch_failures(stderr: str) -> dict[str, str]:
     """{node: srun's reason} from srun's own "Task launch for StepId=53.0 failed on node mln5: Socket timed
-    out on send/recv operation": the node srun could not start a task on (frozen, slurmd dead, unreachable)."""
-    return {m.group(1): m.group(2).strip() or "task launch failed" for m in _LAUNCH_FAILED.finditer(stderr)}
+    out on send/recv operation": the node srun could not start a task on (frozen, slurmd dead, unreachable).
+    A task's labelled stderr line is not srun's word, whatever it says."""
+    srun_lines = "\n".join(line for line in stderr.splitlines() if labelled(line)[0] is None)
+    return {m.group(1): m.group(2).strip() or "task launch failed" for m in _LAUNCH_FAILED.finditer(srun_lines)}
 
 
 def srun_tasks_line(line: str) -> SrunTasks | None:
@@ -87,9 +96,13 @@ def srun_tasks_line(line: str) -> SrunTasks | None:
     return None
 
 
-def srun_said(line: str) -> LaunchFailed | SrunTasks | None:
+def srun_said(line: str) -> LaunchFailed | SrunTasks | TaskStderr | None:
     """What one line of srun's stderr says about a node, read as it comes: with -v on a large step a
-    launch failure would scroll out of any kept tail."""
+    launch failure would scroll out of any kept tail. A labelled line is a task's own stderr, never srun's
+    word, whatever it says."""
+    task, text = labelled(line)
+    if task is not None:
+        return TaskStderr(task, text)
     if m := _LAUNCH_FAILED.search(line):
         return LaunchFailed(m.group(1), m.group(2).strip() or "task launch failed")
     return srun_tasks_line(line)
@@ -136,10 +149,15 @@ class SrunLines:
         self.held: list[tuple[int, str]] = []
         self.failed: dict[str, str] = {}     # node -> srun's reason it could not start the task
         self.said: dict[str, str] = {}       # node -> srun's words for how its task ended
+        self.task_stderr: dict[int, str] = {}   # task -> the tail of its own stderr (credited at the end)
         self.refused: collections.Counter = collections.Counter()
 
     def take(self, item) -> None:
-        if isinstance(item, LaunchFailed):
+        if isinstance(item, TaskStderr):
+            if item.task < len(self.nodes):      # a step's tasks are 0..n-1: no other number grows the map
+                tail = self.task_stderr.get(item.task, "") + item.text + "\n"
+                self.task_stderr[item.task] = tail[-STDERR_TAIL_CHARS:]
+        elif isinstance(item, LaunchFailed):
             self.failed[item.node] = item.why
         elif isinstance(item, SrunTasks) and item.kind == "launched":
             self.tasks.update({task: item.node for task in item.tasks})
@@ -174,7 +192,9 @@ class SrunLines:
 
     def ends(self, nodes: list[str], finished: bool) -> dict[str, NodeEnd]:
         """How each node's part ended: unreachable (srun could not launch there), exited (srun said how),
-        silent (no word by the deadline), or exited with no status (the step ended without a word on it)."""
+        silent (no word by the deadline), or exited with no status (the step ended without a word on it).
+        Each end carries its task's own stderr tail, credited to the node srun placed the task on."""
+        stderr = {self.tasks[task]: text for task, text in self.task_stderr.items() if task in self.tasks}
         ends = {}
         for node in nodes:
             if node in self.failed:
@@ -183,17 +203,21 @@ class SrunLines:
                 ends[node] = NodeEnd(node, "exited", exit_code_of(self.said[node]), said=self.said[node])
             else:
                 ends[node] = NodeEnd(node, "exited" if finished else "silent")
+            ends[node].stderr_tail = stderr.get(node, "")
         return ends
 
 
 class SrunTransport:
     """A step through srun: `placement` is where it runs (engine/placement.py's srun_args: --overlap,
     --jobid=ID --overlap, or a job of our own); `kill_on_bad_exit` True ends every node when one fails,
-    False keeps the others going, None leaves SLURM's default."""
+    False keeps the others going, None leaves SLURM's default. `chdir`: the folder the tasks start in on
+    their node (srun --chdir; by default srun's own, which the node may not have)."""
 
     def __init__(self, placement: tuple[str, ...] | list[str] = (), *, env: dict | None = None,
-                 job_name: str | None = None, kill_on_bad_exit: bool | None = False, grace_s: float = 15):
+                 job_name: str | None = None, kill_on_bad_exit: bool | None = False, grace_s: float = 15,
+                 chdir: str | None = None):
         self.placement = tuple(placement)
+        self.chdir = chdir
         self.env = env
         self.job_name = job_name
         self.kill_on_bad_exit = kill_on_bad_exit
@@ -218,7 +242,7 @@ class SrunTransport:
                 *([f"--kill-on-bad-exit={int(self.kill_on_bad_exit)}"] if self.kill_on_bad_exit is not None else []),
                 *(["--quiet"] if quiet else []), *(["-v"] if verbose else []), *(["--label"] if label else []),
                 *([f"--job-name={self.job_name}"] if self.job_name else []),
-                *self.placement, *argv]
+                *self.placement, *([f"--chdir={self.chdir}"] if self.chdir else []), *argv]
 
     def command(self, node: str, argv: list[str]) -> list[str]:
         """The srun argv that runs argv on one node, its output as the command prints it (the `node=` option)."""
@@ -238,8 +262,12 @@ class SrunTransport:
             finished = child.follow(lines.take, deadline, self._cancelled)
             child.stop(grace_s=self.grace_s, exit_wait_s=2 if finished else 0)
             self.stderr_tail = child.stderr_text()[-STDERR_TAIL_CHARS:]
-            while (late := child.next_event(0)) not in (None, Supervised.EOF):   # srun's words after the cut
-                if isinstance(late, LaunchFailed):
+            # What srun's stderr said after stdout closed (two pipes: its -v words may come after the tasks'
+            # lines). At the deadline or a cancel, the nodes cut end silent whatever srun then says of them,
+            # and what the tasks printed after the cut is not read.
+            while (late := child.next_event(0)) not in (None, Supervised.EOF):
+                if finished or isinstance(late, (LaunchFailed, TaskStderr)) or (
+                        isinstance(late, SrunTasks) and late.kind == "launched"):
                     lines.take(late)
         lines.unplaced()
         lines.failed.update(launch_failures(self.stderr_tail))

@@ -21,6 +21,7 @@ Without SLURM (torchrun launched over ssh; mleng at the same path on every host)
 """
 
 import os
+import shlex
 import socket
 from typing import Annotated
 
@@ -32,13 +33,11 @@ from .stacks import (
     assign_roles,
     dump_processes,
     group_stacks,
-    job_nodes,
-    run_all_nodes,
 )
-from .ssh_hosts import NOTHING_THERE, dump_hosts, hosts_of
-from ..shared.process_targets import (ALLOW_OTHER_USERS_HELP, Targets, TargetRequest, check_job_name, running_job,
-                                     select)
-from ..engine.data import IMPORT_ROOT as REPO_ROOT
+from .slurm_job import dump_job, hint_nodes, job_nodes, job_transport
+from .ssh_hosts import dump_hosts, hosts_of
+from .step import NOTHING_THERE
+from ..shared.process_targets import ALLOW_OTHER_USERS_HELP, Targets, TargetRequest, check_job_name, select
 from ..engine.processes import python_module_command
 from ..engine.spec import SELF_EVIDENT, Field, Params, Result, ToolFailure, ToolSpec
 from ..shared.culprit_kind import CULPRIT_KIND_FIELD, Culprit, CulpritKind, rank_culprit
@@ -113,12 +112,10 @@ def resolve_targets(params: HangStackDumpParams) -> Targets:
     return targets
 
 
-def slurm_all_nodes_command(params: HangStackDumpParams, nnodes: int | None) -> list[str]:
-    cmd = ["srun", "--overlap", f"--jobid={params.slurm_job_id}", "--ntasks-per-node=1", "--label",
-           "--kill-on-bad-exit=0", f"--chdir={REPO_ROOT}"]
-    if nnodes:
-        cmd.append(f"--nodes={nnodes}")
-    return cmd + per_node_command(params, "--slurm-job-id", params.slurm_job_id)
+def slurm_all_nodes_command(params: HangStackDumpParams, nodes: list[str]) -> list[str]:
+    """The srun command that dumps every node of the job, as a user would run it by hand (labelled output)."""
+    return job_transport(params.slurm_job_id).argv(per_node_command(params, "--slurm-job-id", params.slurm_job_id),
+                                                   nodes=nodes, label=True)
 
 
 def per_node_command(params: HangStackDumpParams, *target: str) -> list[str]:
@@ -188,16 +185,6 @@ def _uncompared_findings(procs: list[ProcessStack], problems: list[str]) -> list
     return out
 
 
-def job_node_names(job_id: str) -> list[str]:
-    """The job's nodes in SLURM's order (srun's task i runs on the i-th); [] when SLURM does not say."""
-    from ..shared import slurm as _slurm
-
-    try:
-        return _slurm.allocation_nodes(_slurm.job_allocation_env(job_id))
-    except (_slurm.SlurmError, IndexError):
-        return []
-
-
 def _silent_why(problems: list[str]) -> str:
     return "; ".join(problems[:3])[:600] or "no output"
 
@@ -208,11 +195,11 @@ def run(params: HangStackDumpParams, progress) -> HangStackDumpResult:
         check_output(output_path(params.save_path.replace("{host}", socket.gethostname()), "dumps", "unused"),
                      overwrite=params.overwrite, field="save_path")
     result = HangStackDumpResult()
-    if params.slurm_job_id and params.all_nodes:
-        running_job(params.slurm_job_id)     # the job's owner or root, as straggler_find: else a clear refusal
-    if params.slurm_job_id:
-        cmd = slurm_all_nodes_command(params, job_nodes(params.slurm_job_id) if params.all_nodes else None)
-        result.slurm_command = " ".join(cmd)
+    nodes: list[str] = []
+    if params.slurm_job_id:     # all_nodes: the job's owner or root, as straggler_find: else a clear refusal
+        nodes = job_nodes(params.slurm_job_id) if params.all_nodes else hint_nodes(params.slurm_job_id)
+    if nodes:
+        result.slurm_command = shlex.join(slurm_all_nodes_command(params, nodes))
     progress(0.05, "finding processes")
     problems, full, derived, left_out = [], [], [], []
     if params.dump_paths or params.dump_text:
@@ -221,8 +208,9 @@ def run(params: HangStackDumpParams, progress) -> HangStackDumpResult:
         derived = [n for n in notes if n not in problems]
     elif params.slurm_job_id and params.all_nodes:
         result.launcher = "srun"
-        procs, problems, result.silent_nodes, left_out = run_all_nodes(
-            params.slurm_job_id, cmd, params.per_process_timeout_s, job_node_names(params.slurm_job_id))
+        procs, problems, result.silent_nodes, left_out = dump_job(
+            params.slurm_job_id, nodes, per_node_command(params, "--slurm-job-id", params.slurm_job_id),
+            params.per_process_timeout_s, progress)
     elif params.hosts:
         result.launcher = "ssh"
         # --flag=value: a launcher piece may start with '-' ('--rdzv-id=job42'), which argparse would take for a flag

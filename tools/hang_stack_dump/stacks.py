@@ -1,13 +1,11 @@
 """Grouping Python stacks read with py-spy (private to hang_stack_dump: no SPEC).
 
 One `py-spy dump --json` per process (shared/pyspy.py, in parallel), its
-main thread boiled down to the frames that matter, identical stacks grouped; and, for a SLURM job,
-the same done on every node through srun with the per-node JSON reports merged.
+main thread boiled down to the frames that matter, identical stacks grouped. Other nodes run the same
+dump through a node transport (step.py).
 """
 
-import json
 import socket
-import subprocess
 from concurrent.futures import ThreadPoolExecutor
 
 
@@ -15,8 +13,7 @@ from ..shared.process_targets import describe, frozen_reason, roles
 from ..shared.pyspy import (
     dump_one, explain_py_spy_error, frame_text, library_file, main_thread, py_spy_path, waits_on_peers,
 )
-from ..engine.processes import child_env
-from ..engine.spec import Field, Record, ToolFailure
+from ..engine.spec import Field, Record
 
 
 
@@ -129,55 +126,3 @@ def dump_processes(pids: list[int], native: bool, timeout_s: float, max_frames: 
             procs.append(ps)
             progress(0.1 + 0.8 * (i + 1) / len(pids), f"dumped {i + 1}/{len(pids)} processes")
     return procs, full
-
-
-# ---------------------------------------------------------------------------------------------------
-# SLURM: every node of a job
-
-def job_nodes(job_id: str) -> int | None:
-    from ..shared import slurm as _slurm
-
-    try:
-        out = _slurm.run_cmd(["squeue", "-h", "-j", job_id, "-o", "%D"], timeout_s=20).split()
-        return int(out[0]) if out and out[0].isdigit() else None
-    except _slurm.SlurmError as e:
-        raise ToolFailure(str(e)) from None
-
-
-def run_all_nodes(job_id: str, cmd: list[str], per_process_timeout_s: float,
-                  nodes: list[str] | None = None) -> tuple[list[ProcessStack], list[str], list[str], list[str]]:
-    """Run the per-node dumps through srun and collect every node's processes: (processes, problems, nodes that
-    sent no report, processes the nodes left out). `nodes`: the job's nodes in SLURM's order (task i runs on node i), to name the silent ones;
-    a node srun could not start the dump on is named from srun's own "Task launch ... failed on node X"."""
-    from ..shared import slurm as _slurm
-
-    timeout = per_process_timeout_s * 4 + 60
-    try:
-        proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=timeout, env=child_env())
-    except FileNotFoundError:
-        raise ToolFailure("srun is not on PATH: run this on a node of the cluster (login or compute).") from None
-    except subprocess.TimeoutExpired:
-        raise ToolFailure(f"srun gave no answer in {timeout:.0f} s: a node may be unreachable "
-                          f"(`scontrol show job {job_id}`, `sinfo -R`)") from None
-    procs, problems, silent, left_out = [], [], [], []
-    tasks = _slurm.split_labelled_output(proc.stdout)
-    said = _slurm.split_labelled_output(proc.stderr or "")
-    nodes = nodes or []
-    for task in sorted(set(tasks) | set(said) | set(range(len(nodes)))):
-        text, where = tasks.get(task, ""), nodes[task] if task < len(nodes) else f"node task {task}"
-        try:
-            doc = json.loads(text[text.index("{"):])
-            procs += [ProcessStack(**p) for p in doc.get("processes", [])]
-            left_out += [f"{where}: {line}" for line in doc.get("left_out", [])]
-        except (ValueError, TypeError):
-            last = " | ".join(line.strip() for line in said.get(task, "").splitlines()[-3:] if line.strip())
-            problems.append(f"{where}: no report" + (f"; it said: {last[-400:]}" if last else " (no output at all)"))
-            silent.append(where)
-    for node, why in _slurm.launch_failures(proc.stderr or "").items():
-        if node not in silent:
-            silent.append(node)
-        problems.insert(0, f"{node}: srun could not start the dump there: {why}")
-    if not tasks and not silent:
-        problems.append(f"srun exit {proc.returncode}: {(proc.stderr or proc.stdout).strip()[-400:]}")
-    return procs, problems, silent, left_out
-

@@ -31,8 +31,9 @@ from .answer import findings, next_steps, next_tools
 from .judge import Judgement, Rules
 from .look import look
 from .models import GpuSample, NodeReport, NodeSample, RankSample, Straggler
-from .slurm_job import node_line, sample_job
+from .slurm_job import sample_job
 from .ssh_job import sample_hosts
+from .step import node_line
 from ..engine.printable import printable
 from ..engine.spec import SELF_EVIDENT, Field, Params, Result, ToolFailure, ToolSpec
 from ..shared.logscan import capped_lines

@@ -54,6 +54,20 @@ class RunningJob:
     nodes: int
     nodelist: str
 
+    def node_names(self, limit: int) -> list[str]:
+        """The job's nodes, squeue's list expanded (where a step over every node of the job runs); ToolFailure
+        when it is not one, or longer than `limit`."""
+        from ..slurm import expand_hostlist
+
+        try:
+            names = expand_hostlist(self.nodelist, limit=limit)
+        except ValueError as e:
+            raise ToolFailure(f"slurm_job_id {self.job_id}: squeue's node list is not one ({e})") from None
+        if not names:
+            raise ToolFailure(f"slurm_job_id {self.job_id}: squeue lists no node for it (`scontrol show job "
+                              f"{self.job_id}`)")
+        return names
+
 
 def running_job(job_id: str) -> RunningJob:
     """The running job `job_id` if the caller may read its processes (its owner, or root); else ToolFailure."""
