@@ -3,7 +3,7 @@
 One sshd per node (scripts/cluster-local.sh sshd: in the node's namespaces and cgroup, keys made for the
 cluster), hosts=["mln[1-4]"] with MLENG_TRANSPORT=ssh (the cluster's SLURM stays configured, and is used
 for the srun runs beside them). Faults injected from outside as the SLURM twins do: a 50 Mbit/s tbf on one
-node's link, a node whose sshd is dead. gloo on CPU at small sizes, as there.
+node's link, the same limit between two nodes only (htb), a node whose sshd is dead. gloo on CPU at small sizes, as there.
 """
 
 from __future__ import annotations
@@ -72,6 +72,21 @@ def test_a_rate_limited_link_is_named_over_ssh(over_ssh):
     bw = iso["busbw_matrix"]
     assert bw[2][0] < iso["busbw_floor_gbps"] < bw[0][1]
     print(f"pairwise over ssh, 4 nodes, 50 Mbit/s on mln3: {iso['rounds']} rounds, {time.monotonic() - t0:.1f} s")
+    assert not no_ranks_left(over_ssh) and wait_clean(over_ssh) == []
+
+
+def test_a_slow_link_is_named_over_ssh_not_a_node(over_ssh):
+    """The twin of test_pairwise_names_a_slow_link_not_a_node: 50 Mbit/s between mln1 and mln2 only (each side
+    shapes what it sends to the other); both nodes are fine with their other partners, so the link is named,
+    neither node, and no other pair."""
+    rate_limit(over_ssh, "mln1", to="mln2")
+    rate_limit(over_ssh, "mln2", to="mln1")
+    t0 = time.monotonic()
+    result = bench_ssh(pattern="pairwise", group_deadline_s=90)
+    iso = result["isolation"]
+    assert suspects(result) == [("link", ["mln1", "mln2"])], result["findings"]
+    assert "fine with their other partners" in iso["suspects"][0]["evidence"] and result["verdict"] == "fail"
+    print(f"pairwise over ssh, 4 nodes, 50 Mbit/s mln1-mln2 only: {iso['rounds']} rounds, {time.monotonic() - t0:.1f} s")
     assert not no_ranks_left(over_ssh) and wait_clean(over_ssh) == []
 
 

@@ -22,12 +22,11 @@ import subprocess
 
 from .placement import inside_allocation, own_job
 from .processes import without_secrets
+from .remote_step import NODE_ENV, NODE_PATTERN   # noqa: F401  (kept there: the node's end of an SSH step starts light)
 from .srun import SrunTransport
 from .transport import TRANSPORT_ENV, SshTransport
 
-NODE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,254}$"
 NODE_MAX_CHARS = 255
-NODE_ENV = "MLENG_NODE"   # set for the child: it then reports the node's own host provenance
 
 
 class NodeUnavailable(RuntimeError):

@@ -17,7 +17,11 @@ import subprocess
 import sys
 import threading
 
-from .on_node import NODE_ENV, NODE_PATTERN
+# Defined here, not in on_node: each node of an SSH step starts this module before its command, all at once,
+# and on_node's imports (the tool contract, pydantic) cost 0.15 CPU-s a start (a fleet_sweep over 8 hosts at
+# load 20 on 2 cores started its first check 12 s after the call over ssh, 2 s through srun; docs/benchmarks.md).
+NODE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,254}$"
+NODE_ENV = "MLENG_NODE"   # set for the child: it then reports the node's own host provenance
 
 GRACE_S = 5
 
