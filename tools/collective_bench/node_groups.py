@@ -19,7 +19,9 @@ import time
 from dataclasses import dataclass, field
 
 from ..engine.data import PACKAGE
+from ..engine.printable import printable
 from ..engine.processes import without_secrets
+from ..engine.spec import ToolFailure
 from ..engine.transport import SshTransport
 from ..shared import slurm as _slurm
 from ..shared.culprits import diagnose
@@ -37,6 +39,10 @@ class GroupRun:
     detail: str = ""              # why it is not ok, in a sentence
     rows: list[dict] = field(default_factory=list)
     setup: dict = field(default_factory=dict)  # rank 0's setup event: backend, GPU name, NCCL env, NICs
+    # No rank of the group started anywhere and the launcher named no node it could not start them on: what
+    # failed may be the launcher on this machine (srun's configuration, a missing binary), not these nodes.
+    nothing_started: bool = False
+    launcher_said: str = ""       # the launcher's own last words, for such a group
 
     @property
     def ok(self) -> bool:
@@ -55,7 +61,8 @@ def group_run(nodes: list[int], outcome: LaunchOutcome | None, pg_timeout_s: flo
               wall_s: float) -> GroupRun:
     """What one group's launch says: ok with its figures, or fail/hang with the first reason."""
     if outcome is None:
-        return GroupRun(nodes, "fail", wall_s=wall_s, detail="the launcher could not start")
+        return GroupRun(nodes, "fail", wall_s=wall_s, detail="the launcher could not start", nothing_started=True,
+                        launcher_said="the launcher could not start")
     rows = [e for e in outcome.data if e.get("kind") == "row"]
     setup = next((e for e in outcome.data if e.get("kind") == "setup"), {})
     busbw, latency = figures_of(rows)
@@ -68,8 +75,32 @@ def group_run(nodes: list[int], outcome: LaunchOutcome | None, pg_timeout_s: flo
     _, findings = diagnose(outcome, pg_timeout_s)
     if findings or outcome.returncode or not rows:
         said = findings[0] if findings else f"exit code {outcome.returncode}, no figures"
-        return GroupRun(nodes, "fail", busbw, latency, wall_s, f"{where}: {said}", rows)
+        nothing = (not outcome.data and not outcome.launch_failures
+                   and all(s.status == "not_started" for s in outcome.ranks.values()))
+        return GroupRun(nodes, "fail", busbw, latency, wall_s, f"{where}: {said}", rows, nothing_started=nothing,
+                        launcher_said=_last_words(outcome.stderr_tail) if nothing else "")
     return GroupRun(nodes, "ok", busbw, latency, wall_s, "", rows, setup)
+
+
+def _last_words(stderr_tail: str) -> str:
+    lines = [line.strip() for line in stderr_tail.splitlines() if line.strip()]
+    return printable(lines[-1][:300], newlines=False) if lines else "no words"
+
+
+class LauncherFailed(ToolFailure):
+    """Every group of a round failed before any rank started, and the launcher named no node it could not start
+    ranks on: the launcher failed on this machine, not the nodes (a SLURM drill run whose slurm.conf had vanished
+    named 12 healthy links after srun twice said only "cannot stat" it). Nothing about the nodes was measured."""
+
+
+def check_launcher(results: list[GroupRun], names: list[str]) -> None:
+    """Raise LauncherFailed when no group of the round started a rank and the launcher named no node."""
+    if results and all(r.nothing_started for r in results):
+        said = sorted({r.launcher_said for r in results})
+        raise LauncherFailed(
+            f"the launcher failed before any rank started, in all {len(results)} group(s) of a round, and named no "
+            f"node: {'; '.join(said)[:600]}. Nothing about {', '.join(names)} was measured, so no node or link is "
+            "named: fix the launcher (srun's configuration, SLURM_CONF, the allocation; or ssh) and run again.")
 
 
 def remove_scratch(names: list[str], tag: str) -> None:
@@ -126,7 +157,9 @@ def run_round(groups: list[list[int]], names: list[str], launch, *, pg_timeout_s
         t.start()
     for t in threads:
         t.join()
-    return [r for r in results if r is not None]
+    done = [r for r in results if r is not None]
+    check_launcher(done, names)
+    return done
 
 
 def run_round_srun(groups: list[list[int]], names: list[str], job: dict, *, nproc: int, deadline_s: float,

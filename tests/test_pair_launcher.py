@@ -1,0 +1,43 @@
+"""A launcher that fails on this machine names no node or link (collective_bench pairwise / bisect).
+
+A drill run under a SLURM whose slurm.conf had vanished mid-run named 12 healthy links: srun failed twice in
+every pair with only "cannot stat" its configuration, no rank ever started, and each pair's two failures read
+as a bad link. Here the real srun runs with an empty configuration
+(it says so and exits at once; a missing file makes it retry for 60 s first). Before, 4 nodes gave "Suspect set
+mln1 - mln2 - mln3 - mln4 ... fleet-wide" with verdict fail; 8 nodes named links."""
+
+import functools
+import os
+
+import pytest
+
+from tools.collective_bench.isolation import pairwise
+from tools.collective_bench.node_groups import GroupRun, LauncherFailed, check_launcher, run_round_srun
+
+NAMES = ["mln1", "mln2", "mln3", "mln4"]
+
+
+def test_srun_failing_on_this_machine_is_the_answer_not_six_bad_links(monkeypatch, tmp_path):
+    (tmp_path / "slurm.conf").write_text("")
+    monkeypatch.setenv("SLURM_CONF", str(tmp_path / "slurm.conf"))
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    run_round = functools.partial(run_round_srun, names=NAMES, job={"backend": "gloo", "ops": ["all_reduce"]},
+                                  nproc=1, deadline_s=30, pg_timeout_s=20, port=29870)
+    with pytest.raises(LauncherFailed) as failed:
+        pairwise(NAMES, run_round)
+    said = str(failed.value)
+    assert "no node or link is named" in said and "mln1, mln2, mln3, mln4" in said
+    if os.path.exists("/usr/bin/srun") or any(os.access(os.path.join(d, "srun"), os.X_OK)
+                                              for d in os.environ.get("PATH", "").split(os.pathsep)):
+        assert "configuration file" in said, said    # srun's own words reach the user
+
+
+def _run(nodes, ok=False, nothing=False, said=""):
+    return GroupRun(nodes, "ok" if ok else "fail", nothing_started=nothing, launcher_said=said)
+
+
+def test_one_group_that_ran_keeps_the_round_judged_by_its_pairs():
+    check_launcher([_run([0, 1], nothing=True, said="x"), _run([2, 3], ok=True)], NAMES)     # no raise
+    check_launcher([_run([0, 1], nothing=True), _run([2, 3])], NAMES)       # a rank started in one: judged
+    with pytest.raises(LauncherFailed):
+        check_launcher([_run([0, 1], nothing=True, said="x"), _run([2, 3], nothing=True, said="x")], NAMES)
