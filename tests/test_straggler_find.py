@@ -378,6 +378,16 @@ def test_a_row_standing_apart_in_data_loading_is_never_headlined_no_straggler():
     assert head.startswith("Straggler: rank 3 on n3") and "Culprit (rank): rank 3 on n3" in head, head
     assert "12.0% of the window against at most 1.2% for every other rank" in head and result.verdict == "warn"
     assert result.culprit_kind == "rank" and result.culprit.rank == 3
+    # bench/straggler_verdicts.py, 2026-12-02 20:00: rank 1 named for its loader standing apart (11.9% against <= 1.2%)
+    # while it worked 33% of the window: its reason read "slower compute" under that sentence. The stage is the reason.
+    light = rows(row(3, 0.30, 0.12))
+    for i, r in enumerate(light[:3]):
+        r.fractions["collective"] = [0.45, 0.42, 0.43][i]
+        r.fractions["compute"] = 1 - r.fractions["collective"] - r.fractions["data"]
+        r.part_fractions = [{"collective": r.fractions["collective"], "data": r.fractions["data"]}] * 3
+    light[3].fractions["compute"] = 0.58
+    result = _headline(light)
+    assert [(s.rank, s.reason) for s in result.stragglers] == [(3, "data_loading")], result.findings
     # Apart in one third only: not named, and not "no straggler" either: inconclusive, with the figure.
     result = _headline(rows(row(3, 0.86, 0.12, thirds=[0.30, 0.03, 0.03])))
     assert result.stragglers == [] and result.verdict == "info", result.findings

@@ -231,7 +231,7 @@ def _caused_not_held(ranks, caused: dict, held: set[int], out: Judgement) -> Non
 
 
 def _named(r: RankSample, ranks: list[RankSample], node: NodeSample | None, gpus: list[GpuSample], rules: Rules,
-           causes: list[HostCause] = ()) -> Straggler:
+           causes: list[HostCause] = (), stage: str = "") -> Straggler:
     others_wait = _others_wait(r, ranks)
     own = own_work(r)
     s = Straggler(rank=r.rank, host=r.host, pid=r.pid, gpu_index=r.gpu_index, gpu_serial=r.gpu_serial,
@@ -247,7 +247,10 @@ def _named(r: RankSample, ranks: list[RankSample], node: NodeSample | None, gpus
             s.evidence.append("its stacks look like the others': a rank starved of CPU still reads as waiting inside "
                               "collectives (gloo spins on the CPU there)")
         return s
-    s.reason = _reason(r, _others(ranks, r), node, gpus, rules, s.evidence)
+    # A loader or copies standing apart from every other rank's is the reason even below the share of its own work
+    # that names it otherwise: the rest of its work is like theirs (bench/straggler_verdicts.py, 2026-12-02).
+    stage = stage or next((a.stage for a in _apart_in(r, _others(ranks, r), rules.reason) if a.stage != "compute"), "")
+    s.reason = _reason(r, _others(ranks, r), node, gpus, rules, s.evidence, stage)
     return s
 
 
@@ -256,11 +259,13 @@ def _share_of_work(r: RankSample, cls: str) -> float:
     return r.fractions.get(cls, 0) / own if own > 0 else 0.0
 
 
-def _reason(r: RankSample, others, node: NodeSample | None, gpus, rules: Rules, evidence: list[str]) -> str:
+def _reason(r: RankSample, others, node: NodeSample | None, gpus, rules: Rules, evidence: list[str],
+            stage: str = "") -> str:
+    """Why r is slow; `stage`: the class its row stands apart in (_stages), which is then the reason."""
     rr = rules.reason
     for cls, name, label in (("data", "data_loading", "data loading"), ("h2d", "h2d", "host-to-device copies")):
         mine, theirs = _share_of_work(r, cls), statistics.median(_share_of_work(o, cls) for o in others)
-        if mine >= rr[f"{'data' if cls == 'data' else 'h2d'}_share_min"] and mine > theirs + 0.1:
+        if cls == stage or (mine >= rr[f"{'data' if cls == 'data' else 'h2d'}_share_min"] and mine > theirs + 0.1):
             evidence.append(f"{mine:.0%} of its own work is {label} (others {theirs:.0%}), mostly at "
                             f"{r.top_frames.get(cls, '?')}")
             return name
@@ -352,7 +357,8 @@ STAGES = {"data": "data loading", "h2d": "host-to-device copies", "compute": "co
 class Apart:
     """One rank's row standing apart from every other rank's in one stage."""
     rank: RankSample
-    label: str              # "data loading", "host-to-device copies", "compute"
+    stage: str              # the class: "data", "h2d", "compute"
+    label: str              # its words: "data loading", "host-to-device copies", "compute"
     mine: float
     theirs: float           # the nearest other rank's figure
     steady: bool            # in every third of the window too
@@ -371,7 +377,7 @@ def _apart_in(r: RankSample, others: list[RankSample], rr: dict) -> list[Apart]:
         gap = _stage_gap(cls, rr)
         if mine * r.samples < rr["stage_samples_min"] or mine < rr["stage_factor_min"] * theirs or mine - theirs < gap:
             continue
-        found.append(Apart(r, label, mine, theirs, _apart_in_every_third(r, others, cls, gap, rr)))
+        found.append(Apart(r, cls, label, mine, theirs, _apart_in_every_third(r, others, cls, gap, rr)))
     # CPU time is not a stage here: a rank starved of it is judged by the kernel's counters against its peers
     # (host_causes.py), and on a loaded host the ranks' CPU time scatters 2x with nobody behind.
     return found
@@ -401,7 +407,7 @@ def _stages(ranks: list[RankSample], nodes, gpus, rules: Rules, out: Judgement) 
     clear = (len(who) == 1 and a.steady and
              _others_wait(r, ranks) >= rules.min_others_wait and _wait(r) < min(_wait(o) for o in _others(ranks, r)))
     if clear:
-        s = _named(r, ranks, nodes.get(r.host), gpus, rules)
+        s = _named(r, ranks, nodes.get(r.host), gpus, rules, stage=a.stage)
         d, thr, _ = _stands_out(r, ranks, rules)
         s.evidence.insert(1, f"its {a.label} stands apart: {a.mine:.1%} of the window against at most {a.theirs:.1%} for "
                              f"every other rank, in every third of it; its lead in waiting ({d:.0%} less than the "
