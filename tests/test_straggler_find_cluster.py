@@ -151,6 +151,9 @@ def test_cpu_limited_node_is_named_for_cpu(cluster, tmp_path):
     s = _one(result)
     assert (s["host"], s["rank"], s["reason"]) == ("mln3", 2, "cpu"), result["findings"]
     assert "throttled" in " ".join(s["evidence"]) and s["others_wait_fraction"] > 0.2
+    # What to act on is the host, with the quota that caps it (issue 35: the model typed the culprit's kind itself).
+    assert (s["culprit_kind"], s["culprit"]["name"], result["culprit_kind"]) == ("node", "mln3", "node"), s
+    assert "quota 0.05 CPU (/mln/mln3: cpu.cfs_quota_us 5000 / cpu.cfs_period_us 100000)" in result["findings"][0]
     assert sorted(n["host"] for n in result["nodes"]) == ["mln1", "mln2", "mln3", "mln4"]
     assert not ours_left(cluster)
 
@@ -165,6 +168,7 @@ def test_slow_loader_rank_is_named_for_data_loading(cluster, tmp_path):
     s = _one(result)
     assert (s["host"], s["rank"], s["reason"]) == ("mln2", 1, "data_loading"), result["findings"]
     assert "load_batch" in " ".join(s["evidence"])
+    assert (s["culprit_kind"], s["culprit"]["rank"]) == ("rank", 1) and "Culprit (rank): rank 1 on mln2" in result["findings"][0]
     assert not ours_left(cluster)
 
 

@@ -35,6 +35,7 @@ from .slurm_job import sample_job
 from .ssh_job import sample_hosts
 from .step import node_line
 from ..engine.printable import printable
+from ..shared.culprit_kind import CULPRIT_KIND_FIELD, Culprit, CulpritKind
 from ..engine.spec import SELF_EVIDENT, Field, Params, Result, ToolFailure, ToolSpec
 from ..shared.logscan import capped_lines
 from ..shared.safe_read import read_tail
@@ -99,6 +100,8 @@ class StragglerFindResult(Result):
     threshold_pct: float | None = Field(None, description="How far above the others' median a rank must be, %.")
     step_time_lines: list[str] = Field(default_factory=list, description="Last step-time lines of log_paths.")
     window_s: float = Field(0.0, description="Seconds sampled (looks added up).")
+    culprit_kind: CulpritKind | None = Field(None, description=CULPRIT_KIND_FIELD)
+    culprit: Culprit | None = Field(None, description="What to act on for the first straggler (its `culprit`).")
 
 
 def _local(spec: dict, progress) -> tuple[list[NodeReport], list[str]]:
@@ -181,6 +184,8 @@ def run(params: StragglerFindParams, progress) -> StragglerFindResult:
 def _fill(result: StragglerFindResult, v: Judgement, problems: list[str]) -> None:
 
     result.stragglers = v.stragglers
+    if v.stragglers:
+        result.culprit, result.culprit_kind = v.stragglers[0].culprit, v.stragglers[0].culprit_kind
     for s in v.stragglers:
         s.next_steps = next_steps(s)
     if v.spread is not None:

@@ -22,17 +22,27 @@ def _where(s: Straggler) -> str:
     return f"rank {s.rank if s.rank is not None else '?'} on {s.host} (pid {s.pid}{gpu})"
 
 
+# What each culprit kind means for the user, said beside it in the headline.
+KIND_WORDS = {"node": "its host, not the rank's code: move the rank or take the node out",
+              "rank": "the rank's own process", "gpu": "its GPU"}
+
+
 def _line(s: Straggler) -> str:
     pace = f"; its own work takes {s.work_ratio:.1f}x the others'" if s.work_ratio else ""
     held = f"the others wait {s.others_wait_fraction:.0%} of the time on it{pace}" if s.others_wait_fraction else "it runs slow"
-    return f"Straggler: {_where(s)}: {held}. Likely reason: {REASON_WORDS.get(s.reason, s.reason)}: {'; '.join(s.evidence)}."
+    kind = f" Culprit ({s.culprit.kind}): {s.culprit.name}, {KIND_WORDS[s.culprit.kind]}." if s.culprit else ""
+    return (f"Straggler: {_where(s)}: {held}.{kind} Likely reason: {REASON_WORDS.get(s.reason, s.reason)}: "
+            f"{'; '.join(s.evidence)}.")
 
 
 def findings(result, v: Judgement) -> list[str]:
     out = [_line(s) for s in v.stragglers]
     sampled = [r for r in result.ranks if not r.error and r.samples]
     shares = sorted(1 - r.fractions.get("collective", 0) for r in sampled)
-    if v.inconclusive:
+    if v.inconclusive and v.apart and not v.stragglers:
+        out.append(f"Inconclusive: {'; '.join(v.apart)}; the others' waiting shares spread {v.spread or 0:.0%} "
+                   f"(relative). Sample longer (window_s) or when the job is steady.")
+    elif v.inconclusive:
         out.append(f"Inconclusive: the ranks' own-work shares spread {v.spread:.0%} (relative), too wide to tell a "
                    f"straggler from noise at the {v.threshold:.0%} threshold; sample longer (window_s) or when the job is steady.")
     elif not v.stragglers and len(sampled) >= 2:

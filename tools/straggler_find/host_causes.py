@@ -36,7 +36,12 @@ def _throttled(r: RankSample, others: list[RankSample], rr: dict) -> HostCause |
         return None
     used = f"; it used {r.cpu_fraction:.2f} CPU-s per s" if r.cpu_fraction is not None else ""
     return HostCause("cpu", f"its cpu cgroup {r.cgroup or '?'} was throttled in {mine:.0%} of CFS periods (the "
-                            f"others {theirs:.0%}): a CPU limit{used}")
+                            f"others {theirs:.0%}): a CPU limit{quota(r)}{used}")
+
+
+def quota(r: RankSample) -> str:
+    """', quota 0.25 CPU (/mln/mln3: cpu.cfs_quota_us 25000 / cpu.cfs_period_us 100000)', or '' when none was read."""
+    return f", quota {r.cpu_limit_cpus:g} CPU ({r.cpu_limit_at})" if r.cpu_limit_cpus is not None else ""
 
 
 def _ran_share(r: RankSample) -> float | None:
@@ -51,6 +56,10 @@ def contention(r: RankSample, others: list[RankSample]) -> str:
     theirs = _median(o.runqueue_wait_fraction for o in others)
     behind = (f", {r.others_runnable:g} other runnable processes on its CPUs ({r.cpus or '?'})"
               if r.others_runnable is not None else "")
+    if r.competitors:
+        behind += f": {'; '.join(r.competitors)}"
+    if r.job_runnable:
+        behind += f"; the job's own other processes there: {r.job_runnable:g}"
     ran, their_ran = _ran_share(r), _median(_ran_share(o) for o in others)
     share = f"; it ran {ran:.0%} of the time it was runnable (peers {their_ran:.0%})" if ran is not None and their_ran else ""
     return (f"CPU contention: run-queue wait {r.runqueue_wait_fraction or 0:.2f} s/s (peers "
@@ -101,7 +110,7 @@ def cpu_starved(r: RankSample, others, rr: dict, evidence: list[str]) -> bool:
     """The absolute CPU reasons, for a rank named by its stacks: throttled often, or little CPU while computing."""
     if r.cgroup_throttled_fraction is not None and r.cgroup_throttled_fraction >= rr["throttled_periods_min"]:
         evidence.append(f"its cpu cgroup {r.cgroup or '?'} was throttled in {r.cgroup_throttled_fraction:.0%} of "
-                        f"CFS periods (a CPU limit); it used {r.cpu_fraction or 0:.2f} CPU-s per s")
+                        f"CFS periods (a CPU limit{quota(r)}); it used {r.cpu_fraction or 0:.2f} CPU-s per s")
         return True
     mine = _efficiency(r)
     theirs = [e for e in (_efficiency(o) for o in others) if e is not None]

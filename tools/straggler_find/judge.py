@@ -10,7 +10,15 @@ of that hides a rank 15% slower), and the others wait at least `min_others_wait`
 (otherwise nobody is held back). When every rank
 waits in collectives most of the time and one node's links are shaped or retransmitting, that node is
 named for the network. When the spread of the healthy ranks is too wide to resolve the margin, the
-answer is "inconclusive", with the spread.
+answer is "inconclusive", with the spread. A rank whose own row stands apart in one stage (data loading,
+copies, compute: several times every other rank's share, in every third of the window) is named for it even
+when its lead in waiting is short of the margin, or, when that is not clear-cut, the answer is
+"inconclusive" with the figure: never "no straggler" above a row that says otherwise (issue 35).
+
+Each straggler carries what to act on (`culprit`, typed as every tool types one): the rank when its own
+process is slow (its loader, copies, compute), the node when the cause is its host (a CPU quota, other
+processes on its CPUs, steal, memory pressure, a shaped NIC: moving the rank or draining the node helps,
+changing its code does not), the GPU when its GPU is.
 """
 
 import math
@@ -20,6 +28,7 @@ from dataclasses import dataclass, field, replace
 from .host_causes import HostCause, cpu_starved, host_causes
 from .flight import evidence as fr_evidence, finding as fr_finding, line_up as fr_line_up
 from .models import GpuSample, NodeReport, NodeSample, RankSample, Straggler
+from ..shared.culprit_kind import Culprit, node_culprit, rank_culprit
 from ..engine.data import load_data
 from ..shared.judging import FigureRule, deficit, is_inconclusive, relative_spread, rule_for, threshold
 
@@ -53,7 +62,8 @@ class Judgement:
     spread: float | None = None
     threshold: float | None = None
     inconclusive: bool = False
-    leading: list[str] = field(default_factory=list)     # ranks ahead of the others, short of being named
+    leading: list[tuple[RankSample, str]] = field(default_factory=list)   # ranks ahead, short of being named: why
+    apart: list[str] = field(default_factory=list)       # rows that stand apart in a stage, nobody named: the figures
     unsettled: bool = False                              # nobody named, but a longer look may tell (look.py)
 
 
@@ -111,13 +121,30 @@ def judge(reports: list[NodeReport], rules: Rules) -> Judgement:
     out = Judgement()
     if len(ranks) >= 2:
         _compare(ranks, nodes, gpus, rules, out)
-        out.findings[:0] = out.leading
+        if not out.stragglers:
+            _stages(ranks, nodes, gpus, rules, out)
+        named = {id(r) for r in ranks for s in out.stragglers if (s.host, s.pid) == (r.host, r.pid)}
+        out.findings[:0] = [line for r, line in out.leading if id(r) not in named]
     shared = [g for g in gpus if g.job_pids and g.other_holders]
     for g in shared:
         if not any(s.gpu_serial == g.serial and s.host == g.host for s in out.stragglers):
             out.stragglers.append(_gpu_shared(g, ranks))
     _flight_recorder(reports, out)
+    for s in out.stragglers:
+        s.culprit = culprit(s)
+        s.culprit_kind = s.culprit.kind
     return out
+
+
+def culprit(s: Straggler) -> Culprit:
+    """What to act on for a straggler, by its reason (the module docstring says why)."""
+    if s.reason == "gpu":
+        serial = f" (serial {s.gpu_serial})" if s.gpu_serial else ""
+        return Culprit(kind="gpu", name=f"{s.host} GPU {s.gpu_index if s.gpu_index is not None else '?'}{serial}",
+                       node=s.host, gpu_serial=s.gpu_serial, rank=s.rank)
+    if s.reason in ("cpu", "memory", "network") or s.rank is None:
+        return node_culprit(s.host)
+    return rank_culprit(s.rank, s.host)
 
 
 def _flight_recorder(reports: list[NodeReport], out: Judgement) -> None:
@@ -164,9 +191,9 @@ def _compare(ranks, nodes, gpus, rules: Rules, out: Judgement) -> None:
         for r, _ in sorted(steady, key=lambda c: -c[1]):
             out.stragglers.append(_named(r, ranks, nodes.get(r.host), gpus, rules))
         for r, d in (c for c in candidates if c not in steady):
-            out.leading.append(f"Rank {r.rank} on {r.host} worked longer than the others over the window ({d:.0%} "
-                               "less waiting) but not in every third of it: a passing slowdown (another process on "
-                               "the host, a burst of I/O) or a small steady one; not named.")
+            out.leading.append((r, f"Rank {r.rank} on {r.host} worked longer than the others over the window ({d:.0%} "
+                                   "less waiting) but not in every third of it: a passing slowdown (another process "
+                                   "on the host, a burst of I/O) or a small steady one; not named."))
         out.unsettled = not out.stragglers and bool(out.leading)
         return
     if not out.stragglers:
@@ -190,8 +217,8 @@ def _leads(scored, ranks: list[RankSample], held: set[int], rules: Rules, out: J
     rank 0 logging 6% of the window in a healthy job that waits 40% of it is said, and the answer is given."""
     for r, d, thr, _ in sorted(scored, key=lambda x: -x[1]):
         if id(r) in held and thr / 2 < d <= thr:
-            out.leading.append(f"Rank {r.rank} on {r.host} waits {d:.0%} less than the others, short of the "
-                               f"{thr:.0%} that names a straggler: not named.")
+            out.leading.append((r, f"Rank {r.rank} on {r.host} waits {d:.0%} less than the others, short of the "
+                                   f"{thr:.0%} that names a straggler: not named."))
             out.unsettled = out.unsettled or thr > rules.bar(_others_wait(r, ranks), 0.0) + 1e-9
 
 
@@ -204,7 +231,7 @@ def _caused_not_held(ranks, caused: dict, held: set[int], out: Judgement) -> Non
 
 
 def _named(r: RankSample, ranks: list[RankSample], node: NodeSample | None, gpus: list[GpuSample], rules: Rules,
-           causes: list[HostCause] = ()) -> Straggler:
+           causes: list[HostCause] = (), stage: str = "") -> Straggler:
     others_wait = _others_wait(r, ranks)
     own = own_work(r)
     s = Straggler(rank=r.rank, host=r.host, pid=r.pid, gpu_index=r.gpu_index, gpu_serial=r.gpu_serial,
@@ -220,7 +247,10 @@ def _named(r: RankSample, ranks: list[RankSample], node: NodeSample | None, gpus
             s.evidence.append("its stacks look like the others': a rank starved of CPU still reads as waiting inside "
                               "collectives (gloo spins on the CPU there)")
         return s
-    s.reason = _reason(r, _others(ranks, r), node, gpus, rules, s.evidence)
+    # A loader or copies standing apart from every other rank's is the reason even below the share of its own work
+    # that names it otherwise: the rest of its work is like theirs (bench/straggler_verdicts.py, 2026-12-02).
+    stage = stage or next((a.stage for a in _apart_in(r, _others(ranks, r), rules.reason) if a.stage != "compute"), "")
+    s.reason = _reason(r, _others(ranks, r), node, gpus, rules, s.evidence, stage)
     return s
 
 
@@ -229,11 +259,13 @@ def _share_of_work(r: RankSample, cls: str) -> float:
     return r.fractions.get(cls, 0) / own if own > 0 else 0.0
 
 
-def _reason(r: RankSample, others, node: NodeSample | None, gpus, rules: Rules, evidence: list[str]) -> str:
+def _reason(r: RankSample, others, node: NodeSample | None, gpus, rules: Rules, evidence: list[str],
+            stage: str = "") -> str:
+    """Why r is slow; `stage`: the class its row stands apart in (_stages), which is then the reason."""
     rr = rules.reason
     for cls, name, label in (("data", "data_loading", "data loading"), ("h2d", "h2d", "host-to-device copies")):
         mine, theirs = _share_of_work(r, cls), statistics.median(_share_of_work(o, cls) for o in others)
-        if mine >= rr[f"{'data' if cls == 'data' else 'h2d'}_share_min"] and mine > theirs + 0.1:
+        if cls == stage or (mine >= rr[f"{'data' if cls == 'data' else 'h2d'}_share_min"] and mine > theirs + 0.1):
             evidence.append(f"{mine:.0%} of its own work is {label} (others {theirs:.0%}), mostly at "
                             f"{r.top_frames.get(cls, '?')}")
             return name
@@ -245,8 +277,9 @@ def _reason(r: RankSample, others, node: NodeSample | None, gpus, rules: Rules, 
     if _gpu_slow(r, gpus, rules, evidence):
         return "gpu"
     # No GPU seen (a CPU-only job, or no NVML): nothing says a GPU is slower, so none is blamed.
+    # Said once for the whole answer (answer.py), not per rank.
     suspects = "a slower GPU or kernel path, or more work on this rank" if gpus else (
-        "more work on this rank or a slower code path (no GPU seen on its node)")
+        "more work on this rank or a slower code path")
     evidence.append(f"it computes ({r.fractions.get('compute', 0):.0%} of samples, mostly at "
                     f"{r.top_frames.get('compute', '?')}) with no host cause seen: {suspects}")
     return "unknown"
@@ -315,3 +348,75 @@ def _network(ranks: list[RankSample], nodes: dict[str, NodeSample], rules: Rules
         out.findings.append(f"Every rank waits in collectives ({min(waits):.0%}-{max(waits):.0%} of the window) and no "
                             "node's links stand out: the job is communication-bound; measure the links with "
                             "collective_bench (pairwise) to find a slow pair.")
+
+
+STAGES = {"data": "data loading", "h2d": "host-to-device copies", "compute": "compute"}
+
+
+@dataclass(frozen=True)
+class Apart:
+    """One rank's row standing apart from every other rank's in one stage."""
+    rank: RankSample
+    stage: str              # the class: "data", "h2d", "compute"
+    label: str              # its words: "data loading", "host-to-device copies", "compute"
+    mine: float
+    theirs: float           # the nearest other rank's figure
+    steady: bool            # in every third of the window too
+
+
+def _stage_gap(cls: str, rr: dict) -> float:
+    return rr["stage_gap_min"] if cls != "compute" else rr["compute_gap_min"]
+
+
+def _apart_in(r: RankSample, others: list[RankSample], rr: dict) -> list[Apart]:
+    """The stages in which r's share is at least stage_factor_min times every other rank's and stage_gap_min of the
+    window above it, over at least stage_samples_min of its samples."""
+    found = []
+    for cls, label in STAGES.items():
+        mine, theirs = r.fractions.get(cls, 0.0), max(o.fractions.get(cls, 0.0) for o in others)
+        gap = _stage_gap(cls, rr)
+        if mine * r.samples < rr["stage_samples_min"] or mine < rr["stage_factor_min"] * theirs or mine - theirs < gap:
+            continue
+        found.append(Apart(r, cls, label, mine, theirs, _apart_in_every_third(r, others, cls, gap, rr)))
+    # CPU time is not a stage here: a rank starved of it is judged by the kernel's counters against its peers
+    # (host_causes.py), and on a loaded host the ranks' CPU time scatters 2x with nobody behind.
+    return found
+
+
+def _apart_in_every_third(r: RankSample, others: list[RankSample], cls: str, gap: float, rr: dict) -> bool:
+    """Whether r's share of `cls` stands apart in each third of the window too, by half the gap (a third holds a
+    third of the samples), as _in_every_part asks of a lead in waiting."""
+    for i, part in enumerate(r.part_fractions):
+        mine = part.get(cls, 0.0)
+        theirs = max((o.part_fractions[i].get(cls, 0.0) for o in others if len(o.part_fractions) > i), default=0.0)
+        if mine - theirs < gap / 2 or mine < rr["stage_factor_min"] * theirs:
+            return False
+    return bool(r.part_fractions)
+
+
+def _stages(ranks: list[RankSample], nodes, gpus, rules: Rules, out: Judgement) -> None:
+    """Nobody named on waiting: a rank whose row stands apart in a stage is named for it when it is clear-cut (one
+    rank, steady in every third, waiting less than every other rank while they are held back); otherwise the answer
+    is inconclusive with the figure, and worth a longer look. Never "no straggler" above such a row."""
+    apart = [a for r in ranks for a in _apart_in(r, _others(ranks, r), rules.reason)]
+    if not apart:
+        return
+    who = {id(a.rank) for a in apart}
+    a = apart[0]
+    r = a.rank
+    clear = (len(who) == 1 and a.steady and
+             _others_wait(r, ranks) >= rules.min_others_wait and _wait(r) < min(_wait(o) for o in _others(ranks, r)))
+    if clear:
+        s = _named(r, ranks, nodes.get(r.host), gpus, rules, stage=a.stage)
+        d, thr, _ = _stands_out(r, ranks, rules)
+        s.evidence.insert(1, f"its {a.label} stands apart: {a.mine:.1%} of the window against at most {a.theirs:.1%} for "
+                             f"every other rank, in every third of it; its lead in waiting ({d:.0%} less than the "
+                             f"others) is short of the {thr:.0%} that names a rank on waiting alone")
+        out.stragglers.append(s)
+        out.unsettled = False
+        return
+    out.inconclusive = out.unsettled = True
+    for a in apart:
+        out.apart.append(f"Rank {a.rank.rank} on {a.rank.host}: its {a.label} stands apart ({a.mine:.1%} of the window "
+                         f"against at most {a.theirs:.1%} for every other rank), but not clearly enough to name it"
+                         + ("" if a.steady else " (not in every third of the window)"))

@@ -103,8 +103,9 @@ def merge_rank(a: RankSample, b: RankSample, wa: float, wb: float) -> RankSample
                      for k in keys} if n else {}
     row.part_fractions, row.part_samples = _thirds(a.part_fractions + b.part_fractions, a.part_samples + b.part_samples)
     row.top_frames = {**b.top_frames, **a.top_frames}
-    for name in ("cpu_fraction", "runqueue_wait_fraction", "cgroup_throttled_fraction", "others_runnable"):
+    for name in ("cpu_fraction", "runqueue_wait_fraction", "cgroup_throttled_fraction", "others_runnable", "job_runnable"):
         setattr(row, name, _weighted(getattr(a, name), getattr(b, name), wa, wb))
+    row.competitors = b.competitors or a.competitors          # who: the latest look's, its counts its own
     row.error = "" if n else (b.error or a.error)
     return row
 

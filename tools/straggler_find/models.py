@@ -1,6 +1,7 @@
 """straggler_find's records: what one node reports and what the answer carries (the output schema)."""
 
 from ..engine.spec import Field, Record
+from ..shared.culprit_kind import Culprit, CulpritKind
 
 
 class RankSample(Record):
@@ -30,6 +31,15 @@ class RankSample(Record):
     cpus: str = Field("", description="The CPUs it may run on (its affinity: taskset, cpuset), e.g. '0-15'.")
     others_runnable: float | None = Field(None, description=(
         "Other processes runnable on its CPUs, mean over the window (not the job's): who it waits behind."))
+    competitors: list[str] = Field(default_factory=list, description=(
+        "Those other processes, most often runnable first: 'pid 4242 (python3) user nobody, runnable in 9 of 10 "
+        "scans'. The name is the process's own choice: data, escaped and cut."))
+    job_runnable: float | None = Field(None, description=(
+        "The job's own other processes (ranks, their workers) runnable on its CPUs, mean over the window."))
+    cpu_limit_cpus: float | None = Field(None, description=(
+        "CPUs its tightest cpu cgroup quota allows (quota / period, the cgroup or one above it); None: no limit."))
+    cpu_limit_at: str = Field("", description=(
+        "Where that quota is set, with its values: '/mln/mln3: cpu.cfs_quota_us 25000 / cpu.cfs_period_us 100000'."))
     gpu_index: int | None = Field(None, description="NVML index of the GPU the rank holds (from NVML's process list).")
     gpu_serial: str = Field("", description="That GPU's serial number.")
     error: str = Field("", description="Why this rank could not be sampled (py-spy attach, permissions, gone).")
@@ -112,3 +122,7 @@ class Straggler(Record):
     reason: str = Field("", description="cpu | memory | data_loading | h2d | gpu | network | unknown.")
     evidence: list[str] = Field(default_factory=list, description="The figures the reason rests on, with units.")
     next_steps: list[str] = Field(default_factory=list, description="What to run or check next (commands are never run).")
+    culprit_kind: CulpritKind | None = Field(None, description=(
+        "What to act on: rank (its own process: loader, compute, frozen), node (its host: a CPU quota, other "
+        "processes on its CPUs, steal, memory pressure, a shaped NIC), gpu (its GPU)."))
+    culprit: Culprit | None = Field(None, description="That culprit and its name, as every tool names one.")

@@ -28,7 +28,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from .probes import RunnableWatch, mem_available_fraction, psi_some_avg10, read, snapshot_node, snapshot_rank
+from .probes import RunnableWatch, cpu_limit, mem_available_fraction, psi_some_avg10, read, snapshot_node, snapshot_rank
 from .classify import CLASSES, stack_class
 from .flight import read_rank
 from .gpus import GpuWatch
@@ -214,6 +214,8 @@ def sample_node(spec: dict, progress=None) -> NodeReport:
         stacks, error = results.get(p, (None, "not sampled"))
         row = _rank_sample(p, host, rank_before[p], after, min(elapsed, window_s + 5), stacks, error)
         row.cpus, row.others_runnable = runnable.cpus(p), runnable.others_runnable(p)
+        row.competitors, row.job_runnable = runnable.competitors(p), runnable.job_runnable(p)
+        row.cpu_limit_cpus, row.cpu_limit_at = cpu_limit(p) or (None, "")
         report.ranks.append(row)
     report.node = _node_sample(host, node_before, node_after, elapsed, report.node)
     report.flight = [f for f in (read_rank(r.pid, r.rank, host) for r in report.ranks) if f]

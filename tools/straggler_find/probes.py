@@ -5,10 +5,14 @@ said, never guessed. Nothing here writes anything or changes the job.
 """
 
 import os
+import pwd
 import re
 import shutil
 import subprocess
+from collections import Counter
 from pathlib import Path
+
+from ..engine.printable import printable
 
 CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
@@ -66,6 +70,34 @@ def throttle_counts(stat: Path | None) -> tuple[int, int] | None:
     if "nr_periods" not in values:
         return None
     return int(values["nr_periods"]), int(values.get("nr_throttled", 0))
+
+
+def _quota(folder: Path) -> tuple[float, str] | None:
+    """(CPUs allowed, the files' values) of one cpu cgroup's own quota; None when it sets none."""
+    text = (read(folder / "cpu.max") or "").split()                # cgroup v2: "25000 100000" or "max 100000"
+    if len(text) == 2 and text[0].isdigit() and text[1].isdigit() and int(text[1]) > 0:
+        return int(text[0]) / int(text[1]), f"cpu.max {text[0]} {text[1]}"
+    quota, period = (read(folder / "cpu.cfs_quota_us") or "").strip(), (read(folder / "cpu.cfs_period_us") or "").strip()
+    if quota.isdigit() and period.isdigit() and int(period) > 0:   # v1: -1 (no limit) is not digits
+        return int(quota) / int(period), f"cpu.cfs_quota_us {quota} / cpu.cfs_period_us {period}"
+    return None
+
+
+def cpu_limit(pid: int) -> tuple[float, str] | None:
+    """The tightest CPU quota on the process's cpu cgroup or any above it: (CPUs, 'cgroup: the values'); None: none.
+    A quota set above the rank (a node's or a job's cgroup) throttles it as surely as its own."""
+    path, stat = cpu_cgroup_stat(pid)
+    if stat is None:
+        return None
+    rel = path.strip("/")
+    here, best = stat.parent, None
+    for depth in range(rel.count("/") + 1 if rel else 0, -1, -1):     # its cgroup, each one above, the root
+        found = _quota(here)
+        if found and (best is None or found[0] < best[0]):
+            name = "/" + "/".join(rel.split("/")[:depth]) if depth else "/"
+            best = (round(found[0], 3), f"{name}: {found[1]}")
+        here = here.parent
+    return best
 
 
 def cpu_times() -> list[int] | None:
@@ -148,6 +180,18 @@ def cpus_allowed(pid: int) -> frozenset[int] | None:
         return None
 
 
+def owner(pid: int) -> str:
+    """The user a process runs as (the kernel's record: /proc/PID's owner), or its uid; '?' once it is gone."""
+    try:
+        uid = os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        return "?"
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"
+
+
 def runnable_tasks() -> list[tuple[int, int, int, str]]:
     """Every runnable thread on this node, as (process id, parent process id, CPU it is queued on, command)."""
     found = []
@@ -171,9 +215,11 @@ def runnable_tasks() -> list[tuple[int, int, int, str]]:
 class RunnableWatch:
     """Other processes with a runnable thread on each rank's CPUs, counted every `interval_s` while the window runs.
 
-    A rank that shares its CPUs with busy processes waits on the run queue: the count says who it waits
-    behind. Not counted: the job's ranks and their children (dataloader workers), this sampler and its
-    py-spy children (by name: a sampler run in-process, by hand, may have other children that do count). One scan of /proc costs ~1 ms per 100 threads, so it runs a few times a window.
+    A rank that shares its CPUs with busy processes waits on the run queue: the count says how many it waits
+    behind, `competitors` who (pid, name, owner, from the same scans). The job's ranks and their children
+    (dataloader workers) are counted apart; not counted: this sampler and its py-spy children (by name: a
+    sampler run in-process, by hand, may have other children that do count). One scan of /proc costs ~1 ms per
+    100 threads, so it runs a few times a window.
     """
 
     def __init__(self, pids: list[int], interval_s: float):
@@ -183,6 +229,9 @@ class RunnableWatch:
         self.ours = os.getpid()
         self.allowed = {p: cpus_allowed(p) for p in pids}
         self.counts: dict[int, list[int]] = {p: [] for p in pids}
+        self.job_counts: dict[int, list[int]] = {p: [] for p in pids}
+        self.seen: dict[int, Counter] = {p: Counter() for p in pids}     # other pid -> scans it was runnable in
+        self.who: dict[int, tuple[str, str]] = {}                         # other pid -> (name, owner), at first sight
         self.interval_s = interval_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -200,16 +249,38 @@ class RunnableWatch:
             self.scan()
 
     def scan(self) -> None:
-        others = [(tgid, cpu) for tgid, ppid, cpu, command in runnable_tasks()
+        tasks = runnable_tasks()
+        others = [(tgid, cpu, command) for tgid, ppid, cpu, command in tasks
                   if not ({tgid, ppid} & self.job) and tgid != self.ours and not (ppid == self.ours and command == "py-spy")]
+        job = [(tgid, cpu) for tgid, ppid, cpu, _ in tasks if {tgid, ppid} & self.job]
         for pid, cpus in self.allowed.items():
             if cpus is not None:
-                self.counts[pid].append(len({tgid for tgid, cpu in others if cpu in cpus}))
+                here = {tgid: command for tgid, cpu, command in others if cpu in cpus}
+                self.counts[pid].append(len(here))
+                self.job_counts[pid].append(len({tgid for tgid, cpu in job if cpu in cpus and tgid != pid}))
+                self.seen[pid].update(here.keys())
+                for tgid, command in here.items():
+                    self.who.setdefault(tgid, (command, owner(tgid)))
 
     def others_runnable(self, pid: int) -> float | None:
         """Mean count of other runnable processes on the rank's CPUs over the scans; None without a scan."""
         seen = self.counts.get(pid) or []
         return round(sum(seen) / len(seen), 1) if seen else None
+
+    def job_runnable(self, pid: int) -> float | None:
+        """Mean count of the job's own other processes runnable on the rank's CPUs; None without a scan."""
+        seen = self.job_counts.get(pid) or []
+        return round(sum(seen) / len(seen), 1) if seen else None
+
+    def competitors(self, pid: int, most: int = 3) -> list[str]:
+        """The other processes most often runnable on the rank's CPUs: 'pid 4242 (name) user nobody, runnable in 9 of
+        10 scans'. The name is what the process set for itself (comm): escaped and cut, never trusted."""
+        scans = len(self.counts.get(pid) or [])
+        out = []
+        for tgid, n in self.seen.get(pid, Counter()).most_common(most):
+            name, user = self.who.get(tgid, ("?", "?"))
+            out.append(f"pid {tgid} ({printable(name[:32], newlines=False)}) user {user}, runnable in {n} of {scans} scans")
+        return out
 
     def cpus(self, pid: int) -> str:
         """The rank's CPUs as a list of ranges: '1', '0-15', '0-3,8-11'."""
