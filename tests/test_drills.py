@@ -125,6 +125,18 @@ def test_two_faults_of_different_kinds_are_graded_together():
         Truth(kind="node", identity=["mln4"], also=[{"kind": "node", "identity": ["mln3"]}])
 
 
+def test_a_rank_held_back_by_its_nodes_limit_is_right_named_by_rank_or_by_node():
+    throttled = load_scenario("cl-throttled-rank")     # rank 2 on mln3, whose cgroup quota holds it back
+    assert grade(throttled, diag(culprit_kind="rank", culprit=["rank 2"])).score == 1
+    assert grade(throttled, diag(culprit_kind="node", culprit=["mln3"])).score == 1      # what straggler_find types
+    assert grade(throttled, diag(culprit_kind="node", culprit=["mln2"])).score == 0
+    assert grade(throttled, diag(culprit_kind="node", culprit=["mln3", "mln1"])).score == 0
+    assert grade(load_scenario("cl-busy-neighbour"), diag(culprit_kind="node", culprit=["mln2"])).score == 1
+    assert grade(load_scenario("cl-slow-node"), diag(culprit_kind="rank", culprit=["rank 2"])).score == 0
+    with pytest.raises(ValueError, match="same_as"):
+        Truth(kind="rank", identity=["2"], same_as=[{"kind": "rank", "identity": ["3"]}])
+
+
 @pytest.mark.parametrize("text, complaint", [
     ("not json", "not JSON"),
     ("[1, 2]", "JSON object"),

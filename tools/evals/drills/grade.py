@@ -205,6 +205,10 @@ def grade(scenario: Scenario, diagnosis: Diagnosis) -> Grade:
                                                               not any(gpu_name(n)[1] for n in truth.identity)):
             return Grade(scenario.id, 1.0, True, reason="the right GPU (by its node" + (
                 " and bus id)" if any(gpu_name(n)[1] for n in truth.identity) else ")"))
+    for same in truth.same_as:
+        if (diagnosis.culprit_kind == same.kind and {normal_name(same.kind, n) for n in diagnosis.culprit}
+                == {normal_name(same.kind, n) for n in same.identity}):
+            return Grade(scenario.id, 1.0, True, reason=f"the right culprit, named by its {same.kind}")
     if diagnosis.culprit_kind != truth.kind:
         return Grade(scenario.id, 0.0, False, reason=f"the culprit is a {truth.kind}; the answer names a {diagnosis.culprit_kind}")
     want = {normal_name(truth.kind, n) for n in truth.identity}

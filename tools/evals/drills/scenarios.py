@@ -151,6 +151,10 @@ class Truth(BaseModel):
     kind: Literal["node", "link", "rank", "gpu", "setting", "none"]
     identity: list[str] = []
     also: list[Culprit] = Field(default=[], max_length=4)   # [[truth.also]]: culprits of other kinds
+    # [[truth.same_as]]: the same culprit named by another kind, equally right. A rank held back by its node's own
+    # limit (a cgroup quota, another user's busy loops) is "the worker the others wait for" and also what to act on
+    # is the node: straggler_find types it "node", a user asking "which worker" expects the rank.
+    same_as: list[Culprit] = Field(default=[], max_length=2)
     drain_ok: list[str] = []
     # Other names the evidence itself gives a culprit (a host shortened in a log's prefix and spelled out in a
     # peer field): {"...-48": ["node48"]}. An answer naming the alias is graded as naming the culprit.
@@ -163,6 +167,8 @@ class Truth(BaseModel):
             raise ValueError("truth.identity must be empty exactly when truth.kind is 'none'")
         if self.also and (self.kind == "none" or any(c.kind == self.kind for c in self.also)):
             raise ValueError("truth.also names culprits of kinds other than truth.kind (and not with 'none')")
+        if self.same_as and (self.kind == "none" or self.also or any(c.kind == self.kind for c in self.same_as)):
+            raise ValueError("truth.same_as names the one culprit by another kind (not with 'none' or truth.also)")
         return self
 
 
