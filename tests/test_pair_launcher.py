@@ -32,6 +32,25 @@ def test_srun_failing_on_this_machine_is_the_answer_not_six_bad_links(monkeypatc
         assert "configuration file" in said, said    # srun's own words reach the user
 
 
+def test_a_node_lost_under_a_one_group_round_is_still_the_nodes_to_judge():
+    """srun's words when a step asks for a node just lost (bisect's first round, every node in one group): the 8-node
+    unreachable-node cluster test was answered "the launcher failed" when any failed group counted."""
+    from tools.collective_bench.node_groups import group_run
+    from tools.shared.launch import LaunchOutcome
+    lost = LaunchOutcome(command=["srun"], world_size=8, ranks={}, data=[], returncode=1, stalled=False, overran=False,
+                         elapsed_s=2.0, output_tail="", stderr_tail=(
+                             "srun: error: Unable to create step for job 7827002: Requested node configuration is "
+                             "not available"))
+    run = group_run(list(range(8)), lost, 30, [f"mln{k}" for k in range(1, 9)], 2.0)
+    assert run.status == "fail" and not run.nothing_started
+    check_launcher([run], NAMES)      # no raise: bisect goes on to the halves
+    broken = LaunchOutcome(command=["srun"], world_size=8, ranks={}, data=[], returncode=1, stalled=False,
+                           overran=False, elapsed_s=0.1, output_tail="", stderr_tail=(
+                               "srun: error: ClusterName needs to be specified\n"
+                               "srun: fatal: Unable to process configuration file"))
+    assert group_run(list(range(8)), broken, 30, NAMES * 2, 0.1).nothing_started
+
+
 def _run(nodes, ok=False, nothing=False, said=""):
     return GroupRun(nodes, "ok" if ok else "fail", nothing_started=nothing, launcher_said=said)
 

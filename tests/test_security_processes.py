@@ -26,10 +26,13 @@ FR_HUNG = ROOT / "evals" / "scenarios" / "fixtures" / "fr_hung"
 NOBODY = 65534
 
 SQUEUE = '#!/bin/sh\necho "$FAKE_SQUEUE"\n'
-# Drops srun's options, then runs the command here; each output line labelled as task 0's.
+# Drops srun's options, says as srun -v does where it placed task 0 (the node --nodelist asked for: the transport
+# credits a task's lines by that placement), then runs the command here, each output line labelled as task 0's.
 SRUN = """#!/bin/bash
 env > "$FAKE_DIR/srun-env"
-while [ "$#" -gt 0 ] && [ "${1#-}" != "$1" ]; do shift; done
+host=localhost
+while [ "$#" -gt 0 ] && [ "${1#-}" != "$1" ]; do case "$1" in --nodelist=*) host=${1#--nodelist=};; esac; shift; done
+echo "srun: launching StepId=1.0 on host $host, 1 tasks: 0" >&2
 if [ -n "$FAKE_HOST" ]; then exec unshare -u sh -c 'hostname "$FAKE_HOST" && exec "$0" "$@"' "$@"; fi
 "$@" | sed -u 's/^/0: /'
 """

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 import time
 from dataclasses import dataclass, field
@@ -75,16 +76,26 @@ def group_run(nodes: list[int], outcome: LaunchOutcome | None, pg_timeout_s: flo
     _, findings = diagnose(outcome, pg_timeout_s)
     if findings or outcome.returncode or not rows:
         said = findings[0] if findings else f"exit code {outcome.returncode}, no figures"
-        nothing = (not outcome.data and not outcome.launch_failures
+        nothing = (not outcome.data and not outcome.launch_failures and bool(_LAUNCHER_ITSELF.search(outcome.stderr_tail))
                    and all(s.status == "not_started" for s in outcome.ranks.values()))
         return GroupRun(nodes, "fail", busbw, latency, wall_s, f"{where}: {said}", rows, nothing_started=nothing,
                         launcher_said=_last_words(outcome.stderr_tail) if nothing else "")
     return GroupRun(nodes, "ok", busbw, latency, wall_s, "", rows, setup)
 
 
+# srun's words (SLURM 22.05) about itself, not about a node: its configuration unreadable, its controller out of
+# reach. A node's failure reads otherwise ("Node failure on mln5", "Requested node configuration is not available"
+# for a step on a node just lost, "Task launch ... failed on node"): a round of one group that a dead node fails
+# (bisect's first, every node at once) must stay the nodes' to judge.
+_LAUNCHER_ITSELF = re.compile(r"Unable to process configuration file|cannot stat file \S*slurm\.conf|"
+                              r"Unable to contact slurm controller|Unable to establish control machine address")
+
+
 def _last_words(stderr_tail: str) -> str:
+    match = _LAUNCHER_ITSELF.search(stderr_tail)
     lines = [line.strip() for line in stderr_tail.splitlines() if line.strip()]
-    return printable(lines[-1][:300], newlines=False) if lines else "no words"
+    said = next((line for line in lines if match and match.group(0) in line), lines[-1] if lines else "no words")
+    return printable(said[:300], newlines=False)
 
 
 class LauncherFailed(ToolFailure):
@@ -94,7 +105,7 @@ class LauncherFailed(ToolFailure):
 
 
 def check_launcher(results: list[GroupRun], names: list[str]) -> None:
-    """Raise LauncherFailed when no group of the round started a rank and the launcher named no node."""
+    """Raise LauncherFailed when no group of the round started a rank and the launcher said it failed itself."""
     if results and all(r.nothing_started for r in results):
         said = sorted({r.launcher_said for r in results})
         raise LauncherFailed(
