@@ -40,8 +40,8 @@ class GroupRun:
     detail: str = ""              # why it is not ok, in a sentence
     rows: list[dict] = field(default_factory=list)
     setup: dict = field(default_factory=dict)  # rank 0's setup event: backend, GPU name, NCCL env, NICs
-    # No rank of the group started anywhere and the launcher named no node it could not start them on: what
-    # failed may be the launcher on this machine (srun's configuration, a missing binary), not these nodes.
+    # No rank of the group started anywhere, the launcher named no node, and it said it failed itself (or could not
+    # be started): what failed is the launcher on this machine (srun's configuration, its controller), not these nodes.
     nothing_started: bool = False
     launcher_said: str = ""       # the launcher's own last words, for such a group
 
@@ -99,8 +99,8 @@ def _last_words(stderr_tail: str) -> str:
 
 
 class LauncherFailed(ToolFailure):
-    """Every group of a round failed before any rank started, and the launcher named no node it could not start
-    ranks on: the launcher failed on this machine, not the nodes (a SLURM drill run whose slurm.conf had vanished
+    """Every group of a round failed before any rank started, and the launcher said it failed itself and named no
+    node: the launcher failed on this machine, not the nodes (a SLURM drill run whose slurm.conf had vanished
     named 12 healthy links after srun twice said only "cannot stat" it). Nothing about the nodes was measured."""
 
 
