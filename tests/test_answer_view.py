@@ -123,3 +123,19 @@ def test_a_row_keeps_its_list_of_ranks_whole_and_cuts_its_prose():
                                                       culprit_ranks=[3])], result_id=7)
     group = answer_record(result)["groups"][0]
     assert (group["ranks"], group["waiting_ranks"], group["culprit_ranks"]) == ([0, 1, 2, 3], [0, 1, 2], [3])
+
+
+def test_whole_records_inside_a_result_are_written_as_json():
+    """A real model's pairwise run through the server (cl-slow-node, 2026-12-03) got "Object of type Suspect is not
+    JSON serializable" after 7 minutes of measuring: the text view wrote the report's whole_fields (records, not
+    dicts) with json.dumps. Every tool's answer with a suspect named went the same way."""
+    from tools.collective_bench.isolation import IsolationReport, Suspect
+    from tools.collective_bench import CollectiveBenchResult
+
+    report = IsolationReport(pattern="pairwise", nodes=["mln1", "mln2", "mln3"], suspects=[
+        Suspect(kind="node", nodes=["mln3"], evidence="slow with 2 of 2 partners")])
+    result = CollectiveBenchResult(verdict="fail", findings=["Suspect node mln3."], isolation=report, result_id=7)
+    text = answer_text(registry()["collective_bench"], result)
+    line = next(x for x in text.splitlines() if x.startswith("  isolation.suspects: "))
+    assert json.loads(line.split(": ", 1)[1]) == [{"kind": "node", "nodes": ["mln3"],
+                                                   "evidence": "slow with 2 of 2 partners"}]

@@ -82,8 +82,12 @@ def _whole_values(result: Result):
     places = [(result, "")] + [(getattr(result, name), f"{name}.") for name in type(result).model_fields
                               if isinstance(getattr(result, name), BaseModel)]
     for model, prefix in places:
-        for name in getattr(type(model), "whole_fields", ()):      # a plain BaseModel (JobRef) declares none
-            value = getattr(model, name)
+        whole = getattr(type(model), "whole_fields", ())            # a plain BaseModel (JobRef) declares none
+        # As JSON, not the live value: a whole field may hold records (pairwise's suspects), which json.dumps
+        # below cannot write (a real model's pairwise answer was lost to that after 7 minutes of measuring).
+        dumped = model.model_dump(mode="json", include=set(whole)) if whole else {}
+        for name in whole:
+            value = dumped[name]
             if isinstance(value, dict):
                 value = {k: v for k, v in value.items() if not _said_above(result, k, v)}
             if _said(value):
