@@ -1,5 +1,6 @@
 """What a new user trips on in the first hour (issue 37; review 2026-12-02-first-run): each a test."""
 
+import json
 import os
 import subprocess
 import sys
@@ -89,6 +90,12 @@ def test_drill_list_has_a_header_and_drill_start_shows_the_diagnosis_format(caps
     assert "mleng drill grade pm-crash-first-rank --diagnosis FILE" in text
     shown = text.split("write the diagnosis as JSON, ")[1].split(", to FILE")[0]
     assert parse_diagnosis(shown.replace("node|link|rank|gpu|setting|none|inconclusive", "rank")).culprit_kind == "rank"
+    # Two faults and a link, as the notes beside the format spell them (a model round graded "link mln1, link
+    # mln2" for a link given as two names, and had nowhere to put the second fault).
+    notes = text.split(", to FILE (")[1]
+    assert '"mln1-mln2"' in notes and 'also: [{"culprit_kind": "node", "culprit": ["mln4"]}]' in notes
+    also = json.loads(notes.split("also: ")[1].split("); then")[0])
+    assert parse_diagnosis(json.dumps({"culprit_kind": "link", "culprit": ["mln1-mln2"], "also": also})).also[0].culprit == ["mln4"]
 
 
 def test_the_eval_readme_counts_are_the_files_counts():

@@ -19,7 +19,7 @@ import sys
 
 from ...shared.safe_read import read_limited
 from .cluster import DrillError
-from .grade import MAX_DIAGNOSIS_BYTES, diagnosis_format, grade, parse_diagnosis
+from .grade import FORMAT_NOTES, MAX_DIAGNOSIS_BYTES, diagnosis_format, grade, parse_diagnosis
 from .scenarios import ScenarioError, all_scenarios, load_scenario
 from .session import start, stop
 
@@ -101,7 +101,7 @@ def start_text(drill_id: str, context: dict) -> str:
     lines += [f"{key}: {context[key]}" for key in ("nodes", "partition", "env", "job_id") if key in context]
     lines.append("MCP server: " + " ".join(f"{k}={v}" for k, v in context.get("env", {}).items())
                  + (" " if context.get("env") else "") + " ".join(context["server"]) + " (stdio)")
-    lines.append(f"When done: write the diagnosis as JSON, {diagnosis_format()}, to FILE; then "
+    lines.append(f"When done: write the diagnosis as JSON, {diagnosis_format()}, to FILE ({FORMAT_NOTES}); then "
                  f"mleng drill grade {drill_id} --diagnosis FILE; then mleng drill stop")
     return "\n".join(lines)
 

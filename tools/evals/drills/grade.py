@@ -67,7 +67,11 @@ def diagnosis_format() -> str:
     """The diagnosis JSON, from the model that reads it: the kinds are Diagnosis's own."""
     kinds = "|".join(get_args(Diagnosis.model_fields["culprit_kind"].annotation))
     return (f'{{"culprit_kind": "{kinds}", "culprit": ["..."], "drain": ["node to take out of service"], '
-            '"action": "...", "evidence": "..."}')
+            '"action": "...", "evidence": "...", "also": []}')
+
+
+FORMAT_NOTES = ('a link is one name, its two ends joined: "mln1-mln2"; a rank its number: "3"; a fault of a second kind '
+                'goes in also: [{"culprit_kind": "node", "culprit": ["mln4"]}]')
 
 
 @dataclass
