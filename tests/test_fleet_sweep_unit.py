@@ -454,3 +454,29 @@ def test_a_node_late_where_its_peers_were_not_is_drained():
     assert [d.node for d in result.drain] == ["mln2"] and result.not_judged == [], result.findings
     result = late_sweep({"mln1": 2, "mln2": 1})        # two nodes: one complete is half
     assert [d.node for d in result.drain] == ["mln2"] and result.not_judged == [], result.findings
+
+
+def test_a_partition_sweep_says_the_nodes_slurm_had_out_of_service(monkeypatch):
+    """A model round (cl-dead-slurmd, 2026-12-03) read "partition (3 nodes) ... 3 of 3 answered, nothing to drain" as
+    the whole partition clean: its DOWN node was left out unsaid. It is said now, not drained, and the sweep warns."""
+    from tools.fleet_sweep import targets
+    from tools.fleet_sweep.report import build_result
+    from tools.fleet_sweep.sweep import Collected
+    from tools import fleet_sweep as fs
+
+    monkeypatch.setattr(targets, "partition_nodes", lambda p: ["mln1", "mln2", "mln3", "mln4"])
+    monkeypatch.setattr(targets, "node_states", lambda nodes: {"mln1": "idle", "mln2": "down*", "mln3": "idle",
+                                                               "mln4": "drained"})
+    monkeypatch.setattr(targets, "own_job", lambda p, d: targets.inside_job("1"))
+    target = targets.from_partition("debug", None, 60)
+    assert target.nodes == ["mln1", "mln3"] and sorted(target.left_out) == ["mln2", "mln4"]
+    got = Collected(attempts=1, timed_out=False, set_aside=0)
+    got.planned = {n: ["env_report"] for n in target.nodes}
+    for node in target.nodes:
+        got.rows[(node, "env_report")] = {"node": node, "check": "env_report", "verdict": "ok", "problems": [],
+                                          "started": 0.0, "ended": 1.0}
+    result = build_result(fs.SPEC.Params(partition="debug", deadline_s=60, plot=False), target, got, {}, 12.0)
+    said = [f for f in result.findings if f.startswith("NOT SWEPT: 2 node(s)")]
+    assert len(said) == 1 and "mln2: SLURM reports the node down* (not responding" in said[0], result.findings
+    assert "mln4: SLURM reports the node drained" in said[0]
+    assert result.drain == [] and result.verdict == "warn"

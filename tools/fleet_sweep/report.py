@@ -156,6 +156,16 @@ def channel_findings(got) -> list[str]:
     return lines
 
 
+def left_out_findings(target) -> list[str]:
+    """The partition's nodes not swept because SLURM would not start a task there: said, never drained (SLURM
+    has them out already), so "N nodes answered" is not read as the whole partition."""
+    if not target.left_out:
+        return []
+    said = "; ".join(f"{node}: {why}" for node, why in sorted(target.left_out.items()))
+    return [f"NOT SWEPT: {len(target.left_out)} node(s) of the partition are out of service in SLURM and were left "
+            f"out: {said}. Find why (slurm_status; the node's console) before returning it."]
+
+
 def drain_rows(drain: list[dict], target) -> list[dict]:
     """The drain list; hosts reached over SSH have no scontrol to name, so the line says what to do."""
     if target.kind != "ssh":
@@ -202,8 +212,11 @@ def build_result(params, target, got, stored: dict, wall_s: float, confirm=None,
         drain=[Drain(**d) for d in drain_rows(agg["drain"], target)], launch_attempts=got.attempts if got else 0, wall_s=wall_s,
         rows_from_attempt=got.attempts if got else 0, refused=refused_rows(got, confirm),
         findings=[*notes, *findings_for(agg, len(target.nodes), complete, wall_s, params.deadline_s, cut_short),
+                  *left_out_findings(target),
                   *channel_findings(got)],
         next=["results_history", "gpu_health", "collective_bench", "knowledge://orchestration/fleet-sweeps.md"])
+    if target.left_out and result.verdict == "ok":
+        result.verdict = "warn"                  # part of what was asked for is out of service
     if params.plot and rows:
         result.plot_png, note = _plot(rows, agg, params, len(target.nodes))
         result.findings += [note] if note else []

@@ -29,6 +29,9 @@ class Target:
     nodes: list[str]                # every node the sweep is about
     srun_args: list[str]            # where the step runs (--jobid/--overlap, or -p for a job of our own)
     skipped: dict[str, str] = field(default_factory=dict)   # node -> why it is not launched on
+    # A partition's nodes that SLURM would not start a task on, left out of `nodes` (a sweep of "the partition"
+    # must still say them: a model read "partition (3 nodes)" as the whole partition clean, its DOWN node unsaid).
+    left_out: dict[str, str] = field(default_factory=dict)
     local: bool = False             # this machine only: the node process runs here, no srun
 
     @property
@@ -109,7 +112,7 @@ def from_partition(partition: str, count: int | None, deadline_s: float) -> Targ
     if count > len(usable):
         raise ToolFailure(f"nodes: partition {partition!r} has {len(usable)} reachable node(s) of {len(nodes)}; "
                           f"ask for at most {len(usable)} (down or drained: {', '.join(skipped) or 'none'})")
-    return Target("partition", usable[:count], list(own_job(partition, deadline_s).srun_args))
+    return Target("partition", usable[:count], list(own_job(partition, deadline_s).srun_args), left_out=skipped)
 
 
 def from_hosts(hosts: list[str], partition: str | None, deadline_s: float) -> Target:
