@@ -47,6 +47,10 @@ class ProcessStack(Record):
     frozen: str = Field("", description=(
         "Why the process cannot run at all (stopped by SIGSTOP, frozen by a cgroup freezer); empty when it can. "
         "Its stack is read without pausing it (py-spy --nonblocking)."))
+    moved: bool | None = Field(None, description=(
+        "Whether its stack or its frames' local variables changed between looks (None: read once)."))
+    watched_s: float = Field(0.0, description="Seconds between its first and last look.")
+    cpu_s: float | None = Field(None, description="CPU seconds it used over watched_s.")
 
 
 def assign_roles(procs: list[ProcessStack]) -> None:
@@ -99,9 +103,13 @@ def group_stacks(procs: list[ProcessStack]) -> list[StackGroup]:
     return sorted(by_stack.values(), key=lambda g: (-len(g.pids), g.ranks[:1], g.pids[:1]))
 
 
-def dump_processes(pids: list[int], native: bool, timeout_s: float, max_frames: int,
-                   progress) -> tuple[list[ProcessStack], list[str]]:
-    """Every pid's summary, and each one's full dump (all threads) as text for save_path."""
+def dump_processes(pids: list[int], native: bool, timeout_s: float, max_frames: int, progress,
+                   fingerprints: dict[int, str] | None = None,
+                   cpu: dict[int, float | None] | None = None) -> tuple[list[ProcessStack], list[str]]:
+    """Every pid's summary, and each one's full dump (all threads) as text for save_path. `fingerprints` and
+    `cpu`, when given, are filled with each process's main-thread fingerprint and CPU time (motion.py)."""
+    from .motion import cpu_seconds, fingerprint
+
     py_spy = py_spy_path()
     host = socket.gethostname()
     full = []
@@ -109,7 +117,16 @@ def dump_processes(pids: list[int], native: bool, timeout_s: float, max_frames: 
     def one(pid: int) -> ProcessStack:
         command, ppid, rank, local_rank = describe(pid)
         frozen = frozen_reason(pid)
-        threads, err = dump_one(pid, native, timeout_s, py_spy, nonblocking=bool(frozen))
+        if cpu is not None:
+            cpu[pid] = cpu_seconds(pid)
+        watch = fingerprints is not None
+        threads, err = dump_one(pid, native, timeout_s, py_spy, nonblocking=bool(frozen), with_locals=watch and not native)
+        if watch and threads is not None:
+            # native frames are not read on the later looks: the fingerprint comes from a Python-only read
+            again = threads if not native else dump_one(pid, False, timeout_s, py_spy, nonblocking=bool(frozen),
+                                                         with_locals=True)[0]
+            if again is not None:
+                fingerprints[pid] = fingerprint(again, pid)
         full.append(render_full_dump(pid, command, rank, threads, err))
         ps = ProcessStack(pid=pid, host=host, rank=rank, local_rank=local_rank, command=command, parent_pid=ppid,
                           frozen=frozen)
