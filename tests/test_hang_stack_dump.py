@@ -547,3 +547,12 @@ def test_the_fingerprint_sees_a_loop_counter_and_not_a_blocked_frame():
 
     assert fingerprint(thread(41), 7) != fingerprint(thread(43), 7)    # same stack, same address, new value
     assert fingerprint(thread(41), 7) == fingerprint(thread(41), 7)
+
+    def polling(line, tries):       # a hung wait that polls in a library: its line and counter move, the job does not
+        return [{"os_thread_id": 7, "frames": [
+            {"name": "wait_done", "filename": "/v/site-packages/fw/comm.py", "line": line,
+             "locals": [{"name": "tries", "addr": 5000 + tries, "repr": str(tries)}]},
+            {"name": "main", "filename": "/job/train.py", "line": 16,
+             "locals": [{"name": "step", "addr": 140000, "repr": "41"}]}]}]
+
+    assert fingerprint(polling(30, 7), 7) == fingerprint(polling(31, 912), 7)
