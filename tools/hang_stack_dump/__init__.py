@@ -26,7 +26,7 @@ import socket
 import time
 from typing import Annotated
 
-from .motion import LOOK_S, look_again
+from .motion import LOOK_S
 from .report import compared_ranks, findings_for, motion_findings, motion_of, odd_groups, odd_headline
 from .saved import read_saved
 from .stacks import (
@@ -34,6 +34,7 @@ from .stacks import (
     StackGroup,
     assign_roles,
     dump_processes,
+    look_again,
     group_stacks,
 )
 from .slurm_job import dump_job, hint_nodes, job_nodes, job_transport
