@@ -6,6 +6,7 @@ and records the wall time to its answer, the seconds it sampled, the ranks it na
 - healthy: nothing injected (repeated --healthy-repeats times): nobody may be named;
 - clear: rank 1 sleeps its own recent step time in its loader (about 2x slower);
 - small: rank 1 sleeps 15% of its own recent step time in its loader (15% slower);
+- compute: rank 1 runs 15% more matmuls a step than the others (CPU compute, no sleep: --slow-compute-rank);
 - contention: rank 3 pinned to the last CPU (taskset -a) with two busy loops pinned there too, at nice -10.
 The slow rank's sleep follows its own step time (bench/straggler_workload.py --loader-sleep-fraction), so
 the case keeps its size when the host's load moves. --before-root runs another checkout's
@@ -136,6 +137,9 @@ def main() -> int:
             # A fraction of the slow rank's own recent step (the workload's --loader-sleep-fraction), not of the first
             # job's: under a moving load a fixed 15% of an earlier step came out ~10% (2026-12-02 morning run).
             rows.append(run_case(tmp, name, ["--slow-loader-rank", "1", "--loader-sleep-fraction", str(slow[name])],
+                                 args.before_root))
+        if "compute" in cases:
+            rows.append(run_case(tmp, "compute", ["--slow-compute-rank", "1", "--extra-compute-fraction", "0.15"],
                                  args.before_root))
         if "contention" in cases:
             rows.append(run_case(tmp, "contention", [], args.before_root, contend=True))

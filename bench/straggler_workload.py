@@ -13,6 +13,8 @@ data parallel. It prints one `step N rank R step_ms X` line per step on rank 0 a
     srun -N4 -n4 python bench/straggler_workload.py --master mln1 --slow-loader-rank 2 --loader-sleep-s 0.2
     # a small straggler: rank 3 sleeps 15% of its own recent step time, ~15% slower whatever the host's load
     srun -N4 -n4 python bench/straggler_workload.py --master mln1 --slow-loader-rank 3 --loader-sleep-fraction 0.15
+    # a compute straggler: rank 3 runs 15% more matmuls per step than the others (CPU work, no sleep)
+    torchrun --standalone --nproc-per-node 4 bench/straggler_workload.py --slow-compute-rank 3 --extra-compute-fraction 0.15
     # writing its flight recorder every 20 steps, as a job that dumps it periodically would
     TORCH_FR_DUMP_TEMP_FILE=/tmp/fr/rank_ torchrun --standalone --nproc-per-node 4 bench/straggler_workload.py --fr-dump-every 20
 
@@ -37,6 +39,9 @@ def parse_args():
     ap.add_argument("--loader-sleep-s", type=float, default=0.2)
     ap.add_argument("--loader-sleep-fraction", type=float, default=0.0, help="instead of --loader-sleep-s: "
                     "sleep this fraction of the rank's median step time over its last 20 steps (sleep not counted)")
+    ap.add_argument("--slow-compute-rank", type=int, default=-1, help="this rank does more matmuls per step")
+    ap.add_argument("--extra-compute-fraction", type=float, default=0.15, help="its extra matmuls, a fraction of "
+                    "--matmuls (owed and run whole: 0.15 of 8 is one extra matmul most steps, two every fifth)")
     ap.add_argument("--fr-dump-every", type=int, default=0, help="write the flight recorder to "
                     "$TORCH_FR_DUMP_TEMP_FILE<rank> every N steps (0: never)")
     ap.add_argument("--master", default="127.0.0.1", help="first node's address (srun; torchrun gives its own)")
@@ -107,9 +112,24 @@ def dump_flight_recorder(rank: int, torch) -> None:
     os.replace(f"{prefix}{rank}.tmp", f"{prefix}{rank}")
 
 
-def compute(batch, weight, args, torch):
+class ExtraCompute:
+    """The compute straggler's surplus: fraction x matmuls extra per step, kept as a debt and run in whole
+    matmuls, so over a window it does (1 + fraction) times the others' work in the same frames they do."""
+
+    def __init__(self, rank: int, args):
+        self.per_step = args.extra_compute_fraction * args.matmuls if rank == args.slow_compute_rank else 0.0
+        self.owed = 0.0
+
+    def due(self) -> int:
+        self.owed += self.per_step
+        whole = int(self.owed)
+        self.owed -= whole
+        return whole
+
+
+def compute(batch, weight, args, torch, extra: int = 0):
     out = batch
-    for _ in range(args.matmuls):
+    for _ in range(args.matmuls + extra):
         out = torch.tanh(out @ weight)
     return out.mean(dim=0)
 
@@ -132,10 +152,11 @@ def main():
     weight = torch.eye(args.dim) * 0.5
     grad = torch.zeros(args.grad_floats)
     stall = LoaderStall(rank, args)
+    surplus = ExtraCompute(rank, args)
     for step in range(args.steps):
         t0 = time.perf_counter()
         batch = load_batch(step, rank, stall, args, torch)
-        update = compute(batch, weight, args, torch)
+        update = compute(batch, weight, args, torch, surplus.due())
         grad[: update.numel()] = update
         dist.all_reduce(grad)
         weight += 1e-3 * grad[: args.dim].view(1, -1) / world

@@ -441,3 +441,118 @@ def test_the_all_nodes_srun_runs_our_package_by_its_installed_name(monkeypatch):
     at = cmd.index("-m")
     assert cmd[at - 1] == sys.executable and cmd[at + 1] == "mleng.hang_stack_dump"
     assert "tools.hang_stack_dump" not in cmd
+
+
+# ---------------------------------------------------------------------------------------------------
+# Issue 35: a running job is not called stuck from one snapshot; a second look decides.
+
+HEALTHY_JOB = textwrap.dedent("""\
+    import datetime, torch, torch.distributed as dist
+
+    def train_step(step, weight, grad):
+        batch = torch.randn(64, 64)
+        grad.copy_((batch @ weight).mean(dim=0).repeat(grad.numel() // 64))
+        dist.all_reduce(grad)                # most of a step: a snapshot finds most ranks here
+        weight -= 1e-4 * grad[:64]
+
+    def main():
+        dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=600))
+        weight, grad = torch.eye(64), torch.zeros(1 << 16)
+        for step in range(10 ** 9):
+            train_step(step, weight, grad)
+            if step == 20 and dist.get_rank() == 0:
+                print("RUNNING", flush=True)
+
+    main()
+""")
+
+
+@pytest.fixture(scope="module")
+def healthy_job(ptrace_ok, tmp_path_factory):
+    """torchrun --standalone, 3 gloo ranks all_reducing in a loop: nothing wrong with it."""
+    work = tmp_path_factory.mktemp("healthy")
+    name = f"healthy_job_{os.getpid()}"
+    (work / f"{name}.py").write_text(HEALTHY_JOB)
+    proc = subprocess.Popen(torchrun_command(name, WORLD, []), cwd=work, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True, start_new_session=True,
+                            env=dict(os.environ, PYTHONPATH=str(work), TMPDIR=str(work)))
+    try:
+        assert proc.stdout.readline().strip() == "RUNNING", "the healthy job did not start"
+        yield proc
+    finally:
+        kill_tree(proc.pid)
+        proc.wait()
+
+
+@pytest.mark.parametrize("attempt", range(3))      # a coin flip of one snapshot must not decide: three tries
+def test_a_healthy_running_job_is_not_called_stuck_nor_a_rank_named(healthy_job, attempt):
+    started = time.monotonic()
+    r = _run(launcher_pid=healthy_job.pid)
+    took = time.monotonic() - started
+    text = " ".join(r.findings)
+    assert healthy_job.poll() is None, "the job must keep running"
+    # One snapshot said "the collective itself is stuck", or named the rank it caught outside all_reduce.
+    assert "stuck" not in text and "never reached" not in text and r.verdict in ("info", "ok"), r.findings
+    assert r.odd_ranks == [] and r.culprit is None and r.motion == "running", r.findings
+    assert r.findings[0].startswith("Running, not hung: ranks 0-2 moved between looks"), r.findings
+    ranks = [p for p in r.processes if p.role == "rank"]
+    assert all(p.moved and 0 < p.watched_s <= hsd.LOOK_S + 2 for p in ranks), ranks
+    assert r.next[0] == "straggler_find"
+    print(f"\nFIGURE hang_stack_dump healthy job attempt {attempt}: running after {took:.1f} s "
+          f"(watched {max(p.watched_s for p in ranks):.1f} s), load {os.getloadavg()[0]:.1f}")
+
+
+def test_a_hung_job_is_still_named_after_the_second_look(stuck_job):
+    """The stuck job seen twice: nobody moved, the odd rank is still named, and the answer says how long it
+    looked."""
+    r = _run(launcher_pid=stuck_job.pid)
+    assert r.motion == "not_moving" and r.odd_ranks == [2] and r.culprit is not None, r.findings
+    ranks = [p for p in r.processes if p.role == "rank"]
+    assert all(p.moved is False and p.watched_s >= hsd.LOOK_S - 0.5 for p in ranks), ranks
+    still = next(f for f in r.findings if f.startswith("Not moving"))
+    assert "ranks 0-2 kept the same stack and local variables over" in still, still
+
+
+def _moving(rank, in_collective, moved, frozen=""):
+    return hsd.ProcessStack(pid=100 + rank, host="n1", rank=rank, stack=["f (x.py:1)"], in_collective=in_collective,
+                            moved=moved, watched_s=2.0, frozen=frozen)
+
+
+def test_motion_rule_on_hand_made_rows():
+    from tools.hang_stack_dump.report import motion_of
+
+    waiting = [_moving(r, True, True) for r in range(3)]
+    assert motion_of(waiting + [_moving(3, False, False)]) == "running"      # rank 3 caught computing: no culprit
+    assert motion_of([_moving(r, True, False) for r in range(3)] + [_moving(3, False, True)]) == "partly"
+    assert motion_of([_moving(r, True, False) for r in range(4)]) == "not_moving"
+    assert motion_of([_moving(r, True, None) for r in range(4)]) == "one_snapshot"
+    assert motion_of(waiting + [_moving(3, False, False, frozen="stopped (state T)")]) == "partly"
+
+
+def test_a_saved_single_snapshot_does_not_claim_a_stuck_collective():
+    rank = hsd.StackGroup(ranks=[0, 1], pids=[1, 2], where="wait (torch/distributed/distributed_c10d.py:4100)",
+                          in_collective=True, stack=["wait (torch/distributed/distributed_c10d.py:4100)"])
+    text = hsd.findings_for([rank], [], "one_snapshot")[0]
+    assert "one snapshot cannot tell" in text and "the collective itself is stuck" not in text
+
+
+def test_the_fingerprint_sees_a_loop_counter_and_not_a_blocked_frame():
+    from tools.hang_stack_dump.motion import fingerprint
+
+    def thread(step):
+        return [{"os_thread_id": 7, "frames": [
+            {"name": "all_reduce", "filename": "/v/torch/distributed/distributed_c10d.py", "line": 2800, "locals": []},
+            {"name": "main", "filename": "/job/train.py", "line": 16,
+             "locals": [{"name": "step", "addr": 140000 + step % 2, "repr": str(step)}]}]}]
+
+    assert fingerprint(thread(41), 7) != fingerprint(thread(43), 7)    # same stack, same address, new value
+    assert fingerprint(thread(41), 7) == fingerprint(thread(41), 7)
+
+    def polling(line, tries):       # a hung wait that polls in a library: its line and counter move, the job does not
+        return [{"os_thread_id": 7, "frames": [
+            {"name": "wait_done", "filename": "/v/site-packages/fw/comm.py", "line": line,
+             "locals": [{"name": "tries", "addr": 5000 + tries, "repr": str(tries)}]},
+            {"name": "main", "filename": "/job/train.py", "line": 16,
+             "locals": [{"name": "step", "addr": 140000, "repr": "41"}]}]}]
+
+    assert fingerprint(polling(30, 7), 7) == fingerprint(polling(31, 912), 7)

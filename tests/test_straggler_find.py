@@ -52,9 +52,9 @@ def ptrace_ok():
         pytest.skip(f"py-spy cannot attach here: {err.strip()[:200]}")
 
 
-def _launch(tmp_path, *args, steps=100000, name="job", env=None):
-    """torchrun --standalone with 3 ranks of the workload, not waited for; returns (torchrun process, its log)."""
-    cmd = torchrun_command("straggler_workload", 3, ["--steps", str(steps), *args])
+def _launch(tmp_path, *args, steps=100000, name="job", env=None, world=3):
+    """torchrun --standalone with `world` ranks of the workload, not waited for; returns (torchrun process, its log)."""
+    cmd = torchrun_command("straggler_workload", world, ["--steps", str(steps), *args])
     log = tmp_path / f"{name}.log"
     # TMPDIR: torchrun's torchelastic_* folder, which a killed torchrun leaves behind, goes to the test's folder
     proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True,
@@ -128,6 +128,48 @@ def test_healthy_job_names_nobody(ptrace_ok, tmp_path):
         assert result.threshold_pct > 100 * Rules.load().share.widest, (result.threshold_pct, result.findings)
     else:
         assert any(f.startswith("No straggler") or "communication-bound" in f for f in result.findings), result.findings
+
+
+# Issue 35: a small straggler in a compute-heavy job, locally. 4 gloo ranks of CPU matmuls on this 2-core host, one
+# doing 15% more of them a step (no sleep): named within 60 s of sampling; the same job without it names nobody.
+COMPUTE_STRAGGLER = ("--slow-compute-rank", "2", "--extra-compute-fraction", "0.15")
+
+
+def _sample_compute_job(tmp_path, *args) -> tuple[sf.StragglerFindResult, float, float]:
+    """(result, wall seconds to the verdict, load average at the end) for a 4-rank job of the workload."""
+    proc, _ = _start(tmp_path, *args, world=4)
+    try:
+        started = time.monotonic()
+        result, _ = _run(launcher_pid=proc.pid, window_s=60)
+        took = time.monotonic() - started
+    finally:
+        kill_tree(proc.pid)
+    return result, took, os.getloadavg()[0]
+
+
+@pytest.mark.timeout(420)
+@pytest.mark.parametrize("attempt", range(3))       # under this host's load: not a coin flip
+def test_a_rank_doing_15_percent_more_compute_is_named_within_60_s(ptrace_ok, tmp_path, attempt):
+    result, took, load = _sample_compute_job(tmp_path, *COMPUTE_STRAGGLER)
+    cpu = {r.rank: r.cpu_fraction for r in result.ranks}
+    print(f"\nFIGURE straggler_find compute 15% attempt {attempt}: named {[s.rank for s in result.stragglers]} "
+          f"after {result.window_s:.0f} s sampled, {took:.0f} s wall, load {load:.1f}; CPU-s/s {cpu}")
+    assert [s.rank for s in result.stragglers] == [2], (result.findings, cpu)
+    assert result.stragglers[0].reason == "compute" and result.window_s <= 60, result.findings
+    assert result.stragglers[0].culprit.kind == "rank"
+    assert any(f.startswith("Sampled") for f in result.findings)                # how long it took, said
+
+
+@pytest.mark.timeout(420)
+@pytest.mark.parametrize("attempt", range(3))
+def test_the_same_compute_job_without_a_straggler_names_nobody(ptrace_ok, tmp_path, attempt):
+    result, took, load = _sample_compute_job(tmp_path)
+    cpu = {r.rank: r.cpu_fraction for r in result.ranks}
+    print(f"\nFIGURE straggler_find compute healthy attempt {attempt}: named {[s.rank for s in result.stragglers]} "
+          f"after {result.window_s:.0f} s sampled, {took:.0f} s wall, load {load:.1f}; CPU-s/s {cpu}")
+    assert result.stragglers == [] and result.verdict in ("ok", "info"), (result.findings, cpu)
+    if any(f.startswith("Inconclusive") for f in result.findings):
+        assert result.spread_pct is not None, result.findings
 
 
 def _busy_loop(cpu: int) -> subprocess.Popen:
@@ -458,6 +500,31 @@ def test_rule_names_only_a_rank_slow_in_every_third_of_the_window():
     assert [s.rank for s in judge(_reports(others + [steady]), Rules.load()).stragglers] == [3]
     v = judge(_reports(others + [blip]), Rules.load())
     assert v.stragglers == [] and "not in every third" in v.findings[0] and v.unsettled
+
+
+def test_rule_names_a_rank_doing_more_cpu_work_in_a_cpu_only_job():
+    """Issue 35: 4 CPU ranks at load 25 per CPU, rank 1 with 15% more matmuls: its stacks' shares did not separate
+    in 48 s (everyone waits ~30%), its CPU time did (0.147 CPU-s/s against 0.128-0.132). One host, one node row."""
+    def row(rank, wait, cpu, parts):
+        return _rank(rank, wait, host="n1", cpu_fraction=cpu, part_cpu=list(parts), part_samples=[130] * 3,
+                     part_fractions=[{"collective": wait}] * 3)
+
+    others = [row(0, 0.30, 0.130, (0.13, 0.131, 0.129)), row(2, 0.31, 0.132, (0.132, 0.133, 0.131)),
+              row(3, 0.29, 0.128, (0.128, 0.127, 0.129))]
+    slow = row(1, 0.27, 0.147, (0.146, 0.148, 0.147))
+    v = judge(_reports(others + [slow]), Rules.load())
+    assert [(s.rank, s.reason, s.culprit.kind) for s in v.stragglers] == [(1, "compute", "rank")], v.findings
+    assert "0.147 CPU-s per s" in v.stragglers[0].evidence[1] and "every third" in v.stragglers[0].evidence[1]
+    # the same lead in one third only: said, not named, and worth a longer look
+    blip = row(1, 0.27, 0.147, (0.128, 0.130, 0.183))
+    v = judge(_reports(others + [blip]), Rules.load())
+    assert v.stragglers == [] and v.unsettled and any("not in every third" in f for f in v.findings), v.findings
+    # healthy ranks' CPU times within a few percent: nobody
+    healthy = others + [row(1, 0.30, 0.131, (0.131, 0.13, 0.132))]
+    assert judge(_reports(healthy), Rules.load()).stragglers == []
+    # a GPU job: waiting ranks spin on the CPU, so CPU time is no measure of work and the rule stays silent
+    gpu = GpuSample(host="n1", index=0, job_pids=[101])
+    assert judge(_reports(others + [slow], [gpu]), Rules.load()).stragglers == []
 
 
 def test_rule_says_inconclusive_when_healthy_ranks_scatter():

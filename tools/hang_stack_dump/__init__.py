@@ -23,15 +23,18 @@ Without SLURM (torchrun launched over ssh; mleng at the same path on every host)
 import os
 import shlex
 import socket
+import time
 from typing import Annotated
 
-from .report import findings_for, odd_groups, odd_headline
+from .motion import LOOK_S
+from .report import compared_ranks, findings_for, motion_findings, motion_of, odd_groups, odd_headline
 from .saved import read_saved
 from .stacks import (
     ProcessStack,
     StackGroup,
     assign_roles,
     dump_processes,
+    look_again,
     group_stacks,
 )
 from .slurm_job import dump_job, hint_nodes, job_nodes, job_transport
@@ -41,6 +44,7 @@ from ..shared.process_targets import ALLOW_OTHER_USERS_HELP, Targets, TargetRequ
 from ..engine.processes import python_module_command
 from ..engine.spec import SELF_EVIDENT, Field, Params, Result, ToolFailure, ToolSpec
 from ..shared.culprit_kind import CULPRIT_KIND_FIELD, Culprit, CulpritKind, rank_culprit
+from ..shared.pyspy import py_spy_path
 from ..shared.safe_write import check_output, output_path, write_output
 
 MAX_PROCESSES = 1024
@@ -101,6 +105,8 @@ class HangStackDumpResult(Result):
         "in findings."))
     culprit_kind: CulpritKind | None = Field(None, description=CULPRIT_KIND_FIELD)
     culprit: Culprit | None = Field(None, description="The one odd rank, when exactly one is outside the majority.")
+    motion: str = Field("one_snapshot", description=(
+        "running | not_moving | partly | one_snapshot: whether the ranks moved between looks (processes[].moved)."))
 
 
 def resolve_targets(params: HangStackDumpParams) -> Targets:
@@ -202,6 +208,8 @@ def run(params: HangStackDumpParams, progress) -> HangStackDumpResult:
         result.slurm_command = shlex.join(slurm_all_nodes_command(params, nodes))
     progress(0.05, "finding processes")
     problems, full, derived, left_out = [], [], [], []
+    fingerprints: dict[int, str] | None = None
+    cpu: dict[int, float | None] = {}
     if params.dump_paths or params.dump_text:
         procs, notes = read_saved(params.dump_paths, params.dump_text, params.max_frames)
         problems = [n for n in notes if n.startswith("not read") or ": not py-spy" in n]
@@ -225,16 +233,24 @@ def run(params: HangStackDumpParams, progress) -> HangStackDumpResult:
             why = f" Left out: {'; '.join(left_out[:3])}." if left_out else ""
             raise ToolFailure(f"{NOTHING_THERE}: check the pid / pattern / job id on THIS node (ps -ef), or use "
                               "slurm_job_id with all_nodes to reach every node of a SLURM job." + why)
-        procs, full = dump_processes(targets.pids, params.native, params.per_process_timeout_s, params.max_frames, progress)
+        fingerprints = {}
+        procs, full = dump_processes(targets.pids, params.native, params.per_process_timeout_s, params.max_frames,
+                                     progress, fingerprints, cpu)
+        first_look_done = time.monotonic()
     procs = list({(p.host, p.pid): p for p in procs}.values())   # nodes sharing a host report alike
     procs.sort(key=lambda p: (p.rank if p.rank is not None else 1 << 30, p.host, p.pid))
     result.failed = sum(1 for p in procs if p.error)
     result.dumped = len(procs) - result.failed
     result.saved_to = _save_full_dumps(params.save_path, full, params.overwrite)
     assign_roles(procs)
+    if fingerprints is not None:        # live, on this node: look again before calling anything stuck
+        look_again(compared_ranks(procs), fingerprints, cpu, first_look_done, params.per_process_timeout_s,
+                   py_spy_path(), progress, LOOK_S)
+    result.motion = motion_of(procs)
     ranked = [p for p in procs if p.role == "rank"]
     groups = group_stacks(ranked or procs)    # launchers and ranks' own children are not compared with ranks
-    odd = odd_groups(groups)
+    # A job whose waiting ranks moved is running: whoever the snapshot caught elsewhere is no culprit.
+    odd = odd_groups(groups) if result.motion != "running" else []
     result.groups = (odd + [g for g in groups if g not in odd])[:params.max_groups]
     result.odd_ranks = sorted(r for g in odd for r in g.ranks)
     result.hosts = sorted({p.host for p in procs if p.host})
@@ -242,7 +258,10 @@ def run(params: HangStackDumpParams, progress) -> HangStackDumpResult:
         result.odd_nodes = sorted({h for g in odd for h in g.hosts})
     shown = procs if (params.detail or len(procs) <= 64) else [p for p in procs if p.error][:64]
     result.processes = shown if params.detail else [p.model_copy(update={"stack": []}) for p in shown]
-    result.findings = odd_headline(odd, groups, procs) + findings_for(groups, odd) + derived + _uncompared_findings(
+    moving = motion_findings(procs, result.motion, groups)
+    shape = ([] if result.motion == "running" else findings_for(groups, odd, result.motion))
+    result.findings = moving[:1 if result.motion == "running" else 0] + odd_headline(odd, groups, procs) + shape + \
+        moving[1 if result.motion == "running" else 0:] + derived + _uncompared_findings(
         procs, problems) + ([f"{len(left_out)} process(es) left out, not dumped; first: {left_out[0]}"] if left_out else [])
     result.left_out = left_out[:64]
     frozen = [p for p in procs if p.frozen]
@@ -269,7 +288,8 @@ def run(params: HangStackDumpParams, progress) -> HangStackDumpResult:
         result.culprit_kind = "rank"
     result.verdict = ("warn" if odd or result.failed or problems or left_out or frozen or result.silent_nodes
                       else "info")
-    result.next = (["flight_recorder_analyze", "log_triage", "knowledge://debugging/hangs.md"] if odd else
+    result.next = (["straggler_find", "knowledge://debugging/hangs.md"] if result.motion == "running" else
+                   ["flight_recorder_analyze", "log_triage", "knowledge://debugging/hangs.md"] if odd else
                    ["flight_recorder_analyze", "nccl_log_analyze", "knowledge://debugging/hangs.md"])
     progress(1.0, "done")
     return result

@@ -31,10 +31,15 @@ def _place(g: StackGroup) -> str:
     return f"{g.where}{via}"
 
 
-def _one_group(g: StackGroup) -> str:
-    """Every process in one place: a stuck collective only when a collective (or a rank) is there."""
+def _one_group(g: StackGroup, motion: str = "still") -> str:
+    """Every process in one place: a stuck collective only when a collective (or a rank) is there and the
+    processes were seen not to move (one snapshot of a running job looks the same)."""
     distributed = bool(g.ranks) or any("torch/distributed/" in frame for frame in g.stack)
-    if g.in_collective and distributed:
+    if g.in_collective and distributed and motion == "one_snapshot":
+        what = ("one snapshot cannot tell a stuck collective from a running job's (most ranks of a healthy job are "
+                "in one at any instant): if they stay here, the collective is stuck or a rank not dumped here never "
+                "arrived (flight_recorder_analyze, nccl_log_analyze)")
+    elif g.in_collective and distributed:
         what = ("the collective itself is stuck (network, NCCL, a GPU) or a rank not dumped here (another node?) "
                 "never arrived: run flight_recorder_analyze on the dumps, nccl_log_analyze on the log")
     elif g.in_collective:
@@ -66,11 +71,11 @@ def odd_headline(odd: list[StackGroup], groups: list[StackGroup], procs: list[Pr
     return [f"Odd one out: {named} {'is' if len(ranks) == 1 else 'are'} in {_place(odd[0])}{waiting}.{kind}"]
 
 
-def findings_for(groups: list[StackGroup], odd: list[StackGroup]) -> list[str]:
+def findings_for(groups: list[StackGroup], odd: list[StackGroup], motion: str = "still") -> list[str]:
     if not groups:
         return []
     if len(groups) == 1:
-        return [_one_group(groups[0])]
+        return [_one_group(groups[0], motion)]
     out = []
     for g in groups:
         verb = "wait in" if g.in_collective else "are in"
@@ -84,3 +89,50 @@ def findings_for(groups: list[StackGroup], odd: list[StackGroup]) -> list[str]:
     elif not odd:
         out.append("No majority stack: compare the groups' frames side by side.")
     return out
+
+
+# ---------------------------------------------------------------------------------------------------
+# Moving or not: the second look (motion.py)
+
+def compared_ranks(procs: list[ProcessStack]) -> list[ProcessStack]:
+    ranked = [p for p in procs if p.role == "rank" and not p.error]
+    return ranked or [p for p in procs if not p.error]
+
+
+def motion_of(procs: list[ProcessStack]) -> str:
+    """running: every process that waited in a collective at the first look (every process, when none
+    waited) moved since; not_moving: none of the compared processes moved; partly: some did;
+    one_snapshot: read once (saved dumps)."""
+    seen = compared_ranks(procs)
+    if not seen or all(p.moved is None for p in seen):
+        return "one_snapshot"
+    waiting = [p for p in seen if p.in_collective] or seen
+    if not any(p.frozen for p in procs) and all(p.moved for p in waiting):
+        return "running"
+    return "partly" if any(p.moved for p in seen) else "not_moving"
+
+
+def _cpu(ps: list[ProcessStack]) -> str:
+    used = [p.cpu_s for p in ps if p.cpu_s is not None]
+    return f"; CPU used {sum(used):.1f} s in all" if used else ""
+
+
+def motion_findings(procs: list[ProcessStack], motion: str, groups: list[StackGroup]) -> list[str]:
+    """The evidence for moving or not, in one sentence (the headline when the job runs)."""
+    seen = compared_ranks(procs)
+    watched = max((p.watched_s for p in seen), default=0.0)
+    moved = [p for p in seen if p.moved]
+    still = [p for p in seen if p.moved is False]
+    ids = lambda ps: _who(sorted(p.rank for p in ps if p.rank is not None), [p.pid for p in ps])  # noqa: E731
+    if motion == "one_snapshot":
+        return []
+    if motion == "running":
+        first = "; ".join(f"{_who(g.ranks, g.pids)} in {_place(g)}" for g in groups[:3])
+        return [f"Running, not hung: {ids(moved)} moved between looks (stack or local variables changed within "
+                f"{watched:.1f} s{_cpu(moved)}). One snapshot of a running data-parallel job finds most ranks inside "
+                f"a collective; at the first look: {first}. Nothing is blocked; slow steps are straggler_find's question."]
+    if motion == "partly":
+        return [f"Partly moving: {ids(still)} kept the same stack and local variables for {watched:.1f} s"
+                f"{_cpu(still)}; {ids(moved)} moved between looks (busy, not blocked)."]
+    return [f"Not moving: {ids(still)} kept the same stack and local variables over {watched:.1f} s of looks"
+            f"{_cpu(still)}. A step longer than that would look the same: run again to be sure."]

@@ -1,14 +1,16 @@
 """Grouping Python stacks read with py-spy (private to hang_stack_dump: no SPEC).
 
 One `py-spy dump --json` per process (shared/pyspy.py, in parallel), its
-main thread boiled down to the frames that matter, identical stacks grouped. Other nodes run the same
-dump through a node transport (step.py).
+main thread boiled down to the frames that matter, identical stacks grouped; then the same processes read
+again until they move or a bound passes (look_again; what "move" means: motion.py). Other nodes run the
+same dump through a node transport (step.py).
 """
 
 import socket
+import time
 from concurrent.futures import ThreadPoolExecutor
 
-
+from .motion import GAP_S, LOOK_S, cpu_seconds, fingerprint
 from ..shared.process_targets import describe, frozen_reason, roles
 from ..shared.pyspy import (
     dump_one, explain_py_spy_error, frame_text, library_file, main_thread, py_spy_path, waits_on_peers,
@@ -47,6 +49,10 @@ class ProcessStack(Record):
     frozen: str = Field("", description=(
         "Why the process cannot run at all (stopped by SIGSTOP, frozen by a cgroup freezer); empty when it can. "
         "Its stack is read without pausing it (py-spy --nonblocking)."))
+    moved: bool | None = Field(None, description=(
+        "Whether its stack or its frames' local variables changed between looks (None: read once)."))
+    watched_s: float = Field(0.0, description="Seconds between its first and last look.")
+    cpu_s: float | None = Field(None, description="CPU seconds it used over watched_s.")
 
 
 def assign_roles(procs: list[ProcessStack]) -> None:
@@ -99,9 +105,11 @@ def group_stacks(procs: list[ProcessStack]) -> list[StackGroup]:
     return sorted(by_stack.values(), key=lambda g: (-len(g.pids), g.ranks[:1], g.pids[:1]))
 
 
-def dump_processes(pids: list[int], native: bool, timeout_s: float, max_frames: int,
-                   progress) -> tuple[list[ProcessStack], list[str]]:
-    """Every pid's summary, and each one's full dump (all threads) as text for save_path."""
+def dump_processes(pids: list[int], native: bool, timeout_s: float, max_frames: int, progress,
+                   fingerprints: dict[int, str] | None = None,
+                   cpu: dict[int, float | None] | None = None) -> tuple[list[ProcessStack], list[str]]:
+    """Every pid's summary, and each one's full dump (all threads) as text for save_path. `fingerprints` and
+    `cpu`, when given, are filled with each process's main-thread fingerprint and CPU time (motion.py)."""
     py_spy = py_spy_path()
     host = socket.gethostname()
     full = []
@@ -109,7 +117,16 @@ def dump_processes(pids: list[int], native: bool, timeout_s: float, max_frames: 
     def one(pid: int) -> ProcessStack:
         command, ppid, rank, local_rank = describe(pid)
         frozen = frozen_reason(pid)
-        threads, err = dump_one(pid, native, timeout_s, py_spy, nonblocking=bool(frozen))
+        if cpu is not None:
+            cpu[pid] = cpu_seconds(pid)
+        watch = fingerprints is not None
+        threads, err = dump_one(pid, native, timeout_s, py_spy, nonblocking=bool(frozen), with_locals=watch and not native)
+        if watch and threads is not None:
+            # native frames are not read on the later looks: the fingerprint comes from a Python-only read
+            again = threads if not native else dump_one(pid, False, timeout_s, py_spy, nonblocking=bool(frozen),
+                                                         with_locals=True)[0]
+            if again is not None:
+                fingerprints[pid] = fingerprint(again, pid)
         full.append(render_full_dump(pid, command, rank, threads, err))
         ps = ProcessStack(pid=pid, host=host, rank=rank, local_rank=local_rank, command=command, parent_pid=ppid,
                           frozen=frozen)
@@ -126,3 +143,35 @@ def dump_processes(pids: list[int], native: bool, timeout_s: float, max_frames: 
             procs.append(ps)
             progress(0.1 + 0.8 * (i + 1) / len(pids), f"dumped {i + 1}/{len(pids)} processes")
     return procs, full
+
+
+def look_again(procs: list[ProcessStack], first: dict[int, str], cpu0: dict[int, float | None], since: float,
+               timeout_s: float, py_spy: str, progress, bound_s: float = LOOK_S) -> None:
+    """Read `procs` again until each has moved or bound_s has passed since `since` (the first look's end);
+    sets each one's `moved` and `watched_s`, and `cpu_s` when its CPU time could be read."""
+    left = {p.pid: p for p in procs if not p.error and p.pid in first}
+    seen: dict[int, float] = {}
+    while left and time.monotonic() - since < bound_s:
+        time.sleep(min(GAP_S, max(0.0, bound_s - (time.monotonic() - since))))
+
+        def read(p: ProcessStack) -> tuple[ProcessStack, str | None]:
+            threads, _ = dump_one(p.pid, False, timeout_s, py_spy, nonblocking=bool(p.frozen), with_locals=True)
+            return p, fingerprint(threads, p.pid) if threads is not None else None
+
+        with ThreadPoolExecutor(max_workers=min(8, len(left))) as pool:
+            for p, fp in pool.map(read, list(left.values())):
+                seen[p.pid] = time.monotonic() - since
+                if fp is None:               # gone since the first look: neither moved nor still
+                    left.pop(p.pid)
+                elif fp != first[p.pid]:
+                    p.moved = True
+                    left.pop(p.pid)
+        progress(0.9, f"second look: {len(procs) - len(left)}/{len(procs)} moved after {time.monotonic() - since:.1f} s")
+    for p in procs:
+        if p.pid in seen:
+            p.watched_s = round(seen[p.pid], 1)
+            if p.pid in left:
+                p.moved = False
+            cpu = cpu_seconds(p.pid)
+            if cpu is not None and cpu0.get(p.pid) is not None:
+                p.cpu_s = round(cpu - cpu0[p.pid], 2)

@@ -65,11 +65,12 @@ def main_thread(threads: list[dict], pid: int) -> dict | None:
 
 
 def dump_one(pid: int, native: bool, timeout_s: float, py_spy: str,
-             nonblocking: bool = False) -> tuple[list[dict] | None, str]:
+             nonblocking: bool = False, with_locals: bool = False) -> tuple[list[dict] | None, str]:
     """(threads from `py-spy dump --json`, error text). nonblocking: read without pausing the process (a
-    stopped process cannot be paused again: py-spy then answers with no threads)."""
+    stopped process cannot be paused again: py-spy then answers with no threads). with_locals: each frame's
+    local variables too (`locals`: name, addr, repr)."""
     cmd = ([py_spy, "dump", "--json", "--pid", str(pid)] + (["--native"] if native and not nonblocking else [])
-           + (["--nonblocking"] if nonblocking else []))
+           + (["--nonblocking"] if nonblocking else []) + (["--locals"] if with_locals else []))
     for attempt in range(3):
         try:
             proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=timeout_s,

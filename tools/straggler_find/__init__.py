@@ -214,7 +214,7 @@ SPEC = ToolSpec(
         "samples every rank's stack (py-spy, 6-60 s) and each node's CPU, cgroup, memory, network and NVML, "
         "without touching the job. The rank that waits least while the others wait in collectives, or whose "
         "host starves it, is the straggler: rank, host, GPU serial, how much the others wait on it, the reason "
-        "(cpu, memory, data_loading, h2d, gpu, network) with evidence, next step; or 'no straggler' with the "
+        "(cpu, memory, data_loading, h2d, compute, gpu, network) with evidence, next step; or 'no straggler' with the "
         "spread. Targets: a SLURM job, hosts over ssh, a torchrun pid, pids. Needs ptrace. Not for a job that "
         "is stuck (hang_stack_dump) or dead (log_triage)."),
     Params=StragglerFindParams, Result=StragglerFindResult, run=run, runs="subprocess",

@@ -6,7 +6,7 @@ from .models import Straggler
 REASON_WORDS = {
     "cpu": "CPU-starved host", "memory": "memory pressure on the host", "data_loading": "data loading",
     "h2d": "host-to-device copies", "gpu": "its GPU (slower, throttled or shared)", "network": "a slow link",
-    "unknown": "slower compute with no host cause seen",
+    "unknown": "slower compute with no host cause seen", "compute": "more compute per step on this rank",
 }
 REASON_TOOLS = {"gpu": ("gpu_health",), "network": ("collective_bench",), "unknown": ("gpu_health",),
                 "data_loading": ("storage_bench",)}
@@ -68,6 +68,8 @@ def next_steps(s: Straggler) -> list[str]:
         "h2d": ["pin the batches (pin_memory=True) and copy with non_blocking=True; check the GPU's PCIe link (gpu_topology)"],
         "gpu": [f"gpu_health on {s.host} (GPU {s.gpu_index})", drain],
         "network": [f"collective_bench pairwise between {s.host} and a healthy node", "nccl_log_analyze on the job's log", drain],
+        "compute": ["compare the rank's share of the work (batch size, sequence lengths, a rank-only branch such "
+                    "as logging or eval) with the others'; hang_stack_dump with native=true shows its C++ frames"],
         "unknown": ([f"gpu_health on {s.host}"] if s.gpu_index is not None else []) + [
             "hang_stack_dump with native=true on that rank for C++ frames"],
     }

@@ -30,7 +30,7 @@ from .flight import evidence as fr_evidence, finding as fr_finding, line_up as f
 from .models import GpuSample, NodeReport, NodeSample, RankSample, Straggler
 from ..shared.culprit_kind import Culprit, node_culprit, rank_culprit
 from ..engine.data import load_data
-from ..shared.judging import FigureRule, deficit, is_inconclusive, relative_spread, rule_for, threshold
+from ..shared.judging import MIN_FOR_SPREAD, FigureRule, deficit, is_inconclusive, relative_spread, rule_for, threshold
 
 MIN_SAMPLES = 10
 
@@ -123,6 +123,8 @@ def judge(reports: list[NodeReport], rules: Rules) -> Judgement:
         _compare(ranks, nodes, gpus, rules, out)
         if not out.stragglers:
             _stages(ranks, nodes, gpus, rules, out)
+        if not out.stragglers:
+            _more_cpu_work(ranks, nodes, gpus, rules, out)
         named = {id(r) for r in ranks for s in out.stragglers if (s.host, s.pid) == (r.host, r.pid)}
         out.findings[:0] = [line for r, line in out.leading if id(r) not in named]
     shared = [g for g in gpus if g.job_pids and g.other_holders]
@@ -420,3 +422,55 @@ def _stages(ranks: list[RankSample], nodes, gpus, rules: Rules, out: Judgement) 
         out.apart.append(f"Rank {a.rank.rank} on {a.rank.host}: its {a.label} stands apart ({a.mine:.1%} of the window "
                          f"against at most {a.theirs:.1%} for every other rank), but not clearly enough to name it"
                          + ("" if a.steady else " (not in every third of the window)"))
+
+
+def _cpu_lead(r: RankSample, others: list[RankSample], rr: dict, part: int | None = None) -> tuple[float, float]:
+    """(r's CPU-s per s over the others' median, less 1; the bar it must pass) over the window or one third."""
+    mine = r.cpu_fraction if part is None else r.part_cpu[part]
+    theirs = [o.cpu_fraction if part is None else o.part_cpu[part] for o in others]
+    ref = statistics.median(theirs)
+    if not ref or mine is None:
+        return 0.0, math.inf
+    return mine / ref - 1, max(rr["cpu_work_margin"], rr["cpu_work_k"] * relative_spread(theirs))
+
+
+def _more_cpu_work(ranks: list[RankSample], nodes, gpus: list[GpuSample], rules: Rules, out: Judgement) -> None:
+    """A CPU-only job (none of its ranks holds a GPU, every rank's CPU time read): the rank that uses more CPU per second than the
+    others while they wait on it does more work per step (the rule's figures: straggler_rules.toml). Under load
+    its stacks' shares need minutes to separate a 15% straggler; its CPU time does not (the kernel counts every
+    tick). A GPU job's ranks spin while they wait, so there CPU time is no measure of work and this says nothing."""
+    rr = rules.reason
+    parts = {len(r.part_cpu) for r in ranks}
+    # The others' spread is part of the bar: too few of them to measure it (judging.MIN_FOR_SPREAD), no verdict.
+    if (any(g.job_pids for g in gpus) or len(ranks) < MIN_FOR_SPREAD + 1 or len(parts) != 1
+            or any(r.gpu_index is not None or r.cpu_fraction is None for r in ranks)):
+        return
+    n_parts = parts.pop()
+    leads = []
+    for r in ranks:
+        others = _others(ranks, r)
+        lead, bar = _cpu_lead(r, others, rr)
+        if lead > bar / 2:
+            steady = n_parts > 0 and all(_cpu_lead(r, others, rr, i)[0] > bar / 2 for i in range(n_parts))
+            leads.append((r, lead, bar, steady))
+    if not leads:
+        return
+    r, lead, bar, steady = max(leads, key=lambda x: x[1])
+    held = _others_wait(r, ranks) >= rules.min_others_wait
+    others = _others(ranks, r)
+    theirs = statistics.median(o.cpu_fraction for o in others)
+    figure = (f"rank {r.rank} on {r.host} used {r.cpu_fraction:.3f} CPU-s per s, {lead:.0%} above the others' median "
+              f"{theirs:.3f} (bar {bar:.0%})")
+    if len(leads) == 1 and lead > bar and steady and held:
+        s = _named(r, ranks, nodes.get(r.host), gpus, rules, stage="compute")
+        s.reason = "compute"
+        s.evidence = [s.evidence[0], f"it does more work per step: {figure}, in every third of the window "
+                      f"({', '.join(f'{c:.3f}' for c in r.part_cpu)} CPU-s per s); the ranks step together, so CPU "
+                      "time per second is work per step in a CPU-only job", *s.evidence[1:]]
+        out.stragglers.append(s)
+        out.inconclusive = out.unsettled = False
+        return
+    why = ("not in every third of the window" if not steady else "the others do not wait on it" if not held
+           else "short of the bar" if lead <= bar else "more than one rank leads")
+    out.leading.append((r, f"CPU time: {figure}; not named ({why})."))
+    out.unsettled = out.unsettled or held

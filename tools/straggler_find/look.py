@@ -102,6 +102,12 @@ def merge_rank(a: RankSample, b: RankSample, wa: float, wb: float) -> RankSample
     row.fractions = {k: round((a.fractions.get(k, 0) * a.samples + b.fractions.get(k, 0) * b.samples) / n, 3)
                      for k in keys} if n else {}
     row.part_fractions, row.part_samples = _thirds(a.part_fractions + b.part_fractions, a.part_samples + b.part_samples)
+    if len(a.part_cpu) == len(a.part_fractions) and len(b.part_cpu) == len(b.part_fractions):
+        # CPU per part regrouped like the shares (weighted by samples: within a look, by its seconds)
+        cpu, _ = _thirds([{"cpu": c} for c in a.part_cpu + b.part_cpu], a.part_samples + b.part_samples)
+        row.part_cpu = [round(c.get("cpu", 0.0), 3) for c in cpu]
+    else:
+        row.part_cpu = []
     row.top_frames = {**b.top_frames, **a.top_frames}
     for name in ("cpu_fraction", "runqueue_wait_fraction", "cgroup_throttled_fraction", "others_runnable", "job_runnable"):
         setattr(row, name, _weighted(getattr(a, name), getattr(b, name), wa, wb))

@@ -8,7 +8,7 @@ class RankSample(Record):
     """One rank, sampled over the window on its own node."""
 
     # The window cut in thirds and the top frames per state: what a straggler's evidence already quotes.
-    detail_fields = ("part_fractions", "part_samples", "top_frames")
+    detail_fields = ("part_fractions", "part_samples", "part_cpu", "top_frames")
 
     rank: int | None = Field(None, description="Global rank (RANK / SLURM_PROCID in the process's environment).")
     local_rank: int | None = Field(None, description="LOCAL_RANK / SLURM_LOCALID.")
@@ -20,6 +20,7 @@ class RankSample(Record):
     part_fractions: list[dict[str, float]] = Field(default_factory=list, description=(
         "The same shares in each consecutive third of the window: a straggler stands out in every one."))
     part_samples: list[int] = Field(default_factory=list, description="Samples in each third.")
+    part_cpu: list[float] = Field(default_factory=list, description="CPU-s per s it used in each third.")
     top_frames: dict[str, str] = Field(default_factory=dict, description=(
         "Per class, the user frame seen most often (function (file:line)): the evidence."))
     cpu_fraction: float | None = Field(None, description="CPU time the rank used per second of the window (1.0 = one core).")
@@ -119,7 +120,7 @@ class Straggler(Record):
     others_wait_fraction: float = Field(0.0, description=(
         "Share of the window the other ranks spend waiting for it (their collective wait above its own)."))
     work_ratio: float | None = Field(None, description="Its time on its own work / the others' (1.0 = same pace).")
-    reason: str = Field("", description="cpu | memory | data_loading | h2d | gpu | network | unknown.")
+    reason: str = Field("", description="cpu | memory | data_loading | h2d | compute | gpu | network | unknown.")
     evidence: list[str] = Field(default_factory=list, description="The figures the reason rests on, with units.")
     next_steps: list[str] = Field(default_factory=list, description="What to run or check next (commands are never run).")
     culprit_kind: CulpritKind | None = Field(None, description=(

@@ -28,7 +28,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from .probes import RunnableWatch, cpu_limit, mem_available_fraction, psi_some_avg10, read, snapshot_node, snapshot_rank
+from .probes import RunnableWatch, cpu_limit, process_cpu_s, mem_available_fraction, psi_some_avg10, read, snapshot_node, snapshot_rank
 from .classify import CLASSES, stack_class
 from .flight import read_rank
 from .gpus import GpuWatch
@@ -93,16 +93,21 @@ def record_part(pid: int, seconds: int, rate_hz: int, out: Path) -> tuple[Counte
     return parse_raw(out.read_text(errors="replace"), pid), ""
 
 
-def record(pid: int, window_s: float, rate_hz: int, tmp: str) -> tuple[list[Counter] | None, str]:
-    """Sample one rank's stacks for the window, in PARTS consecutive stretches; (stacks per part, error)."""
+def record(pid: int, window_s: float, rate_hz: int, tmp: str) -> tuple[list[Counter] | None, str, list[float]]:
+    """Sample one rank's stacks for the window, in PARTS consecutive stretches; (stacks per part, error, CPU
+    seconds it used per second in each part)."""
     seconds = max(1, round(window_s / PARTS))
-    parts = []
+    parts, cpu = [], []
     for i in range(PARTS):
+        t0, cpu0 = time.monotonic(), process_cpu_s(pid)
         stacks, error = record_part(pid, seconds, rate_hz, Path(tmp) / f"{pid}.{i}.raw")
-        if stacks is None:
-            return (parts or None), error if not parts else ""      # a rank that ended mid-window keeps what it gave
+        if stacks is None:       # a rank that ended mid-window keeps what it gave
+            return (parts or None), error if not parts else "", cpu
         parts.append(stacks)
-    return parts, ""
+        cpu1 = process_cpu_s(pid)
+        if cpu0 is not None and cpu1 is not None:
+            cpu.append(round((cpu1 - cpu0) / max(time.monotonic() - t0, 1e-3), 3))
+    return parts, "", cpu if len(cpu) == len(parts) else []
 
 
 def find_ranks(spec: dict) -> tuple[list[int], list[str]]:
@@ -123,7 +128,8 @@ def _fraction(after, before, window_s: float) -> float | None:
     return round((after - before) / window_s, 3) if after is not None and before is not None else None
 
 
-def _rank_sample(pid: int, host: str, before: dict, after: dict, window_s: float, stacks, error: str) -> RankSample:
+def _rank_sample(pid: int, host: str, before: dict, after: dict, window_s: float, stacks, error: str,
+                 part_cpu: list[float] = ()) -> RankSample:
     _, _, rank, local_rank = describe(pid)
     row = RankSample(rank=rank, local_rank=local_rank, host=host, pid=pid, error=error, cgroup=after["cgroup"])
     row.cpu_fraction = _fraction(after["cpu_s"], before["cpu_s"], window_s)
@@ -136,6 +142,7 @@ def _rank_sample(pid: int, host: str, before: dict, after: dict, window_s: float
         row.samples, row.fractions, row.top_frames = summarise(sum(stacks, Counter()))
         row.part_fractions = [summarise(part)[1] for part in stacks]
         row.part_samples = [sum(part.values()) for part in stacks]
+        row.part_cpu = list(part_cpu)
         if not row.samples:
             row.error = f"py-spy read no sample of pid {pid}'s main thread (it exited, or it is not a Python rank)"
     return row
@@ -211,8 +218,8 @@ def sample_node(spec: dict, progress=None) -> NodeReport:
     node_after = snapshot_node()
     for p in pids:
         after = snapshot_rank(p)
-        stacks, error = results.get(p, (None, "not sampled"))
-        row = _rank_sample(p, host, rank_before[p], after, min(elapsed, window_s + 5), stacks, error)
+        stacks, error, part_cpu = results.get(p, (None, "not sampled", []))
+        row = _rank_sample(p, host, rank_before[p], after, min(elapsed, window_s + 5), stacks, error, part_cpu)
         row.cpus, row.others_runnable = runnable.cpus(p), runnable.others_runnable(p)
         row.competitors, row.job_runnable = runnable.competitors(p), runnable.job_runnable(p)
         row.cpu_limit_cpus, row.cpu_limit_at = cpu_limit(p) or (None, "")
