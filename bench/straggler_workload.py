@@ -56,7 +56,8 @@ class LoaderStall:
     that was 15% of a step at one load is 8% at another. The slow rank's own step time, less its sleep,
     is the healthy pace (the others wait for it, it waits for nobody). What it owes is kept as a debt and
     slept once it reaches MIN_SLEEP_S, less what earlier sleeps overran: a 1 ms sleep on a loaded host
-    lasts several, and would make a 15% straggler of a 7 ms step a 50% one."""
+    lasts several, and would make a 15% straggler of a 7 ms step a 50% one. --pace-s adds the same sleep on every
+    rank, the slow one's stall on top."""
 
     MIN_SLEEP_S = 0.002
 
