@@ -3,6 +3,7 @@
     python bench/answer_sizes.py                       # this checkout, every local (post-mortem) drill
     python bench/answer_sizes.py --before /path/to/old  # the same drills in another checkout too, side by side
     python bench/answer_sizes.py --before /tmp/6dba660 --bpe anthropic/tokenizer.json   # and byte-level BPE tokens
+    python bench/answer_sizes.py --drills pm-clean-log pm-init-hang   # only these drills (the test's ten)
 
 The scripted baseline (tools/evals/drills/baseline.py) plays each drill through the real server; every
 answer it gets is measured twice: the text blocks (what Claude Desktop and other text-reading hosts hand
@@ -29,9 +30,9 @@ ROOT = Path(__file__).resolve().parent.parent
 VIEWS = ("text", "structured")
 
 
-def measure(root: Path) -> dict:
-    """Every local drill played by the scripted baseline in the checkout `root`: per drill its score and the
-    answers in both views, as strings."""
+def measure(root: Path, names: list[str] | None = None) -> dict:
+    """Every local drill (or those of `names`) played by the scripted baseline in the checkout `root`: per drill
+    its score and the answers in both views, as strings."""
     sys.path.insert(0, str(root))
     from mcp import Client
 
@@ -52,7 +53,7 @@ def measure(root: Path) -> dict:
     Client.call_tool = recording
     drills = {}
     for scenario in all_scenarios():
-        if scenario.place != "local":
+        if scenario.place != "local" or (names and scenario.id not in names):
             continue
         first = len(answers)
         attempt = run_scenario(scenario.id)
@@ -96,20 +97,22 @@ def main() -> None:
     parser.add_argument("--before", help="another checkout to measure the same way, side by side")
     parser.add_argument("--bpe", type=Path, metavar="TOKENIZER_JSON", help="also count tokens with this file")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--drills", nargs="+", metavar="ID", help="only these local drills (default: every one)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(measure(Path.cwd())))
+        print(json.dumps(measure(Path.cwd(), args.drills)))
         return
     if args.bpe and not args.bpe.is_file():
         parser.error(f"--bpe {args.bpe}: no such file (a tokenizers JSON file)")
     units = counters(args.bpe)
     played = {}
     if args.before:
-        out = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child"], cwd=args.before,
+        out = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child",
+                              *(["--drills", *args.drills] if args.drills else [])], cwd=args.before,
                              capture_output=True, text=True, check=True, env={**os.environ, "PYTHONPATH": args.before})
         played["before"] = json.loads(out.stdout.strip().splitlines()[-1])
-    played["now"] = measure(ROOT)
+    played["now"] = measure(ROOT, args.drills)
     runs = {name: sizes(drills, units) for name, drills in played.items()}
     common = set.intersection(*(set(r) for r in runs.values()))     # drills every checkout has
     report = {name: {"drills": run, "median": medians(run), "median_common": medians(run, common),

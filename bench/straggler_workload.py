@@ -15,6 +15,8 @@ data parallel. It prints one `step N rank R step_ms X` line per step on rank 0 a
     srun -N4 -n4 python bench/straggler_workload.py --master mln1 --slow-loader-rank 3 --loader-sleep-fraction 0.15
     # a compute straggler: rank 3 runs 15% more matmuls per step than the others (CPU work, no sleep)
     torchrun --standalone --nproc-per-node 4 bench/straggler_workload.py --slow-compute-rank 3 --extra-compute-fraction 0.15
+    # paced by its input: every rank's loader takes 0.05 s a batch (a live job that leaves the CPUs mostly idle)
+    torchrun --standalone --nproc-per-node 2 bench/straggler_workload.py --pace-s 0.05 --dim 128
     # writing its flight recorder every 20 steps, as a job that dumps it periodically would
     TORCH_FR_DUMP_TEMP_FILE=/tmp/fr/rank_ torchrun --standalone --nproc-per-node 4 bench/straggler_workload.py --fr-dump-every 20
 
@@ -37,6 +39,8 @@ def parse_args():
     ap.add_argument("--grad-floats", type=int, default=65536, help="floats all_reduced per step (256 KiB)")
     ap.add_argument("--slow-loader-rank", type=int, default=-1, help="this rank sleeps in its loader")
     ap.add_argument("--loader-sleep-s", type=float, default=0.2)
+    ap.add_argument("--pace-s", type=float, default=0.0, help="every rank's loader sleeps this long a batch (a job "
+                    "paced by its input, as tests that only need a live job want; the slow rank's stall comes on top)")
     ap.add_argument("--loader-sleep-fraction", type=float, default=0.0, help="instead of --loader-sleep-s: "
                     "sleep this fraction of the rank's median step time over its last 20 steps (sleep not counted)")
     ap.add_argument("--slow-compute-rank", type=int, default=-1, help="this rank does more matmuls per step")
@@ -57,18 +61,23 @@ class LoaderStall:
     that was 15% of a step at one load is 8% at another. The slow rank's own step time, less its sleep,
     is the healthy pace (the others wait for it, it waits for nobody). What it owes is kept as a debt and
     slept once it reaches MIN_SLEEP_S, less what earlier sleeps overran: a 1 ms sleep on a loaded host
-    lasts several, and would make a 15% straggler of a 7 ms step a 50% one."""
+    lasts several, and would make a 15% straggler of a 7 ms step a 50% one. --pace-s adds the same sleep on every
+    rank, the slow one's stall on top."""
 
     MIN_SLEEP_S = 0.002
 
     def __init__(self, rank: int, args):
         self.on = rank == args.slow_loader_rank
+        self.pace_s = getattr(args, "pace_s", 0.0)     # a Namespace made by hand (tests/test_drills.py) may lack it
         self.fixed_s, self.fraction = args.loader_sleep_s, args.loader_sleep_fraction
         self.recent_s = collections.deque(maxlen=20)   # its last step times without the stall
         self.owed_s = 0.0
         self.slept_s = 0.0                             # this step's
 
     def per_step_s(self) -> float:
+        return self.pace_s + self.stall_s()
+
+    def stall_s(self) -> float:
         if not self.on:
             return 0.0
         if not self.fraction:

@@ -2,8 +2,11 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
+
+import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -46,31 +49,41 @@ def test_subprocess_tool_from_cli_stores_its_result(mleng_home):
     assert json.loads(hist.stdout)["total_matching"] == 1
 
 
-def test_doctor_summarises_this_machine(mleng_home):
-    out = run("-m", "tools", "doctor", env_home=mleng_home)
+@pytest.fixture(scope="module")
+def doctor_screen(tmp_path_factory):
+    """One real `doctor` run (its checks are ~9 CPU-s: a server start, torchrun with two ranks, env_report's
+    torch), read by the tests below: what it prints for a person holds every row the JSON has."""
+    out = run("-m", "tools", "doctor", env_home=tmp_path_factory.mktemp("doctor-home"))
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "mleng doctor on" in out.stdout and "env_report" in out.stdout and "gpu_health" in out.stdout
-    assert "Overall:" in out.stdout
+    return out.stdout
 
 
-def test_doctor_checks_the_server_runs_the_smoke_test_and_says_what_it_skipped(mleng_home):
+# One worker under `-n 2 --dist loadgroup`: split across two, each would run doctor once.
+@pytest.mark.xdist_group("doctor")
+def test_doctor_summarises_this_machine(doctor_screen):
+    assert "mleng doctor on" in doctor_screen and "env_report" in doctor_screen and "gpu_health" in doctor_screen
+    assert "Overall:" in doctor_screen
+
+
+@pytest.mark.xdist_group("doctor")
+def test_doctor_checks_the_server_runs_the_smoke_test_and_says_what_it_skipped(doctor_screen):
+    """The same checks as `doctor --json` reports them (test_wheel.py reads that form from the wheel)."""
     from tools.engine.processes import local_gpu_count
     from tools.engine.registry import registry
 
-    out = run("-m", "tools", "doctor", "--json", env_home=mleng_home)
-    report = json.loads(out.stdout)
-    assert report["results"]["mcp_server"] == {"verdict": "ok", "finding": f"answers tools/list with {len(registry())} tools"}
-    assert report["results"]["dist_smoke_test"]["verdict"] == "ok", report["results"]["dist_smoke_test"]
+    rows = {m.group(2): (m.group(1), m.group(3)) for m in re.finditer(
+        r"^  (OK|INFO|WARN|FAIL) +(mcp server \(stdio\)|[a-z0-9_]+) +[\d.]+s  (.*)$", doctor_screen, re.M)}
+    assert rows["mcp server (stdio)"] == ("OK", f"answers tools/list with {len(registry())} tools")
+    assert rows["dist_smoke_test"][0] == "OK", rows["dist_smoke_test"]
+    skipped = re.search(r"^  Skipped here \([^)]*\): (.*)$", doctor_screen, re.M).group(1).split(", ")
     hooked = {n for n, s in registry().items() if s.doctor}
-    assert set(report["ran"]) | set(report["skipped"]) == hooked | {"mcp server (stdio)"}
+    assert set(rows) | set(skipped) == hooked | {"mcp server (stdio)"}
     if local_gpu_count() == 0:
-        assert "matmul_bench" in report["skipped"]   # a CPU machine says so instead of "nothing to check"
+        assert "matmul_bench" in skipped   # a CPU machine says so instead of "nothing to check"
 
 
 def test_readme_tool_table_is_the_one_the_registry_renders(mleng_home):
     """README's table is `mleng list --markdown` (name, summary, where it runs): no tool missing, none stale."""
-    import re
-
     from tools.engine.cli import tool_table
     from tools.engine.registry import registry
 

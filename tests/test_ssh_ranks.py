@@ -99,7 +99,10 @@ def job(tmp_path_factory):
     except ToolFailure as e:
         pytest.skip(str(e))
     work = tmp_path_factory.mktemp("sshranks")
-    cmd = torchrun_command("straggler_workload", 2, ["--steps", "1000000", "--pid-dir", str(work)],
+    # --pace-s/--dim: a live job, not a busy one (its ranks ran flat out through the whole module: two cores' worth on
+    # an idle box); ~0.05 s a step asleep in the loader, a ~1 ms computation, the all_reduce as before.
+    cmd = torchrun_command("straggler_workload", 2, ["--steps", "1000000", "--pid-dir", str(work), "--pace-s", "0.05",
+                                                     "--dim", "128"],
                            rdzv_endpoint=f"127.0.0.1:{free_port()}", rdzv_id=RUN_ID)
     out = open(work / "job.out", "w")
     proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, cwd=work,
