@@ -536,6 +536,18 @@ def test_a_saved_single_snapshot_does_not_claim_a_stuck_collective():
     assert "one snapshot cannot tell" in text and "the collective itself is stuck" not in text
 
 
+def test_a_rank_stopped_inside_the_collective_is_not_a_stuck_collective():
+    """Model round 6 (cl-frozen-rank, cl-ssh-frozen-rank): under "rank 1 on mln2 is stopped: the culprit" the next
+    finding said "the collective itself is stuck (network, NCCL, a GPU)" and `next` sent to the NCCL log: the
+    stopped rank sits in the same all_reduce frame as the ranks waiting for it."""
+    group = hsd.StackGroup(ranks=[0, 1, 2, 3], pids=[1, 2, 3, 4], where="all_reduce (torch/distributed/c10d.py:3252)",
+                           in_collective=True, stack=["all_reduce (torch/distributed/c10d.py:3252)"])
+    stopped = (_moving(1, True, False, frozen="stopped (state T)"),)
+    text = hsd.findings_for([group], [], "partly", stopped)[0]
+    assert "the collective itself is stuck" not in text and "rank 1 is stopped there and the others wait for it" in text
+    assert "the collective itself is stuck" in hsd.findings_for([group], [], "not_moving")[0]   # no one stopped
+
+
 def test_the_fingerprint_sees_a_loop_counter_and_not_a_blocked_frame():
     from tools.hang_stack_dump.motion import fingerprint
 

@@ -259,12 +259,12 @@ def run(params: HangStackDumpParams, progress) -> HangStackDumpResult:
     shown = procs if (params.detail or len(procs) <= 64) else [p for p in procs if p.error][:64]
     result.processes = shown if params.detail else [p.model_copy(update={"stack": []}) for p in shown]
     moving = motion_findings(procs, result.motion, groups)
-    shape = ([] if result.motion == "running" else findings_for(groups, odd, result.motion))
+    frozen = [p for p in procs if p.frozen]
+    shape = ([] if result.motion == "running" else findings_for(groups, odd, result.motion, tuple(frozen)))
     result.findings = moving[:1 if result.motion == "running" else 0] + odd_headline(odd, groups, procs) + shape + \
         moving[1 if result.motion == "running" else 0:] + derived + _uncompared_findings(
         procs, problems) + ([f"{len(left_out)} process(es) left out, not dumped; first: {left_out[0]}"] if left_out else [])
     result.left_out = left_out[:64]
-    frozen = [p for p in procs if p.frozen]
     result.frozen_ranks = sorted({p.rank for p in frozen if p.rank is not None})
     result.findings[:0] = [f"{'rank ' + str(p.rank) if p.rank is not None else 'a process'} on {p.host}: {p.frozen}. "
                            "The other ranks wait for it: this is the culprit (thaw it with SIGCONT, or stop the job "
@@ -289,6 +289,7 @@ def run(params: HangStackDumpParams, progress) -> HangStackDumpResult:
     result.verdict = ("warn" if odd or result.failed or problems or left_out or frozen or result.silent_nodes
                       else "info")
     result.next = (["straggler_find", "knowledge://debugging/hangs.md"] if result.motion == "running" else
+                   ["knowledge://debugging/hangs.md"] if frozen else    # the cause is known: what stopped it
                    ["flight_recorder_analyze", "log_triage", "knowledge://debugging/hangs.md"] if odd else
                    ["flight_recorder_analyze", "nccl_log_analyze", "knowledge://debugging/hangs.md"])
     progress(1.0, "done")

@@ -31,11 +31,17 @@ def _place(g: StackGroup) -> str:
     return f"{g.where}{via}"
 
 
-def _one_group(g: StackGroup, motion: str = "still") -> str:
+def _one_group(g: StackGroup, motion: str = "still", stopped: tuple[ProcessStack, ...] = ()) -> str:
     """Every process in one place: a stuck collective only when a collective (or a rank) is there and the
-    processes were seen not to move (one snapshot of a running job looks the same)."""
+    processes were seen not to move (one snapshot of a running job looks the same), and none of them is stopped:
+    a rank stopped inside the collective sits in the same frame as the ranks waiting for it, and "the collective
+    is stuck (network, NCCL)" under "rank 1 is stopped: the culprit" sent a reader to the network (model round 6)."""
     distributed = bool(g.ranks) or any("torch/distributed/" in frame for frame in g.stack)
-    if g.in_collective and distributed and motion == "one_snapshot":
+    if g.in_collective and stopped:
+        who = _who(sorted(p.rank for p in stopped if p.rank is not None), [p.pid for p in stopped])
+        what = (f"{who} {'is' if len(stopped) == 1 else 'are'} stopped there and the others wait for "
+                f"{'it' if len(stopped) == 1 else 'them'}: nothing else is stuck (resume with SIGCONT, or stop the job)")
+    elif g.in_collective and distributed and motion == "one_snapshot":
         what = ("one snapshot cannot tell a stuck collective from a running job's (most ranks of a healthy job are "
                 "in one at any instant): if they stay here, the collective is stuck or a rank not dumped here never "
                 "arrived (flight_recorder_analyze, nccl_log_analyze)")
@@ -71,11 +77,13 @@ def odd_headline(odd: list[StackGroup], groups: list[StackGroup], procs: list[Pr
     return [f"Odd one out: {named} {'is' if len(ranks) == 1 else 'are'} in {_place(odd[0])}{waiting}.{kind}"]
 
 
-def findings_for(groups: list[StackGroup], odd: list[StackGroup], motion: str = "still") -> list[str]:
+def findings_for(groups: list[StackGroup], odd: list[StackGroup], motion: str = "still",
+                 stopped: tuple[ProcessStack, ...] = ()) -> list[str]:
+    """stopped: the processes that cannot run (SIGSTOP, a cgroup freezer)."""
     if not groups:
         return []
     if len(groups) == 1:
-        return [_one_group(groups[0], motion)]
+        return [_one_group(groups[0], motion, stopped)]
     out = []
     for g in groups:
         verb = "wait in" if g.in_collective else "are in"
