@@ -462,6 +462,28 @@ def test_a_row_standing_apart_in_data_loading_is_never_headlined_no_straggler():
     assert result.stragglers == [] and result.findings[0].startswith("No straggler"), result.findings
 
 
+def test_a_row_apart_on_too_few_samples_asks_for_a_longer_look_not_no_straggler():
+    # Model round 6 (cl-small-straggler, 2026-12-03): rank 3 loaded data 7.1% of the window against at most 1.2%,
+    # steady in every third, but on 6 of its 84 samples (under the 8 that judge a stage): the answer stopped after
+    # 12 s of a 60 s bound with "No straggler"; the model overruled it and a 20 Hz look named rank 3.
+    def row(i, wait, data):
+        r = _rank(i, wait, data=data, part_fractions=[{"collective": wait, "data": data}] * 3, part_samples=[28] * 3)
+        r.samples = 84
+        return r
+
+    ranks = [row(0, 0.98, 0.0), row(1, 0.94, 0.012), row(2, 0.99, 0.0), row(3, 0.93, 0.071)]   # 1 and 3 lead a little
+    v = judge(_reports(ranks), Rules.load())
+    assert v.stragglers == [] and v.unsettled, v.findings        # look.py samples longer while unsettled
+    result = _headline(ranks)                                     # and at the bound it is said, not "no straggler"
+    assert result.findings[0].startswith("Inconclusive: Rank 3 on n3: its data loading stands apart (7.1% of the "
+                                         "window against at most 1.2% for every other rank) on only 6 samples"), result.findings
+    assert not any(f.startswith("No straggler") for f in result.findings) and result.verdict == "info"
+    # The same row with enough samples is judged as before (named: steady, the others held back).
+    for r in ranks:
+        r.samples = 400
+    assert [s.rank for s in judge(_reports(ranks), Rules.load()).stragglers] == [3]
+
+
 def test_the_culprit_kind_is_the_host_for_a_host_cause_and_the_rank_for_its_own_process():
     # Issue 35, round 5: straggler_find named rank 2 on mln3 (throttled) and rank 1 on mln2 (behind busy loops) without
     # saying what to act on; the model typed both "node". A cause on the host is the node; a slow loader the rank.
