@@ -132,12 +132,11 @@ def test_pairwise_names_the_delayed_node(healed):
 
 def test_bisect_8_nodes_names_the_unreachable_node_in_4_rounds(healed):
     healed.on_node("mln5", "ip", "link", "set", "eth0", "down")
-    t0 = time.monotonic()
     result = bench(healed, "mln[1-8]", "--pattern", "bisect", "--group-deadline-s", "90")
     iso = result["isolation"]
     assert suspects(result) == [("node", ["mln5"])], iso["suspects"]
     assert iso["rounds"] <= 5  # ceil(log2 8) + 1, and the second measurement of mln5
-    print(f"bisect 8 nodes, mln5 unreachable: {iso['rounds']} rounds, {time.monotonic() - t0:.1f} s")
+    print_rounds("bisect 8 nodes, mln5 unreachable", result)
     healed.on_node("mln5", "ip", "link", "set", "eth0", "up")
     assert not no_ranks_left(healed)
 
@@ -192,6 +191,7 @@ def test_bisect_names_the_unreachable_node_when_it_is_last_in_the_list(healed):
         healed.on_node("mln8", "ip", "link", "set", "eth0", "up")
     assert suspects(result) == [("node", ["mln8"])], result["isolation"]["suspects"]
     assert "twice" in result["isolation"]["suspects"][0]["evidence"]
+    print_rounds("bisect 8 nodes, mln8 unreachable", result)
     assert not no_ranks_left(healed)
     assert not leftovers(before, job)  # every srun task's torchelastic_* went with its scratch TMPDIR
 
@@ -207,4 +207,13 @@ def test_bisect_names_a_dropped_link_as_a_link(healed):
         for node, other in routes:
             healed.on_node(node, "ip", "route", "del", "blackhole", f"{healed.address(other)}/32", check=False)
     assert suspects(result) == [("link", ["mln3", "mln8"])], result["isolation"]["suspects"]
+    print_rounds("bisect 8 nodes, mln3-mln8 dropped", result)
     assert not no_ranks_left(healed)
+
+
+def print_rounds(what: str, result: dict) -> None:
+    """Every group's status and wall (-s): where a bisect's time went (deadlines waited, or stops for pace)."""
+    iso = result["isolation"]
+    groups = "; ".join(f"r{g['round']} {'+'.join(g['nodes'])} {g['status']} {g['wall_s']:.0f} s"
+                       + (" (pace)" if "cut for pace" in g["detail"] else "") for g in iso["groups"])
+    print(f"{what}: {iso['rounds']} rounds, {iso['wall_s']:.0f} s: {groups}")
