@@ -49,14 +49,15 @@ def healed(cluster):
 
 
 def bench(cluster, nodes: str, *args: str, timeout: float = 400) -> dict:
-    """collective_bench in an allocation of `nodes` (salloc --no-kill: a dead node must not end it)."""
+    """collective_bench in an allocation of `nodes` (salloc --no-kill: a dead node must not end it; 30 min, as long
+    as the longest test's timeout: under load 30 an 8-node bisect outlived 10 min and srun was refused)."""
     return bench_in_job(cluster, nodes, *args, timeout=timeout)[0]
 
 
 def bench_in_job(cluster, nodes: str, *args: str, timeout: float = 400) -> tuple[dict, str]:
     """(bench's answer, the salloc job id): torchrun names its folders after the job (the rendezvous id)."""
     n = 8 if nodes == "mln[1-8]" else 4
-    proc = cluster.cmd("salloc", f"-N{n}", f"--nodelist={nodes}", "--no-kill", "--time=10", sys.executable,
+    proc = cluster.cmd("salloc", f"-N{n}", f"--nodelist={nodes}", "--no-kill", "--time=30", sys.executable,
                        "-m", "tools.collective_bench", *SMALL, *args, check=False, timeout=timeout)
     assert "{" in proc.stdout, proc.stderr[-2000:]
     job = re.search(r"Granted job allocation (\d+)", proc.stderr)

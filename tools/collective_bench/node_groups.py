@@ -85,11 +85,13 @@ def group_run(nodes: list[int], outcome: LaunchOutcome | None, pg_timeout_s: flo
 
 
 # srun's words (SLURM 22.05) about itself, not about a node: its configuration unreadable, its controller out of
-# reach. A node's failure reads otherwise ("Node failure on mln5", "Requested node configuration is not available"
+# reach, the allocation it runs in gone (an 8-node bisect under load 30 outlived its `salloc --time=10`, and the
+# steps refused afterwards named healthy mln8 "failed twice", 2026-12-03). A node's failure reads otherwise ("Node failure on mln5", "Requested node configuration is not available"
 # for a step on a node just lost, "Task launch ... failed on node"): a round of one group that a dead node fails
 # (bisect's first, every node at once) must stay the nodes' to judge.
 _LAUNCHER_ITSELF = re.compile(r"Unable to process configuration file|cannot stat file \S*slurm\.conf|"
-                              r"Unable to contact slurm controller|Unable to establish control machine address")
+                              r"Unable to contact slurm controller|Unable to establish control machine address|"
+                              r"Expired or invalid job")
 
 
 def _last_words(stderr_tail: str) -> str:
