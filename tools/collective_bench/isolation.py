@@ -203,42 +203,36 @@ def _matrices(n: int, figures: list[PairFigure]):
     return bw, lat
 
 
-def bisect(names: list[str], run_round: RunRound, *, known_failing: bool = False, progress=None) -> IsolationReport:
-    """The whole set, then halves of what fails (each group under its deadline) until suspects remain."""
+def bisect(names: list[str], run_round: RunRound, *, known_failing: bool = False, progress=None,
+           pace=None) -> IsolationReport:
+    """The whole set, then halves of what fails (each group under its deadline) until suspects remain.
+    `pace` (group_pace.GroupPace, shared with run_round): told each round which groups are second measurements."""
     n = len(names)
     plan = Bisection(n, known_failing=known_failing)
     report = IsolationReport(pattern="bisect", nodes=names)
     t0, limit = time.monotonic(), 3 * math.ceil(math.log2(n)) + 4  # + the confirmation rounds
     failed_detail: dict[tuple[int, ...], str] = {}
-    paced_only: dict[tuple[int, ...], bool] = {}   # a failing group: did it fail only by being stopped for pace?
     while not plan.done and plan.rounds < limit:
         groups = plan.next_round()
         if not groups:
             break
+        if pace is not None:
+            pace.judge_only(plan.second_measurements())
         runs = run_round(groups)
         plan.record([run.ok for run in runs])
         for run in runs:
             report.groups.append(_record(plan.rounds, run, names))
             if not run.ok:
-                key = tuple(sorted(run.nodes))
-                failed_detail[key] = run.detail
-                paced_only[key] = paced_only.get(key, True) and run.cut
+                failed_detail[tuple(sorted(run.nodes))] = run.detail
         if progress:
             progress(min(0.95, plan.rounds / (math.ceil(math.log2(n)) + 1)),
                      f"round {plan.rounds}: {len(groups)} groups, {sum(not r.ok for r in runs)} failed or hung")
     report.rounds = plan.rounds
+    for finding in plan.findings:
+        report.suspects.append(Suspect(kind=finding.kind, nodes=[names[i] for i in finding.nodes],
+                                       evidence=_bisect_evidence(finding, failed_detail)))
     report.unconfirmed = [Suspect(kind=f.kind, nodes=[names[i] for i in f.nodes], evidence=f.evidence)
                           for f in plan.unconfirmed]
-    for finding in plan.findings:
-        suspect = Suspect(kind=finding.kind, nodes=[names[i] for i in finding.nodes],
-                          evidence=_bisect_evidence(finding, failed_detail))
-        # A node or link is named only after a second failure; a set is named after one (its halves all passed),
-        # and a group stopped for pace (group_pace.py) is one of a busy host's ways to "fail" once: not named.
-        if finding.kind == "set" and paced_only.get(tuple(finding.nodes)):
-            suspect.evidence += "; it failed only by being stopped for pace, never by its deadline or an error: not named"
-            report.unconfirmed.append(suspect)
-        else:
-            report.suspects.append(suspect)
     report.wall_s = round(time.monotonic() - t0, 2)
     return report
 

@@ -130,9 +130,8 @@ def check_rounds(params, n: int) -> None:
 
 
 def run_pace(pattern: str):
-    """What stops a group before its deadline: a pair far slower than the healthy ones (pairwise); a group that
-    measured nothing long after groups like it finished (bisect: its halves differ in size and load, so it is
-    judged only against groups at least as large, in rounds at least as full)."""
+    """What stops a group before its deadline: a pair far slower than the healthy ones (pairwise); a second
+    measurement that measured nothing long after groups like it finished (bisect, group_pace.py)."""
     return Pace() if pattern == "pairwise" else GroupPace()
 
 
@@ -150,15 +149,16 @@ def run_pattern(params, job: dict, nproc: int, progress) -> tuple[IsolationRepor
     job = {**job, "ops": ["all_reduce"]}
     deadline = params.group_deadline_s
 
+    pace = run_pace(params.pattern)
+
     def drive(run_round):
         if params.pattern == "pairwise":
             return pairwise(names, run_round, rounds=params.pair_rounds, margin=params.slow_margin,
                             backend=None if job.get("backend") == "auto" else job.get("backend"),
                             latency_factor=params.slow_latency_factor, progress=progress)
-        return bisect(names, run_round, progress=progress)
+        return bisect(names, run_round, progress=progress, pace=pace)
 
     if how == "ssh" and params.transport != "rdma":
-        pace = run_pace(params.pattern)
         return drive(functools.partial(run_round_ssh, names=names, job=job, nproc=nproc, deadline_s=deadline,
                                        pg_timeout_s=params.pg_timeout_s, port=29500 + random.randrange(1000),
                                        pace=pace)), []
@@ -172,7 +172,6 @@ def run_pattern(params, job: dict, nproc: int, progress) -> tuple[IsolationRepor
     if how == "srun":
         port, tag, report = 29500 + random.randrange(1000), os.urandom(8).hex(), None
         try:
-            pace = run_pace(params.pattern)
             report = drive(functools.partial(run_round_srun, names=names, job=job, nproc=nproc, deadline_s=deadline,
                                              pg_timeout_s=params.pg_timeout_s, port=port, scratch_tag=tag, pace=pace))
             return report, []
