@@ -49,14 +49,15 @@ def healed(cluster):
 
 
 def bench(cluster, nodes: str, *args: str, timeout: float = 400) -> dict:
-    """collective_bench in an allocation of `nodes` (salloc --no-kill: a dead node must not end it)."""
+    """collective_bench in an allocation of `nodes` (salloc --no-kill: a dead node must not end it; 30 min, as long
+    as the longest test's timeout: under load 30 an 8-node bisect outlived 10 min and srun was refused)."""
     return bench_in_job(cluster, nodes, *args, timeout=timeout)[0]
 
 
 def bench_in_job(cluster, nodes: str, *args: str, timeout: float = 400) -> tuple[dict, str]:
     """(bench's answer, the salloc job id): torchrun names its folders after the job (the rendezvous id)."""
     n = 8 if nodes == "mln[1-8]" else 4
-    proc = cluster.cmd("salloc", f"-N{n}", f"--nodelist={nodes}", "--no-kill", "--time=10", sys.executable,
+    proc = cluster.cmd("salloc", f"-N{n}", f"--nodelist={nodes}", "--no-kill", "--time=30", sys.executable,
                        "-m", "tools.collective_bench", *SMALL, *args, check=False, timeout=timeout)
     assert "{" in proc.stdout, proc.stderr[-2000:]
     job = re.search(r"Granted job allocation (\d+)", proc.stderr)
@@ -132,12 +133,11 @@ def test_pairwise_names_the_delayed_node(healed):
 
 def test_bisect_8_nodes_names_the_unreachable_node_in_4_rounds(healed):
     healed.on_node("mln5", "ip", "link", "set", "eth0", "down")
-    t0 = time.monotonic()
     result = bench(healed, "mln[1-8]", "--pattern", "bisect", "--group-deadline-s", "90")
     iso = result["isolation"]
     assert suspects(result) == [("node", ["mln5"])], iso["suspects"]
     assert iso["rounds"] <= 5  # ceil(log2 8) + 1, and the second measurement of mln5
-    print(f"bisect 8 nodes, mln5 unreachable: {iso['rounds']} rounds, {time.monotonic() - t0:.1f} s")
+    print_rounds("bisect 8 nodes, mln5 unreachable", result)
     healed.on_node("mln5", "ip", "link", "set", "eth0", "up")
     assert not no_ranks_left(healed)
 
@@ -192,6 +192,7 @@ def test_bisect_names_the_unreachable_node_when_it_is_last_in_the_list(healed):
         healed.on_node("mln8", "ip", "link", "set", "eth0", "up")
     assert suspects(result) == [("node", ["mln8"])], result["isolation"]["suspects"]
     assert "twice" in result["isolation"]["suspects"][0]["evidence"]
+    print_rounds("bisect 8 nodes, mln8 unreachable", result)
     assert not no_ranks_left(healed)
     assert not leftovers(before, job)  # every srun task's torchelastic_* went with its scratch TMPDIR
 
@@ -207,4 +208,13 @@ def test_bisect_names_a_dropped_link_as_a_link(healed):
         for node, other in routes:
             healed.on_node(node, "ip", "route", "del", "blackhole", f"{healed.address(other)}/32", check=False)
     assert suspects(result) == [("link", ["mln3", "mln8"])], result["isolation"]["suspects"]
+    print_rounds("bisect 8 nodes, mln3-mln8 dropped", result)
     assert not no_ranks_left(healed)
+
+
+def print_rounds(what: str, result: dict) -> None:
+    """Every group's status and wall (-s): where a bisect's time went (deadlines waited, or stops for pace)."""
+    iso = result["isolation"]
+    groups = "; ".join(f"r{g['round']} {'+'.join(g['nodes'])} {g['status']} {g['wall_s']:.0f} s"
+                       + (" (pace)" if "cut for pace" in g["detail"] else "") for g in iso["groups"])
+    print(f"{what}: {iso['rounds']} rounds, {iso['wall_s']:.0f} s: {groups}")

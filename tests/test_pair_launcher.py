@@ -60,3 +60,19 @@ def test_one_group_that_ran_keeps_the_round_judged_by_its_pairs():
     check_launcher([_run([0, 1], nothing=True), _run([2, 3])], NAMES)       # a rank started in one: judged
     with pytest.raises(LauncherFailed):
         check_launcher([_run([0, 1], nothing=True, said="x"), _run([2, 3], nothing=True, said="x")], NAMES)
+
+
+def test_an_allocation_that_ended_mid_run_names_no_node():
+    """srun after the allocation's time limit: every step refused with words about the job, none about a node. An
+    8-node bisect that outlived its allocation named healthy mln8 "failed with good partners twice" (rounds 7, 8)."""
+    from tools.collective_bench.node_groups import group_run
+    from tools.shared.launch import LaunchOutcome
+    expired = LaunchOutcome(command=["srun"], world_size=2, ranks={}, data=[], returncode=1, stalled=False,
+                            overran=False, elapsed_s=0.3, output_tail="", stderr_tail=(
+                                "srun: error: Unable to allocate resources: Job/step already completing or completed\n"
+                                "srun: Check SLURM_JOB_ID environment variable. Expired or invalid job 7817002"))
+    runs = [group_run([2, 7], expired, 30, [f"mln{k}" for k in range(1, 9)], 0.3),
+            group_run([0, 5], expired, 30, [f"mln{k}" for k in range(1, 9)], 0.3)]
+    assert all(r.nothing_started for r in runs) and "Expired or invalid job 7817002" in runs[0].launcher_said
+    with pytest.raises(LauncherFailed, match="no node or link is named"):
+        check_launcher(runs, [f"mln{k}" for k in range(1, 9)])

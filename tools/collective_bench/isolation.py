@@ -203,8 +203,10 @@ def _matrices(n: int, figures: list[PairFigure]):
     return bw, lat
 
 
-def bisect(names: list[str], run_round: RunRound, *, known_failing: bool = False, progress=None) -> IsolationReport:
-    """The whole set, then halves of what fails (each group under its deadline) until suspects remain."""
+def bisect(names: list[str], run_round: RunRound, *, known_failing: bool = False, progress=None,
+           pace=None) -> IsolationReport:
+    """The whole set, then halves of what fails (each group under its deadline) until suspects remain.
+    `pace` (group_pace.GroupPace, shared with run_round): told each round which groups are second measurements."""
     n = len(names)
     plan = Bisection(n, known_failing=known_failing)
     report = IsolationReport(pattern="bisect", nodes=names)
@@ -214,6 +216,8 @@ def bisect(names: list[str], run_round: RunRound, *, known_failing: bool = False
         groups = plan.next_round()
         if not groups:
             break
+        if pace is not None:
+            pace.judge_only(plan.second_measurements())
         runs = run_round(groups)
         plan.record([run.ok for run in runs])
         for run in runs:

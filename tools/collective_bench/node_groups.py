@@ -44,6 +44,7 @@ class GroupRun:
     # be started): what failed is the launcher on this machine (srun's configuration, its controller), not these nodes.
     nothing_started: bool = False
     launcher_said: str = ""       # the launcher's own last words, for such a group
+    cut: bool = False             # stopped early by the run's pace (pair_pace, group_pace), not by its deadline
 
     @property
     def ok(self) -> bool:
@@ -69,7 +70,7 @@ def group_run(nodes: list[int], outcome: LaunchOutcome | None, pg_timeout_s: flo
     busbw, latency = figures_of(rows)
     where = "+".join(names[i] for i in nodes)
     if outcome.cut:
-        return GroupRun(nodes, "hang", busbw, latency, wall_s, f"{where} {outcome.cut}", rows)
+        return GroupRun(nodes, "hang", busbw, latency, wall_s, f"{where} {outcome.cut}", rows, cut=True)
     if outcome.stalled or outcome.overran:
         return GroupRun(nodes, "hang", busbw, latency, wall_s, f"{where} did not finish within "
                         f"{outcome.elapsed_s:.0f} s ({len(rows)} sizes measured)", rows)
@@ -84,11 +85,13 @@ def group_run(nodes: list[int], outcome: LaunchOutcome | None, pg_timeout_s: flo
 
 
 # srun's words (SLURM 22.05) about itself, not about a node: its configuration unreadable, its controller out of
-# reach. A node's failure reads otherwise ("Node failure on mln5", "Requested node configuration is not available"
+# reach, the allocation it runs in gone (an 8-node bisect under load 30 outlived its `salloc --time=10`, and the
+# steps refused afterwards named healthy mln8 "failed twice", 2026-12-03). A node's failure reads otherwise ("Node failure on mln5", "Requested node configuration is not available"
 # for a step on a node just lost, "Task launch ... failed on node"): a round of one group that a dead node fails
 # (bisect's first, every node at once) must stay the nodes' to judge.
 _LAUNCHER_ITSELF = re.compile(r"Unable to process configuration file|cannot stat file \S*slurm\.conf|"
-                              r"Unable to contact slurm controller|Unable to establish control machine address")
+                              r"Unable to contact slurm controller|Unable to establish control machine address|"
+                              r"Expired or invalid job")
 
 
 def _last_words(stderr_tail: str) -> str:
@@ -148,20 +151,22 @@ def srun_group_command(job: dict, names: list[str], addresses: dict[str, str], n
 def run_round(groups: list[list[int]], names: list[str], launch, *, pg_timeout_s: float, pace=None) -> list[GroupRun]:
     """Every group of the round at once, one thread each; results in the order of `groups`.
     launch(k, nodes, on_event, cut) -> LaunchOutcome starts group k on those nodes (srun or ssh).
-    `pace` (pairwise, pair_pace.Pace): stops a pair far slower than the healthy ones before the deadline."""
+    `pace` stops a group before the deadline: a pair far slower than the healthy ones (pairwise, pair_pace.Pace),
+    a group that measured nothing while groups like it finished long ago (bisect, group_pace.GroupPace)."""
     results: list[GroupRun | None] = [None] * len(groups)
 
     def one(k: int, group: list[int]) -> None:
         t0 = time.monotonic()
         outcome = None
         rows: list[dict] = []   # this group's sizes as they come in: what `pace` judges it by
+        why_stop = pace.stop_rule(group, groups) if pace else None
         try:
             outcome = launch(k, [names[i] for i in group], lambda e: rows.append(e) if e.get("kind") == "row" else None,
-                             (lambda elapsed_s: pace.why_stop(elapsed_s, rows)) if pace else None)
+                             (lambda elapsed_s: why_stop(elapsed_s, rows)) if why_stop else None)
         finally:
             results[k] = group_run(group, outcome, pg_timeout_s, names, round(time.monotonic() - t0, 2))
             if pace:
-                pace.record(results[k])
+                pace.record(results[k], groups)
 
     threads = [threading.Thread(target=one, args=(k, g), daemon=True) for k, g in enumerate(groups)]
     for t in threads:

@@ -38,8 +38,8 @@ class Pace:
         self._busbw_at: dict[int, list[float]] = {}   # bytes -> busbw of the healthy pairs at that size, GB/s
         self._lock = threading.Lock()
 
-    def record(self, run: GroupRun) -> None:
-        """A finished group: an ok one sets the pace."""
+    def record(self, run: GroupRun, groups: list[list[int]] | None = None) -> None:
+        """A finished group (of the round `groups`, which a pair's pace does not need): an ok one sets the pace."""
         if not run.ok:
             return
         with self._lock:
@@ -51,6 +51,10 @@ class Pace:
     def healthy_s(self) -> float | None:
         with self._lock:
             return statistics.median(self._walls) if self._walls else None
+
+    def stop_rule(self, group: list[int], groups: list[list[int]]):
+        """why_stop(elapsed_s, rows) for one pair of a round (every pair is judged alike)."""
+        return self.why_stop
 
     def why_stop(self, elapsed_s: float, rows: list[dict]) -> str | None:
         """Why a pair running for elapsed_s with these rows so far should stop now, or None."""

@@ -132,6 +132,11 @@ class Bisection:
             self.open = []
         return groups
 
+    def second_measurements(self) -> list[list[int]]:
+        """The groups of the round just planned that measure a suspect again (they decide what is named, not where
+        the search goes next)."""
+        return [g for task in self._running if task.phase == "confirm" for g in task.groups]
+
     def _plan(self, task: _Task, spare: list[int]) -> bool:
         parts = self._parts(task)
         padded: list[int | None] = []

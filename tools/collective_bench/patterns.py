@@ -15,6 +15,7 @@ from ..shared.launch_ssh import launch_ranks_ssh
 from .isolation import IsolationReport, bisect, draw_heatmap, pairwise
 from .node_agents import SECRET_ENV, agent, coordinate, open_store, run_secret
 from .node_groups import remove_scratch, run_round_srun, run_round_ssh, ssh_group_command
+from .group_pace import GroupPace
 from .pair_pace import Pace
 from .pair_schedule import full_round_count
 
@@ -128,6 +129,12 @@ def check_rounds(params, n: int) -> None:
                           f"that cover every pair of {n} nodes")
 
 
+def run_pace(pattern: str):
+    """What stops a group before its deadline: a pair far slower than the healthy ones (pairwise); a second
+    measurement that measured nothing long after groups like it finished (bisect, group_pace.py)."""
+    return Pace() if pattern == "pairwise" else GroupPace()
+
+
 def run_pattern(params, job: dict, nproc: int, progress) -> tuple[IsolationReport | None, list[str]]:
     """Run the pattern; (report, findings). report is None on a node that is not the coordinator."""
     names, how = pattern_nodes(params)
@@ -142,15 +149,16 @@ def run_pattern(params, job: dict, nproc: int, progress) -> tuple[IsolationRepor
     job = {**job, "ops": ["all_reduce"]}
     deadline = params.group_deadline_s
 
+    pace = run_pace(params.pattern)
+
     def drive(run_round):
         if params.pattern == "pairwise":
             return pairwise(names, run_round, rounds=params.pair_rounds, margin=params.slow_margin,
                             backend=None if job.get("backend") == "auto" else job.get("backend"),
                             latency_factor=params.slow_latency_factor, progress=progress)
-        return bisect(names, run_round, progress=progress)
+        return bisect(names, run_round, progress=progress, pace=pace)
 
     if how == "ssh" and params.transport != "rdma":
-        pace = Pace() if params.pattern == "pairwise" else None
         return drive(functools.partial(run_round_ssh, names=names, job=job, nproc=nproc, deadline_s=deadline,
                                        pg_timeout_s=params.pg_timeout_s, port=29500 + random.randrange(1000),
                                        pace=pace)), []
@@ -164,7 +172,6 @@ def run_pattern(params, job: dict, nproc: int, progress) -> tuple[IsolationRepor
     if how == "srun":
         port, tag, report = 29500 + random.randrange(1000), os.urandom(8).hex(), None
         try:
-            pace = Pace() if params.pattern == "pairwise" else None   # bisect's halves differ in size: no pace
             report = drive(functools.partial(run_round_srun, names=names, job=job, nproc=nproc, deadline_s=deadline,
                                              pg_timeout_s=params.pg_timeout_s, port=port, scratch_tag=tag, pace=pace))
             return report, []

@@ -1,0 +1,106 @@
+"""bisect's pace (collective_bench/group_pace.py): a second measurement that has measured nothing at 3 x the time a
+comparable healthy group of the run took is stopped and counted as hung; a search group, a group that measured
+anything, or one with no comparable healthy group yet, waits its deadline. No cluster: the rounds run through node_groups.run_round with
+a stand-in launcher (healthy groups end in a fraction of a second; a group holding both ends of a dropped link
+never measures a size and ends only when `cut` says so or its deadline passes)."""
+
+import time
+import types
+
+from tools.collective_bench import patterns
+from tools.collective_bench.group_pace import GroupPace
+from tools.collective_bench.isolation import bisect
+from tools.collective_bench.node_groups import GroupRun, run_round
+from tools.shared.launch import LaunchOutcome
+
+NAMES = [f"mln{k}" for k in range(1, 9)]
+ROW = {"kind": "row", "op": "all_reduce", "bytes": 32768, "busbw_gbps": 0.05, "time_us": 100.0}
+DEADLINE_S = 4.0
+
+
+def outcome(nodes, elapsed_s, *, rows=(), cut="", overran=False) -> LaunchOutcome:
+    return LaunchOutcome(command=["srun"], world_size=len(nodes), ranks={}, data=list(rows), returncode=0,
+                         stalled=False, overran=overran, elapsed_s=elapsed_s, stderr_tail="", output_tail="", cut=cut)
+
+
+def stand_in(bad: set[str], healthy_s: float = 0.15):
+    """launch(k, nodes, on_event, cut): a group holding all of `bad` never measures; others finish at once."""
+    def launch(k, nodes, on_event, cut):
+        t0 = time.monotonic()
+        if not bad <= set(nodes):
+            time.sleep(healthy_s)
+            on_event(ROW)
+            return outcome(nodes, time.monotonic() - t0, rows=[ROW])
+        while (elapsed := time.monotonic() - t0) < DEADLINE_S:
+            said = cut(elapsed) if cut else None
+            if said:
+                return outcome(nodes, elapsed, cut=said)
+            time.sleep(0.02)
+        return outcome(nodes, elapsed, overran=True)
+    return launch
+
+
+def rounds_of(launch, pace):
+    return lambda groups: run_round(groups, NAMES, launch, pg_timeout_s=30, pace=pace)
+
+
+def test_a_dropped_links_second_measurement_is_stopped_not_waited_to_its_deadline():
+    pace = GroupPace()
+    report = bisect(NAMES, rounds_of(stand_in({"mln3", "mln8"}), pace), pace=pace)
+    assert [(s.kind, s.nodes) for s in report.suspects] == [("link", ["mln3", "mln8"])]
+    failing = [g for g in report.groups if g.status != "ok"]
+    # the search rounds wait their deadline (a stop there would steer the search: test_group_pace_noise.py) ...
+    assert all("did not finish" in g.detail for g in failing[:-1]), failing
+    # ... the second measurement of the link is stopped at 3 x the slowest healthy group
+    assert failing[-1].nodes == ["mln3", "mln8"] and "cut for pace" in failing[-1].detail
+    assert failing[-1].wall_s < DEADLINE_S / 2, failing[-1]
+
+
+def test_without_a_pace_every_failing_round_waits_its_deadline():
+    """The stand-in is fair: the same fault without a pace costs one deadline per failing round."""
+    report = bisect(NAMES, rounds_of(stand_in({"mln3", "mln8"}), None))
+    assert [(s.kind, s.nodes) for s in report.suspects] == [("link", ["mln3", "mln8"])]
+    assert report.groups[-1].nodes == ["mln3", "mln8"] and report.groups[-1].wall_s >= DEADLINE_S
+
+
+def test_a_group_that_measured_a_size_or_has_nothing_comparable_is_not_stopped():
+    pace = GroupPace()
+    pace.judge_only([[0, 1, 2, 3]])
+    assert pace.judges([0, 1, 2, 3]) and not pace.judges([4, 5, 6, 7])   # a search group: waits its deadline
+    four_in_eight = [[0, 1, 2, 3], [4, 5, 6, 7]]
+    pace.record(GroupRun([0, 1, 2, 3], "ok", wall_s=20.0), four_in_eight)
+    pace.record(GroupRun([4, 5, 6, 7], "hang", wall_s=120.0), four_in_eight)   # a failing group sets no pace
+    assert pace.healthy_s(4, 8) == 20.0
+    assert pace.why_stop(59.0, [], 4, 8) is None                     # under 3 x 20 s
+    assert "cut for pace" in pace.why_stop(60.0, [], 4, 8)
+    assert pace.why_stop(100.0, [ROW], 4, 8) is None                 # measuring, however slowly: its deadline decides
+    assert pace.why_stop(500.0, [], 5, 8) is None                    # larger than any healthy group
+    assert pace.why_stop(500.0, [], 2, 10) is None                   # a fuller round than any healthy group's
+    pace.record(GroupRun([0, 1], "ok", wall_s=5.0), [[0, 1]])        # a lone pair: quick, sets no pace for busier rounds
+    assert pace.healthy_s(2, 8) == 20.0 and pace.healthy_s(2, 2) == 20.0   # the slowest comparable one
+    assert pace.stop_rule([4, 5, 6, 7], [[0, 1, 2, 3], [4, 5, 6, 7]])(500.0, []) is None
+    assert pace.stop_rule([0, 1, 2, 3], [[0, 1, 2, 3], [4, 5, 6, 7]])(60.0, []) is not None
+
+
+def test_bisect_runs_its_srun_rounds_with_a_group_pace(monkeypatch):
+    """The tool wires it: before, bisect ran without any pace (`pace=None`), pairwise with its own."""
+    seen = []
+
+    def fake_rounds(groups, *, pace=None, **_):
+        seen.append(pace)
+        return [GroupRun(g, "ok", wall_s=1.0, busbw_gbps=0.05) for g in groups]
+
+    def fake_bisect(names, run_round, *, progress=None, pace=None):
+        seen.append(("bisect", pace))
+        return bisect(names, run_round, progress=progress, pace=pace)
+
+    monkeypatch.setattr(patterns, "bisect", fake_bisect)
+    monkeypatch.setattr(patterns, "pattern_nodes", lambda params: (NAMES, "srun"))
+    monkeypatch.setattr(patterns, "run_round_srun", fake_rounds)
+    monkeypatch.setattr(patterns, "remove_scratch", lambda names, tag: None)
+    params = types.SimpleNamespace(pattern="bisect", pair_rounds=None, transport="nccl", group_deadline_s=120,
+                                   pg_timeout_s=30, slow_margin=None, slow_latency_factor=5.0)
+    report, _ = patterns.run_pattern(params, {"backend": "gloo"}, 1, lambda *a: None)
+    assert report.rounds == 1 and seen[0][0] == "bisect" and isinstance(seen[0][1], GroupPace)
+    assert seen[1] is seen[0][1]        # the one pace: bisect tells it the second measurements, the rounds use it
+
