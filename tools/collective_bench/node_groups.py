@@ -44,6 +44,7 @@ class GroupRun:
     # be started): what failed is the launcher on this machine (srun's configuration, its controller), not these nodes.
     nothing_started: bool = False
     launcher_said: str = ""       # the launcher's own last words, for such a group
+    cut: bool = False             # stopped early by the run's pace (pair_pace, group_pace), not by its deadline
 
     @property
     def ok(self) -> bool:
@@ -69,7 +70,7 @@ def group_run(nodes: list[int], outcome: LaunchOutcome | None, pg_timeout_s: flo
     busbw, latency = figures_of(rows)
     where = "+".join(names[i] for i in nodes)
     if outcome.cut:
-        return GroupRun(nodes, "hang", busbw, latency, wall_s, f"{where} {outcome.cut}", rows)
+        return GroupRun(nodes, "hang", busbw, latency, wall_s, f"{where} {outcome.cut}", rows, cut=True)
     if outcome.stalled or outcome.overran:
         return GroupRun(nodes, "hang", busbw, latency, wall_s, f"{where} did not finish within "
                         f"{outcome.elapsed_s:.0f} s ({len(rows)} sizes measured)", rows)
