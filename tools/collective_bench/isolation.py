@@ -16,8 +16,11 @@ import math
 import time
 from typing import Callable, Literal
 
+from pydantic import PrivateAttr
+
 from ..engine.spec import Field, Record
 from .node_groups import GroupRun
+from .pair_pace import Pace, not_finished_in_time
 from ..shared.judging import statement
 from .pair_matrix import PairFigure
 from .pair_verdict import MIN_PAIRS_FOR_SPREAD, PairJudgement, expected_pair_gbps, judge_pairs, rule_for_backend
@@ -80,6 +83,9 @@ class IsolationReport(Record):
     expected_source: str = Field("", description="Where that figure comes from, or why there is none.")
     refused_messages: int = Field(0, description=(
         "Outside SLURM: messages on the coordinator's store not signed with the run's secret, refused."))
+    # pairwise: groups that counted against no node and why, in sentences for the findings (not a published field:
+    # every field of the output schema is read by every session)
+    _not_counted: list[str] = PrivateAttr(default_factory=list)
 
 
 def _record(r: int, run: GroupRun, names: list[str]) -> GroupRecord:
@@ -95,18 +101,18 @@ def pairwise(names: list[str], run_round: RunRound, *, rounds: int | None = None
     total = rounds or full_round_count(n)
     report = IsolationReport(pattern="pairwise", nodes=names)
     t0 = time.monotonic()
-    figures: list[PairFigure] = []
     setup: GroupRun | None = None
+    rounds_run: list[list[GroupRun]] = []
     for r, pairs in enumerate(pair_rounds(n, rounds), start=1):
         runs = run_round([list(p) for p in pairs])
+        rounds_run.append(runs)
         setup = setup or next((run for run in runs if run.setup and run.rows), None)
-        for run in runs:
-            report.groups.append(_record(r, run, names))
-            figures.append(PairFigure(run.nodes[0], run.nodes[1], run.busbw_gbps, run.latency_us, ok=run.ok))
+        report.groups.extend(_record(r, run, names) for run in runs)
         report.rounds = r
         if progress:
             slow = sum(not x.ok for x in runs)
             progress(r / total * 0.9, f"round {r}/{total}: {len(runs)} pairs, {slow} failed or hung")
+    figures, report._not_counted = _pair_figures(rounds_run, names)
 
     def measure_again(groups: list[list[int]]) -> list[GroupRun]:
         report.rounds += 1
@@ -134,6 +140,51 @@ def pairwise(names: list[str], run_round: RunRound, *, rounds: int | None = None
     return report
 
 
+def _pair_figures(rounds_run: list[list[GroupRun]], names: list[str]) -> tuple[list[PairFigure], list[str]]:
+    """Every pair's figure for the verdict, and sentences on the groups that count against no node:
+    - a round of two or more groups that all hung before measuring a size, whose nodes all measured sizes in
+      other rounds, says nothing about its pairs (start-up under load, the launcher): left out;
+    - a pair its deadline cut while its finished sizes read healthy (pair_pace.not_finished_in_time) counts as
+      a partner that is not slow, with no busbw (a smaller size is no figure against the largest) and its
+      latency (a delayed node stays a latency finding).
+    A pair the pace stopped, that hung with nothing measured among groups that measured, or that failed, counts
+    as before: slow."""
+    pace = Pace()
+    for run in (run for runs in rounds_run for run in runs):
+        pace.record(run)
+    measured = {i for runs in rounds_run for run in runs if run.rows for i in run.nodes}
+    figures, notes, late = [], [], []
+    for r, runs in enumerate(rounds_run, start=1):
+        silent = (len(runs) >= 2 and all(run.status == "hang" and not run.rows for run in runs)
+                  and all(i in measured for run in runs for i in run.nodes))
+        if silent:
+            notes.append(f"Round {r}: every group hung before measuring a size ({_groups_text(runs, names)}), while "
+                         "these nodes measured in other rounds: start-up under load or the launcher, not the pairs; "
+                         "its groups count against no node (those pairs are not measured)")
+            continue
+        for run in runs:
+            why = not_finished_in_time(run, pace)
+            if why:
+                late.append(f"{_where(run, names)} (round {r}, {run.wall_s:.0f} s: {why})")
+            figures.append(PairFigure(run.nodes[0], run.nodes[1], None if why else run.busbw_gbps, run.latency_us,
+                                      ok=run.ok or bool(why)))
+    if late:
+        healthy_s = pace.healthy_s()
+        took = f"a healthy pair took {healthy_s:.0f} s here" if healthy_s else "no pair finished in time"
+        longer = f"group_deadline_s of at least {2 * healthy_s:.0f}" if healthy_s else "a longer group_deadline_s"
+        notes.append(f"Not finished in time, counted against no node: {'; '.join(late)}: its deadline cut it while "
+                     f"it measured at healthy rates; {took}. Run again with {longer} to judge these pairs")
+    return figures, notes
+
+
+def _where(run: GroupRun, names: list[str]) -> str:
+    return "+".join(names[i] for i in run.nodes)
+
+
+def _groups_text(runs: list[GroupRun], names: list[str]) -> str:
+    return ", ".join(f"{_where(run, names)} {run.wall_s:.0f} s" for run in runs)
+
+
 def _pair_suspects(judged: PairJudgement, names: list[str]) -> tuple[list[Suspect], list[Suspect]]:
     """(named, unconfirmed): only what was slow again when measured a second time is named."""
     verdict, ref = judged.verdict, judged.verdict.reference_busbw_gbps
@@ -157,6 +208,12 @@ def _pair_suspects(judged: PairJudgement, names: list[str]) -> tuple[list[Suspec
             continue
         again = f"measured again with {names[_other(c.again, c.nodes[0])]}" if c.kind == "node" else "measured again"
         second = f"{again}: {_run_text(c.again)}"
+        if c.under_margin_only:
+            unconfirmed.append(Suspect(kind=c.kind, nodes=who, evidence=(
+                f"{first}; {second}: under the {judged.threshold:.0%} margin but not under a tenth of a healthy pair "
+                f"({_fmt(ref)} GB/s); {judged.healthy_pairs} healthy pair(s) are too few to measure the spread, so "
+                "only a failure or a gross deficit names: not named")))
+            continue
         if not c.slow_again:
             unconfirmed.append(Suspect(kind=c.kind, nodes=who, evidence=f"{first}; {second}, fine: not named"))
             continue

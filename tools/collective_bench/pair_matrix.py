@@ -33,7 +33,8 @@ class PairFigure:
     b: int
     busbw_gbps: float | None = None
     latency_us: float | None = None
-    ok: bool = True           # False: the pair failed or hung
+    ok: bool = True           # False: the pair failed or hung; True with no busbw: ran at healthy rates but its
+    #                           deadline cut it (isolation.pairwise): a partner that is not slow, with no figure
 
 
 @dataclass
@@ -166,7 +167,9 @@ class _NodeTable:
         if f.ok and f.busbw_gbps:
             self.log_sum[node] += math.log(f.busbw_gbps)
             self.counted[node] += 1
-        value = f.busbw_gbps if f.ok and f.busbw_gbps is not None else 0.0
+        if f.ok and f.busbw_gbps is None:
+            return   # no figure to be its worst
+        value = f.busbw_gbps if f.ok else 0.0
         if value < self.worst[node]:
             self.worst[node], self.worst_partner[node] = value, other
 

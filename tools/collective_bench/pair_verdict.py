@@ -13,7 +13,13 @@ on a quiet GPU fabric it is a few percent, on gloo over shared CPU cores it can 
    those are still confirmed and named.
 3. Second pass at max(margin, k x measured spread): slow nodes, slow links, undetermined pairs.
 4. Confirmation: every suspect is measured again, a node with a partner measured healthy, a link or
-   pair alone; only what is slow again is named. The rest is listed as unconfirmed.
+   pair alone; only what is slow again is named. The rest is listed as unconfirmed. Where the spread was
+   not measured (too few healthy pairs: one healthy pair, of 4 nodes on a loaded host), the stated spread
+   is a guess, so a second measurement names only a failure, a hang, a gross deficit (GROSS_MARGIN) or a
+   latency over the ceiling: a node named for 0.16 against one healthy pair's 0.394 GB/s (50% margin)
+   was healthy, slowed by the load, its first evidence hangs that the load caused (cl-slow-link,
+   2026-12-03). A suspect whose first figures were themselves measured grossly slow (busbw under a tenth,
+   no failure or hang among them) is confirmed at the ordinary margin: two slow measurements, one gross.
 5. Expected gate: where the link has an expected figure, a healthy pair worse than it by more than the
    threshold makes the whole set the suspect (a uniformly degraded fleet is not "ok").
 """
@@ -76,6 +82,7 @@ class Confirmation:
     first: PairFigure | None        # the slowest first measurement (links, pairs) or None (nodes)
     again: GroupRun | None = None   # the second measurement (None: no round left, or no healthy partner)
     slow_again: bool = False
+    under_margin_only: bool = False  # slow again at the ordinary margin, not grossly: not named, spread unmeasured
 
 
 @dataclass
@@ -114,7 +121,7 @@ def judge_pairs(n: int, figures: list[PairFigure], rule: FigureRule, run_round: 
         breach = compare(final.reference_busbw_gbps, rule, {"expected figure of the link": expected_gbps}, spread)
         judged.fleet_below_expected = breach[0].sentence(rule.unit) if breach else None
     if not final.fleet_wide:
-        judged.confirmations = confirm(n, final, run_round)
+        judged.confirmations = confirm(n, final, run_round, gross_only=not measured)
     return judged
 
 
@@ -126,12 +133,18 @@ def suspects_of(verdict: PairVerdict) -> list[Confirmation]:
     return out
 
 
-def confirm(n: int, verdict: PairVerdict, run_round: Callable) -> list[Confirmation]:
-    """Measure every suspect again (up to CONFIRM_ROUNDS rounds of disjoint groups); mark what is slow again."""
+def confirm(n: int, verdict: PairVerdict, run_round: Callable, *, gross_only: bool = False) -> list[Confirmation]:
+    """Measure every suspect again (up to CONFIRM_ROUNDS rounds of disjoint groups); mark what is slow again.
+    gross_only (the spread was not measured): busbw names only under a tenth of a healthy pair, unless the first
+    figures were measured that low (step 4)."""
     todo = suspects_of(verdict)
     suspected = {m for c in todo for m in c.nodes}
     healthy = [i for i in range(n) if i not in suspected]
-    slow = slow_rule(verdict.busbw_floor_gbps, verdict.latency_ceiling_us)
+    ordinary = slow_rule(verdict.busbw_floor_gbps, verdict.latency_ceiling_us)
+    floor, ref = verdict.busbw_floor_gbps, verdict.reference_busbw_gbps
+    gross_floor = min(floor, (1 - GROSS_MARGIN) * ref) if gross_only and floor is not None and ref else None
+    gross = slow_rule(gross_floor, verdict.latency_ceiling_us)
+    summaries = {s.node: s for s in verdict.slow_nodes}
     waiting = list(todo)
     for _ in range(CONFIRM_ROUNDS):
         groups, planned, busy, free = [], [], set(), list(healthy)
@@ -146,6 +159,17 @@ def confirm(n: int, verdict: PairVerdict, run_round: Callable) -> list[Confirmat
             break
         for c, run in zip(planned, run_round(groups)):
             c.again = run
-            c.slow_again = slow(PairFigure(run.nodes[0], run.nodes[1], run.busbw_gbps, run.latency_us, ok=run.ok))
+            figure = PairFigure(run.nodes[0], run.nodes[1], run.busbw_gbps, run.latency_us, ok=run.ok)
+            slow = gross if gross_floor is not None and not _measured_below(c, summaries, gross_floor) else ordinary
+            c.slow_again = slow(figure)
+            c.under_margin_only = ordinary(figure) and not c.slow_again
         waiting = [c for c in waiting if c.again is None]
     return todo
+
+
+def _measured_below(c: Confirmation, summaries: dict, floor: float) -> bool:
+    """Were the suspect's first figures all measured (no failure, no hang) and under `floor`?"""
+    if c.kind == "node":
+        s = summaries[c.nodes[0]]
+        return not s.failed_partners and s.geomean_busbw_gbps is not None and s.geomean_busbw_gbps < floor
+    return c.first is not None and c.first.ok and c.first.busbw_gbps is not None and c.first.busbw_gbps < floor

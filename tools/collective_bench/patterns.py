@@ -197,6 +197,7 @@ def pattern_findings(report: IsolationReport) -> tuple[str, list[str], list[str]
     if report.reference_busbw_gbps:
         head += f"; a healthy pair: {report.reference_busbw_gbps:.3g} GB/s busbw"
     findings = [f"Suspect {s.kind} {' - '.join(s.nodes)}: {s.evidence}." for s in report.suspects] + [head]
+    findings += [f"{note}." for note in report._not_counted]
     if report.inconclusive:
         findings.insert(0, f"Inconclusive: healthy pairs' busbw spread {report.spread:.0%} (1.4826 x MAD / median) "
                            f"in this run; the rule's threshold, max(margin, k x spread) = {report.threshold:.0%} below a "
