@@ -14,7 +14,7 @@ from tools.fleet_sweep.aggregate import MIN_PEERS, aggregate, drain_command, una
 from tools.fleet_sweep.node import check_event
 from tools.shared.sidechannel import PREFIX, Reader
 from tools.engine.srun import launch_failures
-from tools.fleet_sweep.targets import unreachable_reason
+from tools.shared.slurm import unreachable_reason
 
 
 def cpu_row(node: str, gflops: float, busy: str = "", **versions) -> dict:

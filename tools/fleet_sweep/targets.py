@@ -18,9 +18,9 @@ from ..engine.placement import inside_allocation, inside_job, own_job
 from ..engine.spec import ToolFailure
 from ..engine.transport import node_set
 from ..shared import slurm
+from ..shared.slurm import unreachable_reason
 from ..shared.launch import over_ssh
 
-UNREACHABLE = ("down", "drain", "fail", "maint", "reboot", "future", "unknown", "power")
 
 
 @dataclass
@@ -52,15 +52,6 @@ def node_states(nodes: list[str]) -> dict[str, str]:
         if name in wanted:
             states.setdefault(name, state.strip().lower())
     return states
-
-
-def unreachable_reason(state: str) -> str | None:
-    """Why SLURM would not start a task there, or None when it would."""
-    if state.endswith("*"):
-        return f"SLURM reports the node {state} (not responding to slurmctld)"
-    if any(state.startswith(word) for word in UNREACHABLE):
-        return f"SLURM reports the node {state}"
-    return None
 
 
 def check_known(nodes: list[str], field_name: str) -> dict[str, str]:

@@ -43,13 +43,29 @@ class Allocation:
             " ..." if len(self.nodes) > 8 else "")
 
 
+def _states(partition: str) -> list[list[str]]:
+    out = slurm.run_cmd(["sinfo", "-h", "-N", "-p", partition, "-o", "%N %T"], timeout_s=30)
+    return [line.split() for line in out.splitlines() if len(line.split()) == 2]
+
+
 def idle_nodes(partition: str) -> list[str]:
     """Nodes of `partition` SLURM reports idle; ToolFailure naming partition when it has none or is unknown."""
-    out = slurm.run_cmd(["sinfo", "-h", "-N", "-p", partition, "-o", "%N %T"], timeout_s=30)
-    states = [line.split() for line in out.splitlines() if len(line.split()) == 2]
+    states = _states(partition)
     if not states:
         raise ToolFailure(f"partition: unknown or empty partition {partition!r} (sinfo -s lists them)")
     return list(dict.fromkeys(name for name, state in states if state == "idle"))
+
+
+def out_of_service(partition: str) -> str:
+    """The partition's nodes SLURM would start no task on, with their state ('' when none, or sinfo fails): said
+    beside a failed salloc, since a DOWN node is most often why N nodes cannot be had (a model round, cl-link-down:
+    "salloc said 'Connection timed out'" with the partition's one DOWN node left for the agent to find)."""
+    try:
+        states = _states(partition)
+    except slurm.SlurmError:
+        return ""
+    out = sorted({name: state for name, state in states if slurm.unreachable_reason(state.lower())}.items())
+    return "; ".join(f"{name} ({state})" for name, state in out[:16])
 
 
 GPU_COUNT = re.compile(r"gpu(?::[A-Za-z0-9_.\-]{1,64})?[:=](\d{1,4})")
@@ -91,8 +107,10 @@ def request(partition: str, count: int | None, nodelist: list[str] | None, timeo
     if done.returncode or not granted:
         slurm.run_cmd(["scancel", f"--name={name}"], timeout_s=20, check=False)
         said = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no answer"]
+        down = out_of_service(partition)
         raise ToolFailure(f"partition: no allocation of {count} node(s) in {partition!r} within "
-                          f"{WAIT_FOR_NODES_S} s: salloc said {said[0][:300]!r}")
+                          f"{WAIT_FOR_NODES_S} s: salloc said {said[0][:300]!r}"
+                          + (f"; out of service in SLURM: {down} (ask for fewer nodes, or name others)" if down else ""))
     job_id = granted.group(1)
     return Allocation(job_id, slurm.allocation_nodes(slurm.job_allocation_env(job_id)), ours=True, gpus_per_node=gpus)
 

@@ -457,3 +457,15 @@ _STATES = {
 
 def explain_state(state: str) -> str:
     return _STATES.get(state.split()[0] if state else "", state or "unknown")
+
+
+UNREACHABLE = ("down", "drain", "fail", "maint", "reboot", "future", "unknown", "power")
+
+
+def unreachable_reason(state: str) -> str | None:
+    """Why SLURM would not start a task on a node in `state` (as `sinfo -o %T` prints it), or None when it would."""
+    if state.endswith("*"):
+        return f"SLURM reports the node {state} (not responding to slurmctld)"
+    if any(state.startswith(word) for word in UNREACHABLE):
+        return f"SLURM reports the node {state}"
+    return None
