@@ -17,7 +17,6 @@ collective sleeps; a NCCL wait may spin, so CPU alone proves nothing and decides
 """
 
 import hashlib
-import os
 
 from ..shared.pyspy import library_file, main_thread
 
@@ -37,13 +36,3 @@ def fingerprint(threads: list[dict], pid: int) -> str:
         for v in f.get("locals") or []:
             h.update(f"  {v.get('name')}={v.get('addr')}:{v.get('repr')}\n".encode())
     return h.hexdigest()
-
-
-def cpu_seconds(pid: int) -> float | None:
-    """utime + stime of a process (/proc/PID/stat), None when it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, IndexError, ValueError):
-        return None

@@ -10,8 +10,8 @@ import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from .motion import GAP_S, LOOK_S, cpu_seconds, fingerprint
-from ..shared.process_targets import describe, frozen_reason, roles
+from .motion import GAP_S, LOOK_S, fingerprint
+from ..shared.process_targets import cpu_seconds, describe, frozen_reason, roles
 from ..shared.pyspy import (
     dump_one, explain_py_spy_error, frame_text, library_file, main_thread, py_spy_path, waits_on_peers,
 )

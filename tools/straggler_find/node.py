@@ -28,13 +28,13 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from .probes import RunnableWatch, cpu_limit, process_cpu_s, mem_available_fraction, psi_some_avg10, read, snapshot_node, snapshot_rank
+from .probes import RunnableWatch, cpu_limit, mem_available_fraction, psi_some_avg10, read, snapshot_node, snapshot_rank
 from .classify import CLASSES, stack_class
 from .flight import read_rank
 from .gpus import GpuWatch
 from .models import NodeReport, NodeSample, RankSample
 from ..shared import nccl_ras
-from ..shared.process_targets import TargetRequest, describe, roles, select
+from ..shared.process_targets import TargetRequest, cpu_seconds, describe, roles, select
 from ..shared.pyspy import explain_py_spy_error, library_file, py_spy_path
 
 FRAME = re.compile(r"^(.*) \(([^()]*?)(?::(\d+))?\)$")   # no parens in the file part: linear on " ( ( (" lines
@@ -99,12 +99,12 @@ def record(pid: int, window_s: float, rate_hz: int, tmp: str) -> tuple[list[Coun
     seconds = max(1, round(window_s / PARTS))
     parts, cpu = [], []
     for i in range(PARTS):
-        t0, cpu0 = time.monotonic(), process_cpu_s(pid)
+        t0, cpu0 = time.monotonic(), cpu_seconds(pid)
         stacks, error = record_part(pid, seconds, rate_hz, Path(tmp) / f"{pid}.{i}.raw")
         if stacks is None:       # a rank that ended mid-window keeps what it gave
             return (parts or None), error if not parts else "", cpu
         parts.append(stacks)
-        cpu1 = process_cpu_s(pid)
+        cpu1 = cpu_seconds(pid)
         if cpu0 is not None and cpu1 is not None:
             cpu.append(round((cpu1 - cpu0) / max(time.monotonic() - t0, 1e-3), 3))
     return parts, "", cpu if len(cpu) == len(parts) else []

@@ -13,8 +13,7 @@ from collections import Counter
 from pathlib import Path
 
 from ..engine.printable import printable
-
-CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+from ..shared.process_targets import cpu_seconds
 
 
 def read(path: str | Path) -> str | None:
@@ -22,15 +21,6 @@ def read(path: str | Path) -> str | None:
         return Path(path).read_text()
     except OSError:
         return None
-
-
-def process_cpu_s(pid: int) -> float | None:
-    """User + system CPU seconds of a process (all its threads)."""
-    text = read(f"/proc/{pid}/stat")
-    if not text:
-        return None
-    fields = text.rsplit(")", 1)[1].split()     # the command in parentheses may hold spaces
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
 def runqueue_wait_s(pid: int) -> float | None:
@@ -168,7 +158,7 @@ def snapshot_node() -> dict:
 
 def snapshot_rank(pid: int) -> dict:
     path, stat = cpu_cgroup_stat(pid)
-    return {"cpu_s": process_cpu_s(pid), "runq_s": runqueue_wait_s(pid), "cgroup": path,
+    return {"cpu_s": cpu_seconds(pid), "runq_s": runqueue_wait_s(pid), "cgroup": path,
             "stat": str(stat) if stat else "", "throttle": throttle_counts(stat)}
 
 

@@ -24,12 +24,12 @@ from ...engine.redact import redact
 from ...engine.spec import ToolFailure
 from .jobs import RunningJob, job_processes, running_job
 from .runs import check_job_name, check_launcher_match, check_run_id, run_processes
-from .kernel import (LOCAL_RANK_VARS, OUR_MARKS, RANK_VARS, Identity, command_of, env_int, frozen_reason, identity,
+from .kernel import (LOCAL_RANK_VARS, OUR_MARKS, RANK_VARS, Identity, command_of, cpu_seconds, env_int, frozen_reason, identity,
                      is_ours, is_python, is_python_proc, ourselves, uid_of, user_words)
 
 ALLOW_OTHER_USERS_HELP = "Root: other users' too."
 __all__ = ["ALLOW_OTHER_USERS_HELP", "LOCAL_RANK_VARS", "OUR_MARKS", "RANK_VARS", "Identity", "RunningJob",
-           "TargetRequest", "Targets", "check_job_name", "check_launcher_match", "check_run_id", "describe", "env_int", "frozen_reason", "identity", "is_python", "roles",
+           "TargetRequest", "Targets", "check_job_name", "check_launcher_match", "check_run_id", "cpu_seconds", "describe", "env_int", "frozen_reason", "identity", "is_python", "roles",
            "running_job", "select"]
 
 

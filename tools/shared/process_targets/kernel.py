@@ -115,6 +115,16 @@ def in_job_cgroup(pid: int | str, job_id: str) -> bool:
     return any(f"job_{job_id}" in path.split("/") for path in job_cgroups(pid))
 
 
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds of a process, all its threads (/proc/PID/stat); None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()     # the command in parentheses may hold spaces
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def frozen_reason(pid: int) -> str:
     """Why the process cannot run at all, or "" when it can: stopped (state T: SIGSTOP, SIGTSTP, a debugger's
     stop) or frozen by a cgroup freezer (v1 freezer.state FROZEN, v2 cgroup.freeze 1). Such a process is not
