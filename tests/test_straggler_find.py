@@ -545,6 +545,12 @@ def test_rule_names_a_rank_doing_more_cpu_work_in_a_cpu_only_job():
     v = judge(_reports(others + [slow]), Rules.load())
     assert [(s.rank, s.reason, s.culprit.kind) for s in v.stragglers] == [(1, "compute", "rank")], v.findings
     assert "0.147 CPU-s per s" in v.stragglers[0].evidence[1] and "every third" in v.stragglers[0].evidence[1]
+    # the same on one 6 s look: a healthy rank's lead reached 9% there under load, so another look first, and at
+    # the caller's bound an inconclusive answer with the figure (a clean clone's run, 2026-12-03)
+    v = judge(_reports(others + [slow]), Rules.load(), sampled_s=6.0)
+    assert v.stragglers == [] and v.unsettled and v.inconclusive, v.findings
+    assert any("0.147 CPU-s per s" in a and "only 6 s" in a for a in v.apart), v.apart
+    assert [s.rank for s in judge(_reports(others + [slow]), Rules.load(), sampled_s=24.0).stragglers] == [1]
     # the same lead in one third only: said, not named, and worth a longer look
     blip = row(1, 0.27, 0.147, (0.128, 0.130, 0.183))
     v = judge(_reports(others + [blip]), Rules.load())

@@ -60,7 +60,7 @@ def look(sample: Callable[[float, int], tuple[list[NodeReport], list[str]]], bou
             done.reports = merge(done.reports, reports, sum(done.looks_s), seconds)
             done.problems += [p for p in problems if p not in done.problems]
             done.looks_s.append(seconds)
-        done.verdict = judge(done.reports, rules)
+        done.verdict = judge(done.reports, rules, sum(done.looks_s))
         left = bound_s - sum(done.looks_s)
         if not done.verdict.unsettled or left < 1:
             return done
