@@ -112,8 +112,9 @@ class SshJob:
 
 
 def _seen(result) -> list:
-    return [(r.rank, r.host, [round(p.get("collective", 0), 2) for p in r.part_fractions], r.part_samples)
-            for r in result.ranks]
+    """Per rank: waiting share per third, samples per third, CPU-s/s, run-queue wait s/s, others runnable."""
+    return [(r.rank, r.host, [round(p.get("collective", 0), 2) for p in r.part_fractions], r.part_samples,
+             r.cpu_fraction, r.runqueue_wait_fraction, r.others_runnable) for r in result.ranks]
 
 
 def test_cpu_limited_node_is_named_with_its_host_over_ssh(cluster, tmp_path):

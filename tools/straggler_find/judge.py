@@ -192,18 +192,50 @@ def _compare(ranks, nodes, gpus, rules: Rules, out: Judgement) -> None:
     candidates = [(r, d) for r, d in candidates if id(r) not in caused]
     if candidates and len(candidates) + len(caused) <= len(ranks) // 2:
         steady = [(r, d) for r, d in candidates if _in_every_part(r, ranks, rules)]
-        for r, _ in sorted(steady, key=lambda c: -c[1]):
-            out.stragglers.append(_named(r, ranks, nodes.get(r.host), gpus, rules))
+        for r, d in sorted(steady, key=lambda c: -c[1]):
+            s = _named(r, ranks, nodes.get(r.host), gpus, rules)
+            # Only where its reason is one the scheduler gives a healthy rank: none, or little CPU while computing
+            # (a throttled cgroup is a limit of its own; a loader, copies, its GPU, memory are its own too).
+            throttled = (r.cgroup_throttled_fraction or 0) >= rules.reason["throttled_periods_min"]
+            lag = _scheduler_lag(r, ranks, rules) if s.reason in ("unknown", "cpu") and not throttled else ""
+            if lag:
+                out.inconclusive = out.unsettled = True
+                out.apart.append(f"Rank {r.rank} on {r.host} waits {d:.0%} less than the others in every third of "
+                                 f"the window, with no cause of its own, but {lag}")
+                continue
+            out.stragglers.append(s)
         for r, d in (c for c in candidates if c not in steady):
             out.leading.append((r, f"Rank {r.rank} on {r.host} worked longer than the others over the window ({d:.0%} "
                                    "less waiting) but not in every third of it: a passing slowdown (another process "
                                    "on the host, a burst of I/O) or a small steady one; not named."))
-        out.unsettled = not out.stragglers and bool(out.leading)
+        out.unsettled = out.unsettled or (not out.stragglers and bool(out.leading))
         return
     if not out.stragglers:
         _leads(scored, ranks, held, rules, out)
         out.unsettled = out.unsettled or (bool(held) and _too_short(ranks, rules))
         _network(ranks, nodes, rules, out)
+
+
+def _scheduler_lag(r: RankSample, ranks: list[RankSample], rules: Rules) -> str:
+    """Why r's lead may be the CPU scheduler's, not r's, or "": every rank waits for a CPU (the hosts are
+    oversubscribed) and r waited no less than the others. There a healthy rank falls behind for seconds at a time:
+    a healthy 4-rank job on the namespace cluster beside two busy loops named rank 3 on mln4 (24% less waiting,
+    run-queue wait 0.78 s/s against ~0.5 for the others, 57 samples in 10 s), and a clean clone's run named rank 2
+    on mln3 the same way (2026-12-03). A rank slower for a cause of its own (a loader, a slow GPU, more work) still
+    waits no more for a CPU than its peers, so it is named."""
+    waits = [o.runqueue_wait_fraction for o in ranks]
+    if any(w is None for w in waits) or min(waits) < rules.reason["runqueue_wait_min_s_per_s"]:
+        return ""
+    theirs = statistics.median(o.runqueue_wait_fraction for o in _others(ranks, r))
+    if r.runqueue_wait_fraction < theirs:
+        return ""
+    # More processes competing on its own CPUs than on its peers' (a loop pinned beside it) is a cause of its own.
+    crowd = [o.others_runnable for o in _others(ranks, r) if o.others_runnable is not None]
+    if r.others_runnable is not None and crowd and r.others_runnable >= statistics.median(crowd) + 1:
+        return ""
+    return (f"every rank waits for a CPU ({min(waits):.2f}-{max(waits):.2f} s per s: the hosts are oversubscribed) "
+            f"and it waited {r.runqueue_wait_fraction:.2f} s/s against the others' {theirs:.2f}: its lag may be the "
+            "scheduler's, not its own; not named")
 
 
 def _too_short(ranks: list[RankSample], rules: Rules) -> bool:
