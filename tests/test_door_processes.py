@@ -19,7 +19,8 @@ MAY_LIST = {
 # What process_targets offers; its private helpers (listing by env, by launcher, ...) are not for import.
 DOOR_NAMES = {"ALLOW_OTHER_USERS_HELP", "Identity", "RunningJob", "TargetRequest", "Targets", "describe", "env_int",
               "frozen_reason", "identity", "is_python", "roles", "running_job", "select", "RANK_VARS",
-              "LOCAL_RANK_VARS", "OUR_MARKS", "check_run_id", "check_launcher_match", "check_job_name"}
+              "LOCAL_RANK_VARS", "OUR_MARKS", "check_run_id", "check_launcher_match", "check_job_name",
+              "cpu_seconds"}  # a process's CPU seconds, read by the kernel door for hang_stack_dump and straggler_find
 LISTING = {("psutil", "process_iter"), ("psutil", "pids")}
 
 
