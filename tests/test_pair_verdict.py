@@ -122,6 +122,10 @@ class DeadNode(Fleet):
 def test_a_node_that_hangs_is_named_even_when_the_healthy_pairs_are_too_noisy_to_judge(seed):
     report = pairwise(names(8), DeadNode(8, 7, jitter=0.8, seed=seed))
     assert report.inconclusive and named(report) == [("node", ["n7"])]
+    # nothing was measured with it: the answer says so rather than "slow with 7 of 7 partners"
+    evidence = report.suspects[0].evidence
+    assert evidence.startswith("every one of its 7 pairs failed or hung") and "slow with" not in evidence, evidence
+    assert "did not finish" in evidence, evidence
 
 
 @pytest.mark.parametrize("seed", range(5))

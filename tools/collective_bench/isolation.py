@@ -225,6 +225,11 @@ def _pair_suspects(judged: PairJudgement, names: list[str]) -> tuple[list[Suspec
 
 
 def _node_text(s, ref: float | None) -> str:
+    if s.failed_partners == s.partners:
+        # Nothing was measured with it: "slow" would be a figure it never gave (model round 6, ssh-dead-host: "slow
+        # with 3 of 3 partners" for a host whose sshd refused every connection). The run's own words follow.
+        return (f"every one of its {s.partners} pairs failed or hung, so no busbw was measured with it (a healthy "
+                f"pair: {_fmt(ref)} GB/s)")
     geo = f"{s.geomean_busbw_gbps:.3g} GB/s" if s.geomean_busbw_gbps else "no figure"
     return (f"slow with {s.slow_partners} of {s.partners} partners ({s.failed_partners} failed or hung); its "
             f"pairs' busbw {geo} (geometric mean) against {_fmt(ref)} GB/s for a healthy pair")
