@@ -57,7 +57,8 @@ def test_the_answer_lists_its_rows_and_shows_one_stored_results_findings():
     assert listed.rows[0].headline == found[0]
     shown = run(ResultsHistoryParams(result_id=rid), None)
     assert shown.findings[0].startswith(f"Result #{rid}: collective_bench on login1 at ")
-    assert "(SLURM job 77), verdict fail" in shown.findings[0] and shown.findings[1:] == found
+    assert "(background job 77), verdict fail" in shown.findings[0] and shown.findings[1:] == found
+    assert "SLURM" not in shown.findings[0]        # the handle is the engine's own, not a SLURM job id
     assert shown.next == ["env_report"] and shown.shown.params == {"pattern": "pairwise"}
     assert shown.shown.result["verdict"] == "fail"
     with pytest.raises(ToolFailure, match=r"^result_id: no stored result #999999"):

@@ -76,7 +76,7 @@ class StoredResult(Record):
     tool: str = Field(description="Tool.")
     started: str | None = Field(None, description="Start time, UTC ISO 8601.")
     host: str | None = Field(None, description="Host.")
-    job_id: str | None = Field(None, description="The SLURM job it ran in, if any.")
+    job_id: str | None = Field(None, description="The background job (job_status handle) that ran it, if any.")
     params: dict = Field(default_factory=dict, description="Its parameters.")
     result: dict = Field(default_factory=dict, description="The result as stored (secrets redacted).")
 
@@ -188,7 +188,9 @@ def show_one(result_id: int) -> ResultsHistoryResult:
     said = [str(f) for f in result.get("findings") or [] if isinstance(f, str)] if isinstance(result, dict) else []
     nxt = [str(n) for n in result.get("next") or [] if isinstance(n, str)][:20]
     head = (f"Result #{result_id}: {row['tool']} on {row['host'] or '?'} at {started or '?'}"
-            + (f" (SLURM job {row['job_id']})" if row.get("job_id") else "") + f", verdict {row['verdict'] or '?'}; "
+            # the engine's own background-job handle (engine/jobs.py), never a SLURM job id: a model read an
+            # ssh pairwise run's handle as "SLURM job dd3aeb88..." (round 6, ssh-dead-host)
+            + (f" (background job {row['job_id']})" if row.get("job_id") else "") + f", verdict {row['verdict'] or '?'}; "
             f"its {len(said)} finding(s) as stored follow.")
     shown = StoredResult(id=result_id, tool=row["tool"] or "?", started=started, host=row["host"], job_id=row["job_id"],
                          params=row["params"], result=result)

@@ -43,7 +43,7 @@ CREATE TABLE IF NOT EXISTS results (
     metric_value  REAL,
     started       REAL,   -- unix seconds
     ended         REAL,
-    job_id        TEXT
+    job_id        TEXT    -- the background job (engine/jobs.py handle) that ran it, if any
 );
 CREATE INDEX IF NOT EXISTS results_tool ON results(tool, params_key, started);
 """
