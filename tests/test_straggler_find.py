@@ -550,6 +550,25 @@ def test_rule_leaves_a_lag_the_scheduler_explains_unnamed():
     assert any("Rank 3 on mln4" in a and "oversubscribed" in a and "0.78 s/s" in a for a in v.apart), v.apart
     result = _headline(others + [lagging])
     assert result.findings[0].startswith("Inconclusive: Rank 3 on mln4") and result.verdict == "info", result.findings
+    # a CPU-only job whose lagging rank also uses more CPU per second in every third: named for compute by its CPU
+    # time, and no "Inconclusive" line under it
+    for o in others:
+        o.part_cpu = [0.256] * 3
+    working = row(3, (0.32, 0.40, 0.42), 0.78, cpu=0.289)
+    working.part_cpu = [0.289] * 3
+    result = _headline(others + [working])
+    assert [(s.rank, s.reason) for s in result.stragglers] == [(3, "compute")], result.findings
+    assert not any(f.startswith("Inconclusive") for f in result.findings), result.findings
+    for o in others:
+        o.part_cpu = []
+    # another rank's GPU shared with a stranger is named beside the lag held back: no "Inconclusive" under it
+    shared = row(0, (0.63, 0.68, 0.74), 0.50)
+    shared.gpu_index = 0
+    gpu = GpuSample(host="mln1", index=0, job_pids=[shared.pid], other_holders=["pid 777 (python burn.py), 20.0 GiB"])
+    result = sf.StragglerFindResult(ranks=[shared, *others[1:], lagging], nodes=[NodeSample(host=f"mln{i}") for i in range(1, 5)])
+    sf._fill(result, judge(_reports([shared, *others[1:], lagging], [gpu]), Rules.load()), [])
+    assert [(s.rank, s.reason) for s in result.stragglers] == [(0, "gpu")], result.findings
+    assert not any(f.startswith("Inconclusive") for f in result.findings), result.findings
     # the same lag on a rank that waits no more for a CPU than its peers is its own: named
     own = row(3, (0.32, 0.40, 0.42), 0.45)
     assert [s.rank for s in judge(_reports(others + [own]), Rules.load()).stragglers] == [3]

@@ -134,6 +134,9 @@ def judge(reports: list[NodeReport], rules: Rules, sampled_s: float = math.inf) 
         if not any(s.gpu_serial == g.serial and s.host == g.host for s in out.stragglers):
             out.stragglers.append(_gpu_shared(g, ranks))
     _flight_recorder(reports, out)
+    # A named straggler is the answer: "inconclusive" from an earlier rule (a lag held back, scattered waits) would
+    # put an "Inconclusive" line under it.
+    out.inconclusive = out.inconclusive and not out.stragglers
     for s in out.stragglers:
         s.culprit = culprit(s)
         s.culprit_kind = s.culprit.kind
@@ -221,8 +224,9 @@ def _scheduler_lag(r: RankSample, ranks: list[RankSample], rules: Rules) -> str:
     oversubscribed) and r waited no less than the others. There a healthy rank falls behind for seconds at a time:
     a healthy 4-rank job on the namespace cluster beside two busy loops named rank 3 on mln4 (24% less waiting,
     run-queue wait 0.78 s/s against ~0.5 for the others, 57 samples in 10 s), and a clean clone's run named rank 2
-    on mln3 the same way (2026-12-03). A rank slower for a cause of its own (a loader, a slow GPU, more work) still
-    waits no more for a CPU than its peers, so it is named."""
+    on mln3 the same way (2026-12-03). A loader, copies, a slow GPU or memory pressure are named whatever the run
+    queues say (only a rank with no reason, or little CPU while computing, is held back here), and a CPU-only rank
+    doing more work is judged by its CPU time next (_more_cpu_work)."""
     waits = [o.runqueue_wait_fraction for o in ranks]
     if any(w is None for w in waits) or min(waits) < rules.reason["runqueue_wait_min_s_per_s"]:
         return ""
@@ -521,8 +525,8 @@ def _more_cpu_work(ranks: list[RankSample], nodes, gpus: list[GpuSample], rules:
         # past the bar, but on a look too short to tell it from the host's noise: another look (look.py), and at
         # the caller's bound an inconclusive answer with the figure
         out.inconclusive = out.unsettled = True
-        out.apart.append(f"CPU time: {figure}, in every third of the window, but on only {sampled_s:.0f} s of samples (a CPU-time "
-                         f"lead is judged on {rr['cpu_work_min_s']:g} s or more)")
+        out.apart.append(f"CPU time: {figure}, in every third of the window, but on only {sampled_s:.0f} s of "
+                         f"samples (a CPU-time lead is judged on {rr['cpu_work_min_s']:g} s or more)")
         return
     if clear:
         s = _named(r, ranks, nodes.get(r.host), gpus, rules, stage="compute")
