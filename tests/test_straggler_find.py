@@ -130,9 +130,11 @@ def test_healthy_job_names_nobody(healthy_job):
     assert result.verdict in ("ok", "info") and result.spread_pct is not None
     # On this shared 2-core host other sessions' processes deschedule a rank for seconds at a time: the healthy
     # ranks' waiting shares then spread 20-25% (seen 1 run in 4), and "inconclusive" is the honest answer. It
-    # must say so only when the spread it states puts the threshold past the widest the rule answers at.
+    # must say so only when the spread it states puts the threshold past the widest the rule answers at, or when a
+    # rank fell behind while every rank waited for a CPU (judge._scheduler_lag), which it then says.
     if any(f.startswith("Inconclusive") for f in result.findings):
-        assert result.threshold_pct > 100 * Rules.load().share.widest, (result.threshold_pct, result.findings)
+        assert (result.threshold_pct > 100 * Rules.load().share.widest
+                or any("oversubscribed" in f for f in result.findings)), (result.threshold_pct, result.findings)
     else:
         assert any(f.startswith("No straggler") or "communication-bound" in f for f in result.findings), result.findings
 

@@ -200,8 +200,10 @@ def test_healthy_job_names_nobody_and_ends_as_unwatched(cluster, tmp_path):
         assert result["verdict"] in ("ok", "info") and len(result["ranks"]) == 4
         assert result["spread_pct"] is not None
         assert any(f.startswith(("No straggler", "Inconclusive")) for f in result["findings"]), result["findings"]
-        if any(f.startswith("Inconclusive") for f in result["findings"]):     # only with a spread that justifies it
-            assert result["threshold_pct"] > 100 * Rules.load().share.widest, result["findings"]
+        if any(f.startswith("Inconclusive") for f in result["findings"]):
+            # only with a spread that justifies it, or a lag it says the oversubscribed scheduler explains
+            assert (result["threshold_pct"] > 100 * Rules.load().share.widest
+                    or any("oversubscribed" in f for f in result["findings"])), result["findings"]
         assert job.result(300) == twin.result(300)          # sampling changed nothing in the job's arithmetic
     finally:
         job.cancel()
