@@ -152,3 +152,42 @@ def test_a_pair_cut_by_the_deadline_at_a_gross_deficit_still_counts():
     report = pairwise(NAMES, Drill(rounds))
     assert [(s.kind, s.nodes) for s in report.suspects] == [("link", ["mln1", "mln2"])]
     assert not report._not_counted
+
+
+def cpu_starved_fleet(mln4: dict[tuple[int, int], float], again: float):
+    """A real model's run of cl-cpu-starved (4 nodes, mln4 capped by its cgroup, load ~3, 2026-12-03, model round 7):
+    every pair measured; the healthy ones 0.346-0.462 GB/s. `mln4` gives its three pairs, `again` its confirmation
+    with mln3."""
+    healthy = {(1, 2): 0.3459, (0, 2): 0.3615, (0, 1): 0.4618}
+
+    def fleet(groups):
+        if groups == [[2, 3]]:
+            return [ok(2, 3, again, 60.0)]
+        return [ok(*g, (healthy | mln4)[tuple(g)], 60.0) for g in groups]
+    return fleet
+
+
+def test_a_node_apart_in_every_pair_is_named_without_a_measured_spread(monkeypatch):
+    """3 healthy pairs are too few for a spread, but mln4's every pair (0.140-0.147 GB/s) is under half the slowest
+    healthy pair (0.346) and again with mln3 (0.152): no spread guess is needed to say it stands apart."""
+    report = pairwise(NAMES, cpu_starved_fleet({(0, 3): 0.1398, (1, 3): 0.1453, (2, 3): 0.1474}, again=0.1523))
+    assert [(s.kind, s.nodes) for s in report.suspects] == [("node", ["mln4"])], report.unconfirmed
+    assert "stands apart without a measured spread" in report.suspects[0].evidence
+    verdict, findings, _ = answer(report, monkeypatch)
+    assert verdict == "fail" and findings[0].startswith("Suspect node mln4"), findings   # the headline
+    assert any("nodename=mln4 state=drain" in f for f in findings)
+
+
+@pytest.mark.parametrize("mln4, again", [
+    ({(0, 3): 0.1398, (1, 3): 0.1453, (2, 3): 0.20}, 0.1523),   # one pair above half the slowest healthy pair
+    ({(0, 3): 0.1398, (1, 3): 0.1453, (2, 3): 0.1474}, 0.30),   # fine when measured again
+])
+def test_a_node_not_apart_in_every_figure_is_not_named_without_a_spread(mln4, again):
+    report = pairwise(NAMES, cpu_starved_fleet(mln4, again))
+    assert not report.suspects, report.suspects
+
+
+def test_apart_needs_two_healthy_pairs_to_compare_with():
+    """d07's false name again: mln1's first pairs hung, one healthy pair measured: nothing stands apart."""
+    report = pairwise(NAMES, Failing(ok(0, 3, 0.160, 70.0)))
+    assert not report.suspects

@@ -217,7 +217,10 @@ def _pair_suspects(judged: PairJudgement, names: list[str]) -> tuple[list[Suspec
         if not c.slow_again:
             unconfirmed.append(Suspect(kind=c.kind, nodes=who, evidence=f"{first}; {second}, fine: not named"))
             continue
-        tail = {"node": "", "link": " while both nodes are fine with their other partners",
+        apart = (f"; every one of its first pairs was under {_fmt(c.apart_below_gbps)} GB/s, {judged.threshold:.0%} "
+                 "below the slowest healthy pair, so it stands apart without a measured spread"
+                 if c.apart_below_gbps else "")
+        tail = {"node": apart, "link": " while both nodes are fine with their other partners",
                 "pair": "; each node met only this partner, so node and link cannot be told apart"}[c.kind]
         named.append(Suspect(kind=c.kind, nodes=who, evidence=f"{first}; {second}, slow again{tail} (healthy pair "
                              f"{_fmt(ref)} GB/s)"))

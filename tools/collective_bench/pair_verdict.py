@@ -20,6 +20,10 @@ on a quiet GPU fabric it is a few percent, on gloo over shared CPU cores it can 
    was healthy, slowed by the load, its first evidence hangs that the load caused (cl-slow-link,
    2026-12-03). A suspect whose first figures were themselves measured grossly slow (busbw under a tenth,
    no failure or hang among them) is confirmed at the ordinary margin: two slow measurements, one gross.
+   So is a node that stands apart in every figure (`stands_apart`): each of its pairs measured, each under the
+   margin against the slowest of at least two healthy pairs. That needs no spread: the healthy pairs' own
+   lowest figure is the bar (a node capped to a fraction of a CPU, 4 nodes: 0.140-0.147 GB/s against
+   0.346-0.462, left unnamed for want of a spread; model round 7, cl-cpu-starved, 2026-12-03).
 5. Expected gate: where the link has an expected figure, a healthy pair worse than it by more than the
    threshold makes the whole set the suspect (a uniformly degraded fleet is not "ok").
 """
@@ -83,6 +87,7 @@ class Confirmation:
     again: GroupRun | None = None   # the second measurement (None: no round left, or no healthy partner)
     slow_again: bool = False
     under_margin_only: bool = False  # slow again at the ordinary margin, not grossly: not named, spread unmeasured
+    apart_below_gbps: float | None = None  # stands_apart: every first pair of the node under this (see the module doc)
 
 
 @dataclass
@@ -121,7 +126,8 @@ def judge_pairs(n: int, figures: list[PairFigure], rule: FigureRule, run_round: 
         breach = compare(final.reference_busbw_gbps, rule, {"expected figure of the link": expected_gbps}, spread)
         judged.fleet_below_expected = breach[0].sentence(rule.unit) if breach else None
     if not final.fleet_wide:
-        judged.confirmations = confirm(n, final, run_round, gross_only=not measured)
+        judged.confirmations = confirm(n, final, run_round, gross_only=not measured, figures=figures,
+                                       margin=min(limit, MAX_MARGIN))
     return judged
 
 
@@ -133,12 +139,17 @@ def suspects_of(verdict: PairVerdict) -> list[Confirmation]:
     return out
 
 
-def confirm(n: int, verdict: PairVerdict, run_round: Callable, *, gross_only: bool = False) -> list[Confirmation]:
+def confirm(n: int, verdict: PairVerdict, run_round: Callable, *, gross_only: bool = False,
+            figures: list[PairFigure] = (), margin: float = 0.0) -> list[Confirmation]:
     """Measure every suspect again (up to CONFIRM_ROUNDS rounds of disjoint groups); mark what is slow again.
     gross_only (the spread was not measured): busbw names only under a tenth of a healthy pair, unless the first
-    figures were measured that low (step 4)."""
+    figures were measured that low or the node stands apart in every one of them (step 4)."""
     todo = suspects_of(verdict)
     suspected = {m for c in todo for m in c.nodes}
+    if gross_only:
+        for c in todo:
+            if c.kind == "node":
+                c.apart_below_gbps = stands_apart(c.nodes[0], figures, suspected, margin)
     healthy = [i for i in range(n) if i not in suspected]
     ordinary = slow_rule(verdict.busbw_floor_gbps, verdict.latency_ceiling_us)
     floor, ref = verdict.busbw_floor_gbps, verdict.reference_busbw_gbps
@@ -160,11 +171,25 @@ def confirm(n: int, verdict: PairVerdict, run_round: Callable, *, gross_only: bo
         for c, run in zip(planned, run_round(groups)):
             c.again = run
             figure = PairFigure(run.nodes[0], run.nodes[1], run.busbw_gbps, run.latency_us, ok=run.ok)
-            slow = gross if gross_floor is not None and not _measured_below(c, summaries, gross_floor) else ordinary
+            by_gross = gross_floor is not None and not c.apart_below_gbps and not _measured_below(c, summaries, gross_floor)
+            slow = gross if by_gross else ordinary
             c.slow_again = slow(figure)
             c.under_margin_only = ordinary(figure) and not c.slow_again
         waiting = [c for c in waiting if c.again is None]
     return todo
+
+
+def stands_apart(node: int, figures: list[PairFigure], suspected: set[int], margin: float) -> float | None:
+    """The bar `node` stands apart under, or None: every pair with it measured (none failed, hung or cut by its
+    deadline) and each under (1 - margin) x the slowest busbw of the pairs of unsuspected nodes, of which there
+    are at least two. One healthy pair is too little to compare with (the d07 run named a healthy node so)."""
+    own = [f for f in figures if node in (f.a, f.b)]
+    healthy = [f.busbw_gbps for f in figures
+               if f.ok and f.busbw_gbps and f.a not in suspected and f.b not in suspected]
+    if len(healthy) < 2 or not own or any(not f.ok or not f.busbw_gbps for f in own):
+        return None
+    bar = (1 - margin) * min(healthy)
+    return bar if max(f.busbw_gbps for f in own) < bar else None
 
 
 def _measured_below(c: Confirmation, summaries: dict, floor: float) -> bool:
