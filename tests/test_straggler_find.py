@@ -353,6 +353,11 @@ def test_a_rank_that_leads_unclearly_is_sampled_longer_then_named():
     looks.clear()
     bounded = look(sampler(0.40), 6, 5, Rules.load())
     assert looks == [(6, 5)] and not bounded.verdict.stragglers and "short of the" in bounded.verdict.findings[0]
+    # Cut at the bound with "No straggler" above: the last line says why nobody is named, not "still unsettled"
+    # (model round 7 read that as the headline's contradiction).
+    assert bounded.verdict.unsettled and not bounded.verdict.inconclusive
+    assert "at the bound no rank's lead held through the window" in bounded.sentence(6)
+    assert "unsettled" not in bounded.sentence(6)
 
 
 def test_a_small_straggler_in_a_communication_bound_job_is_named_not_shrugged_off():

@@ -32,8 +32,18 @@ class Looked:
     def sentence(self, bound_s: float) -> str:
         """How long it sampled and why it stopped there (the answer states it)."""
         total, v = sum(self.looks_s), self.verdict
-        why = ("still unsettled at the bound: the answer above is what the samples so far support" if v.unsettled
-               else "a straggler stood out" if v.stragglers else "no rank led the others")
+        if v.stragglers:
+            why = "a straggler stood out"
+        elif v.unsettled and v.inconclusive:
+            why = "still unsettled at the bound: the answer above is what the samples so far support"
+        elif v.unsettled:
+            # The headline says "No straggler": a lead that came and went, or stayed under the bar, over the whole
+            # bound is no straggler's; "still unsettled" under it read as a contradiction (model round 7, a healthy
+            # job: "the headline and the footnote pull against each other").
+            why = ("at the bound no rank's lead held through the window, so none is named; a steady straggler "
+                   "smaller than the bar would need a longer window_s")
+        else:
+            why = "no rank led the others"
         if len(self.looks_s) == 1:
             return f"Sampled {total:.0f} s in one look (bound {bound_s:.0f} s): {why}."
         return (f"Sampled {total:.0f} s in {len(self.looks_s)} looks ({' + '.join(f'{s:.0f}' for s in self.looks_s)} s, "
