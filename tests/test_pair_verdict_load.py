@@ -90,6 +90,10 @@ def test_the_slow_link_under_load_is_named_as_the_link_and_no_node_is_drained(mo
     late = next(f for f in findings if f.startswith("Not finished in time"))
     assert "mln1+mln3" in late and "mln2+mln4" in late and "group_deadline_s of at least 229" in late
     assert "a healthy pair took 115 s" in late
+    # A link's next steps are its path and its two NICs, not the hosts' software (model round 7, ssh-slow-link)
+    _, _, nxt = answer(report, monkeypatch)
+    assert nxt[:2] == ["nic_health", "knowledge://network/link-health.md"] and "dist_smoke_test" not in nxt
+    assert any(f.startswith("Between mln1 and mln2 only: the route") for f in findings), findings
 
 
 def test_healthy_pairs_slow_under_load_name_nothing(monkeypatch):
@@ -152,6 +156,10 @@ def test_a_pair_cut_by_the_deadline_at_a_gross_deficit_still_counts():
     report = pairwise(NAMES, Drill(rounds))
     assert [(s.kind, s.nodes) for s in report.suspects] == [("link", ["mln1", "mln2"])]
     assert not report._not_counted
+    # the groups that failed or hung are named in the head line while few: "2 failed or hung" beside one suspect
+    # sent model round 7 to the stored result to see that both were this pair
+    head = next(f for f in pattern_findings(report)[1] if f.startswith("pairwise: 4 nodes"))
+    assert "(2 failed or hung: mln1+mln2 (round 3), mln1+mln2 (round 4))" in head, head
 
 
 def cpu_starved_fleet(mln4: dict[tuple[int, int], float], again: float):

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tools.straggler_find.probes import RunnableWatch, _quota, cpu_limit
+from tools.shared.cgroup_cpu import cpu_limit, quota
+from tools.straggler_find.probes import RunnableWatch
 
 V1_CPU = Path("/sys/fs/cgroup/cpu")
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: another user's process, a cgroup of our own")
@@ -56,15 +57,15 @@ def test_the_processes_on_a_ranks_cpus_are_named_with_their_owner_and_the_jobs_o
 
 def test_a_cgroup_quota_is_read_from_either_cgroup_version(tmp_path):
     (tmp_path / "cpu.max").write_text("max 100000\n")
-    assert _quota(tmp_path) is None
+    assert quota(tmp_path) is None
     (tmp_path / "cpu.max").write_text("50000 100000\n")
-    assert _quota(tmp_path) == (0.5, "cpu.max 50000 100000")
+    assert quota(tmp_path) == (0.5, "cpu.max 50000 100000")
     (tmp_path / "cpu.max").unlink()
     (tmp_path / "cpu.cfs_quota_us").write_text("-1\n")
     (tmp_path / "cpu.cfs_period_us").write_text("100000\n")
-    assert _quota(tmp_path) is None
+    assert quota(tmp_path) is None
     (tmp_path / "cpu.cfs_quota_us").write_text("25000\n")
-    assert _quota(tmp_path) == (0.25, "cpu.cfs_quota_us 25000 / cpu.cfs_period_us 100000")
+    assert quota(tmp_path) == (0.25, "cpu.cfs_quota_us 25000 / cpu.cfs_period_us 100000")
 
 
 @needs_root

@@ -191,12 +191,23 @@ def run_pattern(params, job: dict, nproc: int, progress) -> tuple[IsolationRepor
 
 def pattern_findings(report: IsolationReport) -> tuple[str, list[str], list[str]]:
     """(verdict, findings, next) of a finished pattern."""
-    failed = sum(g.status != "ok" for g in report.groups)
+    failing = [g for g in report.groups if g.status != "ok"]
+    failed = len(failing)
+    # which groups, while few: "2 failed or hung" beside one suspect sent the model to the stored result to see
+    # that both were the same pair, first and measured again (model round 7, ssh-slow-link)
+    which = (": " + ", ".join(f"{'+'.join(g.nodes)} (round {g.round})" for g in failing)) if 0 < failed <= 4 else ""
     head = (f"{report.pattern}: {len(report.nodes)} nodes, {report.rounds} rounds, {len(report.groups)} groups "
-            f"({failed} failed or hung), {report.wall_s:.0f} s")
+            f"({failed} failed or hung{which}), {report.wall_s:.0f} s")
     if report.reference_busbw_gbps:
         head += f"; a healthy pair: {report.reference_busbw_gbps:.3g} GB/s busbw"
     findings = [f"Suspect {s.kind} {' - '.join(s.nodes)}: {s.evidence}." for s in report.suspects] + [head]
+    for s in (s for s in report.suspects if s.kind == "link"):
+        # The two hosts are fine with their other partners: what differs is the path between them (model round 7,
+        # ssh-slow-link: "none of the next steps checks the path between two hosts").
+        findings.insert(findings.index(head), (
+            f"Between {s.nodes[0]} and {s.nodes[1]} only: the route each takes to the other, the MTU along that "
+            "path, firewall and traffic-shaping (tc) rules on both, the switch ports or cables only this pair "
+            "crosses; nic_health on each end reads its NIC's counters."))
     findings += [f"{note}." for note in report._not_counted]
     if report.inconclusive:
         findings.insert(0, f"Inconclusive: healthy pairs' busbw spread {report.spread:.0%} (1.4826 x MAD / median) "
@@ -219,8 +230,21 @@ def pattern_findings(report: IsolationReport) -> tuple[str, list[str], list[str]
     if not report.suspects:
         calm = not failed and not report.inconclusive and not report.unconfirmed
         return ("ok" if calm else "warn"), findings, ["knowledge://network/finding-the-bad-node.md"]
-    nxt = ["env_report", "dist_smoke_test", "hang_stack_dump", "knowledge://network/finding-the-bad-node.md"]
-    return "fail", findings, nxt
+    return "fail", findings, next_steps(report.suspects)
+
+
+def next_steps(suspects: list) -> list[str]:
+    """What to run after a named suspect, by its kind: a link's two NICs and the knowledge of what lies between them;
+    a node's own checks; the launcher and stack for a node or a whole set."""
+    kinds = {s.kind for s in suspects}
+    nxt = []
+    if kinds & {"link", "pair"}:
+        nxt += ["nic_health", "knowledge://network/link-health.md"]
+    if "node" in kinds:
+        nxt += ["fleet_sweep"] + ([] if "nic_health" in nxt else ["nic_health"])
+    if kinds & {"node", "set"}:
+        nxt += ["env_report", "dist_smoke_test"]
+    return nxt + ["knowledge://network/finding-the-bad-node.md"]
 
 
 def heatmap(report: IsolationReport, params) -> str | None:

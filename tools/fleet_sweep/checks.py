@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable
 
 from ..engine.figures import Measured
+from ..shared.cgroup_cpu import cpu_limit
 from ..shared.occupancy import CpuWatch, Occupancy, gpu_occupancy
 
 CHECKS = ("env_report", "gpu_health", "nic_health", "cpu_probe", "matmul_bench", "memory_bandwidth_bench",
@@ -155,8 +156,12 @@ def check_cpu_probe() -> dict:
            "result": {"verdict": "info", **res}, "problems": [], "busy": busy.as_dict(),
            "figures": [figure_row(m) for m in SWEEP.measure(res)]}
     if watch.own_limit_bound is not None and watch.own_limit_bound >= 0.05:
+        # Where the quota is set and what it allows: what an admin undoes (model round 7, cl-cpu-starved: "it gives
+        # neither the quota value nor where it is set").
+        limit = cpu_limit(os.getpid())
+        where = f": {limit[0]:g} CPU allowed by cgroup {limit[1]}" if limit else ""
         row["problems"].append(f"this node's own CPU limit (cgroup quota) bound in {watch.own_limit_bound:.0%} of "
-                               "scheduler periods while it measured")
+                               f"scheduler periods while it measured{where}")
         row["own_cpu_limit_bound"] = round(watch.own_limit_bound, 3)
     return row
 

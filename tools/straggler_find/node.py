@@ -28,7 +28,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from .probes import RunnableWatch, cpu_limit, mem_available_fraction, psi_some_avg10, read, snapshot_node, snapshot_rank
+from ..shared.cgroup_cpu import cpu_limit
+from .probes import RunnableWatch, mem_available_fraction, psi_some_avg10, read, snapshot_node, snapshot_rank
 from .classify import CLASSES, stack_class
 from .flight import read_rank
 from .gpus import GpuWatch

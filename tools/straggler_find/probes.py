@@ -13,6 +13,7 @@ from collections import Counter
 from pathlib import Path
 
 from ..engine.printable import printable
+from ..shared.cgroup_cpu import cpu_cgroup_stat
 from ..shared.process_targets import cpu_seconds
 
 
@@ -34,23 +35,6 @@ def runqueue_wait_s(pid: int) -> float | None:
     return total / 1e9 if seen else None
 
 
-def cpu_cgroup_stat(pid: int) -> tuple[str, Path | None]:
-    """(the cpu cgroup path, its cpu.stat file) for cgroup v1 (cpu controller) or v2 (unified)."""
-    text = read(f"/proc/{pid}/cgroup") or ""
-    for line in text.splitlines():
-        parts = line.split(":", 2)
-        if len(parts) != 3:
-            continue
-        controllers, path = parts[1].split(","), parts[2]
-        roots = ([f"/sys/fs/cgroup/{parts[1]}", "/sys/fs/cgroup/cpu,cpuacct", "/sys/fs/cgroup/cpu"] if "cpu" in controllers
-                 else ["/sys/fs/cgroup"] if parts[1] == "" else [])
-        for root in roots:
-            stat = Path(root + path) / "cpu.stat"
-            if stat.is_file():
-                return path, stat
-    return "", None
-
-
 def throttle_counts(stat: Path | None) -> tuple[int, int] | None:
     """(CFS periods, periods throttled) so far."""
     text = read(stat) if stat else None
@@ -60,34 +44,6 @@ def throttle_counts(stat: Path | None) -> tuple[int, int] | None:
     if "nr_periods" not in values:
         return None
     return int(values["nr_periods"]), int(values.get("nr_throttled", 0))
-
-
-def _quota(folder: Path) -> tuple[float, str] | None:
-    """(CPUs allowed, the files' values) of one cpu cgroup's own quota; None when it sets none."""
-    text = (read(folder / "cpu.max") or "").split()                # cgroup v2: "25000 100000" or "max 100000"
-    if len(text) == 2 and text[0].isdigit() and text[1].isdigit() and int(text[1]) > 0:
-        return int(text[0]) / int(text[1]), f"cpu.max {text[0]} {text[1]}"
-    quota, period = (read(folder / "cpu.cfs_quota_us") or "").strip(), (read(folder / "cpu.cfs_period_us") or "").strip()
-    if quota.isdigit() and period.isdigit() and int(period) > 0:   # v1: -1 (no limit) is not digits
-        return int(quota) / int(period), f"cpu.cfs_quota_us {quota} / cpu.cfs_period_us {period}"
-    return None
-
-
-def cpu_limit(pid: int) -> tuple[float, str] | None:
-    """The tightest CPU quota on the process's cpu cgroup or any above it: (CPUs, 'cgroup: the values'); None: none.
-    A quota set above the rank (a node's or a job's cgroup) throttles it as surely as its own."""
-    path, stat = cpu_cgroup_stat(pid)
-    if stat is None:
-        return None
-    rel = path.strip("/")
-    here, best = stat.parent, None
-    for depth in range(rel.count("/") + 1 if rel else 0, -1, -1):     # its cgroup, each one above, the root
-        found = _quota(here)
-        if found and (best is None or found[0] < best[0]):
-            name = "/" + "/".join(rel.split("/")[:depth]) if depth else "/"
-            best = (round(found[0], 3), f"{name}: {found[1]}")
-        here = here.parent
-    return best
 
 
 def cpu_times() -> list[int] | None:

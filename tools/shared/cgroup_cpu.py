@@ -1,0 +1,59 @@
+"""A process's CPU cgroup and the quota that limits it (cgroup v1 cpu controller or v2 unified), read from /proc
+and /sys/fs/cgroup: straggler_find names the quota that throttles a rank, fleet_sweep the one that bound its CPU
+probe. Every reader returns None where the kernel offers no such file; nothing here writes.
+"""
+
+from pathlib import Path
+
+
+def _read(path: str | Path) -> str | None:
+    try:
+        return Path(path).read_text()
+    except OSError:
+        return None
+
+
+def cpu_cgroup_stat(pid: int) -> tuple[str, Path | None]:
+    """(the cpu cgroup path, its cpu.stat file) for cgroup v1 (cpu controller) or v2 (unified)."""
+    text = _read(f"/proc/{pid}/cgroup") or ""
+    for line in text.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        controllers, path = parts[1].split(","), parts[2]
+        roots = ([f"/sys/fs/cgroup/{parts[1]}", "/sys/fs/cgroup/cpu,cpuacct", "/sys/fs/cgroup/cpu"] if "cpu" in controllers
+                 else ["/sys/fs/cgroup"] if parts[1] == "" else [])
+        for root in roots:
+            stat = Path(root + path) / "cpu.stat"
+            if stat.is_file():
+                return path, stat
+    return "", None
+
+
+def quota(folder: Path) -> tuple[float, str] | None:
+    """(CPUs allowed, the files' values) of one cpu cgroup's own quota; None when it sets none."""
+    text = (_read(folder / "cpu.max") or "").split()                # cgroup v2: "25000 100000" or "max 100000"
+    if len(text) == 2 and text[0].isdigit() and text[1].isdigit() and int(text[1]) > 0:
+        return int(text[0]) / int(text[1]), f"cpu.max {text[0]} {text[1]}"
+    quota_us = (_read(folder / "cpu.cfs_quota_us") or "").strip()
+    period_us = (_read(folder / "cpu.cfs_period_us") or "").strip()
+    if quota_us.isdigit() and period_us.isdigit() and int(period_us) > 0:   # v1: -1 (no limit) is not digits
+        return int(quota_us) / int(period_us), f"cpu.cfs_quota_us {quota_us} / cpu.cfs_period_us {period_us}"
+    return None
+
+
+def cpu_limit(pid: int) -> tuple[float, str] | None:
+    """The tightest CPU quota on the process's cpu cgroup or any above it: (CPUs, 'cgroup: the values'); None: none.
+    A quota set above the rank (a node's or a job's cgroup) throttles it as surely as its own."""
+    path, stat = cpu_cgroup_stat(pid)
+    if stat is None:
+        return None
+    rel = path.strip("/")
+    here, best = stat.parent, None
+    for depth in range(rel.count("/") + 1 if rel else 0, -1, -1):     # its cgroup, each one above, the root
+        found = quota(here)
+        if found and (best is None or found[0] < best[0]):
+            name = "/" + "/".join(rel.split("/")[:depth]) if depth else "/"
+            best = (round(found[0], 3), f"{name}: {found[1]}")
+        here = here.parent
+    return best
