@@ -199,3 +199,23 @@ def test_apart_needs_two_healthy_pairs_to_compare_with():
     """d07's false name again: mln1's first pairs hung, one healthy pair measured: nothing stands apart."""
     report = pairwise(NAMES, Failing(ok(0, 3, 0.160, 70.0)))
     assert not report.suspects
+
+
+def test_a_suspect_fine_when_measured_again_leaves_a_healthy_answer(monkeypatch):
+    """Model round 7, cl-healthy-allreduce: one pair slow at first, fine again, nothing else: the answer was "warn"
+    with a summary line first, and the model had to ask itself whether to act. Nothing to act on is said first."""
+    calls = []
+
+    def fleet(groups):
+        calls.append(groups)
+        first = len(calls) <= 3
+        return [ok(*g, 0.02 if first and g == [0, 1] else 0.39, 60.0) for g in groups]
+
+    report = pairwise(NAMES, fleet)
+    verdict, findings, _ = answer(report, monkeypatch)
+    assert not report.suspects and [s.cleared for s in report.unconfirmed] == [True], report.unconfirmed
+    assert verdict == "ok" and findings[0].startswith("No bad node or link: every pair of the 4 nodes"), findings
+    assert "1 suspect(s) slow at first were fine when measured again" in findings[0]
+    # Not measured again (or slow again under the margin only) is no all-clear: still "warn"
+    report = pairwise(NAMES, Failing(ok(0, 3, 0.160, 70.0)))
+    assert answer(report, monkeypatch)[0] == "warn" and not answer(report, monkeypatch)[1][0].startswith("No bad")

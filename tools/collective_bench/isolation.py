@@ -46,6 +46,8 @@ class Suspect(Record):
         "undetermined; set: fails only as a whole."))
     nodes: list[str] = Field(description="The node, the two ends of the link, or the set.")
     evidence: str = Field(description="The figures behind it.")
+    cleared: bool = Field(False, description=(
+        "Not named because it was measured again and was fine (a passing slowdown), not for want of evidence."))
 
 
 class IsolationReport(Record):
@@ -215,7 +217,8 @@ def _pair_suspects(judged: PairJudgement, names: list[str]) -> tuple[list[Suspec
                 "only a failure or a gross deficit names: not named")))
             continue
         if not c.slow_again:
-            unconfirmed.append(Suspect(kind=c.kind, nodes=who, evidence=f"{first}; {second}, fine: not named"))
+            unconfirmed.append(Suspect(kind=c.kind, nodes=who, evidence=f"{first}; {second}, fine: not named",
+                                       cleared=True))
             continue
         apart = (f"; every one of its first pairs was under {_fmt(c.apart_below_gbps)} GB/s, {judged.threshold:.0%} "
                  "below the slowest healthy pair, so it stands apart without a measured spread"
