@@ -138,4 +138,4 @@ def test_whole_records_inside_a_result_are_written_as_json():
     text = answer_text(registry()["collective_bench"], result)
     line = next(x for x in text.splitlines() if x.startswith("  isolation.suspects: "))
     assert json.loads(line.split(": ", 1)[1]) == [{"kind": "node", "nodes": ["mln3"],
-                                                   "evidence": "slow with 2 of 2 partners"}]
+                                                   "evidence": "slow with 2 of 2 partners", "cleared": False}]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import math
 import os
 import random
 from typing import Annotated, Literal
@@ -201,6 +202,9 @@ def pattern_findings(report: IsolationReport) -> tuple[str, list[str], list[str]
     if report.reference_busbw_gbps:
         head += f"; a healthy pair: {report.reference_busbw_gbps:.3g} GB/s busbw"
     findings = [f"Suspect {s.kind} {' - '.join(s.nodes)}: {s.evidence}." for s in report.suspects] + [head]
+    per_node = _per_node(report)
+    if per_node:
+        findings.append(per_node)
     for s in (s for s in report.suspects if s.kind == "link"):
         # The two hosts are fine with their other partners: what differs is the path between them (model round 7,
         # ssh-slow-link: "none of the next steps checks the path between two hosts").
@@ -238,6 +242,27 @@ def pattern_findings(report: IsolationReport) -> tuple[str, list[str], list[str]
                                   "(a passing slowdown, not named)" if cleared else "") + ".")
         return ("ok" if calm else "warn"), findings, ["knowledge://network/finding-the-bad-node.md"]
     return "fail", findings, next_steps(report.suspects)
+
+
+PER_NODE_MAX = 16   # a line a node: past this the matrices (results_history result_id=N) say it better
+
+
+def _per_node(report: IsolationReport) -> str:
+    """Each node's busbw with its partners (geometric mean of the pairs measured with it), slowest first: what tells
+    one slow node (low with every partner) from one slow link, without opening the matrix (model round 7 opened
+    results_history for it in two drills of two)."""
+    bw = report.busbw_matrix
+    if not bw or len(report.nodes) > PER_NODE_MAX:
+        return ""
+    means = []
+    for i, name in enumerate(report.nodes):
+        row = [v for j, v in enumerate(bw[i]) if j != i and v]
+        if row:
+            means.append((math.exp(sum(math.log(v) for v in row) / len(row)), name, len(row)))
+    if len(means) < 2:
+        return ""
+    return ("Per node, busbw with its partners (geometric mean of the pairs measured with it), slowest first: "
+            + ", ".join(f"{name} {mean:.3g} GB/s ({k})" for mean, name, k in sorted(means)) + ".")
 
 
 def next_steps(suspects: list) -> list[str]:
