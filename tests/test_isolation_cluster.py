@@ -110,6 +110,7 @@ def test_pairwise_names_the_rate_limited_node(healed):
     bw = iso["busbw_matrix"]
     assert bw[2][0] < iso["busbw_floor_gbps"] < bw[0][1]
     assert result["verdict"] == "fail" and os.path.getsize(iso["heatmap_png"]) > 5000
+    assert any(f.startswith("Measured over gloo (TCP through the CPUs)") for f in result["findings"])  # not RDMA's path
     print(f"pairwise 4 nodes, 50 Mbit/s on mln3: {iso['rounds']} rounds, {time.monotonic() - t0:.1f} s")
     assert not no_ranks_left(healed)
 

@@ -298,6 +298,11 @@ def pattern_result(params, job: dict, nproc: int, progress, result_cls):
     if report is None:
         return result_cls(verdict="info", nnodes=len(params.hosts or []), findings=notes)
     verdict, findings, nxt = pattern_findings(report)
+    if job.get("backend") == "gloo" and params.transport != "rdma":
+        # A pass over gloo is the nodes' TCP path through their CPUs: a GPU job's NCCL over RDMA is another path
+        # (model round 7, cl-healthy-allreduce: "it does not say a TCP pass says nothing of the RDMA path").
+        findings.append("Measured over gloo (TCP through the CPUs): this is not the path a GPU job's NCCL takes over "
+                        "InfiniBand / RoCE; on GPU nodes measure that with the job's Python (NCCL) or transport=rdma.")
     if params.plot:
         report.heatmap_png = heatmap(report, params)
     return result_cls(verdict=verdict, findings=findings, next=nxt, nnodes=len(report.nodes),
