@@ -171,7 +171,8 @@ def confirm(n: int, verdict: PairVerdict, run_round: Callable, *, gross_only: bo
         for c, run in zip(planned, run_round(groups)):
             c.again = run
             figure = PairFigure(run.nodes[0], run.nodes[1], run.busbw_gbps, run.latency_us, ok=run.ok)
-            by_gross = gross_floor is not None and not c.apart_below_gbps and not _measured_below(c, summaries, gross_floor)
+            by_gross = (gross_floor is not None and not c.apart_below_gbps
+                        and not _measured_below(c, summaries, gross_floor))
             slow = gross if by_gross else ordinary
             c.slow_again = slow(figure)
             c.under_margin_only = ordinary(figure) and not c.slow_again
