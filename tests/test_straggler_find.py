@@ -744,3 +744,21 @@ def test_a_slurm_jobs_nodes_are_sampled_in_one_srun_step_and_credited_by_placeme
     assert (node_spec["job_id"], node_spec["job_uid"]) == ("41", 0)
     assert [(r.host, r.ranks[0].host) for r in reports] == [("mln1", "mln1")]
     assert problems == ["mln2: no report (the sampler exited 1): 'no rank of job 41 on this node'"]
+
+
+def test_a_rank_on_a_shaped_link_is_named_for_the_network_even_when_its_cpu_waits_more():
+    # -n 2 clean clone, 2026-12-03: a tbf on mln4's link, the host loaded; mln4's rank waited for a CPU more than
+    # its peers and was named with reason "cpu". The shaper on its own host is the cause; the CPU figure is said.
+    def ranks(runq_mln4):
+        return [_rank(i, c, host=f"mln{i + 1}", runqueue_wait_fraction=q, cpu_fraction=0.4)
+                for i, (c, q) in enumerate([(0.9, 0.2), (0.9, 0.22), (0.9, 0.21), (0.5, runq_mln4)])]
+
+    for runq in (1.1, 0.21):      # with its run queue apart (a held cause) and without (named for its lag)
+        reports = _reports(ranks(runq))
+        reports[3].node.shaped_links = ["eth0: tbf, 63919 overlimits, 0 drops in 7 s"]
+        v = judge(reports, Rules.load())
+        assert [(s.host, s.reason) for s in v.stragglers] == [("mln4", "network")], (runq, v.stragglers)
+        evidence = " ".join(v.stragglers[0].evidence)
+        assert "tbf" in evidence and (runq < 1 or "run-queue wait 1.10 s/s" in evidence), evidence
+    reports = _reports(ranks(1.1))         # no shaper seen: the CPU is the reason, as before
+    assert [(s.host, s.reason) for s in judge(reports, Rules.load()).stragglers] == [("mln4", "cpu")]

@@ -279,6 +279,14 @@ def _named(r: RankSample, ranks: list[RankSample], node: NodeSample | None, gpus
                   work_ratio=round(own / (1 - others_wait), 2) if others_wait < 1 else None)
     s.evidence.append(f"the other ranks wait {others_wait:.0%} of the window in collectives, it waits "
                       f"{_wait(r):.0%} ({r.samples} samples)")
+    if causes and node is not None and node.shaped_links:
+        # A link shaped on its own host in the window slows every collective it joins: that is the cause, and
+        # the CPU figures are said beside it (under -n 2 a clean clone named the tbf'd mln4 for "cpu" when its
+        # run-queue wait rose above its peers' on the loaded host, 2026-12-03).
+        s.reason = "network"
+        s.evidence += [f"{r.host}: {link}" for link in node.shaped_links]
+        s.evidence += [f"also on {r.host}: {c.evidence}" for c in causes]
+        return s
     if causes:
         s.reason = causes[0].reason
         s.evidence += [c.evidence for c in causes]
@@ -309,6 +317,9 @@ def _reason(r: RankSample, others, node: NodeSample | None, gpus, rules: Rules, 
             evidence.append(f"{mine:.0%} of its own work is {label} (others {theirs:.0%}), mostly at "
                             f"{r.top_frames.get(cls, '?')}")
             return name
+    if node is not None and node.shaped_links:        # as in _named: a shaper on its host comes before its CPU
+        evidence += [f"{r.host}: {link}" for link in node.shaped_links]
+        return "network"
     if cpu_starved(r, others, rules.reason, evidence):
         return "cpu"
     if node and node.psi_memory_some_pct is not None and node.psi_memory_some_pct >= rr["psi_memory_some_min_pct"]:
