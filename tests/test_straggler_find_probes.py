@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tools.shared.cgroup_cpu import cpu_limit, quota
+from tools.shared.cgroup_cpu import cpu_limit, cpu_stat_chain, quota
 from tools.straggler_find.probes import RunnableWatch
 
 V1_CPU = Path("/sys/fs/cgroup/cpu")
@@ -68,6 +68,20 @@ def test_a_cgroup_quota_is_read_from_either_cgroup_version(tmp_path):
     assert quota(tmp_path) == (0.25, "cpu.cfs_quota_us 25000 / cpu.cfs_period_us 100000")
 
 
+# Moves itself into the cgroup named by argv[1], then keeps a core busy for 1.5 s inside a CpuWatch and prints the
+# share of CFS periods it saw its cgroups throttled in.
+CPU_WATCH_UNDER_QUOTA = """
+import os, sys, time
+open(sys.argv[1], "w").write(str(os.getpid()))
+from tools.shared.occupancy import CpuWatch
+with CpuWatch() as watch:
+    end = time.monotonic() + 1.5
+    while time.monotonic() < end:
+        pass
+print(watch.own_limit_bound)
+"""
+
+
 @needs_root
 @pytest.mark.skipif(not (V1_CPU / "cpu.cfs_quota_us").exists(), reason="no cgroup v1 cpu controller here")
 def test_the_tightest_quota_above_a_rank_is_found_on_a_real_cgroup():
@@ -81,6 +95,12 @@ def test_the_tightest_quota_above_a_rank_is_found_on_a_real_cgroup():
         sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
         (inner / "tasks").write_text(str(sleeper.pid))
         assert cpu_limit(sleeper.pid) == (0.3, f"/{outer.name}: cpu.cfs_quota_us 30000 / cpu.cfs_period_us 100000")
+        assert cpu_stat_chain(sleeper.pid) == [(f"/{outer.name}/job", inner / "cpu.stat"),
+                                               (f"/{outer.name}", outer / "cpu.stat"), ("/", V1_CPU / "cpu.stat")]
+        # fleet_sweep's probe reads the same chain from inside: busy under the cap above it, it sees itself throttled
+        busy = subprocess.run([sys.executable, "-c", CPU_WATCH_UNDER_QUOTA, str(inner / "tasks")],
+                              capture_output=True, text=True, timeout=60)
+        assert busy.returncode == 0 and float(busy.stdout) >= 0.5, busy.stdout + busy.stderr
         (outer / "cpu.cfs_quota_us").write_text("-1")
         assert cpu_limit(sleeper.pid) is None
     finally:

@@ -30,6 +30,17 @@ def cpu_cgroup_stat(pid: int) -> tuple[str, Path | None]:
     return "", None
 
 
+def cpu_stat_chain(pid: int) -> list[tuple[str, Path]]:
+    """(cgroup, its cpu.stat) for the process's cpu cgroup and each cgroup above it, its own first, the root ("/")
+    last: a quota set on a parent (a SLURM node's or a container's cgroup, with the step in a child) throttles it."""
+    path, stat = cpu_cgroup_stat(pid)
+    if stat is None:
+        return []
+    parts = [p for p in path.split("/") if p]
+    return [("/" + "/".join(parts[:depth]), stat.parents[len(parts) - depth] / "cpu.stat")
+            for depth in range(len(parts), -1, -1)]
+
+
 def quota(folder: Path) -> tuple[float, str] | None:
     """(CPUs allowed, the files' values) of one cpu cgroup's own quota; None when it sets none."""
     text = (_read(folder / "cpu.max") or "").split()                # cgroup v2: "25000 100000" or "max 100000"
@@ -45,15 +56,9 @@ def quota(folder: Path) -> tuple[float, str] | None:
 def cpu_limit(pid: int) -> tuple[float, str] | None:
     """The tightest CPU quota on the process's cpu cgroup or any above it: (CPUs, 'cgroup: the values'); None: none.
     A quota set above the rank (a node's or a job's cgroup) throttles it as surely as its own."""
-    path, stat = cpu_cgroup_stat(pid)
-    if stat is None:
-        return None
-    rel = path.strip("/")
-    here, best = stat.parent, None
-    for depth in range(rel.count("/") + 1 if rel else 0, -1, -1):     # its cgroup, each one above, the root
-        found = quota(here)
+    best = None
+    for name, stat in cpu_stat_chain(pid):          # its cgroup, each one above, the root
+        found = quota(stat.parent)
         if found and (best is None or found[0] < best[0]):
-            name = "/" + "/".join(rel.split("/")[:depth]) if depth else "/"
             best = (round(found[0], 3), f"{name}: {found[1]}")
-        here = here.parent
     return best

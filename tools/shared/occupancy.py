@@ -24,6 +24,9 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from .cgroup_cpu import cpu_stat_chain
 
 GPU_UTIL_BUSY_PCT = 10       # a GPU nobody should be using that shows more than this is in use
 UTIL_SETTLE_S = 1.5          # NVML's utilisation covers the last 1/6 to 1 s: past that, it is someone else's
@@ -169,28 +172,7 @@ def _memory_pressure_pct() -> float | None:
     return None
 
 
-def _cpu_stat_paths() -> list[str]:
-    """cpu.stat of this process's cgroup and of each cgroup above it (v1 cpu controller, else v2): a quota
-    set on a parent (a SLURM node's or a container's cgroup, with the step in a child) throttles the parent."""
-    try:
-        with open("/proc/self/cgroup") as f:
-            lines = [line.rstrip("\n").split(":", 2) for line in f]
-    except OSError:
-        return []
-    root, path = None, None
-    for _, controllers, where in lines:
-        if "cpu" in controllers.split(","):
-            root, path = "/sys/fs/cgroup/cpu", where
-    if root is None:
-        v2 = [where for hid, _, where in lines if hid == "0"]
-        root, path = ("/sys/fs/cgroup", v2[0]) if v2 else (None, None)
-    if root is None:
-        return []
-    parts = [p for p in path.split("/") if p]
-    return [f"{root}/{'/'.join(parts[:depth])}/cpu.stat".replace("//", "/") for depth in range(len(parts), -1, -1)]
-
-
-def _throttle_counts(path: str) -> tuple[int, int] | None:
+def _throttle_counts(path: Path) -> tuple[int, int] | None:
     """(CFS periods, periods throttled) of one cgroup so far; None without a CPU limit to read."""
     try:
         with open(path) as f:
@@ -200,11 +182,11 @@ def _throttle_counts(path: str) -> tuple[int, int] | None:
         return None
 
 
-def _throttle_snapshot(paths: list[str]) -> dict[str, tuple[int, int]]:
+def _throttle_snapshot(paths: list[Path]) -> dict[Path, tuple[int, int]]:
     return {path: counts for path in paths if (counts := _throttle_counts(path))}
 
 
-def limit_bound_share(before: dict[str, tuple[int, int]], after: dict[str, tuple[int, int]]) -> float | None:
+def limit_bound_share(before: dict[Path, tuple[int, int]], after: dict[Path, tuple[int, int]]) -> float | None:
     """The largest share of CFS periods in which a cgroup of ours (or one above it) was throttled between
     two snapshots; None where no such cgroup ran a limited period."""
     shares = [(a[1] - b[1]) / (a[0] - b[0]) for path, a in after.items()
@@ -279,7 +261,7 @@ class CpuWatch:
         return sum(t) - t.idle - getattr(t, "iowait", 0.0)
 
     def __enter__(self) -> CpuWatch:
-        self.stat_paths = _cpu_stat_paths()
+        self.stat_paths = [stat for _, stat in cpu_stat_chain(os.getpid())]
         self.throttle0 = _throttle_snapshot(self.stat_paths)
         self.t0, self.host0 = time.monotonic(), self._host_busy_s()
         self._mine = _own_pids(self.ours)
