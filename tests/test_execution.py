@@ -174,3 +174,36 @@ def test_the_one_client_of_stdio_or_the_cli_may_use_every_slot(tmp_path):
              for k in range(2)]
     for job in jobs_:
         job.cancel()
+
+
+def test_job_status_waits_for_the_end_and_a_cancelled_wait_stops():
+    # Round 6: agents polled job_status six times for one pairwise run; it could not wait. It waits up to wait_s,
+    # answers when the job ends, and a cancelled job_status call stops waiting at its next progress report.
+    from tools.job_status import JobStatusParams
+    from tools.job_status import run as job_status
+
+    job = jobs.MANAGER.start(fault_tools.SPINNER, fault_tools.FaultParams(seconds=1.5))
+    try:
+        t0 = time.monotonic()
+        out = job_status(JobStatusParams(job_id=job.id, wait_s=0.3), lambda f, m: None)
+        assert out.jobs[0].state == "running" and 0.25 < time.monotonic() - t0 < 1.0, out.findings
+        assert "wait_s=25 waits for the end" in out.findings[0]
+        out = job_status(JobStatusParams(job_id=job.id, wait_s=20), lambda f, m: None)
+        assert out.jobs[0].state == "done" and out.result is not None and time.monotonic() - t0 < 5, out.findings
+        assert job_status(JobStatusParams(job_id=job.id), lambda f, m: None).jobs[0].state == "done"   # at once
+    finally:
+        job.cancel()
+
+    def cancelled(fraction, message):
+        raise jobs.Cancelled("job_status was cancelled.")
+
+    job = jobs.MANAGER.start(fault_tools.SPINNER, fault_tools.FaultParams(seconds=10))
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(jobs.Cancelled):
+            job_status(JobStatusParams(job_id=job.id, wait_s=20), cancelled)
+        assert time.monotonic() - t0 < 1.0 and job.state == "running"     # the waited-on job goes on
+    finally:
+        job.cancel()
+    with pytest.raises(ValueError, match="wait_s"):
+        JobStatusParams(job_id="x", wait_s=60)

@@ -5,6 +5,7 @@ By hand: jobs live inside the MCP server process, so this tool is useful through
 Finished runs are also in the results store: `mleng run results_history --tool NAME`.
 """
 
+import time
 from collections import Counter
 from typing import Any
 
@@ -13,11 +14,18 @@ from .engine.spec import Field, Params, Record, Result, ToolSpec
 from .engine.jobs import ANONYMOUS, CALLER, MANAGER
 
 
+# job_status runs in the server's process, whose calls are capped at the spec's timeout (30 s): a wait stays under it.
+WAIT_MAX_S = 25.0
+
+
 class JobStatusParams(Params):
     job_id: str = Field("", max_length=64, description=(
         "Empty: list this session's jobs."))
     all_sessions: bool = Field(False, description=(
         "Also count other sessions' jobs (no ids or results)."))
+    wait_s: float = Field(0.0, ge=0, le=WAIT_MAX_S, description=(
+        f"With job_id: wait up to this many seconds (<= {WAIT_MAX_S:g}) for the job to end before answering; it "
+        "answers as soon as the job ends. 0: answer at once."))
 
 
 class JobInfo(Record):
@@ -58,6 +66,14 @@ def _others() -> list[OtherJobs]:
     return [OtherJobs(tool=t, state=s, count=n) for (t, s), n in sorted(counts.items())]
 
 
+def _wait_for(job, wait_s: float, progress) -> None:
+    """Block until the job ends or wait_s passes; progress() each second is where a cancelled call stops."""
+    end = time.monotonic() + wait_s
+    while not job.finished.is_set() and (left := end - time.monotonic()) > 0:
+        progress(1 - left / wait_s, f"waiting for {job.spec.name} ({job.fraction:.0%}: {job.message})")
+        job.finished.wait(min(1.0, left))
+
+
 def run(params: JobStatusParams, progress) -> JobStatusResult:
     if not params.job_id:
         jobs = sorted(MANAGER.visible(), key=lambda j: j.started, reverse=True)
@@ -78,12 +94,14 @@ def run(params: JobStatusParams, progress) -> JobStatusResult:
             verdict="warn", findings=[f"No job {params.job_id!r} of this session in this server process. Jobs are "
                                       "lost when the server restarts; finished results stay in the results store."],
             next=["results_history"])
+    _wait_for(job, params.wait_s, progress)
     out = JobStatusResult(jobs=[_info(job)], error=job.error,
                           recent_progress=[f"{t:.1f}s {f:.0%} {m}" for t, f, m in job.progress_log[-10:]])
     if job.state == "running":
         out.verdict = "info"
         out.findings = [f"{job.spec.name} still running after {job.elapsed_s():.0f} s, {job.fraction:.0%} done:"
-                        f" {job.message}. Call job_status again, or job_cancel to stop it."]
+                        f" {job.message}. Call job_status again (wait_s={WAIT_MAX_S:g} waits for the end), or "
+                        "job_cancel to stop it."]
         out.next = ["job_status", "job_cancel"]
     elif job.state == "done":
         out.result = answer_record(job.result)
@@ -102,7 +120,7 @@ SPEC = ToolSpec(
     description=(
         "Check on a long-running mleng diagnostic or benchmark that returned a job handle (job.job_id) instead of "
         "finishing: is it done, its state, progress and the full result once done; without job_id this "
-        "session's jobs. Instant. Not for SLURM jobs (slurm_job_diagnose) or past results (results_history)."),
+        "session's jobs. Instant, or waits up to wait_s (<= 25 s) for the job to end. Not for SLURM jobs (slurm_job_diagnose) or past results (results_history)."),
     Params=JobStatusParams, Result=JobStatusResult, run=run, store=False, idempotent=False,
 )
 
