@@ -14,6 +14,7 @@ straggler_find (a `git archive` of the old commit) on the same job right after, 
 before/after in one run, on the same machine and load.
 
     python bench/straggler_verdicts.py --json /tmp/sfv.json
+    python bench/straggler_verdicts.py --cases healthy,compute --fault-repeats 3     # the tests' repeats
     git archive 477fe48 | tar -x -C /tmp/sf-old && python bench/straggler_verdicts.py --before-root /tmp/sf-old
 """
 
@@ -122,6 +123,7 @@ def run_case(tmp: Path, name: str, args: list[str], before: Path | None, contend
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--healthy-repeats", type=int, default=3)
+    ap.add_argument("--fault-repeats", type=int, default=1, help="runs of each fault case (tests run one of each)")
     ap.add_argument("--cases", default="healthy,clear,small,contention")
     ap.add_argument("--before-root", type=Path, help="another checkout (the old commit) to run on the same jobs")
     ap.add_argument("--json", default="")
@@ -133,16 +135,17 @@ def main() -> int:
         for i in range(1, args.healthy_repeats + 1 if "healthy" in cases else 1):
             rows.append(run_case(tmp, f"healthy-{i}", [], args.before_root))
         slow = {"clear": 1.0, "small": 0.15}
-        for name in (c for c in cases if c in slow):
-            # A fraction of the slow rank's own recent step (the workload's --loader-sleep-fraction), not of the first
-            # job's: under a moving load a fixed 15% of an earlier step came out ~10% (2026-12-02 morning run).
-            rows.append(run_case(tmp, name, ["--slow-loader-rank", "1", "--loader-sleep-fraction", str(slow[name])],
-                                 args.before_root))
-        if "compute" in cases:
-            rows.append(run_case(tmp, "compute", ["--slow-compute-rank", "1", "--extra-compute-fraction", "0.15"],
-                                 args.before_root))
-        if "contention" in cases:
-            rows.append(run_case(tmp, "contention", [], args.before_root, contend=True))
+        for _ in range(args.fault_repeats):
+            for name in (c for c in cases if c in slow):
+                # A fraction of the slow rank's own recent step (the workload's --loader-sleep-fraction), not of the
+                # first job's: under a moving load a fixed 15% of an earlier step came out ~10% (2026-12-02 morning).
+                rows.append(run_case(tmp, name, ["--slow-loader-rank", "1", "--loader-sleep-fraction", str(slow[name])],
+                                     args.before_root))
+            if "compute" in cases:
+                rows.append(run_case(tmp, "compute", ["--slow-compute-rank", "1", "--extra-compute-fraction", "0.15"],
+                                     args.before_root))
+            if "contention" in cases:
+                rows.append(run_case(tmp, "contention", [], args.before_root, contend=True))
     summary = {"cpus": os.cpu_count(), "ranks": RANKS, "rows": rows}
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=1))

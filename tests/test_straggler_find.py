@@ -156,12 +156,14 @@ def _sample_compute_job(tmp_path, *args) -> tuple[sf.StragglerFindResult, float,
     return result, took, os.getloadavg()[0]
 
 
+# One run of each here (40-85 s apiece on 2 cores); their repeats, which show the verdict is not a coin flip under the
+# host's load, are bench/straggler_verdicts.py's (`--cases healthy,compute --fault-repeats 3`), recorded in
+# docs/benchmarks.md: three attempts of each in this suite were 29% of the quick command's time.
 @pytest.mark.timeout(420)
-@pytest.mark.parametrize("attempt", range(3))       # under this host's load: not a coin flip
-def test_a_rank_doing_15_percent_more_compute_is_named_within_60_s(ptrace_ok, tmp_path, attempt):
+def test_a_rank_doing_15_percent_more_compute_is_named_within_60_s(ptrace_ok, tmp_path):
     result, took, load = _sample_compute_job(tmp_path, *COMPUTE_STRAGGLER)
     cpu = {r.rank: r.cpu_fraction for r in result.ranks}
-    print(f"\nFIGURE straggler_find compute 15% attempt {attempt}: named {[s.rank for s in result.stragglers]} "
+    print(f"\nFIGURE straggler_find compute 15%: named {[s.rank for s in result.stragglers]} "
           f"after {result.window_s:.0f} s sampled, {took:.0f} s wall, load {load:.1f}; CPU-s/s {cpu}")
     assert [s.rank for s in result.stragglers] == [2], (result.findings, cpu)
     assert result.stragglers[0].reason == "compute" and result.window_s <= 60, result.findings
@@ -170,11 +172,10 @@ def test_a_rank_doing_15_percent_more_compute_is_named_within_60_s(ptrace_ok, tm
 
 
 @pytest.mark.timeout(420)
-@pytest.mark.parametrize("attempt", range(3))
-def test_the_same_compute_job_without_a_straggler_names_nobody(ptrace_ok, tmp_path, attempt):
+def test_the_same_compute_job_without_a_straggler_names_nobody(ptrace_ok, tmp_path):
     result, took, load = _sample_compute_job(tmp_path)
     cpu = {r.rank: r.cpu_fraction for r in result.ranks}
-    print(f"\nFIGURE straggler_find compute healthy attempt {attempt}: named {[s.rank for s in result.stragglers]} "
+    print(f"\nFIGURE straggler_find compute healthy: named {[s.rank for s in result.stragglers]} "
           f"after {result.window_s:.0f} s sampled, {took:.0f} s wall, load {load:.1f}; CPU-s/s {cpu}")
     assert result.stragglers == [] and result.verdict in ("ok", "info"), (result.findings, cpu)
     if any(f.startswith("Inconclusive") for f in result.findings):
