@@ -604,6 +604,7 @@ def test_rule_names_a_rank_doing_more_cpu_work_in_a_cpu_only_job():
     v = judge(_reports(others + [slow]), Rules.load())
     assert [(s.rank, s.reason, s.culprit.kind) for s in v.stragglers] == [(1, "compute", "rank")], v.findings
     assert "0.147 CPU-s per s" in v.stragglers[0].evidence[1] and "every third" in v.stragglers[0].evidence[1]
+    assert v.stragglers[0].work_ratio == 1.13          # its CPU time against the others' median 0.130, not 1.0x
     # the same on one 6 s look: a healthy rank's lead reached 9% there under load, so another look first, and at
     # the caller's bound an inconclusive answer with the figure (a clean clone's run, 2026-12-03)
     v = judge(_reports(others + [slow]), Rules.load(), sampled_s=6.0)

@@ -541,7 +541,9 @@ def _more_cpu_work(ranks: list[RankSample], nodes, gpus: list[GpuSample], rules:
         return
     if clear:
         s = _named(r, ranks, nodes.get(r.host), gpus, rules, stage="compute")
-        s.reason = "compute"
+        # its pace is its CPU time's: the wait shares that work_ratio comes from did not separate (a headline read
+        # "its own work takes 1.0x the others'" on a rank named for 12% more CPU, 2026-12-03)
+        s.reason, s.work_ratio = "compute", round(r.cpu_fraction / theirs, 2) if theirs > 0 else None
         s.evidence = [s.evidence[0], f"it does more work per step: {figure}, in every third of the window "
                       f"({', '.join(f'{c:.3f}' for c in r.part_cpu)} CPU-s per s); the ranks step together, so CPU "
                       "time per second is work per step in a CPU-only job", *s.evidence[1:]]
