@@ -15,17 +15,13 @@ from .engine.jobs import ANONYMOUS, CALLER, MANAGER
 
 
 # job_status runs in the server's process, whose calls are capped at the spec's timeout (30 s): a wait stays under it.
-WAIT_MAX_S = 25.0
+WAIT_MAX_S = 25
 
 
 class JobStatusParams(Params):
-    job_id: str = Field("", max_length=64, description=(
-        "Empty: list this session's jobs."))
-    all_sessions: bool = Field(False, description=(
-        "Also count other sessions' jobs (no ids or results)."))
-    wait_s: float = Field(0.0, ge=0, le=WAIT_MAX_S, description=(
-        f"With job_id: wait up to this many seconds (<= {WAIT_MAX_S:g}) for the job to end before answering; it "
-        "answers as soon as the job ends. 0: answer at once."))
+    job_id: str = Field("", max_length=64, description="The handle's job_id.")
+    all_sessions: bool = Field(False, description="Count other sessions' jobs too (no ids).")
+    wait_s: float = Field(0, ge=0, le=WAIT_MAX_S, description="Seconds to wait for its end.")
 
 
 class JobInfo(Record):
@@ -118,9 +114,8 @@ def run(params: JobStatusParams, progress) -> JobStatusResult:
 SPEC = ToolSpec(
     name="job_status", summary="Progress and result of a long run that returned a job handle.",
     description=(
-        "Check on a long-running mleng diagnostic or benchmark that returned a job handle (job.job_id) instead of "
-        "finishing: is it done, its state, progress and the full result once done; without job_id this "
-        "session's jobs. Instant, or waits up to wait_s (<= 25 s) for the job to end. Not for SLURM jobs (slurm_job_diagnose) or past results (results_history)."),
+        "Check on a long-running mleng diagnostic or benchmark that returned a job handle: is it done, its "
+        "progress, the full result once done; without job_id this session's jobs. SLURM jobs: slurm_job_diagnose."),
     Params=JobStatusParams, Result=JobStatusResult, run=run, store=False, idempotent=False,
 )
 
