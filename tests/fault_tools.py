@@ -61,6 +61,15 @@ NOISY = ToolSpec(name="test_noisy", summary="prints to stdout", description="tes
                  Result=FaultResult, run=_print_noise, runs="subprocess", timeout_s=60)
 
 
+def _nap(params, progress):
+    time.sleep(params.seconds)
+    return FaultResult(verdict="ok", slept_s=params.seconds)
+
+
+NAPPER = ToolSpec(name="test_napper", summary="sleeps a while in a child", description="test only", Params=FaultParams,
+                  Result=FaultResult, run=_nap, runs="subprocess", timeout_s=60, store=False)
+
+
 def _spin_reporting(params, progress):
     """An in-process tool that works in a loop and reports progress: cancel and deadline stop it there."""
     started = time.monotonic()

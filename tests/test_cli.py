@@ -95,3 +95,23 @@ def test_readme_tool_table_is_the_one_the_registry_renders(mleng_home):
     assert set(registry()) == set(re.findall(r"^\| `([a-z0-9_]+)` \|", block, re.M))
     in_process = {n for n, s in registry().items() if s.runs == "in_process"}
     assert in_process == set(re.findall(r"^\| `([a-z0-9_]+)` \|.*\| in-process \|$", block, re.M))
+
+
+def test_every_tool_has_a_command_line_and_no_field_takes_an_execution_options_name():
+    # job_status's own wait_s once met the CLI's --wait-s: argparse refused job_status's whole command line.
+    import fault_tools
+    from tools.engine.cli import tool_parser
+    from tools.engine.registry import registry
+    from tools.engine.spec import Field, Params, ToolSpec
+
+    for spec in registry().values():
+        flags = tool_parser(spec, f"mleng run {spec.name}")._option_string_actions
+        assert {"--timeout-s", "--wait-s"} <= set(flags), spec.name
+    assert tool_parser(registry()["job_status"], "x").parse_args(["--wait-s", "5"]).wait_s == "5"   # its own field
+
+    class Waits(Params):
+        wait_s: float = Field(0, description="a subprocess tool's field named like the call's option")
+
+    with pytest.raises(ValueError, match="execution options"):
+        ToolSpec(name="clash", summary="s", description="d", Params=Waits, Result=fault_tools.FaultResult,
+                 run=lambda p, progress: None, runs="subprocess")

@@ -156,6 +156,18 @@ async def test_slow_run_returns_a_job_handle_then_job_status_and_cancel(tmp_path
     assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
 
 
+async def test_job_status_waits_for_a_run_to_end_through_the_server():
+    # job_status's own wait_s reaches it: the server takes wait_s as an execution option only from subprocess tools
+    server = build_server(list(registry().values()) + [fault_tools.NAPPER])
+    async with Client(server) as c:
+        r = await c.call_tool("test_napper", {"seconds": 3, "wait_s": 0.2})
+        job_id = r.structured_content["job"]["job_id"]
+        t0 = time.monotonic()
+        status = await c.call_tool("job_status", {"job_id": job_id, "wait_s": 20})
+        assert not status.is_error and status.structured_content["jobs"][0]["state"] == "done", status.content
+        assert status.structured_content["result"]["slept_s"] == 3 and time.monotonic() - t0 < 15
+
+
 async def test_client_cancellation_kills_the_run(tmp_path):
     pid_file = tmp_path / "pids"
     server = build_server([fault_tools.SLEEPER])

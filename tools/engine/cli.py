@@ -61,9 +61,10 @@ def tool_parser(spec: ToolSpec, prog: str) -> argparse.ArgumentParser:
     if takes_node(spec):
         parser.add_argument("--node", default=None, help="run on this SLURM node through srun (inside the "
                             "allocation that holds it, else a one-node job of its own)")
-    parser.add_argument("--wait-s", type=float, default=None,
-                        help="print the job handle (what an MCP caller gets) if the run is still going after this "
-                             "many seconds, then keep following it: a job cannot outlive this command")
+    if "wait_s" not in spec.Params.model_fields:       # job_status's wait_s is its own (how long it waits)
+        parser.add_argument("--wait-s", dest="call_wait_s", type=float, default=None,
+                            help="print the job handle (what an MCP caller gets) if the run is still going after "
+                                 "this many seconds, then keep following it: a job cannot outlive this command")
     return parser
 
 
@@ -92,8 +93,8 @@ def run_tool_cli(spec: ToolSpec, argv: list[str], prog: str) -> int:
     interrupt_on_sigterm()  # `timeout 60 mleng run ...` must not leave ranks behind
     try:
         job = MANAGER.start(spec, params, args.timeout_s, node=getattr(args, "node", None))
-        if args.wait_s is not None:
-            interim = wait(job, args.wait_s, progress)
+        if getattr(args, "call_wait_s", None) is not None:
+            interim = wait(job, args.call_wait_s, progress)
             if interim.job is not None:
                 _print_result(spec, interim, args.json, progress)
         result = wait(job, float("inf"), progress)

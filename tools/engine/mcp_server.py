@@ -119,7 +119,10 @@ def _split_arguments(spec: ToolSpec, arguments: dict) -> tuple[Params, CallOptio
     if unknown:
         raise ToolError(f"unknown argument(s) for {spec.name}: {', '.join(unknown)[:300]}; "
                         f"accepted: {', '.join(sorted(allowed))}")
-    common = {k: arguments.pop(k) for k in list(arguments) if k in CallOptions.model_fields}
+    # Only a subprocess tool takes execution options; an in-process tool's field of the same name is its own
+    # (job_status's wait_s was taken here as the call's wait and never reached it).
+    common = ({k: arguments.pop(k) for k in list(arguments) if k in CallOptions.model_fields}
+              if spec.runs == "subprocess" else {})
     problems = []   # both models are checked, so one answer names every bad argument
     try:
         params = spec.Params(**arguments)

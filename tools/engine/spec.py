@@ -193,6 +193,12 @@ class ToolSpec:
         undocumented = [n for n, f in self.Params.model_fields.items() if not f.description]
         if undocumented:
             raise TypeError(f"{self.name}: Params fields need a description: {undocumented}")
+        # The call's own options (the server's CallOptions, the CLI's --timeout-s / --wait-s) share the arguments'
+        # names: timeout_s is every tool's; wait_s a subprocess tool's (an in-process call is always waited for).
+        taken = {"timeout_s"} | ({"wait_s"} if self.runs == "subprocess" else set())
+        if taken & set(self.Params.model_fields):
+            raise ValueError(f"{self.name}: Params fields {sorted(taken & set(self.Params.model_fields))} are the "
+                             "call's execution options")
         if self.metric and self.metric not in self.Result.model_fields:
             raise ValueError(f"{self.name}: metric {self.metric!r} is not a Result field")
         if (self.job_python or self.needs_torch) and self.runs != "subprocess":
