@@ -618,6 +618,13 @@ def test_rule_names_a_rank_doing_more_cpu_work_in_a_cpu_only_job():
     # healthy ranks' CPU times within a few percent: nobody
     healthy = others + [row(1, 0.30, 0.131, (0.131, 0.13, 0.132))]
     assert judge(_reports(healthy), Rules.load()).stragglers == []
+    # a communication-bound job: the eighth session's healthy control under the hog, every rank waiting 94-97% of the
+    # window, rank 2 at 0.240 CPU-s/s against 0.218 in every third: gloo's CPU inside the collectives, not work
+    bound = [row(i, w, c, parts) for i, (w, c, parts) in enumerate([
+        (0.96, 0.218, (0.210, 0.220, 0.224)), (0.95, 0.216, (0.208, 0.219, 0.221)),
+        (0.96, 0.240, (0.232, 0.241, 0.247)), (0.97, 0.219, (0.212, 0.221, 0.224))])]
+    v = judge(_reports(bound), Rules.load(), sampled_s=24.0)
+    assert v.stragglers == [] and not any("CPU time" in f for f in v.findings), v.findings
     # a GPU job: waiting ranks spin on the CPU, so CPU time is no measure of work and the rule stays silent
     gpu = GpuSample(host="n1", index=0, job_pids=[101])
     assert judge(_reports(others + [slow], [gpu]), Rules.load()).stragglers == []

@@ -510,6 +510,8 @@ def _more_cpu_work(ranks: list[RankSample], nodes, gpus: list[GpuSample], rules:
     Only on cpu_work_min_s of samples or more: one 6 s look named a healthy rank for a 9% lead at load 9 (a clean
     clone's run); over 18 s healthy leads stayed <= 5.2% and a 15% straggler's >= 9.2% (straggler_rules.toml)."""
     rr = rules.reason
+    if statistics.median(_wait(r) for r in ranks) >= rr["cpu_work_max_wait"]:
+        return          # communication-bound: CPU time is the collectives' more than the work's (straggler_rules.toml)
     parts = {len(r.part_cpu) for r in ranks}
     # The others' spread is part of the bar: too few of them to measure it (judging.MIN_FOR_SPREAD), no verdict.
     if (any(g.job_pids for g in gpus) or len(ranks) < MIN_FOR_SPREAD + 1 or len(parts) != 1
