@@ -85,7 +85,8 @@ def test_a_forging_node_speaks_only_for_itself_and_a_frozen_node_is_not_hidden(m
     assert refused[("mln4", "the event names another node ('ghost-00')")] == 1
     median = next(m for m in r["medians"] if m["figure"] == "cpu_probe.matmul_gflops")
     # Three real nodes behind the median (busy ones are left out of it on a loaded host), no ghost's 1e6.
-    assert median["count"] + median["busy_excluded"] == 3 and (median["median"] or 0) < 1e5, median
+    # (no median at all when every node was busy: a clean-clone run beside the CPU hog, 2026-12-03)
+    assert median["count"] + median["busy_excluded"] == 3 and (median.get("median") or 0) < 1e5, median
     assert any(f.startswith("REFUSED: 25 ") for f in r["findings"]), r["findings"]
     assert query(host="victim-host") == []
     assert sorted(row["host"] for row in query(tool="env_report")) == ["mln1", "mln2", "mln4"]

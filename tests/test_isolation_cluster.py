@@ -105,10 +105,13 @@ def test_pairwise_names_the_rate_limited_node(healed):
     result = bench(healed, FOUR, "--pattern", "pairwise", "--group-deadline-s", "90")
     iso = result["isolation"]
     assert suspects(result) == [("node", ["mln3"])], result["findings"]
-    assert iso["rounds"] == 4 and len(iso["groups"]) == 7  # 3 rounds, then mln3 measured again with a healthy node
+    # 3 rounds, then mln3 measured again with a healthy node; under load a healthy pair slow at first is measured
+    # again beside it (mln1+mln2 at 0.0057 GB/s, then fine: a clean-clone run beside the CPU hog, 2026-12-03)
+    with_mln3 = [g for g in iso["groups"] if "mln3" in g["nodes"]]
+    assert iso["rounds"] == 4 and len(with_mln3) == 4 and len(iso["groups"]) - len(with_mln3) in (3, 4), iso["groups"]
     assert "slow again" in iso["suspects"][0]["evidence"]
-    bw = iso["busbw_matrix"]
-    assert bw[2][0] < iso["busbw_floor_gbps"] < bw[0][1]
+    bw = iso["busbw_matrix"]         # first measurements: a healthy pair may be among the slow-at-first (above)
+    assert bw[2][0] < iso["busbw_floor_gbps"] < max(bw[0][1], bw[0][3], bw[1][3])
     assert result["verdict"] == "fail" and os.path.getsize(iso["heatmap_png"]) > 5000
     assert any(f.startswith("Measured over gloo (TCP through the CPUs)") for f in result["findings"])  # not RDMA's path
     print(f"pairwise 4 nodes, 50 Mbit/s on mln3: {iso['rounds']} rounds, {time.monotonic() - t0:.1f} s")
