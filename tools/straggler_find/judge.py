@@ -284,7 +284,7 @@ def _named(r: RankSample, ranks: list[RankSample], node: NodeSample | None, gpus
         # the CPU figures are said beside it (under -n 2 a clean clone named the tbf'd mln4 for "cpu" when its
         # run-queue wait rose above its peers' on the loaded host, 2026-12-03).
         s.reason = "network"
-        s.evidence += [f"{r.host}: {link}" for link in node.shaped_links]
+        s.evidence += _shaped(r.host, node)
         s.evidence += [f"also on {r.host}: {c.evidence}" for c in causes]
         return s
     if causes:
@@ -318,7 +318,7 @@ def _reason(r: RankSample, others, node: NodeSample | None, gpus, rules: Rules, 
                             f"{r.top_frames.get(cls, '?')}")
             return name
     if node is not None and node.shaped_links:        # as in _named: a shaper on its host comes before its CPU
-        evidence += [f"{r.host}: {link}" for link in node.shaped_links]
+        evidence += _shaped(r.host, node)
         return "network"
     if cpu_starved(r, others, rules.reason, evidence):
         return "cpu"
@@ -363,6 +363,11 @@ def _gpu_shared(g: GpuSample, ranks: list[RankSample]) -> Straggler:
                                              f"{'; '.join(g.other_holders[:3])}: the rank gets a fraction of it"])
 
 
+def _shaped(host: str, node: NodeSample) -> list[str]:
+    """The shapers seen on a node's links in the window, one evidence line each."""
+    return [f"{host}: {link}" for link in node.shaped_links]
+
+
 def _network(ranks: list[RankSample], nodes: dict[str, NodeSample], rules: Rules, out: Judgement) -> None:
     """No rank works longer than the rest: if all of them mostly wait, look for the node whose links are slow."""
     waits = [r.fractions.get("collective", 0) for r in ranks]
@@ -388,7 +393,7 @@ def _network(ranks: list[RankSample], nodes: dict[str, NodeSample], rules: Rules
                           others_wait_fraction=round(statistics.median(waits), 3), reason="network")
             s.evidence.append(f"every rank waits in collectives ({min(waits):.0%}-{max(waits):.0%} of the window), "
                               "so the collectives themselves are slow")
-            s.evidence += [f"{host}: {link}" for link in node.shaped_links]
+            s.evidence += _shaped(host, node)
             if noisy:
                 s.evidence.append(f"{host} retransmits {retrans[host]:.1f} TCP segments/s (others "
                                   f"{statistics.median(rest) if rest else 0:.1f}/s)")
