@@ -104,3 +104,17 @@ def test_bisect_runs_its_srun_rounds_with_a_group_pace(monkeypatch):
     assert report.rounds == 1 and seen[0][0] == "bisect" and isinstance(seen[0][1], GroupPace)
     assert seen[1] is seen[0][1]        # the one pace: bisect tells it the second measurements, the rounds use it
 
+
+
+def test_a_bisect_where_every_group_hangs_answers_inconclusive_naming_no_node():
+    """Model round 6, cl-link-down at load ~50: every group of a 7-node bisect hung at start-up and the answer named
+    three 2-node sets ("fails, and no node is known good") while smoke tests passed on the same nodes. With no group
+    passed, the answer says so first, names nothing, and sends to a two-node smoke test."""
+    from tools.collective_bench.patterns import pattern_findings
+
+    names = [f"mln{i}" for i in range(1, 8)]
+    report = bisect(names, lambda groups: [GroupRun(g, "hang", wall_s=120.0, detail="did not finish") for g in groups])
+    verdict, findings, nxt = pattern_findings(report)
+    assert verdict == "warn" and not report.suspects
+    assert findings[0].startswith("Inconclusive: all ") and "none passed" in findings[0], findings
+    assert not any(f.startswith("Suspect") for f in findings) and nxt[0] == "dist_smoke_test"

@@ -88,6 +88,8 @@ class IsolationReport(Record):
     # pairwise: groups that counted against no node and why, in sentences for the findings (not a published field:
     # every field of the output schema is read by every session)
     _not_counted: list[str] = PrivateAttr(default_factory=list)
+    # bisect: every group failed or hung, so no node could be told from another (pair_schedule.Bisection)
+    _nothing_passed: bool = PrivateAttr(False)
 
 
 def _record(r: int, run: GroupRun, names: list[str]) -> GroupRecord:
@@ -296,6 +298,7 @@ def bisect(names: list[str], run_round: RunRound, *, known_failing: bool = False
             progress(min(0.95, plan.rounds / (math.ceil(math.log2(n)) + 1)),
                      f"round {plan.rounds}: {len(groups)} groups, {sum(not r.ok for r in runs)} failed or hung")
     report.rounds = plan.rounds
+    report._nothing_passed = plan.nothing_passed
     for finding in plan.findings:
         report.suspects.append(Suspect(kind=finding.kind, nodes=[names[i] for i in finding.nodes],
                                        evidence=_bisect_evidence(finding, failed_detail)))

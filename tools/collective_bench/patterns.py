@@ -219,6 +219,15 @@ def pattern_findings(report: IsolationReport) -> tuple[str, list[str], list[str]
                            "healthy pair, is past what this check can resolve: no node or link is named for being slow "
                            "(only pairs that failed or hung twice are). Run again with the nodes idle (no other jobs), "
                            "or with larger sizes.")
+    if report._nothing_passed:
+        sizes = sorted({len(g.nodes) for g in report.groups})
+        span = f"{sizes[0]}" if len(sizes) == 1 else f"{sizes[0]}-{sizes[-1]}"
+        findings.insert(0, f"Inconclusive: all {len(report.groups)} groups ({span} nodes) failed or hung and none "
+                           "passed, so no node can be told from another (one is named only against a partner that "
+                           "passed). What every group shares is the likelier "
+                           "cause: the launcher, the rendezvous port, the software stack, or hosts too busy to start "
+                           "within group_deadline_s. Next: dist_smoke_test on two of these nodes; if it passes, "
+                           "bisect again with a longer group_deadline_s.")
     if report.unconfirmed:
         findings.append(f"Not named ({len(report.unconfirmed)}): " + "; ".join(
             f"{s.kind} {' - '.join(s.nodes)}: {s.evidence}" for s in report.unconfirmed[:6]) + ".")
@@ -240,7 +249,8 @@ def pattern_findings(report: IsolationReport) -> tuple[str, list[str], list[str]
             findings.insert(0, f"No bad node or link: every pair of the {len(report.nodes)} nodes is within the rule"
                                + (f"; {len(report.unconfirmed)} suspect(s) slow at first were fine when measured again "
                                   "(a passing slowdown, not named)" if cleared else "") + ".")
-        return ("ok" if calm else "warn"), findings, ["knowledge://network/finding-the-bad-node.md"]
+        return ("ok" if calm else "warn"), findings, (["dist_smoke_test"] if report._nothing_passed else []) + [
+            "knowledge://network/finding-the-bad-node.md"]
     return "fail", findings, next_steps(report.suspects)
 
 
