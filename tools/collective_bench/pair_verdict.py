@@ -147,9 +147,15 @@ def confirm(n: int, verdict: PairVerdict, run_round: Callable, *, gross_only: bo
     todo = suspects_of(verdict)
     suspected = {m for c in todo for m in c.nodes}
     if gross_only:
+        # The bar is set by pairs that no suspect's evidence is about: a suspected link's two ends are fine with
+        # their other partners (that is what makes it a link), so their other pairs are healthy ones to compare
+        # with (model round 8, cl-link-and-starved-node: with link mln1-mln2 suspected, no pair was left and mln4,
+        # 0.117-0.129 GB/s with every partner against 0.391-0.472, was not named).
+        node_suspects = {c.nodes[0] for c in todo if c.kind == "node"}
+        suspect_pairs = {frozenset(c.nodes) for c in todo if c.kind != "node"}
         for c in todo:
             if c.kind == "node":
-                c.apart_below_gbps = stands_apart(c.nodes[0], figures, suspected, margin)
+                c.apart_below_gbps = stands_apart(c.nodes[0], figures, node_suspects, margin, suspect_pairs)
     healthy = [i for i in range(n) if i not in suspected]
     ordinary = slow_rule(verdict.busbw_floor_gbps, verdict.latency_ceiling_us)
     floor, ref = verdict.busbw_floor_gbps, verdict.reference_busbw_gbps
@@ -180,13 +186,16 @@ def confirm(n: int, verdict: PairVerdict, run_round: Callable, *, gross_only: bo
     return todo
 
 
-def stands_apart(node: int, figures: list[PairFigure], suspected: set[int], margin: float) -> float | None:
+def stands_apart(node: int, figures: list[PairFigure], suspected: set[int], margin: float,
+                 suspect_pairs: set[frozenset] = frozenset()) -> float | None:
     """The bar `node` stands apart under, or None: every pair with it measured (none failed, hung or cut by its
-    deadline) and each under (1 - margin) x the slowest busbw of the pairs of unsuspected nodes, of which there
-    are at least two. One healthy pair is too little to compare with (the d07 run named a healthy node so)."""
+    deadline) and each under (1 - margin) x the slowest busbw of the healthy pairs (no node of `suspected` in it,
+    not itself one of `suspect_pairs`), of which there are at least two. One healthy pair is too little to
+    compare with (the d07 run named a healthy node so)."""
     own = [f for f in figures if node in (f.a, f.b)]
     healthy = [f.busbw_gbps for f in figures
-               if f.ok and f.busbw_gbps and f.a not in suspected and f.b not in suspected]
+               if f.ok and f.busbw_gbps and f.a not in suspected and f.b not in suspected
+               and frozenset((f.a, f.b)) not in suspect_pairs]
     if len(healthy) < 2 or not own or any(not f.ok or not f.busbw_gbps for f in own):
         return None
     bar = (1 - margin) * min(healthy)
