@@ -68,7 +68,7 @@ def test_a_name_that_is_not_a_node_never_reaches_argv():
 def test_outside_an_allocation_a_job_of_its_own_limited_to_the_timeout(monkeypatch):
     import tools.engine.on_node as on_node
 
-    monkeypatch.setattr(on_node, "_node_partition", lambda node, env: "gpu")
+    monkeypatch.setattr(on_node, "_node_in_slurm", lambda node, env: ("gpu", "idle"))
     monkeypatch.setattr(on_node.shutil, "which", lambda name: "/usr/bin/" + name)
     argv, env = node_command("gpu-017", ["python", "-m", "x"], 150, "mleng-gpu_health",
                              env={"PATH": "/bin", "SLURM_CONF": "/etc/slurm.conf", "SLURM_JOB_ID": "7",
@@ -149,3 +149,17 @@ def test_one_placement_choice_for_every_srun_caller():
     env = {"SLURM_JOB_ID": "7", "SLURM_CONF": "/etc/slurm.conf", "PATH": "/bin"}
     assert mine.env(env) == {"SLURM_CONF": "/etc/slurm.conf", "PATH": "/bin"} and inside_job("7").env(env) == env
     assert [gpu_count(g) for g in ("gpu:8", "gpu:h100:8(S:0-1)", "cpu=64,gres/gpu=16", "(null)")] == [8, 8, 16, 0]
+
+
+def test_a_node_slurm_starts_no_task_on_is_refused_at_once_naming_its_state(monkeypatch):
+    """Model round 8 (cl-link-down): nic_health node=mln6 waited its whole 90 s timeout for a node SLURM had as
+    idle* (not responding) and said only that it did not finish. The state is said at once; srun never runs."""
+    import tools.engine.on_node as on_node
+
+    monkeypatch.setattr(on_node.shutil, "which", lambda name: "/usr/bin/" + name)
+    for state, said in (("idle*", "SLURM reports the node idle* (not responding to slurmctld)"),
+                        ("down*", "SLURM reports the node down* (not responding to slurmctld)"), ("drained", "SLURM reports the node drained")):
+        monkeypatch.setattr(on_node, "_node_in_slurm", lambda node, env, state=state: ("debug", state))
+        with pytest.raises(NodeUnavailable) as caught:
+            node_command("mln6", ["true"], 90, "mleng-nic_health", env={"PATH": "/bin"})
+        assert str(caught.value).startswith(f"node: {said}; srun cannot start a task there"), caught.value

@@ -23,7 +23,7 @@ import subprocess
 from .placement import inside_allocation, own_job
 from .processes import without_secrets
 from .remote_step import NODE_ENV, NODE_PATTERN   # noqa: F401  (kept there: the node's end of an SSH step starts light)
-from .srun import SrunTransport
+from .srun import SrunTransport, unreachable_reason
 from .transport import TRANSPORT_ENV, SshTransport
 
 NODE_MAX_CHARS = 255
@@ -46,15 +46,17 @@ def _allocation_nodes(env: dict) -> list[str]:
     return out.stdout.split() if out.returncode == 0 else []
 
 
-def _node_partition(node: str, env: dict) -> str | None:
-    """The first partition `node` is in (sinfo), so a job of our own can land on it; None if unknown."""
+def _node_in_slurm(node: str, env: dict) -> tuple[str | None, str | None]:
+    """(the first partition `node` is in, its state as sinfo prints it), so a job of our own can land on it; None
+    for what sinfo does not say."""
     try:
-        out = subprocess.run(["sinfo", "-h", "-N", "-n", node, "-o", "%P"], capture_output=True, text=True,
+        out = subprocess.run(["sinfo", "-h", "-N", "-n", node, "-o", "%P %T"], capture_output=True, text=True,
                              timeout=10, env=env)
     except (OSError, subprocess.TimeoutExpired):
-        return None
-    names = [p.rstrip("*") for p in out.stdout.split()] if out.returncode == 0 else []
-    return names[0] if names else None
+        return None, None
+    rows = [line.split() for line in out.stdout.splitlines()] if out.returncode == 0 else []
+    rows = [row for row in rows if len(row) == 2]
+    return (rows[0][0].rstrip("*"), rows[0][1].lower()) if rows else (None, None)
 
 
 def launcher(env: dict | None = None) -> str:
@@ -75,6 +77,11 @@ def node_command(node: str, cmd: list[str], timeout_s: float, job_name: str,
         place = inside_allocation()   # beside the allocation's own steps, on the resources it already holds
     else:
         env = own_job(None, timeout_s).env(env)   # not the allocation we may be inside: srun would try it
-        place = own_job(_node_partition(node, env), timeout_s, job_name)
+        partition, state = _node_in_slurm(node, env)
+        why = unreachable_reason(state) if state else None
+        if why:   # srun would wait for it until the call's timeout and say only that (model round 8, cl-link-down)
+            raise NodeUnavailable(f"node: {why}; srun cannot start a task there. Check it from outside SLURM (its "
+                                  "console or BMC, ping from a peer); slurm_status lists the partition's nodes")
+        place = own_job(partition, timeout_s, job_name)
     env = {**place.env(env), NODE_ENV: node}
     return SrunTransport(place.srun_args, kill_on_bad_exit=True).command(node, cmd), env

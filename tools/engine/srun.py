@@ -300,3 +300,16 @@ def cancel_named(name: str, env: dict | None = None) -> list[str]:
         run(["scancel", step])
     run(["scancel", f"--name={name}"])
     return steps
+
+
+# SLURM node states (sinfo -o %T) in which it starts no task; a trailing * is "not responding" in any of them
+UNREACHABLE = ("down", "drain", "fail", "maint", "reboot", "future", "unknown", "power")
+
+
+def unreachable_reason(state: str) -> str | None:
+    """Why SLURM would not start a task on a node in `state` (as `sinfo -o %T` prints it), or None when it would."""
+    if state.endswith("*"):
+        return f"SLURM reports the node {state} (not responding to slurmctld)"
+    if any(state.startswith(word) for word in UNREACHABLE):
+        return f"SLURM reports the node {state}"
+    return None

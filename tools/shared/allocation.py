@@ -68,6 +68,28 @@ def out_of_service(partition: str) -> str:
     return "; ".join(f"{name} ({state})" for name, state in out[:16])
 
 
+def _refuse_what_cannot_start(partition: str, count: int, nodelist: list[str] | None) -> None:
+    """ToolFailure before salloc when SLURM would start no task on a node asked for by name, or the partition has
+    fewer nodes it can start tasks on than `count`: salloc would wait WAIT_FOR_NODES_S for nothing (model round 8,
+    cl-link-down: 120 s, then "Connection timed out" over an 8-node partition with mln6 not responding)."""
+    try:
+        states = _states(partition)
+    except slurm.SlurmError:
+        return                     # salloc's own answer, and out_of_service beside it, still say what went wrong
+    down = {name: state for name, state in states if slurm.unreachable_reason(state.lower())}
+    said = "; ".join(f"{name} ({state})" for name, state in sorted(down.items())[:16])
+    if nodelist and set(nodelist) & down.keys():
+        raise ToolFailure(f"nodes: SLURM will start no task on {', '.join(n for n in nodelist if n in down)} now "
+                          f"(out of service in SLURM: {said}); leave them out, or check them first (slurm_status, "
+                          "nic_health node=...)")
+    usable = len({name for name, _ in states} - down.keys())
+    if not nodelist and down and count > usable:
+        raise ToolFailure(f"nnodes: {count} node(s) of {partition!r} cannot be had now: SLURM can start tasks on "
+                          f"{usable} of its {usable + len(down)} nodes; out of service in SLURM: {said}. A job "
+                          "that needs every node waits or hangs at start-up until they answer: they are the first "
+                          f"suspects. Measure the rest with nnodes={usable}, or check those nodes (nic_health node=...)")
+
+
 GPU_COUNT = re.compile(r"gpu(?::[A-Za-z0-9_.\-]{1,64})?[:=](\d{1,4})")
 
 
@@ -92,6 +114,7 @@ def request(partition: str, count: int | None, nodelist: list[str] | None, timeo
     if count < 2:
         raise ToolFailure(f"nnodes: partition {partition!r} has {count} idle node(s); pairwise and bisect need 2 or "
                           "more (give nnodes, or nodes by name)")
+    _refuse_what_cannot_start(partition, count, nodelist)
     name = f"mleng-collective_bench-{uuid.uuid4().hex[:8]}"
     gpus = partition_gpus(partition)
     argv = ["salloc", "--no-shell", f"--nodes={count}", f"--immediate={WAIT_FOR_NODES_S}",

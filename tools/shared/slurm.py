@@ -36,7 +36,7 @@ import subprocess
 
 from ..engine.placement import inside_allocation, inside_job
 # srun's own words are read by the node transport; these names stay here for the tools that import them
-from ..engine.srun import SrunTasks, SrunTransport, launch_failures, srun_tasks_line
+from ..engine.srun import SrunTasks, SrunTransport, launch_failures, srun_tasks_line, unreachable_reason  # noqa: F401
 
 __all__ = [
     "SlurmError", "failures_as_tool_failure", "in_allocation", "allocation_nodes", "allocation_head_address", "job_allocation_env", "expand_hostlist",
@@ -459,13 +459,3 @@ def explain_state(state: str) -> str:
     return _STATES.get(state.split()[0] if state else "", state or "unknown")
 
 
-UNREACHABLE = ("down", "drain", "fail", "maint", "reboot", "future", "unknown", "power")
-
-
-def unreachable_reason(state: str) -> str | None:
-    """Why SLURM would not start a task on a node in `state` (as `sinfo -o %T` prints it), or None when it would."""
-    if state.endswith("*"):
-        return f"SLURM reports the node {state} (not responding to slurmctld)"
-    if any(state.startswith(word) for word in UNREACHABLE):
-        return f"SLURM reports the node {state}"
-    return None
