@@ -118,3 +118,30 @@ def test_a_bisect_where_every_group_hangs_answers_inconclusive_naming_no_node():
     assert verdict == "warn" and not report.suspects
     assert findings[0].startswith("Inconclusive: all ") and "none passed" in findings[0], findings
     assert not any(f.startswith("Suspect") for f in findings) and nxt[0] == "dist_smoke_test"
+
+
+def _sweep(sizes: int) -> list[dict]:
+    return [dict(ROW, bytes=32768 << k) for k in range(sizes)]
+
+
+def test_a_whole_set_cut_by_its_deadline_while_measuring_is_not_a_fault_of_scale():
+    """Model round 8, cl-link-down: with group_deadline_s=60 on a loaded host the 4-node group of healthy mln1-mln4
+    was ended by its deadline after 7 of 10 sizes, its pairs passed, and the headline named the set "a fault of
+    scale". Slow is not hung: such a set is listed, not named. A whole set that hangs before any size still is."""
+    from tools.collective_bench.patterns import pattern_findings
+
+    names = NAMES[:4]
+
+    def slow_whole(groups):
+        return [GroupRun(g, "hang", 0.1, 900.0, 62.0, "did not finish within 62 s (7 sizes measured)", _sweep(7))
+                if len(g) == 4 else GroupRun(g, "ok", 0.2, 500.0, 30.0, "", _sweep(10)) for g in groups]
+    report = bisect(names, slow_whole)
+    assert not report.suspects and [(s.kind, s.nodes) for s in report.unconfirmed] == [("set", names)]
+    assert "still measuring sizes when its deadline ended it" in report.unconfirmed[0].evidence
+    verdict, findings, _ = pattern_findings(report)
+    assert verdict == "warn" and not any(f.startswith("Suspect") for f in findings), findings
+
+    def hung_whole(groups):
+        return [GroupRun(g, "hang", None, None, 62.0, "did not finish within 62 s (0 sizes measured)")
+                if len(g) == 4 else GroupRun(g, "ok", 0.2, 500.0, 30.0, "", _sweep(10)) for g in groups]
+    assert [(s.kind, s.nodes) for s in bisect(names, hung_whole).suspects] == [("set", names)]
