@@ -243,3 +243,36 @@ def test_a_node_apart_is_named_beside_a_suspected_link(monkeypatch):
     verdict, findings, _ = answer(report, monkeypatch)
     assert verdict == "fail" and any("nodename=mln4 state=drain" in f for f in findings)
     assert not any("mln1" in f or "mln2" in f for f in findings if "state=drain" in f)   # the link's ends stay
+
+
+def test_a_node_behind_every_pair_within_the_margin_is_said_first_to_check(monkeypatch):
+    """Model round 8 (replay), cl-link-and-starved-node at load ~13: link mln1-mln2 hung twice (named); mln4, capped to
+    0.2 CPU, 0.117-0.122 GB/s with each partner against 0.17 and 0.29 for the two pairs without it, was under the 50%
+    margin of a reference its own pairs pulled down (0.172). The answer named only the link; the model named mln4
+    from fleet_sweep against it. Such a node is now said, not named, with fleet_sweep to check it."""
+    first = {(0, 3): 0.117, (1, 2): 0.17, (0, 2): 0.29, (1, 3): 0.118, (2, 3): 0.122}
+
+    def run(groups):
+        return [stopped_by_pace(*g) if g == [0, 1] else ok(*g, first[tuple(g)], 60.0) for g in groups]
+    report = pairwise(NAMES, run)
+    verdict, findings, nxt = answer(report, monkeypatch)
+    assert [(s.kind, s.nodes) for s in report.suspects] == [("link", ["mln1", "mln2"])]
+    behind = [f for f in findings if f.startswith("Behind with every partner")]
+    assert len(behind) == 1 and "not named: mln4 0.117-0.122 GB/s" in behind[0] and "0.17-0.29" in behind[0], findings
+    assert "fleet_sweep" in nxt and not any("nodename=mln4" in f for f in findings)
+
+
+def test_a_healthy_spread_says_no_node_is_behind(monkeypatch):
+    """Four healthy nodes on shared cores: pairs 0.17-0.29 GB/s in no node's order: nothing said, verdict ok."""
+    figures = {(0, 1): 0.21, (2, 3): 0.29, (0, 2): 0.17, (1, 3): 0.24, (0, 3): 0.26, (1, 2): 0.19}
+    report = pairwise(NAMES, lambda groups: [ok(*g, figures[tuple(g)], 60.0) for g in groups])
+    verdict, findings, nxt = answer(report, monkeypatch)
+    assert verdict == "ok" and not any(f.startswith("Behind") for f in findings) and "fleet_sweep" not in nxt
+
+
+def test_with_nothing_named_the_node_behind_is_the_first_finding(monkeypatch):
+    figures = {(0, 1): 0.29, (2, 3): 0.118, (0, 2): 0.25, (1, 3): 0.117, (0, 3): 0.122, (1, 2): 0.21}
+    report = pairwise(NAMES, lambda groups: [ok(*g, figures[tuple(g)], 60.0) for g in groups])
+    verdict, findings, nxt = answer(report, monkeypatch)
+    assert not report.suspects and verdict == "warn" and nxt[0] == "fleet_sweep"
+    assert findings[0].startswith("No node or link named; behind with every partner, within the margin, not named: mln4")
