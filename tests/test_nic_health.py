@@ -337,3 +337,43 @@ def test_each_gpu_is_given_its_closest_nic_and_a_far_one_is_said(tmp_path, monke
     assert [(a.gpu, a.nic, a.path) for a in far] == [(0, "mlx5_0", "PIX"), (1, "mlx5_0", "SYS")]
     findings = nic_health.summarise([], [], far, [], 0.0).findings
     assert "GPU 1 -> mlx5_0: SYS." in findings and not any(f.startswith("GPU 0 ->") for f in findings)
+
+
+def _tc_in(namespace: str, *rule: str) -> None:
+    subprocess.run(["ip", "netns", "exec", namespace, "tc", *rule], check=True, capture_output=True, timeout=10)
+
+
+def test_a_per_destination_rate_limit_is_read_from_tc_and_named_with_the_peer(veth_pair, tmp_path):
+    """Model rounds 7-8 (ssh-slow-link, cl-slow-link, cl-link-and-starved-node): pairwise named the link mln1-mln2
+    and said to check tc rules on both ends, and no tool read them. The drills' own rule (an htb class at 50 Mbit/s
+    and a u32 filter on the peer's address), set on a real interface, is read with the peer's name from the host's
+    resolver; a plain tbf, and the interface without a shaper, too."""
+    if not shutil.which("tc"):
+        pytest.skip("needs tc (iproute2)")
+    a, _ = veth_pair
+    hosts = tmp_path / "hosts"   # `ip netns exec` binds /etc/netns/NS/hosts over /etc/hosts, as the cluster does
+    netns_etc = Path("/etc/netns") / a
+    netns_etc.mkdir(parents=True)
+    try:
+        (netns_etc / "hosts").write_text("127.0.0.1 localhost\n10.99.7.2 peer-node2\n")
+        quiet = _tool_in(a, "sysfs", 0)
+        assert quiet["netdevs"][0]["verdict"] == "ok" and not quiet["netdevs"][0]["problems"], quiet
+        for rule in (["qdisc", "add", "dev", "veth0", "root", "handle", "1:", "htb", "default", "10"],
+                     ["class", "add", "dev", "veth0", "parent", "1:", "classid", "1:10", "htb", "rate", "10gbit"],
+                     ["class", "add", "dev", "veth0", "parent", "1:", "classid", "1:20", "htb", "rate", "50mbit"],
+                     ["filter", "add", "dev", "veth0", "parent", "1:", "protocol", "ip", "u32", "match", "ip", "dst",
+                      "10.99.7.2/32", "flowid", "1:20"]):
+            _tc_in(a, *rule)
+        shaped = _tool_in(a, "sysfs", 0)
+        veth0 = shaped["netdevs"][0]
+        assert veth0["verdict"] == "warn" and [p["code"] for p in veth0["problems"]] == ["traffic_shaper"], veth0
+        said = veth0["problems"][0]["text"]
+        assert ("a htb qdisc sends traffic to 10.99.7.2 (peer-node2) at 50Mbit (class 1:20); the rest at 10Gbit "
+                "(class 1:10)") in said, said
+        assert any("veth0: a htb qdisc" in f and "[monitor]" in f for f in shaped["findings"]), shaped["findings"]
+        _tc_in(a, "qdisc", "del", "dev", "veth0", "root")
+        _tc_in(a, "qdisc", "add", "dev", "veth0", "root", "tbf", "rate", "50mbit", "burst", "32kbit", "latency", "400ms")
+        tbf = _tool_in(a, "sysfs", 0)["netdevs"][0]["problems"][0]["text"]
+        assert tbf.startswith("a tbf qdisc limits all traffic out of this interface to rate 50Mbit"), tbf
+    finally:
+        shutil.rmtree(netns_etc, ignore_errors=True)

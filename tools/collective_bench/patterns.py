@@ -213,7 +213,7 @@ def pattern_findings(report: IsolationReport) -> tuple[str, list[str], list[str]
         findings.insert(findings.index(head), (
             f"Between {s.nodes[0]} and {s.nodes[1]} only: the route each takes to the other, the MTU along that "
             "path, firewall and traffic-shaping (tc) rules on both, the switch ports or cables only this pair "
-            "crosses; nic_health on each end reads its NIC's counters."))
+            "crosses; nic_health on each end reads its NIC's counters and any tc shaper on it."))
     findings += [f"{note}." for note in report._not_counted]
     if report.inconclusive:
         findings.insert(0, f"Inconclusive: healthy pairs' busbw spread {report.spread:.0%} (1.4826 x MAD / median) "

@@ -128,6 +128,13 @@ def judge_netdev(before: dict, after: dict, window_s: float) -> NetdevReading:
     return _finish(reading)
 
 
+def judge_shaper(reading: NetdevReading, text: str) -> NetdevReading:
+    """A traffic shaper at the root of the interface (shaping.py says what it limits)."""
+    reading.problems.append(HealthFinding(subject=reading.name, action=rules()["netdev"]["shaper_action"],
+                                          code="traffic_shaper", source="tc", text=text))
+    return _finish(reading)
+
+
 def judge_totals(reading: PortReading) -> PortReading:
     """One pasted reading has no window: error counters above ibqueryerrors' threshold of zero are named, to be
     read again after a job (a total that grew months ago and one growing now look the same here)."""
