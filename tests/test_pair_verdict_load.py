@@ -187,6 +187,10 @@ def test_a_node_apart_in_every_pair_is_named_without_a_measured_spread(monkeypat
     # each node with its partners, slowest first: one node low with all (model round 7 opened the matrix for it)
     per_node = next(f for f in findings if f.startswith("Per node"))
     assert "slowest first: mln4 0.144 GB/s (3), mln3 0.2" in per_node, per_node
+    # and every pair (model round 8 opened results_history for the matrices in three drills of four)
+    pairs = next(f for f in findings if f.startswith("Pairs, busbw GB/s"))
+    assert "slowest first: mln1-mln4 0.14 (9 ms), mln2-mln4 0.145 (9 ms), mln3-mln4 0.147 (9 ms), mln2-mln3" in pairs
+    assert pairs.endswith("mln1-mln2 0.462 (9 ms)."), pairs
 
 
 @pytest.mark.parametrize("mln4, again", [
@@ -257,6 +261,8 @@ def test_a_node_behind_every_pair_within_the_margin_is_said_first_to_check(monke
     report = pairwise(NAMES, run)
     verdict, findings, nxt = answer(report, monkeypatch)
     assert [(s.kind, s.nodes) for s in report.suspects] == [("link", ["mln1", "mln2"])]
+    assert any(f.startswith("Pairs, busbw GB/s (latency at the smallest size), slowest first: mln1-mln2 hung, mln1-mln4")
+               for f in findings), findings
     behind = [f for f in findings if f.startswith("Behind with every partner")]
     assert len(behind) == 1 and "not named: mln4 0.117-0.122 GB/s" in behind[0] and "0.17-0.29" in behind[0], findings
     assert "fleet_sweep" in nxt and not any("nodename=mln4" in f for f in findings)

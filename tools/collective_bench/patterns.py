@@ -205,6 +205,9 @@ def pattern_findings(report: IsolationReport) -> tuple[str, list[str], list[str]
     per_node = _per_node(report)
     if per_node:
         findings.append(per_node)
+    pairs = _pairs(report)
+    if pairs:
+        findings.append(pairs)
     lagging = _behind_every_pair(report)
     findings += [line for _, line in lagging]
     for s in (s for s in report.suspects if s.kind == "link"):
@@ -309,6 +312,32 @@ def _behind_every_pair(report: IsolationReport) -> list[tuple[str, str]]:
                           f"{min(others):.3g}-{max(others):.3g} GB/s. Check it first: fleet_sweep nodes=[{name}] reads "
                           "its CPU quota, memory and NIC (a slow node, or this host's noise)."))
     return out
+
+
+PAIRS_MAX = 8   # nodes: 28 pairs in a line; past this the matrices (results_history result_id=N) say it better
+
+
+def _pairs(report: IsolationReport) -> str:
+    """Every pair's last figures, slowest first, those that failed or hung by name: model round 8 opened
+    results_history for the matrices in three drills of four (4 nodes: 6 pairs) to see the pairs the answer summed
+    up per node."""
+    bw, lat = report.busbw_matrix, report.latency_matrix or []
+    if report.pattern != "pairwise" or not bw or len(report.nodes) > PAIRS_MAX:
+        return ""
+    last = {frozenset(g.nodes): g.status for g in report.groups if len(g.nodes) == 2}
+    measured, broken = [], []
+    for i, a in enumerate(report.nodes):
+        for j in range(i + 1, len(report.nodes)):
+            b = report.nodes[j]
+            if bw[i][j]:
+                us = lat[i][j] if lat and lat[i][j] else None
+                measured.append((bw[i][j], f"{a}-{b} {bw[i][j]:.3g}" + (f" ({us / 1000:.3g} ms)" if us else "")))
+            elif frozenset((a, b)) in last:
+                broken.append(f"{a}-{b} {'hung' if last[frozenset((a, b))] == 'hang' else 'failed'}")
+    if len(measured) + len(broken) < 2:
+        return ""
+    return ("Pairs, busbw GB/s (latency at the smallest size), slowest first: "
+            + ", ".join(broken + [text for _, text in sorted(measured)]) + ".")
 
 
 def next_steps(suspects: list) -> list[str]:
