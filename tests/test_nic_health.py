@@ -370,7 +370,8 @@ def test_a_per_destination_rate_limit_is_read_from_tc_and_named_with_the_peer(ve
         said = veth0["problems"][0]["text"]
         assert ("a htb qdisc sends traffic to 10.99.7.2 (peer-node2) at 50Mbit (class 1:20); the rest at 10Gbit "
                 "(class 1:10)") in said, said
-        assert any("veth0: a htb qdisc" in f and "[monitor]" in f for f in shaped["findings"]), shaped["findings"]
+        assert "`tc qdisc del dev veth0 root`" in said and shaped["action"] == "none" and shaped["verdict"] == "warn"
+        assert any(f.startswith("veth0: a htb qdisc") for f in shaped["findings"]), shaped["findings"]
         _tc_in(a, "qdisc", "del", "dev", "veth0", "root")
         _tc_in(a, "qdisc", "add", "dev", "veth0", "root", "tbf", "rate", "50mbit", "burst", "32kbit", "latency", "400ms")
         tbf = _tool_in(a, "sysfs", 0)["netdevs"][0]["problems"][0]["text"]

@@ -148,7 +148,7 @@ def _sweep_figures(res: NicHealthResult) -> list[Measured]:
 
 def _sweep_evidence(res: NicHealthResult) -> list[str]:
     return [f"{f.subject}: {f.text} (action: {f.action})" for r in [*res.rdma_ports, *res.netdevs]
-            for f in r.problems if f.action != "none"]
+            for f in r.problems if f.action != "none" or f.code == "traffic_shaper"]   # a setting, still the news
 
 
 SWEEP = SweepContract(figures=(MIN_RATE := Figure("min_rdma_rate_gbits", "Gb/s", "higher"),), read=_sweep_figures,

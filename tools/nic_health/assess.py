@@ -7,6 +7,7 @@ and the window, so a reader can check it.
 from __future__ import annotations
 
 from ..engine.data import load_data
+from ..engine.spec import worst
 from ..shared.actions import HealthFinding, verdict_of, worst_action
 from .models import Judged, NetdevReading, PortReading
 
@@ -132,7 +133,9 @@ def judge_shaper(reading: NetdevReading, text: str) -> NetdevReading:
     """A traffic shaper at the root of the interface (shaping.py says what it limits)."""
     reading.problems.append(HealthFinding(subject=reading.name, action=rules()["netdev"]["shaper_action"],
                                           code="traffic_shaper", source="tc", text=text))
-    return _finish(reading)
+    _finish(reading)
+    reading.verdict = worst([reading.verdict, "warn"])   # a setting to change: no action on the node, not "ok"
+    return reading
 
 
 def judge_totals(reading: PortReading) -> PortReading:

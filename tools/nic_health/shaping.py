@@ -22,6 +22,7 @@ from pathlib import Path
 
 SHAPING = ("tbf", "htb", "hfsc", "cbq", "cake", "netem")
 MAX_CHARS = 200_000      # of one tc answer: a few thousand classes is already far more than any host sets
+REMOVE = "; a setting to remove unless it is meant to be there: `tc qdisc del dev {} root`, and find what set it"
 MAX_ROUTED = 8           # destinations named per interface (the rest counted)
 
 QDISC = re.compile(r"^qdisc (\S{1,16}) (\S{1,16}) (root|parent \S{1,16})[^\n]{0,400}", re.M)
@@ -111,11 +112,12 @@ def describe(shaper: Shaper) -> str:
     where = f"`tc qdisc show dev {shaper.interface}`"
     if shaper.kind == "netem":
         return (f"a netem qdisc adds {', '.join(shaper.effects) or 'delay or loss'} to every packet out of this "
-                f"interface (set on this host: {where})")
+                f"interface (set on this host: {where}){REMOVE.format(shaper.interface)}")
     if not shaper.routed:
         limit = f"rate {shaper.rate}" if shaper.rate else (
             f"default class {shaper.default_class} at {shaper.default_rate}" if shaper.default_rate else "a shaper")
-        return f"a {shaper.kind} qdisc limits all traffic out of this interface to {limit} (set on this host: {where})"
+        return (f"a {shaper.kind} qdisc limits all traffic out of this interface to {limit} (set on this host: "
+                f"{where}){REMOVE.format(shaper.interface)}")
     parts = []
     for r in shaper.routed[:MAX_ROUTED]:
         name = host_name(r.network) if "/" not in r.network else None
@@ -123,4 +125,4 @@ def describe(shaper: Shaper) -> str:
     more = f" and {len(shaper.routed) - MAX_ROUTED} more" if len(shaper.routed) > MAX_ROUTED else ""
     rest = f"; the rest at {shaper.default_rate} (class {shaper.default_class})" if shaper.default_rate else ""
     return (f"a {shaper.kind} qdisc sends traffic {'; '.join(parts)}{more}{rest}: a per-destination limit set on "
-            f"this host ({where}, `tc filter show dev {shaper.interface}`)")
+            f"this host ({where}, `tc filter show dev {shaper.interface}`){REMOVE.format(shaper.interface)}")
