@@ -188,16 +188,34 @@ def test_collective_bench_names_the_rank_frozen_mid_sweep(multinode_cluster):  #
     assert "(mln3" in text and "frozen" in text and "communication path" not in text, result["findings"]
 
 
-def test_dist_smoke_names_the_node_srun_could_not_start_a_task_on(multinode_cluster):  # noqa: F811
+def test_dist_smoke_names_the_node_srun_could_not_start_a_task_on(multinode_cluster, tmp_path):  # noqa: F811
     """Review 5g: a node frozen before the run (its slurmd stopped here): srun says 'Task launch ... failed on
-    node mln3'; the answer quoted srun lines about healthy nodes and said 'No rank on mln1, ..., mln4'."""
+    node mln3'; the answer quoted srun lines about healthy nodes and said 'No rank on mln1, ..., mln4'.
+    The allocation is granted first and the slurmd stopped after: stopped before it, slurmctld may mark mln3 not
+    responding before salloc asks, and salloc then waits for it (a clean-clone run beside two drills, 2026-12-04:
+    400 s pending, no answer)."""
+    go, name = tmp_path / "go", f"mleng-frozen-slurmd-{os.getpid()}"
+    smoke = f"{sys.executable} -m tools.dist_smoke_test --backend gloo --nproc-per-node 1 --pg-timeout-s 20 --json"
+    salloc = subprocess.Popen(["salloc", "-N4", "--no-kill", "--time=5", f"--job-name={name}", "bash", "-c",
+                               f"while [ ! -e {go} ]; do sleep 0.2; done; exec {smoke}"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env={**os.environ, "SLURM_CONF": multinode_cluster.conf})
     slurmd = multinode_cluster.slurmd_pid("mln3")
-    os.kill(slurmd, signal.SIGSTOP)
     try:
-        result = tool(multinode_cluster, "tools.dist_smoke_test", "--backend", "gloo", "--nproc-per-node", "1",
-                      "--pg-timeout-s", "20", timeout=400)
+        deadline = time.monotonic() + 120
+        while not multinode_cluster.cmd("squeue", "-h", "-t", "R", "-n", name, "-o", "%i").stdout.strip():
+            assert time.monotonic() < deadline and salloc.poll() is None, "the 4 nodes were never granted"
+            time.sleep(0.5)
+        os.kill(slurmd, signal.SIGSTOP)
+        go.touch()
+        out, err = salloc.communicate(timeout=400)
     finally:
         os.kill(slurmd, signal.SIGCONT)
+        if salloc.poll() is None:
+            salloc.kill()
+            salloc.wait()
+    assert "{" in out, err[-2000:]
+    result = json.loads(out[out.index("{"):])
     text = " ".join(result["findings"])
     assert result["verdict"] == "fail" and "node mln3" in result["findings"][1], result["findings"]
     assert "No rank on mln1" not in text, result["findings"]
