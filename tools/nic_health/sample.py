@@ -8,7 +8,7 @@ from ..shared import topology
 from ..shared.actions import HealthFinding
 from .read_netdev import chosen, ethtool_firmware, ethtool_stats, read_netdevs
 from .read_rdma import rdma_present, read_ports
-from . import shaping
+from .shaping import describe as describe_shaper, read as read_shaper
 from .assess import judge_netdev, judge_peers, judge_port, judge_shaper
 from .models import NetdevReading, NicAffinity, PortReading, Presence
 
@@ -36,9 +36,9 @@ def judge(first: dict, second: dict, window_s: float) -> tuple[list[PortReading]
     netdevs = [judge_netdev(first["netdevs"].get(name, raw), raw, window_s)
                for name, raw in sorted(second["netdevs"].items())]
     for reading in netdevs:
-        shaper = shaping.read(reading.name)
+        shaper = read_shaper(reading.name)
         if shaper:
-            judge_shaper(reading, shaping.describe(shaper))
+            judge_shaper(reading, describe_shaper(shaper))
     gone = sorted(set(first["netdevs"]) - set(second["netdevs"]))
     for name in gone:  # an interface that vanished mid-window (driver reset, firmware loss) is news
         reading = judge_netdev(first["netdevs"][name], first["netdevs"][name], window_s)
