@@ -9,6 +9,7 @@ import os
 import shlex
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -386,3 +387,55 @@ def test_scratch_left_by_killed_tasks_is_removed_by_tag(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["mleng-ranks-other99-x3"]
     with pytest.raises(ValueError, match="tag"):
         _slurm.scratch_cleanup_command(["n1"], "x; rm -rf /")
+
+
+# slurm_status: what a node slurmctld hears nothing from says on slurmd's port (model round 8, cl-link-down: "no
+# tool could look at mln6 while SLURM can't reach it")
+
+def test_a_silent_nodes_slurmd_port_tells_a_dead_slurmd_from_a_hung_one(monkeypatch):
+    import socket
+
+    listening = socket.socket()
+    listening.bind(("127.0.0.1", 0))
+    listening.listen(1)                      # a slurmd that is up, or frozen: the kernel still accepts
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    dead_port = closed.getsockname()[1]
+    closed.close()                           # nothing listens: the host's kernel refuses
+    try:
+        assert slurm_status.knock("127.0.0.1", listening.getsockname()[1]) == "accepted"
+        assert slurm_status.knock("127.0.0.1", dead_port) == "refused"
+        assert slurm_status.knock("-oProxyCommand=x", 22) == ""          # not an address to dial
+        nodes = [{"name": "mln2", "state": "IDLE+NOT_RESPONDING", "address": "127.0.0.1", "port": dead_port},
+                 {"name": "mln3", "state": "DOWN+NOT_RESPONDING", "address": "127.0.0.1",
+                  "port": listening.getsockname()[1]},
+                 {"name": "mln4", "state": "IDLE+DRAIN", "address": "127.0.0.1", "port": dead_port}]
+        said = slurm_status.knock_silent_nodes(nodes)
+    finally:
+        listening.close()
+    assert set(said) == {"mln2", "mln3"}                                  # a drained node answers slurmctld: not probed
+    assert said["mln2"].startswith(f"From here, a connection to its slurmd (127.0.0.1 port {dead_port}) was refused: "
+                                   "the host is up and nothing listens there, so slurmd is not running"), said
+    assert "was accepted, yet slurmctld hears nothing: slurmd is hung or stopped" in said["mln3"], said
+
+
+def test_a_node_whose_address_answers_nothing_is_said_down_or_cut_off():
+    """A private namespace's address whose link is down on the far side: nothing answers (no route, or silence)."""
+    import shutil
+    import uuid
+
+    if os.geteuid() != 0 or not shutil.which("ip"):
+        pytest.skip("needs root and iproute2")
+    ns, here = f"knock{uuid.uuid4().hex[:6]}", f"kn{uuid.uuid4().hex[:6]}"
+    ip = lambda *a: subprocess.run(["ip", *a], check=True, capture_output=True, timeout=10)  # noqa: E731
+    ip("netns", "add", ns)
+    try:
+        ip("link", "add", here, "type", "veth", "peer", "name", "far", "netns", ns)
+        ip("addr", "add", "10.231.77.1/30", "dev", here)
+        ip("link", "set", here, "up")                 # the far end stays down: a node whose link is down
+        started = time.monotonic()
+        said = slurm_status.knock("10.231.77.2", 6818, timeout_s=1.0)
+        assert said in ("silent", "unreachable") and time.monotonic() - started < 5, said
+    finally:
+        subprocess.run(["ip", "link", "del", here], capture_output=True, timeout=10)
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=10)

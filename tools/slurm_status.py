@@ -13,10 +13,14 @@ Local throwaway cluster to try it on: `scripts/slurm-local.sh start`, then
 
 from __future__ import annotations
 
+import errno
 import getpass
+import ipaddress
 import os
 import re
+import socket
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 
 
@@ -110,6 +114,7 @@ def nodes_from_json(doc: dict) -> list[dict]:
         changed = _number(n.get("reason_changed_at"))
         out.append({
             "name": n.get("name", "?"), "state": "+".join(states), "partitions": n.get("partitions") or [],
+            "address": n.get("address") or None, "port": _number(n.get("port")),
             "reason": n.get("reason") or None, "set_by": n.get("reason_set_by_user") or None,
             "since": datetime.fromtimestamp(changed).isoformat(timespec="seconds") if changed else None,
             "gpus": gres_count(n.get("gres")), "gpus_used": gres_count(n.get("gres_used")),
@@ -131,6 +136,7 @@ def nodes_from_scontrol(text: str) -> list[dict]:
         out.append({
             "name": f.get("NodeName", "?"), "state": f.get("State", "UNKNOWN").upper().replace("*", "+NOT_RESPONDING"),
             "partitions": [p for p in f.get("Partitions", "").split(",") if p],
+            "address": f.get("NodeAddr") or None, "port": None,   # the port: SlurmdPort of the config
             "reason": reason if reason not in (None, "(null)", "none") else None, "set_by": set_by,
             "since": since, "gpus": gres_count(f.get("Gres")), "gpus_used": gres_count(f.get("GresUsed")),
             "alloc_cpus": int(f.get("CPUAlloc", "0") or 0),
@@ -214,6 +220,64 @@ def _job_findings(jobs: list[JobInfo]) -> tuple[list[str], bool]:
     return findings, stuck
 
 
+PROBE_TIMEOUT_S = 2.0
+PROBED_MAX = 16   # nodes not responding probed at once, at most (each costs at most PROBE_TIMEOUT_S, in parallel)
+HOST = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,252}")
+
+
+def knock(address: str, port: int, timeout_s: float = PROBE_TIMEOUT_S) -> str:
+    """What a TCP connect from here to slurmd's port says of a node slurmctld hears nothing from: "refused" (the
+    host's kernel answers and nothing listens: slurmd is not running), "accepted" (something listens: slurmd is up
+    but hung, frozen, or cannot reach slurmctld back), "silent" (no answer at all in timeout_s), "unreachable" (the
+    route says so at once), or "" when the address is not one to dial."""
+    try:
+        ipaddress.ip_address(address)
+    except ValueError:
+        if not HOST.fullmatch(address):
+            return ""
+    try:
+        with socket.create_connection((address, port), timeout=timeout_s):
+            return "accepted"
+    except ConnectionRefusedError:
+        return "refused"
+    except (TimeoutError, socket.timeout):
+        return "silent"
+    except OSError as e:
+        return "unreachable" if e.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EHOSTDOWN) else ""
+
+
+KNOCKED = {
+    "refused": "refused: the host is up and nothing listens there, so slurmd is not running (start it; its log says "
+               "why it stopped)",
+    "accepted": "accepted, yet slurmctld hears nothing: slurmd is hung or stopped (a frozen process keeps its "
+                "socket), or cannot reach slurmctld back; restart it",
+    "silent": "no answer at all: the host is down or cut off from the network (its link, switch port or a "
+              "firewall); check its console or BMC",
+    "unreachable": "no route from here: the host is down or cut off from the network; check its console or BMC",
+}
+
+
+def slurmd_port() -> int | None:
+    m = re.search(r"^SlurmdPort\s*=\s*(\d{1,5})\s*$", _slurm.run_cmd(["scontrol", "show", "config"]), re.M)
+    return int(m.group(1)) if m else None
+
+
+def knock_silent_nodes(nodes: list[dict]) -> dict[str, str]:
+    """{node: a sentence} for the nodes slurmctld marks NOT_RESPONDING: what their slurmd port says from here.
+    The distinction the user acts on: a dead slurmd (restart it) from a host or link that is down (console, BMC);
+    a model had only "IDLE+NOT_RESPONDING, reason (none given)" (round 8, cl-link-down)."""
+    silent = [n for n in nodes if "NOT_RESPONDING" in n["state"] and n.get("address")][:PROBED_MAX]
+    if not silent:
+        return {}
+    default_port = None if all(n.get("port") for n in silent) else slurmd_port()
+    targets = {n["name"]: (n["address"], n.get("port") or default_port) for n in silent}
+    targets = {k: v for k, v in targets.items() if v[1] and 0 < v[1] < 65536}
+    with ThreadPoolExecutor(max_workers=max(1, len(targets))) as pool:
+        answers = dict(zip(targets, pool.map(lambda t: knock(*t), targets.values())))
+    return {name: f"From here, a connection to its slurmd ({targets[name][0]} port {targets[name][1]}) was "
+                  f"{KNOCKED[said]}" for name, said in answers.items() if said}
+
+
 @_slurm.failures_as_tool_failure
 def run(params: SlurmStatusParams, progress) -> SlurmStatusResult:
     progress(0.1, "asking slurmctld for nodes")
@@ -251,10 +315,12 @@ def run(params: SlurmStatusParams, progress) -> SlurmStatusResult:
         gpu = f"; GPUs {p.gpus_free} free of {p.gpus_total} ({p.gpus_used} in use)" if p.gpus_total else ""
         findings.append(f"Partition {p.name} is {p.state}: {p.nodes_total} nodes, {p.nodes_idle} idle, "
                         f"{p.nodes_in_use} in use, {p.nodes_unavailable} unavailable{gpu}.")
+    knocked = knock_silent_nodes([n for n in nodes if is_problem(n["state"])]) if problems else {}
     for n in problems:
         who = f", set by {n.set_by}" if n.set_by else ""
         when = f" since {n.since}" if n.since else ""
-        findings.append(f"Node {n.node} is {n.state}{when}{who}: reason {n.reason or '(none given)'!r}.")
+        findings.append(f"Node {n.node} is {n.state}{when}{who}: reason {n.reason or '(none given)'!r}."
+                        + (f" {knocked[n.node]}." if n.node in knocked else ""))
     job_findings, stuck = _job_findings(jobs)
     findings += job_findings
     whose = "all users" if params.all_users else f"user {user}"
