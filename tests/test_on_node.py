@@ -163,3 +163,4 @@ def test_a_node_slurm_starts_no_task_on_is_refused_at_once_naming_its_state(monk
         with pytest.raises(NodeUnavailable) as caught:
             node_command("mln6", ["true"], 90, "mleng-nic_health", env={"PATH": "/bin"})
         assert str(caught.value).startswith(f"node: {said}; srun cannot start a task there"), caught.value
+        assert ("slurm_status dials its slurmd" in str(caught.value)) == ("*" in state), caught.value

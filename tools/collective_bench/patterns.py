@@ -209,7 +209,7 @@ def pattern_findings(report: IsolationReport) -> tuple[str, list[str], list[str]
     if pairs:
         findings.append(pairs)
     lagging = _behind_every_pair(report)
-    findings += [line for _, line in lagging]
+    findings += [BEHIND + line for _, line in lagging]
     for s in (s for s in report.suspects if s.kind == "link"):
         # The two hosts are fine with their other partners: what differs is the path between them (model round 7,
         # ssh-slow-link: "none of the next steps checks the path between two hosts").
@@ -229,10 +229,10 @@ def pattern_findings(report: IsolationReport) -> tuple[str, list[str], list[str]
         span = f"{sizes[0]}" if len(sizes) == 1 else f"{sizes[0]}-{sizes[-1]}"
         findings.insert(0, f"Inconclusive: all {len(report.groups)} groups ({span} nodes) failed or hung and none "
                            "passed, so no node can be told from another (one is named only against a partner that "
-                           "passed). What every group shares is the likelier "
-                           "cause: the launcher, the rendezvous port, the software stack, or hosts too busy to start "
-                           "within group_deadline_s. Next: dist_smoke_test on two of these nodes; if it passes, "
-                           "bisect again with a longer group_deadline_s.")
+                           "passed). What every group shares is the likelier cause: the launcher, the rendezvous "
+                           "port, the software stack, or hosts too busy to start within group_deadline_s. Next: "
+                           "dist_smoke_test on two of these nodes; if it passes, bisect again with a longer "
+                           "group_deadline_s.")
     if report.unconfirmed:
         findings.append(f"Not named ({len(report.unconfirmed)}): " + "; ".join(
             f"{s.kind} {' - '.join(s.nodes)}: {s.evidence}" for s in report.unconfirmed[:6]) + ".")
@@ -256,8 +256,8 @@ def pattern_findings(report: IsolationReport) -> tuple[str, list[str], list[str]
                                   "(a passing slowdown, not named)" if cleared else "") + ".")
         elif lagging and not report.inconclusive and not report._nothing_passed:
             # nothing named, one node to look at first: that is the answer, so it leads
-            findings.remove(lagging[0][1])
-            findings.insert(0, "No node or link named; " + lagging[0][1][0].lower() + lagging[0][1][1:])
+            findings.remove(BEHIND + lagging[0][1])
+            findings.insert(0, BEHIND_FIRST + lagging[0][1])
         return ("ok" if calm else "warn"), findings, (["dist_smoke_test"] if report._nothing_passed else []) + (
             ["fleet_sweep"] if lagging else []) + ["knowledge://network/finding-the-bad-node.md"]
     nxt = next_steps(report.suspects)
@@ -307,11 +307,15 @@ def _behind_every_pair(report: IsolationReport) -> list[tuple[str, str]]:
         others = [v for (i, j), v in pairs.items() if k not in (i, j)]
         if name in named or len(own) < 2 or len(others) < 2 or max(own) >= (1 - BEHIND_BY) * min(others):
             continue
-        out.append((name, f"Behind with every partner, within the margin, not named: {name} {min(own):.3g}-"
-                          f"{max(own):.3g} GB/s with each of its {len(own)} measured partners, every pair without it "
-                          f"{min(others):.3g}-{max(others):.3g} GB/s. Check it first: fleet_sweep nodes=[{name}] reads "
-                          "its CPU quota, memory and NIC (a slow node, or this host's noise)."))
+        out.append((name, f"{name} {min(own):.3g}-{max(own):.3g} GB/s with each of its {len(own)} measured "
+                          f"partners, every pair without it {min(others):.3g}-{max(others):.3g} GB/s. Check it first: "
+                          f"fleet_sweep nodes=[{name}] reads its CPU quota, memory and NIC (a slow node, or this host's "
+                          "noise)."))
     return out
+
+
+BEHIND = "Behind with every partner, within the margin (not named): "
+BEHIND_FIRST = "No node or link named; one is behind with every partner, within the margin: "
 
 
 PAIRS_MAX = 8   # nodes: 28 pairs in a line; past this the matrices (results_history result_id=N) say it better

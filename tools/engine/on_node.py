@@ -80,8 +80,11 @@ def node_command(node: str, cmd: list[str], timeout_s: float, job_name: str,
         partition, state = _node_in_slurm(node, env)
         why = unreachable_reason(state) if state else None
         if why:   # srun would wait for it until the call's timeout and say only that (model round 8, cl-link-down)
-            raise NodeUnavailable(f"node: {why}; srun cannot start a task there. Check it from outside SLURM (its "
-                                  "console or BMC, ping from a peer); slurm_status lists the partition's nodes")
+            silent = state.endswith("*") or state.startswith(("down", "fail", "unknown"))
+            raise NodeUnavailable(f"node: {why}; srun cannot start a task there. " + (
+                "slurm_status dials its slurmd from here and says whether the host or only slurmd is down" if silent
+                else "A node in this state takes no new job: run the tool over ssh (MLENG_TRANSPORT=ssh), or return "
+                     "the node to service first"))
         place = own_job(partition, timeout_s, job_name)
     env = {**place.env(env), NODE_ENV: node}
     return SrunTransport(place.srun_args, kill_on_bad_exit=True).command(node, cmd), env

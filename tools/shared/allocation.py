@@ -80,14 +80,14 @@ def _refuse_what_cannot_start(partition: str, count: int, nodelist: list[str] | 
     said = "; ".join(f"{name} ({state})" for name, state in sorted(down.items())[:16])
     if nodelist and set(nodelist) & down.keys():
         raise ToolFailure(f"nodes: SLURM will start no task on {', '.join(n for n in nodelist if n in down)} now "
-                          f"(out of service in SLURM: {said}); leave them out, or check them first (slurm_status, "
-                          "nic_health node=...)")
+                          f"(out of service in SLURM: {said}); leave them out, or check them first (slurm_status "
+                          "dials a silent node's slurmd)")
     usable = len({name for name, _ in states} - down.keys())
     if not nodelist and down and count > usable:
         raise ToolFailure(f"nnodes: {count} node(s) of {partition!r} cannot be had now: SLURM can start tasks on "
                           f"{usable} of its {usable + len(down)} nodes; out of service in SLURM: {said}. A job "
                           "that needs every node waits or hangs at start-up until they answer: they are the first "
-                          f"suspects. Measure the rest with nnodes={usable}, or check those nodes (nic_health node=...)")
+                          f"suspects. Measure the rest with nnodes={usable}; slurm_status dials a silent node's slurmd")
 
 
 GPU_COUNT = re.compile(r"gpu(?::[A-Za-z0-9_.\-]{1,64})?[:=](\d{1,4})")
