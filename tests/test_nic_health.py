@@ -378,3 +378,11 @@ def test_a_per_destination_rate_limit_is_read_from_tc_and_named_with_the_peer(ve
         assert tbf.startswith("a tbf qdisc limits all traffic out of this interface to rate 50Mbit"), tbf
     finally:
         shutil.rmtree(netns_etc, ignore_errors=True)
+
+
+def test_a_u32_match_is_read_as_an_address_only_under_a_prefix_mask():
+    from tools.nic_health.shaping import _network
+
+    assert _network("a630002", "ffffffff") == "10.99.0.2"          # tc prints the value without its leading zero
+    assert _network("0ad50300", "ffffff00") == "10.213.3.0/24"
+    assert _network("0ad50300", "ff00ff00") is None                # a match on something else than an address

@@ -89,11 +89,10 @@ def read(interface: str) -> Shaper | None:
 
 def _network(value: str, mask: str) -> str | None:
     """A u32 match on an IPv4 address (hex value and mask, as tc prints them) as an address or a subnet."""
-    try:
-        bits = bin(int(mask, 16)).count("1")
-        net = ipaddress.IPv4Network((int(value, 16) & int(mask, 16), bits))
-    except ValueError:   # a mask that is not a prefix (a u32 match on something else): not an address
-        return None
+    bits = bin(int(mask, 16)).count("1")
+    if int(mask, 16) != (0xFFFFFFFF << (32 - bits)) & 0xFFFFFFFF:
+        return None      # not a prefix mask: a u32 match on something other than an address
+    net = ipaddress.IPv4Network((int(value, 16) & int(mask, 16), bits))
     return str(net.network_address) if bits == 32 else str(net)
 
 
