@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import pytest
@@ -32,10 +33,12 @@ STUCK_JOB = textwrap.dedent("""\
         time.sleep(600)                     # the odd rank sits here
 
     def main():
-        dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=600))
-        # Every rank keeps a dataloader worker process alive (idle, with the rank's RANK in its env).
+        # Every rank keeps a dataloader worker process alive (idle, with the rank's RANK in its env). It is
+        # forked before gloo starts its threads: a fork beside running threads can leave the child on a lock
+        # no thread will release, and the job would then never start.
         loader = iter(torch.utils.data.DataLoader(range(64), batch_size=4, num_workers=1))
         next(loader)
+        dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=600))
         if dist.get_rank() == dist.get_world_size() - 1:
             print("ODD", flush=True)
             load_batch()
@@ -79,23 +82,41 @@ def stuck_job(ptrace_ok, tmp_path_factory):
     work = tmp_path_factory.mktemp("stuck")
     (work / f"{JOB}.py").write_text(STUCK_JOB)
     cmd = torchrun_command(JOB, WORLD, [])
+    stderr = work / "stderr.txt"
     # TMPDIR: torchrun's torchelastic_* folder, which a killed torchrun leaves behind, goes to the test's folder
-    proc = subprocess.Popen(cmd, cwd=work, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                            start_new_session=True, env=dict(os.environ, PYTHONPATH=str(work), TMPDIR=str(work)))
+    with stderr.open("w") as err:
+        proc = subprocess.Popen(cmd, cwd=work, stdout=subprocess.PIPE, stderr=err, text=True, start_new_session=True,
+                                env=dict(os.environ, PYTHONPATH=str(work), TMPDIR=str(work)))
     try:
-        seen, deadline = [], time.monotonic() + 120
-        while len(seen) < WORLD and time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            if not line:
-                break
-            if line.strip() in ("ODD", "WAITING"):
-                seen.append(line.strip())
-        assert len(seen) == WORLD, f"job did not start: {seen}"
+        started = _lines_within(proc, ("ODD", "WAITING"), WORLD, timeout_s=120)
+        if len(started) < WORLD:
+            # Say why, from the job itself: where each process sits, and what torchrun printed.
+            stacks_now = _run(launcher_pid=proc.pid).findings if proc.poll() is None else ["torchrun exited"]
+            pytest.fail(f"the job did not start in 120 s: {started}; stacks: {stacks_now}; "
+                        f"stderr: {stderr.read_text()[-3000:]}")
         time.sleep(1.0)                     # the waiting ranks enter all_reduce
         yield proc
     finally:
         kill_tree(proc.pid)
         proc.wait()
+
+
+def _lines_within(proc, wanted, count, timeout_s):
+    """The first `count` stdout lines of `proc` among `wanted`, read for at most `timeout_s` (a reader thread:
+    a readline on a job that prints nothing would block past any deadline)."""
+    seen = []
+
+    def read():
+        for line in proc.stdout:
+            if line.strip() in wanted:
+                seen.append(line.strip())
+                if len(seen) == count:
+                    return
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(timeout_s)
+    return list(seen)
 
 
 def test_launcher_pid_names_the_odd_rank(stuck_job):
@@ -104,7 +125,7 @@ def test_launcher_pid_names_the_odd_rank(stuck_job):
     odd, majority = r.groups[0], r.groups[1]
     assert odd.ranks == [2] and odd.where.startswith(f"load_batch ({JOB}.py:5)") and not odd.in_collective
     assert majority.ranks == [0, 1] and majority.in_collective and majority.where.startswith("all_reduce (")
-    assert majority.called_from.startswith(f"main ({JOB}.py:16)")
+    assert majority.called_from.startswith(f"main ({JOB}.py:18)")
     # The dataloader workers (children of the ranks, same RANK) are dumped but not taken for odd ranks.
     assert len(r.groups) == 2 and sum(p.role == "helper" for p in r.processes) == WORLD
     assert any("child process(es) of ranks" in f for f in r.findings)
