@@ -386,3 +386,23 @@ def test_a_u32_match_is_read_as_an_address_only_under_a_prefix_mask():
     assert _network("a630002", "ffffffff") == "10.99.0.2"          # tc prints the value without its leading zero
     assert _network("0ad50300", "ffffff00") == "10.213.3.0/24"
     assert _network("0ad50300", "ff00ff00") is None                # a match on something else than an address
+
+
+def test_straggler_finds_sampler_counts_the_same_shapers_from_the_shared_tc_reader(veth_pair):
+    """One reader of tc (tools/shared/tc.py) serves nic_health and straggler_find's node sampler: the sampler counts
+    a shaping qdisc (here a tbf) on the node's interface, and leaves a queueing-only one (pfifo) out."""
+    if not shutil.which("tc"):
+        pytest.skip("needs tc (iproute2)")
+    a, _ = veth_pair
+
+    def counters() -> dict:
+        out = subprocess.run(["ip", "netns", "exec", a, sys.executable, "-c",
+                              "import json; from tools.straggler_find.probes import qdisc_counters; "
+                              "print(json.dumps(qdisc_counters()))"],
+                             capture_output=True, text=True, timeout=60, cwd=REPO, check=True)
+        return json.loads(out.stdout)
+
+    _tc_in(a, "qdisc", "replace", "dev", "veth0", "root", "pfifo")
+    assert counters() == {}
+    _tc_in(a, "qdisc", "replace", "dev", "veth0", "root", "tbf", "rate", "50mbit", "burst", "32kbit", "latency", "400ms")
+    assert counters() == {"veth0:tbf": ["tbf", 0, 0]}

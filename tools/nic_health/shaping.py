@@ -15,13 +15,11 @@ from __future__ import annotations
 
 import ipaddress
 import re
-import shutil
 import subprocess
 from dataclasses import dataclass, field
-from pathlib import Path
 
-SHAPING = ("tbf", "htb", "hfsc", "cbq", "cake", "netem")
-MAX_CHARS = 200_000      # of one tc answer: a few thousand classes is already far more than any host sets
+from ..shared.tc import SHAPING_KINDS, tc_output
+
 REMOVE = "; a setting to remove unless it is meant to be there: `tc qdisc del dev {} root`, and find what set it"
 MAX_ROUTED = 8           # destinations named per interface (the rest counted)
 
@@ -53,21 +51,10 @@ class Shaper:
     routed: list[Routed] = field(default_factory=list)
 
 
-def _tc(*args: str) -> str:
-    tc = shutil.which("tc") or next((p for p in ("/usr/sbin/tc", "/sbin/tc") if Path(p).exists()), None)
-    if not tc:
-        return ""
-    try:
-        done = subprocess.run([tc, *args], capture_output=True, text=True, timeout=5)
-    except (OSError, subprocess.TimeoutExpired):
-        return ""
-    return done.stdout[:MAX_CHARS] if done.returncode == 0 else ""
-
-
 def read(interface: str) -> Shaper | None:
     """The shaper at the root of `interface`, or None (no tc here, or only a queueing discipline)."""
-    roots = [m for m in QDISC.finditer(_tc("qdisc", "show", "dev", interface)) if m.group(3) == "root"]
-    if not roots or roots[0].group(1) not in SHAPING:
+    roots = [m for m in QDISC.finditer(tc_output("qdisc", "show", "dev", interface)) if m.group(3) == "root"]
+    if not roots or roots[0].group(1) not in SHAPING_KINDS:
         return None
     kind, handle, line = roots[0].group(1), roots[0].group(2), roots[0].group(0)
     shaper = Shaper(interface=interface, kind=kind)
@@ -75,12 +62,12 @@ def read(interface: str) -> Shaper | None:
     shaper.rate = rate.group(1) if rate else None
     shaper.effects = NETEM.findall(line) if kind == "netem" else []
     if kind in ("htb", "hfsc", "cbq"):
-        rates = {m.group(2): m.group(3) for m in CLASS.finditer(_tc("class", "show", "dev", interface))}
+        rates = {m.group(2): m.group(3) for m in CLASS.finditer(tc_output("class", "show", "dev", interface))}
         default = DEFAULT.search(line)
         if default:   # tc reads and prints class minors in hex ("default 10" is class 1:10, shown 0x10)
             shaper.default_class = f"{handle.rstrip(':')}:{int(default.group(1).removeprefix('0x'), 16):x}"
             shaper.default_rate = rates.get(shaper.default_class)
-        for flowid, value, mask, offset in FILTER.findall(_tc("filter", "show", "dev", interface)):
+        for flowid, value, mask, offset in FILTER.findall(tc_output("filter", "show", "dev", interface)):
             network = _network(value, mask)
             if network:
                 shaper.routed.append(Routed("to" if offset == "16" else "from", network, flowid, rates.get(flowid)))

@@ -7,14 +7,13 @@ said, never guessed. Nothing here writes anything or changes the job.
 import os
 import pwd
 import re
-import shutil
-import subprocess
 from collections import Counter
 from pathlib import Path
 
 from ..engine.printable import printable
 from ..shared.cgroup_cpu import cpu_cgroup_stat
 from ..shared.process_targets import cpu_seconds
+from ..shared.tc import SHAPING_KINDS, tc_output
 
 
 def read(path: str | Path) -> str | None:
@@ -87,22 +86,14 @@ def tx_bytes() -> int | None:
 
 
 QDISC = re.compile(r"qdisc (\S+) \S+ (?:dev (\S+) )?[^\n]{0,300}?\n\s*Sent \d+ bytes \d+ pkt \(dropped (\d+), overlimits (\d+)", re.S)
-SHAPERS = {"tbf", "netem", "htb", "cbq", "hfsc", "cake", "police"}
 
 
 def qdisc_counters() -> dict[str, tuple[str, int, int]]:
     """Per interface with a shaping qdisc: (kind, drops, overlimits) so far, from `tc -s qdisc show`."""
-    tc = shutil.which("tc") or ("/usr/sbin/tc" if Path("/usr/sbin/tc").exists() else None)
-    if not tc:
-        return {}
-    try:
-        out = subprocess.run([tc, "-s", "qdisc", "show"], capture_output=True, text=True, timeout=5).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return {}
     found = {}
-    for block in re.split(r"\n(?=qdisc )", out):
+    for block in re.split(r"\n(?=qdisc )", tc_output("-s", "qdisc", "show")):
         m = QDISC.search(block)
-        if m and m.group(1) in SHAPERS and m.group(2) and m.group(2) != "lo":
+        if m and m.group(1) in SHAPING_KINDS and m.group(2) and m.group(2) != "lo":
             kind, dev, drops, over = m.groups()
             found[f"{dev}:{kind}"] = (kind, int(drops), int(over))
     return found
