@@ -150,7 +150,10 @@ def test_cpu_limited_node_is_named_for_cpu(cluster, tmp_path):
     assert rc in (0, 1), result
     s = _one(result)
     assert (s["host"], s["rank"], s["reason"]) == ("mln3", 2, "cpu"), result["findings"]
-    assert "throttled" in " ".join(s["evidence"]) and s["others_wait_fraction"] > 0.2
+    assert "throttled" in " ".join(s["evidence"])
+    # The others wait on it in its stacks, or (gloo spins while starved) it is named for its host and says so.
+    assert s["others_wait_fraction"] > 0.2 or (not s["apart_in_stacks"] and "its stacks look like the others'"
+                                               in result["findings"][0]), (s, result["findings"][0])
     # What to act on is the host, with the quota that caps it (issue 35: the model typed the culprit's kind itself).
     assert (s["culprit_kind"], s["culprit"]["name"], result["culprit_kind"]) == ("node", "mln3", "node"), s
     # the node's cgroup folder is per cluster instance (mln, or i1mln.. under a second xdist worker)

@@ -29,7 +29,14 @@ KIND_WORDS = {"node": "its host, not the rank's code: move the rank or take the 
 
 def _line(s: Straggler) -> str:
     pace = f"; its own work takes {s.work_ratio:.1f}x the others'" if s.work_ratio else ""
-    held = f"the others wait {s.others_wait_fraction:.0%} of the time on it{pace}" if s.others_wait_fraction else "it runs slow"
+    if not s.apart_in_stacks:
+        # A model (round 9) read "the others wait 96% of the time on it" as a measured wait, on a rank that itself
+        # read 96% waiting: the host's counters name it, the stacks cannot say how long the others wait on it.
+        held = "held back by its host; its stacks look like the others' and cannot say how long they wait on it"
+    elif s.others_wait_fraction:
+        held = f"the others wait {s.others_wait_fraction:.0%} of the time on it{pace}"
+    else:
+        held = "it runs slow"
     kind = f" Culprit ({s.culprit.kind}): {s.culprit.name}, {KIND_WORDS[s.culprit.kind]}." if s.culprit else ""
     return (f"Straggler: {_where(s)}: {held}.{kind} Likely reason: {REASON_WORDS.get(s.reason, s.reason)}: "
             f"{'; '.join(s.evidence)}.")

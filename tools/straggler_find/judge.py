@@ -291,7 +291,7 @@ def _named(r: RankSample, ranks: list[RankSample], node: NodeSample | None, gpus
         s.reason = causes[0].reason
         s.evidence += [c.evidence for c in causes]
         if s.others_wait_fraction < 0.1:         # its stacks do not set it apart: say why that does not clear it
-            s.others_wait_fraction, s.work_ratio = round(others_wait, 3), None
+            s.apart_in_stacks, s.work_ratio = False, None
             s.evidence.append("its stacks look like the others': a rank starved of CPU still reads as waiting inside "
                               "collectives (gloo spins on the CPU there)")
         return s

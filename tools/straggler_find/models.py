@@ -120,6 +120,9 @@ class Straggler(Record):
     others_wait_fraction: float = Field(0.0, description=(
         "Share of the window the other ranks spend waiting for it (their collective wait above its own)."))
     work_ratio: float | None = Field(None, description="Its time on its own work / the others' (1.0 = same pace).")
+    apart_in_stacks: bool = Field(True, description=(
+        "False: named for its host alone (a rank starved of CPU reads as waiting in collectives like the others, "
+        "as gloo spins there), so others_wait_fraction measures no wait on it."))
     reason: str = Field("", description="cpu | memory | data_loading | h2d | compute | gpu | network | unknown.")
     evidence: list[str] = Field(default_factory=list, description="The figures the reason rests on, with units.")
     next_steps: list[str] = Field(default_factory=list, description="What to run or check next (commands are never run).")
