@@ -24,6 +24,7 @@ from tools.engine.spec import ToolFailure
 from tools.engine.processes import kill_tree, torchrun_command
 
 WORLD = 3
+START_S = 240
 JOB = f"stuck_job_{os.getpid()}"   # unique: other test sessions on this machine run the same job
 STUCK_JOB = textwrap.dedent("""\
     import datetime, time
@@ -88,11 +89,14 @@ def stuck_job(ptrace_ok, tmp_path_factory):
         proc = subprocess.Popen(cmd, cwd=work, stdout=subprocess.PIPE, stderr=err, text=True, start_new_session=True,
                                 env=dict(os.environ, PYTHONPATH=str(work), TMPDIR=str(work)))
     try:
-        started = _lines_within(proc, ("ODD", "WAITING"), WORLD, timeout_s=120)
+        # 7-10 s on a quiet 2-core box; 120 s was not enough at load ~20 (six Pythons importing torch), where
+        # the stacks taken at the deadline showed every rank in place. 240 s leaves the stacks time before the
+        # 300 s test timeout.
+        started = _lines_within(proc, ("ODD", "WAITING"), WORLD, timeout_s=START_S)
         if len(started) < WORLD:
             # Say why, from the job itself: where each process sits, and what torchrun printed.
             stacks_now = _run(launcher_pid=proc.pid).findings if proc.poll() is None else ["torchrun exited"]
-            pytest.fail(f"the job did not start in 120 s: {started}; stacks: {stacks_now}; "
+            pytest.fail(f"the job did not start in {START_S} s: {started}; stacks: {stacks_now}; "
                         f"stderr: {stderr.read_text()[-3000:]}")
         time.sleep(1.0)                     # the waiting ranks enter all_reduce
         yield proc
