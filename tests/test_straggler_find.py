@@ -288,6 +288,9 @@ def test_a_throttled_rank_is_named_whatever_its_stacks_say():
     assert head.startswith("Straggler: rank 2 on mln3") and "throttled in 100% of CFS periods" in head, head
     assert "run-queue wait 1.29 s/s (peers 0.21)" in head and "communication-bound" not in " ".join(result.findings)
     assert result.verdict == "warn"
+    # A quota is a setting of a healthy node: free the CPUs, leave it out; no drain (models of rounds 8-9 refused it).
+    steps = " ".join(result.stragglers[0].next_steps)
+    assert "drain the node" not in steps and "--exclude=mln3" in steps, steps
     # Its stacks wait like the others' (78% against 81-84%): the headline claims no wait measured on it (model
     # round 9 read "the others wait 83% of the time on it" as one), and says what its stacks show.
     assert "of the time on it" not in head and "its stacks look like the others'" in head, head

@@ -67,7 +67,11 @@ def next_steps(s: Straggler) -> list[str]:
     drain = (f"if it repeats, drain the node (not run by mleng): scontrol update nodename={s.host} state=drain "
              f"reason=\"straggler_find: {s.reason}\"")
     steps = {
-        "cpu": [f"look at what else runs on {s.host} and its CPU limits (top, the job's cgroup cpu.max / cfs_quota)", drain],
+        # No drain here: a quota or another user's processes is a setting of a healthy node, and two models (rounds
+        # 8 and 9) rightly refused the drain this line used to advise.
+        "cpu": [f"look at what else runs on {s.host} and its CPU limits (top, the job's cgroup cpu.max / cfs_quota)",
+                f"free its CPUs (lift the quota, or move or renice the processes named above); {s.host} itself is "
+                f"not broken: leave it out of the next launch (--exclude={s.host}) rather than drain it"],
         "memory": [f"check host memory on {s.host} (free -g, /proc/pressure/memory): swapping or page-cache thrash",
                    "knowledge://cpu-memory/host-memory.md"],
         "data_loading": ["the loader at the frame quoted: more DataLoader workers, prefetch, pinned memory, or "
