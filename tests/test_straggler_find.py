@@ -291,6 +291,7 @@ def test_a_throttled_rank_is_named_whatever_its_stacks_say():
     # A quota is a setting of a healthy node: free the CPUs, leave it out; no drain (models of rounds 8-9 refused it).
     steps = " ".join(result.stragglers[0].next_steps)
     assert "drain the node" not in steps and "--exclude=mln3" in steps, steps
+    assert "take the node out" not in head and "leave the node out of the next launch" in head, head
     # Its stacks wait like the others' (78% against 81-84%): the headline claims no wait measured on it (model
     # round 9 read "the others wait 83% of the time on it" as one), and says what its stacks show.
     assert "of the time on it" not in head and "its stacks look like the others'" in head, head

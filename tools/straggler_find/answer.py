@@ -23,7 +23,9 @@ def _where(s: Straggler) -> str:
 
 
 # What each culprit kind means for the user, said beside it in the headline.
-KIND_WORDS = {"node": "its host, not the rank's code: move the rank or take the node out",
+# The node's words name no drain: its causes (a quota, others' processes, steal, memory pressure, a shaper) are the
+# host's settings or sharing, and three model plays (rounds 8-9) refused a drain for them.
+KIND_WORDS = {"node": "its host, not the rank's code: change what limits it there, or leave the node out of the next launch",
               "rank": "the rank's own process", "gpu": "its GPU"}
 
 
