@@ -358,6 +358,9 @@ def test_a_per_destination_rate_limit_is_read_from_tc_and_named_with_the_peer(ve
         (netns_etc / "hosts").write_text("127.0.0.1 localhost\n10.99.7.2 peer-node2\n")
         quiet = _tool_in(a, "sysfs", 0)
         assert quiet["netdevs"][0]["verdict"] == "ok" and not quiet["netdevs"][0]["problems"], quiet
+        # Read and found unshaped, and said so (model round 9 on a clean eth0: "no tool shows tc qdisc").
+        assert quiet["netdevs"][0]["root_qdisc"] == "noqueue", quiet["netdevs"][0]
+        assert "tc: no rate limit or delay at the root of veth0 (noqueue): queueing only." in quiet["findings"], quiet
         for rule in (["qdisc", "add", "dev", "veth0", "root", "handle", "1:", "htb", "default", "10"],
                      ["class", "add", "dev", "veth0", "parent", "1:", "classid", "1:10", "htb", "rate", "10gbit"],
                      ["class", "add", "dev", "veth0", "parent", "1:", "classid", "1:20", "htb", "rate", "50mbit"],
@@ -372,6 +375,7 @@ def test_a_per_destination_rate_limit_is_read_from_tc_and_named_with_the_peer(ve
                 "(class 1:10)") in said, said
         assert "`tc qdisc del dev veth0 root`" in said and shaped["action"] == "none" and shaped["verdict"] == "warn"
         assert any(f.startswith("veth0: a htb qdisc") for f in shaped["findings"]), shaped["findings"]
+        assert veth0["root_qdisc"] == "htb" and not any(f.startswith("tc: no rate") for f in shaped["findings"])
         _tc_in(a, "qdisc", "del", "dev", "veth0", "root")
         _tc_in(a, "qdisc", "add", "dev", "veth0", "root", "tbf", "rate", "50mbit", "burst", "32kbit", "latency", "400ms")
         tbf = _tool_in(a, "sysfs", 0)["netdevs"][0]["problems"][0]["text"]

@@ -21,6 +21,7 @@ import time
 from ..engine.figures import Figure, Measured, SweepContract
 from ..engine.spec import Field, Params, Result, ToolFailure, ToolSpec, worst
 from ..shared.actions import ACTION_FIELD, Action, HealthFinding, by_action, verdict_of, worst_action
+from ..shared.tc import SHAPING_KINDS
 from . import gids, ibdiagnet, pasted, sample
 from .assess import judge_peers, judge_port, judge_totals, rules
 from .gids import GidRow
@@ -133,6 +134,9 @@ def summarise(ports: list[PortReading], netdevs: list[NetdevReading], affinity: 
     result.findings += [f"{f.subject}: {f.text}." for f in every if f.action == "none"]
     result.findings += [f"{r.subject}: {', '.join(r.resets)} went back during the window (counters cleared, driver "
                         "reloaded or wrapped); not judged." for r in [*ports, *netdevs] if r.resets]
+    unshaped = [f"{n.name} ({n.root_qdisc})" for n in netdevs if n.root_qdisc and n.root_qdisc not in SHAPING_KINDS]
+    if unshaped:
+        result.findings.append(f"tc: no rate limit or delay at the root of {', '.join(unshaped)}: queueing only.")
     result.findings += [f"{p.component}: {p.detail}." for p in present if not p.present]
     result.findings += [f"GPU {a.gpu} -> {a.nic}: {a.path}." for a in affinity if a.path in ("NODE", "SYS")]
     result.next = (["knowledge://network/link-health.md", "collective_bench"] if result.verdict != "ok"

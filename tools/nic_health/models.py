@@ -45,6 +45,9 @@ class NetdevReading(Judged):
     counters: dict[str, int] = Field(default_factory=dict, description="Error counters at the end of the window (kernel statistics, and `ethtool -S` error counters as ethtool:<name>).")
     driver: str | None = Field(None, description="Kernel driver (sysfs device/driver).")
     firmware: str | None = Field(None, description="Firmware version (`ethtool -i`), where ethtool exists.")
+    root_qdisc: str | None = Field(None, description=(
+        "The tc qdisc kind at its root (noqueue, pfifo_fast, fq_codel: queueing only; tbf, htb, netem, ...: a "
+        "shaper, said in problems); None where tc is not here."))
 
     @property
     def subject(self) -> str:

@@ -36,7 +36,7 @@ def judge(first: dict, second: dict, window_s: float) -> tuple[list[PortReading]
     netdevs = [judge_netdev(first["netdevs"].get(name, raw), raw, window_s)
                for name, raw in sorted(second["netdevs"].items())]
     for reading in netdevs:
-        shaper = read_shaper(reading.name)
+        reading.root_qdisc, shaper = read_shaper(reading.name)
         if shaper:
             judge_shaper(reading, describe_shaper(shaper))
     gone = sorted(set(first["netdevs"]) - set(second["netdevs"]))
