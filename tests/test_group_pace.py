@@ -120,6 +120,24 @@ def test_a_bisect_where_every_group_hangs_answers_inconclusive_naming_no_node():
     assert not any(f.startswith("Suspect") for f in findings) and nxt[0] == "dist_smoke_test"
 
 
+def test_a_pairwise_where_every_pair_hangs_before_a_size_names_no_set():
+    """The healthy control ssh-healthy-network under a CPU hog (load ~12, 2026-12-04): all 6 pairs hung before their
+    first size and the answer was "fail: Suspect set mln1 - mln2 - mln3 - mln4 ... fleet-wide". Nothing measured is
+    nothing to judge against: inconclusive, no set, a smoke test next. Pairs that failed with an error still judge."""
+    from tools.collective_bench.isolation import pairwise
+    from tools.collective_bench.patterns import pattern_findings
+
+    names = NAMES[:4]
+    report = pairwise(names, lambda groups: [GroupRun(g, "hang", wall_s=120.0, detail="did not finish") for g in groups])
+    verdict, findings, nxt = pattern_findings(report)
+    assert verdict == "warn" and not report.suspects and report.rounds == 3, findings
+    assert findings[0].startswith("Inconclusive: all 6 groups (2 nodes) failed or hung and none passed"), findings
+    assert "pairwise again with a longer group_deadline_s" in findings[0] and nxt[0] == "dist_smoke_test"
+    failed = pairwise(names, lambda groups: [GroupRun(g, "fail", wall_s=3.0, detail="gloo: connection refused")
+                                             for g in groups])
+    assert pattern_findings(failed)[0] == "fail" and [s.kind for s in failed.suspects] == ["set"]
+
+
 def _sweep(sizes: int) -> list[dict]:
     return [dict(ROW, bytes=32768 << k) for k in range(sizes)]
 

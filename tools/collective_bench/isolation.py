@@ -88,7 +88,8 @@ class IsolationReport(Record):
     # pairwise: groups that counted against no node and why, in sentences for the findings (not a published field:
     # every field of the output schema is read by every session)
     _not_counted: list[str] = PrivateAttr(default_factory=list)
-    # bisect: every group failed or hung, so no node could be told from another (pair_schedule.Bisection)
+    # every group failed or hung, so no node could be told from another (bisect: pair_schedule.Bisection;
+    # pairwise: every pair hung before measuring a size)
     _nothing_passed: bool = PrivateAttr(False)
 
 
@@ -116,6 +117,14 @@ def pairwise(names: list[str], run_round: RunRound, *, rounds: int | None = None
         if progress:
             slow = sum(not x.ok for x in runs)
             progress(r / total * 0.9, f"round {r}/{total}: {len(runs)} pairs, {slow} failed or hung")
+    every = [run for runs in rounds_run for run in runs]
+    if len(every) >= 2 and all(run.status == "hang" and not run.rows for run in every):
+        # No pair measured a single size: nothing to judge a node or a link against. Controls under a CPU hog
+        # (ssh-healthy-network, load ~12, 2026-12-04): all 6 pairs of a healthy network hung and the answer was
+        # "fail: Suspect set mln1 - mln2 - mln3 - mln4, fleet-wide"; bisect says the same case this way (faae34e).
+        report._nothing_passed = True
+        report.wall_s = round(time.monotonic() - t0, 2)
+        return report
     figures, report._not_counted = _pair_figures(rounds_run, names)
 
     def measure_again(groups: list[list[int]]) -> list[GroupRun]:

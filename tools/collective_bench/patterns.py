@@ -231,8 +231,8 @@ def pattern_findings(report: IsolationReport) -> tuple[str, list[str], list[str]
                            "passed, so no node can be told from another (one is named only against a partner that "
                            "passed). What every group shares is the likelier cause: the launcher, the rendezvous "
                            "port, the software stack, or hosts too busy to start within group_deadline_s. Next: "
-                           "dist_smoke_test on two of these nodes; if it passes, bisect again with a longer "
-                           "group_deadline_s.")
+                           f"dist_smoke_test on two of these nodes; if it passes, {report.pattern} again with a "
+                           "longer group_deadline_s.")
     if report.unconfirmed:
         findings.append(f"Not named ({len(report.unconfirmed)}): " + "; ".join(
             f"{s.kind} {' - '.join(s.nodes)}: {s.evidence}" for s in report.unconfirmed[:6]) + ".")
