@@ -453,6 +453,16 @@ def test_a_row_standing_apart_in_data_loading_is_never_headlined_no_straggler():
 
     result = _headline(rows(row(3, 0.86, 0.12)))
     assert [(s.rank, s.reason, s.culprit_kind) for s in result.stragglers] == [(3, "data_loading", "rank")], result.findings
+    assert "its loader waits" not in " ".join(result.stragglers[0].evidence)      # its CPU was not measured
+    assert result.stragglers[0].next_steps[0].startswith("hang_stack_dump native=true on pid 103")
+    # Its loader asleep (rounds 8-9: ~0.01 CPU-s/s; two models doubted "faster storage"): said, with what shows on what.
+    asleep = row(3, 0.86, 0.12)
+    asleep.cpu_fraction = 0.01
+    evidence = " ".join(_headline(rows(asleep)).stragglers[0].evidence)
+    assert "it used 0.01 CPU-s/s: its loader waits" in evidence and "native=true on pid 103" in evidence, evidence
+    busy = row(3, 0.86, 0.12)
+    busy.cpu_fraction = 0.9
+    assert "its loader waits" not in " ".join(_headline(rows(busy)).stragglers[0].evidence)
     head = result.findings[0]
     assert head.startswith("Straggler: rank 3 on n3") and "Culprit (rank): rank 3 on n3" in head, head
     assert "12.0% of the window against at most 1.2% for every other rank" in head and result.verdict == "warn"

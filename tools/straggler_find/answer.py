@@ -9,7 +9,7 @@ REASON_WORDS = {
     "unknown": "slower compute with no host cause seen", "compute": "more compute per step on this rank",
 }
 REASON_TOOLS = {"gpu": ("gpu_health",), "network": ("collective_bench",), "unknown": ("gpu_health",),
-                "data_loading": ("storage_bench",)}
+                "data_loading": ("hang_stack_dump", "storage_bench")}
 
 
 def next_tools(s: Straggler) -> tuple[str, ...]:
@@ -76,8 +76,10 @@ def next_steps(s: Straggler) -> list[str]:
                 f"not broken: leave it out of the next launch (--exclude={s.host}) rather than drain it"],
         "memory": [f"check host memory on {s.host} (free -g, /proc/pressure/memory): swapping or page-cache thrash",
                    "knowledge://cpu-memory/host-memory.md"],
-        "data_loading": ["the loader at the frame quoted: more DataLoader workers, prefetch, pinned memory, or "
-                         "faster storage (storage_bench on the data path)"],
+        "data_loading": [f"hang_stack_dump native=true on pid {s.pid}: a read in its native frames is storage "
+                         "(storage_bench on the data path); a sleep or a lock wait is the loader's own code",
+                         "the loader at the frame quoted: more DataLoader workers, prefetch, pinned memory, or "
+                         "faster storage"],
         "h2d": ["pin the batches (pin_memory=True) and copy with non_blocking=True; check the GPU's PCIe link (gpu_topology)"],
         "gpu": [f"gpu_health on {s.host} (GPU {s.gpu_index})", drain],
         "network": [f"collective_bench pairwise between {s.host} and a healthy node", "nccl_log_analyze on the job's log", drain],

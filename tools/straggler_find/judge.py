@@ -316,6 +316,10 @@ def _reason(r: RankSample, others, node: NodeSample | None, gpus, rules: Rules, 
         if cls == stage or (mine >= rr[f"{'data' if cls == 'data' else 'h2d'}_share_min"] and mine > theirs + 0.1):
             evidence.append(f"{mine:.0%} of its own work is {label} (others {theirs:.0%}), mostly at "
                             f"{r.top_frames.get(cls, '?')}")
+            if cls == "data" and r.cpu_fraction is not None and r.cpu_fraction < rr["loader_cpu_max"]:
+                evidence.append(f"it used {r.cpu_fraction:.2f} CPU-s/s: its loader waits (a read, its workers, a "
+                                f"remote source, a sleep or a lock) rather than computes; hang_stack_dump native=true "
+                                f"on pid {r.pid} shows on what")
             return name
     if node is not None and node.shaped_links:        # as in _named: a shaper on its host comes before its CPU
         evidence += _shaped(r.host, node)
