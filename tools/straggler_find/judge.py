@@ -18,7 +18,7 @@ when its lead in waiting is short of the margin, or, when that is not clear-cut,
 Each straggler carries what to act on (`culprit`, typed as every tool types one): the rank when its own
 process is slow (its loader, copies, compute), the node when the cause is its host (a CPU quota, other
 processes on its CPUs, steal, memory pressure, a shaped NIC: changing that setting or leaving the node out helps,
-changing its code does not; the node is not broken, so no drain is advised), the GPU when its GPU is.
+changing its code does not; answer.py advises no drain for a CPU cause), the GPU when its GPU is.
 """
 
 import math
