@@ -27,7 +27,7 @@ WORLD = 3
 START_S = 240
 JOB = f"stuck_job_{os.getpid()}"   # unique: other test sessions on this machine run the same job
 STUCK_JOB = textwrap.dedent("""\
-    import datetime, time
+    import datetime, os, time
     import torch, torch.distributed as dist
 
     def load_batch():
@@ -41,13 +41,17 @@ STUCK_JOB = textwrap.dedent("""\
         next(loader)
         dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=600))
         if dist.get_rank() == dist.get_world_size() - 1:
-            print("ODD", flush=True)
+            os.write(1, b"ODD\\n")           # one write(2) a line: see the note under this job
             load_batch()
-        print("WAITING", flush=True)
+        os.write(1, b"WAITING\\n")
         dist.all_reduce(torch.ones(10))     # the others wait here
 
     main()
 """)
+# The three ranks share torchrun's stdout and print at the same moment. print() under PYTHONUNBUFFERED=1 (set
+# where CI runs) writes the text and its newline in two write(2) calls, so two ranks could leave "ODDWAITING\n\n"
+# and the fixture never saw three whole lines: the job was in place, the test waited 240 s and failed (CI of stop 46, twice).
+# One os.write of a short line into a pipe is atomic.
 SLEEPER = "import time\ndef stuck_here():\n    time.sleep(600)\nstuck_here()\n"
 
 
