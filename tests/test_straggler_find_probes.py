@@ -48,6 +48,8 @@ def test_the_processes_on_a_ranks_cpus_are_named_with_their_owner_and_the_jobs_o
         ours = [line for line in named if line.startswith(f"pid {hog.pid} (")]
         assert ours and "user nobody" in ours[0] and "runnable in" in ours[0], named
         assert "\x1b" not in ours[0] and "\n" not in ours[0] and "rm -rf" in ours[0], ours
+        # whose it is and since when, from its cgroup and start time (shared/process_origin.py; model rounds 6-10)
+        assert "; cgroup " in ours[0] and ours[0].endswith(" s ago"), ours
         assert not any(line.startswith(f"pid {rank.pid} ") for line in named), named
         assert watch.job_runnable(rank.pid) >= 0.5 and watch.others_runnable(rank.pid) >= 0.5
     finally:

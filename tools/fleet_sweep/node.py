@@ -58,6 +58,7 @@ class HolderOut(BaseModel):
     user: str | None = Field(None, max_length=256)
     gpu: int | None = Field(None, ge=0, le=1024)
     used_mib: float | None = None
+    origin: str | None = Field(None, max_length=256)
 
 
 class BusyOut(BaseModel):

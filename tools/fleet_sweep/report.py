@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import time
 
+from ..shared.occupancy import Holder
 from .aggregate import aggregate, failure_reason, outlier_reason
 from .result import (BelowExpected, Busy, Drain, Drift, FigureMedian, FleetSweepResult, GpuRow, Missing, NodeRow, Outlier,
                      RefusedEvents)
@@ -53,9 +54,9 @@ def busy_sentence(row: dict) -> str:
 
 
 def holder_text(h: dict) -> str:
-    where = f" on GPU {h['gpu']}" if h.get("gpu") is not None else ""
-    mem = f", {h['used_mib']:.0f} MiB" if h.get("used_mib") else ""
-    return f"pid {h['pid']} ({h.get('name', '?')}, user {h.get('user') or '?'}{mem}){where}"
+    """A node's holder (node.HolderOut, as it travelled) in the words the node would have used."""
+    return Holder(pid=h["pid"], name=h.get("name", "?"), user=h.get("user"), gpu=h.get("gpu"),
+                  used_mib=h.get("used_mib"), origin=h.get("origin")).sentence()
 
 
 def stats_sentence(s: dict) -> str:

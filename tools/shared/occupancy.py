@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .cgroup_cpu import cpu_stat_chain
+from .process_origin import origin
 
 GPU_UTIL_BUSY_PCT = 10       # a GPU nobody should be using that shows more than this is in use
 UTIL_SETTLE_S = 1.5          # NVML's utilisation covers the last 1/6 to 1 s: past that, it is someone else's
@@ -46,11 +47,13 @@ class Holder:
     user: str | None = None
     gpu: int | None = None
     used_mib: float | None = None
+    origin: str | None = None       # whose it is and since when (shared/process_origin.py): "SLURM job 12, started ..."
 
     def sentence(self) -> str:
         where = f" on GPU {self.gpu}" if self.gpu is not None else ""
         mem = f", {self.used_mib:.0f} MiB" if self.used_mib else ""
-        return f"pid {self.pid} ({self.name}, user {self.user or '?'}{mem}){where}"
+        whose = f", {self.origin}" if self.origin else ""
+        return f"pid {self.pid} ({self.name}, user {self.user or '?'}{mem}{whose}){where}"
 
 
 @dataclass
@@ -95,7 +98,7 @@ def _own_pids(ours: Callable[[object], bool] | None) -> set[int]:
 def _describe(pid: int, gpu: int | None, used_bytes: int | None) -> Holder:
     import psutil
 
-    h = Holder(pid=pid, gpu=gpu, used_mib=round(used_bytes / 2**20, 1) if used_bytes else None)
+    h = Holder(pid=pid, gpu=gpu, used_mib=round(used_bytes / 2**20, 1) if used_bytes else None, origin=origin(pid))
     try:
         p = psutil.Process(pid)
         h.name, h.user = p.name(), p.username()
@@ -280,7 +283,7 @@ class CpuWatch:
         used = {pid: last[0] - self._first[pid] for pid, last in self._last.items()}
         ours = sum(cpu_s for pid, cpu_s in used.items() if pid in self._mine)
         busiest = sorted(((cpu_s, pid) for pid, cpu_s in used.items() if pid not in self._mine), reverse=True)
-        holders = [Holder(pid=pid, name=self._last[pid][1], user=self._last[pid][2])
+        holders = [Holder(pid=pid, name=self._last[pid][1], user=self._last[pid][2], origin=origin(pid))
                    for cpu_s, pid in busiest[:TOP_HOLDERS] if cpu_s / wall >= HOLDER_MIN_CORES]
         cpus = os.cpu_count() or 1
         others = round(max(0.0, (host - ours) / wall), 2)   # judged as shown: 1.254 cores read 1.25 and judged so

@@ -34,7 +34,8 @@ class RankSample(Record):
         "Other processes runnable on its CPUs, mean over the window (not the job's): who it waits behind."))
     competitors: list[str] = Field(default_factory=list, description=(
         "Those other processes, most often runnable first: 'pid 4242 (python3) user nobody, runnable in 9 of 10 "
-        "scans'. The name is the process's own choice: data, escaped and cut."))
+        "scans; SLURM job 12, started 2 h ago' (whose: from its cgroup). The name is the process's own choice: data, "
+        "escaped and cut."))
     job_runnable: float | None = Field(None, description=(
         "The job's own other processes (ranks, their workers) runnable on its CPUs, mean over the window."))
     cpu_limit_cpus: float | None = Field(None, description=(

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from ..engine.printable import printable
 from ..shared.cgroup_cpu import cpu_cgroup_stat
+from ..shared.process_origin import origin
 from ..shared.process_targets import cpu_seconds
 from ..shared.tc import SHAPING_KINDS, tc_output
 
@@ -168,7 +169,7 @@ class RunnableWatch:
         self.counts: dict[int, list[int]] = {p: [] for p in pids}
         self.job_counts: dict[int, list[int]] = {p: [] for p in pids}
         self.seen: dict[int, Counter] = {p: Counter() for p in pids}     # other pid -> scans it was runnable in
-        self.who: dict[int, tuple[str, str]] = {}                         # other pid -> (name, owner), at first sight
+        self.who: dict[int, tuple[str, str, str | None]] = {}             # other pid -> (name, owner, origin), at first sight
         self.interval_s = interval_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -197,7 +198,8 @@ class RunnableWatch:
                 self.job_counts[pid].append(len({tgid for tgid, cpu in job if cpu in cpus and tgid != pid}))
                 self.seen[pid].update(here.keys())
                 for tgid, command in here.items():
-                    self.who.setdefault(tgid, (command, owner(tgid)))
+                    if tgid not in self.who:        # read once: a busy neighbour is seen in most scans
+                        self.who[tgid] = (command, owner(tgid), origin(tgid))
 
     def others_runnable(self, pid: int) -> float | None:
         """Mean count of other runnable processes on the rank's CPUs over the scans; None without a scan."""
@@ -211,12 +213,14 @@ class RunnableWatch:
 
     def competitors(self, pid: int, most: int = 3) -> list[str]:
         """The other processes most often runnable on the rank's CPUs: 'pid 4242 (name) user nobody, runnable in 9 of
-        10 scans'. The name is what the process set for itself (comm): escaped and cut, never trusted."""
+        10 scans; SLURM job 12, started 2 h ago'. The name is what the process set for itself (comm): escaped and cut,
+        never trusted; whose it is comes from its cgroup (shared/process_origin.py)."""
         scans = len(self.counts.get(pid) or [])
         out = []
         for tgid, n in self.seen.get(pid, Counter()).most_common(most):
-            name, user = self.who.get(tgid, ("?", "?"))
-            out.append(f"pid {tgid} ({printable(name[:32], newlines=False)}) user {user}, runnable in {n} of {scans} scans")
+            name, user, whose = self.who.get(tgid, ("?", "?", None))
+            out.append(f"pid {tgid} ({printable(name[:32], newlines=False)}) user {user}, runnable in {n} of {scans} scans"
+                       + (f"; {whose}" if whose else ""))
         return out
 
     def cpus(self, pid: int) -> str:
