@@ -174,6 +174,9 @@ def test_slow_loader_rank_is_named_for_data_loading(cluster, tmp_path):
     assert (s["host"], s["rank"], s["reason"]) == ("mln2", 1, "data_loading"), result["findings"]
     assert "load_batch" in " ".join(s["evidence"])
     assert (s["culprit_kind"], s["culprit"]["rank"]) == ("rank", 1) and "Culprit (rank): rank 1 on mln2" in result["findings"][0]
+    # No log_paths given: the step times come from the job's stdout as SLURM records it (model round 10 asked).
+    assert result["step_time_lines"] and result["step_time_lines"][-1].startswith("job.out: step "), result["step_time_lines"]
+    assert any(f.startswith(f"Step times from the job's stdout ({tmp_path / 'job.out'})") for f in result["findings"])
     assert not ours_left(cluster)
 
 

@@ -37,6 +37,7 @@ from .step import node_line
 from ..engine.printable import printable
 from ..shared.culprit_kind import CULPRIT_KIND_FIELD, Culprit, CulpritKind
 from ..engine.spec import SELF_EVIDENT, Field, Params, Result, ToolFailure, ToolSpec
+from ..shared import slurm
 from ..shared.logscan import capped_lines
 from ..shared.safe_read import read_tail
 from ..shared.process_targets import ALLOW_OTHER_USERS_HELP, check_job_name, describe, is_python
@@ -47,7 +48,9 @@ LOG_TAIL_BYTES = 65536
 # ended, instead of one `.*\d.*` pattern (cubic in the line's length: 62 s on one 4 KB line of "step 1 ").
 STEP_WORD = re.compile(r"(?i)\b(?:step|iter(?:ation)?)\b")
 DIGIT = re.compile(r"\d")
-TIME_WORD = re.compile(r"(?i)\b(?:ms|s|sec|time|elapsed|it/s|s/it|tokens/s|tflops|mfu)\b")
+# A time word may end a field name ("step_ms 812", "iter_time=0.8"): "_" is a word character, so \b alone missed
+# them, and our own drills' workload logged "step 12 rank 0 step_ms 812.4" unread (model round 10).
+TIME_WORD = re.compile(r"(?i)(?:\b|_)(?:ms|s|sec|time|elapsed|it/s|s/it|tokens/s|tflops|mfu)\b")
 
 
 class StragglerFindParams(Params):
@@ -98,7 +101,8 @@ class StragglerFindResult(Result):
     spread_pct: float | None = Field(None, description=(
         "Relative spread of the healthy ranks' own-work shares (scaled MAD / median), %."))
     threshold_pct: float | None = Field(None, description="How far above the others' median a rank must be, %.")
-    step_time_lines: list[str] = Field(default_factory=list, description="Last step-time lines of log_paths.")
+    step_time_lines: list[str] = Field(default_factory=list, description=(
+        "Last step-time lines of log_paths (of a SLURM job's own stdout when none are given)."))
     window_s: float = Field(0.0, description="Seconds sampled (looks added up).")
     culprit_kind: CulpritKind | None = Field(None, description=CULPRIT_KIND_FIELD)
     culprit: Culprit | None = Field(None, description="What to act on for the first straggler (its `culprit`).")
@@ -163,9 +167,40 @@ def _check_inputs(params: StragglerFindParams) -> None:
                               "give the training processes (`pgrep -af train.py`).")
 
 
+def _job_stdout(job_id: str) -> str | None:
+    """The job's stdout file as SLURM records it (`scontrol show job`'s StdOut, an absolute path once the job runs);
+    None when SLURM gives none. From the launcher's records, not from anything the job printed."""
+    try:
+        out = slurm.run_cmd(["scontrol", "show", "job", "-o", job_id], timeout_s=20)
+    except slurm.SlurmError:
+        return None
+    path = next((slurm.parse_kv_line(line).get("StdOut", "") for line in out.splitlines() if line.startswith("JobId=")), "")
+    return path if os.path.isabs(path) else None
+
+
+def _job_log_lines(job_id: str) -> tuple[list[str], str | None]:
+    """(step-time lines, a sentence on where they came from) from a SLURM job's own stdout, for a caller who gave no
+    log_paths: in model round 10 the agent ran slurm_job_diagnose only to learn that path. A file not readable here
+    (another host's disk, another user's) is said, never an error."""
+    path = _job_stdout(job_id)
+    if path is None:
+        return [], None
+    shown = printable(path[-200:], newlines=False)
+    try:
+        lines = _step_lines([path])
+    except ToolFailure as e:
+        return [], f"The job's stdout ({shown}, as SLURM records it) could not be read here: {str(e)[-200:]}"
+    if not lines:
+        return [], f"No step-time line in the last {LOG_TAIL_BYTES // 1024} KiB of the job's stdout ({shown})."
+    return lines, f"Step times from the job's stdout ({shown}): last {lines[-1].partition(': ')[2]}"
+
+
 def run(params: StragglerFindParams, progress) -> StragglerFindResult:
     _check_inputs(params)
     result = StragglerFindResult(step_time_lines=_step_lines(params.log_paths))
+    log_note = None
+    if params.slurm_job_id and not params.log_paths:
+        result.step_time_lines, log_note = _job_log_lines(params.slurm_job_id)
     looked = look(_sampler(params, progress), params.window_s, params.rate_hz, Rules.load(), progress)
     reports, problems = looked.reports, looked.problems
     result.window_s = sum(looked.looks_s)
@@ -176,7 +211,7 @@ def run(params: StragglerFindParams, progress) -> StragglerFindResult:
     if not result.ranks:
         raise ToolFailure("no rank process found to sample: " + "; ".join(
             [e for n in result.nodes for e in n.errors] + problems)[:1200])
-    _fill(result, looked.verdict, problems + [looked.sentence(params.window_s)])
+    _fill(result, looked.verdict, problems + [looked.sentence(params.window_s)] + ([log_note] if log_note else []))
     progress(1.0, "done")
     return result
 
