@@ -125,6 +125,19 @@ def test_a_row_keeps_its_list_of_ranks_whole_and_cuts_its_prose():
     assert (group["ranks"], group["waiting_ranks"], group["culprit_ranks"]) == ([0, 1, 2, 3], [0, 1, 2], [3])
 
 
+def test_a_stragglers_next_steps_are_never_cut():
+    """Model round 10 read "a sleep or a lock wait is the loader's own co…[cut]": advice cut mid-word."""
+    from tools.straggler_find import StragglerFindResult
+    from tools.straggler_find.answer import next_steps
+    from tools.straggler_find.models import Straggler
+
+    s = Straggler(rank=2, host="mln3", pid=31831, reason="data_loading")
+    s.next_steps = next_steps(s)
+    assert max(len(step) for step in s.next_steps) > 160                # long enough to have been cut
+    shown = answer_record(StragglerFindResult(stragglers=[s], result_id=7))["stragglers"][0]["next_steps"]
+    assert shown == s.next_steps
+
+
 def test_whole_records_inside_a_result_are_written_as_json():
     """A real model's pairwise run through the server (cl-slow-node, 2026-12-03) got "Object of type Suspect is not
     JSON serializable" after 7 minutes of measuring: the text view wrote the report's whole_fields (records, not

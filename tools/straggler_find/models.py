@@ -113,6 +113,9 @@ class NodeReport(Record):
 
 
 class Straggler(Record):
+    # Advice in our own words, a sentence or two: cut at the view's 160 characters, a model read "a sleep or a lock
+    # wait is the loader's own co…[cut]" (round 10).
+    whole_fields = ("next_steps",)
     rank: int | None = Field(None, description="The straggler's global rank.")
     host: str = Field("", description="Its host.")
     pid: int = Field(0, description="Its process id.")
