@@ -31,7 +31,10 @@ def test_other_lines_are_not(line):
     assert not is_step_line(line)
 
 
-def test_the_workloads_log_gives_its_last_three_steps(tmp_path):
+def test_the_workloads_log_gives_its_first_and_last_three_steps(tmp_path):
+    """The first beside the last three shows a creep (round 10's model could not check "step time keeps creeping up")."""
     log = tmp_path / "job-7847000.out"
-    log.write_text("".join(f"step {k} rank 0 step_ms {800 + k:.1f}\n" for k in range(6)) + "result 1.0e+00\n")
-    assert _step_lines([str(log)]) == [f"job-7847000.out: step {k} rank 0 step_ms {800 + k:.1f}" for k in (3, 4, 5)]
+    log.write_text("".join(f"step {k} rank 0 step_ms {800 + 10 * k:.1f}\n" for k in range(6)) + "result 1.0e+00\n")
+    assert _step_lines([str(log)]) == [f"job-7847000.out: step {k} rank 0 step_ms {800 + 10 * k:.1f}" for k in (0, 3, 4, 5)]
+    log.write_text("".join(f"step {k} | {800 + k} ms\n" for k in range(3)))
+    assert _step_lines([str(log)]) == [f"job-7847000.out: step {k} | {800 + k} ms" for k in range(3)]

@@ -102,7 +102,8 @@ class StragglerFindResult(Result):
         "Relative spread of the healthy ranks' own-work shares (scaled MAD / median), %."))
     threshold_pct: float | None = Field(None, description="How far above the others' median a rank must be, %.")
     step_time_lines: list[str] = Field(default_factory=list, description=(
-        "Last step-time lines of log_paths (of a SLURM job's own stdout when none are given)."))
+        "The first and last step-time lines of each log's tail: log_paths, or a SLURM job's own stdout when none "
+        "are given."))
     window_s: float = Field(0.0, description="Seconds sampled (looks added up).")
     culprit_kind: CulpritKind | None = Field(None, description=CULPRIT_KIND_FIELD)
     culprit: Culprit | None = Field(None, description="What to act on for the first straggler (its `culprit`).")
@@ -140,7 +141,8 @@ def is_step_line(line: str) -> bool:
 
 
 def _step_lines(paths: list[str]) -> list[str]:
-    """The last three step-time lines of each log's tail, read through safe_read (a FIFO or /proc file is refused)."""
+    """The first and the last three step-time lines of each log's tail (64 KiB), read through safe_read (a FIFO or
+    /proc file is refused): the first beside the last shows a creep the last three alone hide (model round 10)."""
     out = []
     for raw in paths:
         path = os.path.abspath(os.path.expanduser(raw))
@@ -149,7 +151,8 @@ def _step_lines(paths: list[str]) -> list[str]:
         except OSError as e:
             raise ToolFailure(f"log_paths: cannot read {raw!r}: {e.strerror or e}") from None
         lines = [ln for ln in capped_lines(text, last=True) if is_step_line(ln)]
-        out += [f"{os.path.basename(path)}: {ln.strip()[:200]}" for ln in lines[-3:]]
+        picked = lines[-3:] if len(lines) <= 4 else [lines[0]] + lines[-3:]
+        out += [f"{os.path.basename(path)}: {ln.strip()[:200]}" for ln in picked]
     return out
 
 
@@ -192,7 +195,9 @@ def _job_log_lines(job_id: str) -> tuple[list[str], str | None]:
         return [], f"The job's stdout ({shown}, as SLURM records it) could not be read here: {str(e)[-200:]}"
     if not lines:
         return [], f"No step-time line in the last {LOG_TAIL_BYTES // 1024} KiB of the job's stdout ({shown})."
-    return lines, f"Step times from the job's stdout ({shown}): last {lines[-1].partition(': ')[2]}"
+    said = [ln.partition(": ")[2] for ln in lines]
+    span = f"first in its last {LOG_TAIL_BYTES // 1024} KiB '{said[0]}', last '{said[-1]}'" if len(said) > 1 else f"'{said[0]}'"
+    return lines, f"Step times from the job's stdout ({shown}): {span}."
 
 
 def run(params: StragglerFindParams, progress) -> StragglerFindResult:
