@@ -102,6 +102,9 @@ def test_a_cpu_limited_node_is_the_outlier(multinode_cluster):  # noqa: F811
             busy_nodes = [b.node for b in result.busy]
             seen.append((gflops, f"limit bound in {bound:.0%} of periods", f"busy {busy_nodes}"))
             assert result.nodes_complete == 4, result.findings
+            # The quota is said whether or not it bound (round 9: under a hog it never did, and went unseen).
+            quota = [d for d in result.inventory_drift if d.field == "cpu_quota"]
+            assert quota and quota[0].odd_nodes == ["mln3"] and "0.2 CPU" in quota[0].values, result.findings
             if bound >= 0.5:
                 break
     finally:
@@ -135,6 +138,7 @@ def test_healthy_nodes_with_a_cpu_hog_outside_them_are_never_drained(multinode_c
         assert result.nodes_complete == 4, result.findings
         assert result.drain == [] and result.verdict != "fail", result.findings
         assert not [o for o in result.outliers if o.status == "confirmed"], result.findings
+        assert not [d for d in result.inventory_drift if d.field == "cpu_quota"], result.findings
 
 
 def test_a_node_too_slow_to_answer_is_cut_at_the_deadline_and_nothing_is_left(multinode_cluster):  # noqa: F811

@@ -480,3 +480,20 @@ def test_a_partition_sweep_says_the_nodes_slurm_had_out_of_service(monkeypatch):
     assert len(said) == 1 and "mln2: SLURM reports the node down* (not responding" in said[0], result.findings
     assert "mln4: SLURM reports the node drained" in said[0]
     assert result.drain == [] and result.verdict == "warn"
+
+
+def test_a_node_with_a_cpu_quota_apart_from_its_peers_is_inventory_drift_even_when_busy():
+    """Round 9, cl-cpu-starved under the CPU hog: every probe "busy", the quota never bound, and it went unseen."""
+    rows = [cpu_row(n, 50.0, busy="other processes used 1.4 of 2 CPU cores") for n in ("mln1", "mln2", "mln3", "mln4")]
+    for r in rows:
+        r["cpu_quota"] = "0.25 CPU" if r["node"] == "mln4" else "none"
+    env = {"node": "mln2", "check": "env_report", "verdict": "ok", "inventory": {"cpu_count": 2}}
+    agg = aggregate(rows + [env], ["mln1", "mln2", "mln3", "mln4"], planned(rows + [env]), {})
+    quota = [d for d in agg["inventory_drift"] if d["field"] == "cpu_quota"]
+    assert quota == [{"field": "cpu_quota", "values": {"none": ["mln1", "mln2", "mln3"], "0.25 CPU": ["mln4"]},
+                      "odd_nodes": ["mln4"]}]
+    assert agg["drain"] == []                                   # a setting to change, not a broken node
+    # A node whose probe did not answer says no quota, and is no "(unset)" drift.
+    answered = rows[:3] + [env]
+    assert not [d for d in aggregate(answered, ["mln1", "mln2", "mln3", "mln4"], planned(rows + [env]), {})["inventory_drift"]
+                if d["field"] == "cpu_quota"]

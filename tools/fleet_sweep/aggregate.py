@@ -28,7 +28,10 @@ Every figure is judged by the one rule (tools/shared/judging.py, knowledge/data/
     failed check, drained with that evidence, when fewer than half the probed nodes are so limited (a
     node configured apart from its peers); on half or more it is one fleet-wide finding. This needs no
     median: on a host whose healthy figures spread too widely to judge (the namespace cluster under
-    load: 29% between healthy nodes) the quota is still seen, in the kernel's own counters.
+    load: 29% between healthy nodes) the quota is still seen, in the kernel's own counters;
+  * the quota over each node's probe, bound or not, is compared like an inventory count: on a host so loaded that
+    no process gets its quota the counters cannot see it, and a node capped apart from its peers is still
+    inventory drift (a setting; never a drain by itself).
 Memory and time are linear in the rows: fine at thousands of nodes (tested at 4096).
 """
 
@@ -275,8 +278,10 @@ def aggregate(rows: list[dict], expected_nodes: list[str], planned: dict[str, li
     missing, not_judged = set_apart_cut_short(unanswered(rows, expected_nodes, planned, known_missing), known_missing,
                                               failed, cut_short)
     missing, fleet_late = set_apart_fleet_late(missing, known_missing, failed, rows, expected_nodes, not_judged)
+    # Only nodes whose probe ran say a quota: one that did not answer is not "(unset)" drift.
+    quotas = {r["node"]: {"cpu_quota": r["cpu_quota"]} for r in rows if r["check"] == "cpu_probe" and r.get("cpu_quota")}
     return {"not_judged": not_judged, "fleet_late": fleet_late, "stats": stats, "outliers": outliers, "fleet_below_expected": gates, "busy": busy,
-            "drift": version_drift(versions), "inventory_drift": version_drift(inventories),
+            "drift": version_drift(versions), "inventory_drift": version_drift(inventories) + version_drift(quotas),
             "failed": failed, "missing": missing, "drain": drain_list(outliers, failed, missing),
             "cpu_limited_fleet": sorted(r["node"] for r in limited_fleet),
             "rule": RULES.format(peers=MIN_PEERS) + (f"; margin overridden to {margin_pct:g}%" if margin_pct else "")}

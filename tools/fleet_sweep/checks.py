@@ -155,10 +155,14 @@ def check_cpu_probe() -> dict:
     row = {"tool": "fleet_sweep", "params": {"check": "cpu_probe"}, "metric": "matmul_gflops",
            "result": {"verdict": "info", **res}, "problems": [], "busy": busy.as_dict(),
            "figures": [figure_row(m) for m in SWEEP.measure(res)]}
+    # The quota over this node's sweep process, bound or not: compared across nodes as inventory. Under a host so
+    # loaded that every process gets less than its quota, the quota never binds and the counters below cannot see
+    # it (round 9, cl-cpu-starved under the CPU hog: "busy" on every node, the quota unseen); the setting still differs.
+    limit = cpu_limit(os.getpid())
+    row["cpu_quota"] = f"{limit[0]:g} CPU" if limit else "none"
     if watch.own_limit_bound is not None and watch.own_limit_bound >= 0.05:
         # Where the quota is set and what it allows: what an admin undoes (model round 7, cl-cpu-starved: "it gives
         # neither the quota value nor where it is set").
-        limit = cpu_limit(os.getpid())
         where = f": {limit[0]:g} CPU allowed by cgroup {limit[1]}" if limit else ""
         row["problems"].append(f"this node's own CPU limit (cgroup quota) bound in {watch.own_limit_bound:.0%} of "
                                f"scheduler periods while it measured{where}")

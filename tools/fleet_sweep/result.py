@@ -116,7 +116,8 @@ class FleetSweepResult(Result):
     below_expected: list[BelowExpected] = Field(default_factory=list, description="Groups whose median is below the expected figure.")
     rule: str = Field("", description="The outlier rule, as applied.")
     drift: list[Drift] = Field(default_factory=list, description="Versions and collective-changing variables that differ between nodes.")
-    inventory_drift: list[Drift] = Field(default_factory=list, description="GPU, CPU, memory and NIC counts that differ between nodes.")
+    inventory_drift: list[Drift] = Field(default_factory=list, description=(
+        "GPU, CPU, memory and NIC counts, and the CPU quota over the probe, that differ between nodes."))
     not_answering: list[Missing] = Field(default_factory=list, description="Nodes without a complete answer by the deadline.")
     not_judged: list[Missing] = Field(default_factory=list, description=(
         "Nodes still running when the deadline ended a relaunch around other nodes' failures, or that answered some "
