@@ -2,6 +2,8 @@
 Shapes: Megatron-LM's iteration line, torchtitan's step line, a time field named with an underscore, and the drills'
 own workload (bench/straggler_workload.py), whose "step_ms" went unread in model round 10."""
 
+import os
+
 import pytest
 
 from tools.straggler_find import _step_lines, is_step_line
@@ -38,3 +40,28 @@ def test_the_workloads_log_gives_its_first_and_last_three_steps(tmp_path):
     assert _step_lines([str(log)]) == [f"job-7847000.out: step {k} rank 0 step_ms {800 + 10 * k:.1f}" for k in (0, 3, 4, 5)]
     log.write_text("".join(f"step {k} | {800 + k} ms\n" for k in range(3)))
     assert _step_lines([str(log)]) == [f"job-7847000.out: step {k} | {800 + k} ms" for k in range(3)]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root: files of another user, as a root-run sweep meets them")
+def test_a_jobs_stdout_is_read_only_when_it_is_the_jobs_users(tmp_path, monkeypatch):
+    """Run as root, straggler_find reads a SLURM job's stdout by itself: a link the job's user put there to a file
+    of root's must not be quoted."""
+    import tools.straggler_find as sf
+    from tools.shared.process_targets import RunningJob
+
+    log = tmp_path / "job-5.out"
+    log.write_text("".join(f"step {k} rank 0 step_ms {800 + k}.0\n" for k in range(6)))
+    os.chown(log, 65534, 65534)
+    secret = tmp_path / "root-only"
+    secret.write_text("step 1 of the secret took 3 ms\n")
+    link = tmp_path / "job-6.out"
+    link.symlink_to(secret)
+    monkeypatch.setattr(sf, "running_job", lambda job_id: RunningJob(job_id, "nobody", 65534, 1, "mln1"))
+    for path, lines, said in ((log, 4, "Step times from the job's stdout"), (link, 0, "owned by uid 0, not the job's user")):
+        monkeypatch.setattr(sf, "_job_stdout", lambda job_id, path=path: str(path))
+        got, note = sf._job_log_lines("5")
+        assert len(got) == lines and said in note, (got, note)
+    monkeypatch.setattr(sf, "_job_stdout", lambda job_id: str(tmp_path / "gone.out"))
+    got, note = sf._job_log_lines("5")
+    assert got == [] and note.startswith(f"The job's stdout ({tmp_path / 'gone.out'}, as SLURM records it) could not "
+                                         "be read here"), note

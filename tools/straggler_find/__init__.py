@@ -39,8 +39,8 @@ from ..shared.culprit_kind import CULPRIT_KIND_FIELD, Culprit, CulpritKind
 from ..engine.spec import SELF_EVIDENT, Field, Params, Result, ToolFailure, ToolSpec
 from ..shared import slurm
 from ..shared.logscan import capped_lines
-from ..shared.safe_read import read_tail
-from ..shared.process_targets import ALLOW_OTHER_USERS_HELP, check_job_name, describe, is_python
+from ..shared.safe_read import open_regular, read_tail
+from ..shared.process_targets import ALLOW_OTHER_USERS_HELP, check_job_name, describe, is_python, running_job
 
 MAX_PIDS = 64
 LOG_TAIL_BYTES = 65536
@@ -140,19 +140,25 @@ def is_step_line(line: str) -> bool:
     return bool(digit and TIME_WORD.search(line, digit.end()))
 
 
+def _picked(name: str, tail: bytes) -> list[str]:
+    """The first and the last three step-time lines of a log's tail: the first beside the last shows a creep the
+    last three alone hide (model round 10)."""
+    lines = [ln for ln in capped_lines(tail.decode(errors="replace"), last=True) if is_step_line(ln)]
+    picked = lines[-3:] if len(lines) <= 4 else [lines[0]] + lines[-3:]
+    return [f"{name}: {ln.strip()[:200]}" for ln in picked]
+
+
 def _step_lines(paths: list[str]) -> list[str]:
-    """The first and the last three step-time lines of each log's tail (64 KiB), read through safe_read (a FIFO or
-    /proc file is refused): the first beside the last shows a creep the last three alone hide (model round 10)."""
+    """Step-time lines (_picked) of each log's tail (64 KiB), read through safe_read (a FIFO or /proc file is
+    refused)."""
     out = []
     for raw in paths:
         path = os.path.abspath(os.path.expanduser(raw))
         try:
-            text = read_tail(path, LOG_TAIL_BYTES, field="log_paths").decode(errors="replace")
+            tail = read_tail(path, LOG_TAIL_BYTES, field="log_paths")
         except OSError as e:
             raise ToolFailure(f"log_paths: cannot read {raw!r}: {e.strerror or e}") from None
-        lines = [ln for ln in capped_lines(text, last=True) if is_step_line(ln)]
-        picked = lines[-3:] if len(lines) <= 4 else [lines[0]] + lines[-3:]
-        out += [f"{os.path.basename(path)}: {ln.strip()[:200]}" for ln in picked]
+        out += _picked(os.path.basename(path), tail)
     return out
 
 
@@ -183,15 +189,22 @@ def _job_stdout(job_id: str) -> str | None:
 
 def _job_log_lines(job_id: str) -> tuple[list[str], str | None]:
     """(step-time lines, a sentence on where they came from) from a SLURM job's own stdout, for a caller who gave no
-    log_paths: in model round 10 the agent ran slurm_job_diagnose only to learn that path. A file not readable here
-    (another host's disk, another user's) is said, never an error."""
+    log_paths: in model round 10 the agent ran slurm_job_diagnose only to learn that path. Read only when the file
+    is the job's user's (SLURM's record of the job, and the descriptor read): run as root, a link the user put in
+    its place must not have root quote another file. A file not readable here is said, never an error."""
     path = _job_stdout(job_id)
     if path is None:
         return [], None
     shown = printable(path[-200:], newlines=False)
     try:
-        lines = _step_lines([path])
-    except ToolFailure as e:
+        uid = running_job(job_id).uid
+        with open_regular(path, field="the job's stdout") as f:
+            st = os.fstat(f.fileno())
+            if st.st_uid != uid:
+                return [], f"The job's stdout ({shown}) is owned by uid {st.st_uid}, not the job's user (uid {uid}): not read."
+            f.seek(max(0, st.st_size - LOG_TAIL_BYTES))
+            lines = _picked(os.path.basename(path), f.read(LOG_TAIL_BYTES))
+    except (OSError, ToolFailure) as e:
         return [], f"The job's stdout ({shown}, as SLURM records it) could not be read here: {str(e)[-200:]}"
     if not lines:
         return [], f"No step-time line in the last {LOG_TAIL_BYTES // 1024} KiB of the job's stdout ({shown})."
@@ -203,10 +216,10 @@ def _job_log_lines(job_id: str) -> tuple[list[str], str | None]:
 def run(params: StragglerFindParams, progress) -> StragglerFindResult:
     _check_inputs(params)
     result = StragglerFindResult(step_time_lines=_step_lines(params.log_paths))
-    log_note = None
-    if params.slurm_job_id and not params.log_paths:
-        result.step_time_lines, log_note = _job_log_lines(params.slurm_job_id)
     looked = look(_sampler(params, progress), params.window_s, params.rate_hz, Rules.load(), progress)
+    log_note = None
+    if params.slurm_job_id and not params.log_paths:          # after the look: the job is one the caller may read
+        result.step_time_lines, log_note = _job_log_lines(params.slurm_job_id)
     reports, problems = looked.reports, looked.problems
     result.window_s = sum(looked.looks_s)
     result.ranks = sorted((r for rep in reports for r in rep.ranks),
