@@ -10,8 +10,8 @@ cannot make folders in. It is still another user's text: shown, bounded and esca
 
 from __future__ import annotations
 
-import os
 import re
+import time
 
 from ..engine.printable import printable
 
@@ -31,7 +31,7 @@ SESSION = re.compile(r"/user-(\d{1,10})\.slice/session-([\w]{1,16})\.scope")
 SERVICE = re.compile(r"/([\w@.-]{1,64}\.service)(?:/|$)")
 
 
-def cgroup_paths(pid: int) -> list[str]:
+def cgroup_paths(pid: int | str) -> list[str]:
     """The process's cgroups, the unified (v2) one first, then v1's cpu controller's, then the other controllers'
     (SLURM's v1 plugins may place a job in a few controllers only); [] once the process is gone."""
     try:
@@ -66,20 +66,13 @@ def owner_of_cgroups(paths: list[str]) -> str:
 
 
 def started_s_ago(pid: int) -> float | None:
-    """Seconds since the process started (its stat's start time against the host's uptime); None once it is gone."""
+    """Seconds since the process started (the kernel's start time, through psutil); None once it is gone."""
+    import psutil
+
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read(4096).decode(errors="replace")
-        with open("/proc/uptime", "rb") as f:
-            uptime_s = float(f.read(64).split()[0])
-    except (OSError, ValueError, IndexError):
+        return max(0.0, time.time() - psutil.Process(pid).create_time())
+    except (psutil.Error, OSError):
         return None
-    fields = stat.rpartition(")")[2].split()
-    try:
-        start_ticks = int(fields[19])       # field 22 of stat: its start, in clock ticks after boot
-    except (IndexError, ValueError):
-        return None
-    return max(0.0, uptime_s - start_ticks / os.sysconf("SC_CLK_TCK"))
 
 
 def age_words(seconds: float) -> str:

@@ -4,6 +4,8 @@ Python, whether it is ours, its cgroups, whether it can run at all."""
 import os
 from dataclasses import dataclass
 
+from ..process_origin import cgroup_paths
+
 RANK_VARS = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
 LOCAL_RANK_VARS = ("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK")
 # Command-line marks of our own processes: a per-node agent started through srun, py-spy, and every tool run of
@@ -104,11 +106,7 @@ def user_words(uid: int | None, name_only: bool = False) -> str:
 
 def job_cgroups(pid: int | str) -> list[str]:
     """The cgroup paths /proc/PID/cgroup lists for the process ([] when unreadable)."""
-    try:
-        with open(f"/proc/{pid}/cgroup") as f:
-            return [line.rstrip("\n").split(":", 2)[2] for line in f if line.count(":") >= 2]
-    except OSError:
-        return []
+    return cgroup_paths(pid)
 
 
 def in_job_cgroup(pid: int | str, job_id: str) -> bool:
