@@ -30,7 +30,6 @@ RAW_READS_ALLOWED = {
     "tools/shared/topology.py": "sysfs topology attributes (kernel files)",
     "tools/straggler_find/probes.py": "/proc and /sys counters of this node (kernel files)",
     "tools/shared/cgroup_cpu.py": "/proc/<pid>/cgroup and the cgroup quota files under /sys/fs/cgroup (kernel files)",
-    "tools/shared/process_origin.py": "/proc/<pid>/cgroup (kernel file)",
     "tools/straggler_find/node.py": "py-spy's raw output, written by the py-spy we started into our own temp folder",
     "tools/storage_bench/storage_io.py": "its own test files, and /proc/mounts (kernel file)",
     "tools/evals/embed.py": "dev-only evals harness: the embedding model's config in our own cache",

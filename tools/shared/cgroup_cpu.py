@@ -13,16 +13,24 @@ def _read(path: str | Path) -> str | None:
         return None
 
 
+def cgroup_lines(pid: int | str) -> list[tuple[str, str]]:
+    """(controllers, path) for each line of /proc/PID/cgroup: "cpu,cpuacct" on a v1 line, "" on v2's unified one;
+    [] once the process is gone. The one reader of that file (shared/process_origin.py reads whose a process is
+    from it)."""
+    lines = []
+    for line in (_read(f"/proc/{pid}/cgroup") or "").splitlines():
+        parts = line.split(":", 2)
+        if len(parts) == 3:
+            lines.append((parts[1], parts[2]))
+    return lines
+
+
 def cpu_cgroup_stat(pid: int) -> tuple[str, Path | None]:
     """(the cpu cgroup path, its cpu.stat file) for cgroup v1 (cpu controller) or v2 (unified)."""
-    text = _read(f"/proc/{pid}/cgroup") or ""
-    for line in text.splitlines():
-        parts = line.split(":", 2)
-        if len(parts) != 3:
-            continue
-        controllers, path = parts[1].split(","), parts[2]
-        roots = ([f"/sys/fs/cgroup/{parts[1]}", "/sys/fs/cgroup/cpu,cpuacct", "/sys/fs/cgroup/cpu"] if "cpu" in controllers
-                 else ["/sys/fs/cgroup"] if parts[1] == "" else [])
+    for names, path in cgroup_lines(pid):
+        controllers = names.split(",")
+        roots = ([f"/sys/fs/cgroup/{names}", "/sys/fs/cgroup/cpu,cpuacct", "/sys/fs/cgroup/cpu"] if "cpu" in controllers
+                 else ["/sys/fs/cgroup"] if names == "" else [])
         for root in roots:
             stat = Path(root + path) / "cpu.stat"
             if stat.is_file():

@@ -14,8 +14,8 @@ import re
 import time
 
 from ..engine.printable import printable
+from .cgroup_cpu import cgroup_lines
 
-MAX_CGROUP_CHARS = 4096      # /proc/PID/cgroup of one process: a few lines of paths
 SHOWN_PATH_CHARS = 80        # a cgroup path with no known owner is shown by its last part, this long at most
 
 # slurmstepd's cgroup trees, from the root (a user may name folders anything below a subtree delegated to them):
@@ -34,18 +34,8 @@ SERVICE = re.compile(r"/([\w@.-]{1,64}\.service)(?:/|$)")
 def cgroup_paths(pid: int | str) -> list[str]:
     """The process's cgroups, the unified (v2) one first, then v1's cpu controller's, then the other controllers'
     (SLURM's v1 plugins may place a job in a few controllers only); [] once the process is gone."""
-    try:
-        with open(f"/proc/{pid}/cgroup", "rb") as f:
-            text = f.read(MAX_CGROUP_CHARS).decode(errors="replace")
-    except OSError:
-        return []
-    ranked: list[tuple[int, str]] = []
-    for line in text.splitlines():
-        parts = line.split(":", 2)
-        if len(parts) == 3:
-            rank = 0 if parts[0] == "0" and parts[1] == "" else 1 if "cpu" in parts[1].split(",") else 2
-            ranked.append((rank, parts[2]))
-    return list(dict.fromkeys(path for _, path in sorted(ranked, key=lambda r: r[0])))
+    ranked = sorted(cgroup_lines(pid), key=lambda line: 0 if line[0] == "" else 1 if "cpu" in line[0].split(",") else 2)
+    return list(dict.fromkeys(path for _, path in ranked))
 
 
 def owner_of_cgroups(paths: list[str]) -> str:
