@@ -28,9 +28,8 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("tools/evals/drills/faults.py", "open(write)"): "an ssh-launched drill job's output, in the drill's work "
                                                      "folder, which private_dir('drill', 'work') made 0700",
     ("tools/launch_script/__init__.py", ".mkdir"): "the job's log folder in the caller's work dir, which SLURM needs",
-    ("tools/shared/launch.py", "tempfile.mkdtemp"): "the ranks' own TMPDIR (0700, tagged, removed after the run)",
-    ("tools/shared/torchrun_on_host.py", "tempfile.mkdtemp"): "on a host reached over ssh, its ranks' own TMPDIR "
-                                                             "(0700, removed when torchrun ends)",
+    ("tools/shared/scratch.py", "tempfile.mkdtemp"): "the ranks' own TMPDIR on the host that starts them "
+                                                     "(0700, locked while in use, removed after the run)",
     ("tools/storage_bench/__init__.py", "tempfile.mkdtemp"): "the benchmark's scratch folder on the filesystem "
                                                              "the caller asked to measure",
     ("tools/storage_bench/storage_io.py", "os.open(O_CREAT)"): "an O_DIRECT probe in that scratch folder",

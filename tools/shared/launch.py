@@ -17,7 +17,6 @@ import shlex
 import shutil
 import socket
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,6 +28,7 @@ from . import slurm as _slurm
 from . import sidechannel
 from .nccl_env import check_nccl_env, nccl_env_field
 from .ranks import check_event
+from .scratch import LockedScratch
 from ..engine.data import IMPORT_ROOT, PACKAGE
 from ..engine.spec import Field, Params
 from ..engine.processes import Supervised, descendants, local_gpu_count, torchrun_command
@@ -245,9 +245,9 @@ def launch_ranks(command: list[str], world_size: int, *, timeout_s: float, stall
     # SLURM cannot remove its own, so the run tags the folders and, when it was stopped or failed, one
     # cleanup step removes what is left on the allocation's nodes (a caller that runs many steps, as
     # pairwise does, passes its own tag and cleans up once at the end).
-    scratch = None if command[0] == "srun" else tempfile.mkdtemp(prefix="mleng-ranks-")
+    scratch = None if command[0] == "srun" else LockedScratch()
     if scratch:
-        run_env["TMPDIR"] = scratch
+        run_env["TMPDIR"] = scratch.path
     own_tag = None
     if command[0] == "srun" and not run_env.get(_slurm.SCRATCH_TAG_ENV):
         own_tag = run_env[_slurm.SCRATCH_TAG_ENV] = secrets.token_hex(8)
@@ -293,7 +293,7 @@ def launch_ranks(command: list[str], world_size: int, *, timeout_s: float, stall
     finally:
         child.stop(grace_s=3.0)
         if scratch:
-            shutil.rmtree(scratch, ignore_errors=True)
+            scratch.remove()
         if own_tag and (stalled or overran or cut_reason or child.proc.returncode):
             nodes = _slurm.allocation_nodes(run_env)
             if nodes:   # 15 s at most: a frozen node keeps its own, and the answer does not wait for it

@@ -188,9 +188,16 @@ def rdzv_is_host(node: str) -> str:
 # torchelastic writes a torchelastic_* folder there per run and never removes it (56 per 8-node pairwise
 # run were left in the nodes' /tmp). A SIGKILLed task still leaves it (a step srun aborts, one killed after
 # SLURM's KillWait): its name carries the run's tag (SCRATCH_TAG_ENV, exported by srun to the tasks) so
-# one `scratch_cleanup_command` step at the end of a run removes what is left on every node.
+# one `scratch_cleanup_command` step at the end of a run removes what is left on every node. A run killed
+# before that step (the server itself SIGKILLed) leaves them too: as in shared/scratch.py, the task holds an
+# flock on its folder while it lives (fd 9, inherited by torchrun) and first removes this user's folders
+# that nobody holds and are over a minute old (flock(1) is util-linux; without it the sweep does nothing).
 SCRATCH_TAG_ENV = "MLENG_SCRATCH_TAG"
-_SCRATCH = ('d=$(mktemp -d "${TMPDIR:-/tmp}/mleng-ranks-${MLENG_SCRATCH_TAG:-run}-XXXXXX") || exit 1; '
+_SCRATCH = ('b="${TMPDIR:-/tmp}"; for o in "$b"/mleng-ranks-*; do '
+            '[ -d "$o" ] && [ ! -L "$o" ] && [ -O "$o" ] && [ -n "$(find "$o" -maxdepth 0 -mmin +1)" ] '
+            '&& flock -n "$o" rm -rf "$o" 2>/dev/null; done; '
+            'd=$(mktemp -d "$b/mleng-ranks-${MLENG_SCRATCH_TAG:-run}-XXXXXX") || exit 1; '
+            'exec 9<"$d"; flock 9 2>/dev/null; '
             'trap \'rm -rf "$d"\' EXIT; trap \'exit 143\' TERM INT HUP; export TMPDIR="$d"; ')
 
 

@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 
 from ..engine.on_node import NODE_ENV, NODE_PATTERN
+from .scratch import LockedScratch
 
 TORCHRUN_MODULE = "torch.distributed.run"
 
@@ -37,8 +36,8 @@ def main(args: list[str]) -> int:
         print("usage: torchrun_on_host RDZV_HOST -- PYTHON -m torch.distributed.run ...", file=sys.stderr)
         return 2
     argv = with_is_host(args[2:], args[0], os.environ.get(NODE_ENV, ""))
-    scratch = tempfile.mkdtemp(prefix="mleng-ranks-ssh-")
-    env = {**os.environ, "TMPDIR": scratch, "PYTHONUNBUFFERED": "1",
+    scratch = LockedScratch("mleng-ranks-ssh-")
+    env = {**os.environ, "TMPDIR": scratch.path, "PYTHONUNBUFFERED": "1",
            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     try:
         child = subprocess.Popen(argv, env=env)
@@ -47,7 +46,7 @@ def main(args: list[str]) -> int:
             signal.signal(sig, lambda signum, _frame: child.send_signal(signum))
         code = child.wait()
     finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+        scratch.remove()
     return code if code >= 0 else 128 - code
 
 
