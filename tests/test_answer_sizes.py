@@ -13,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parent.parent
 
 # `python bench/answer_sizes.py --before <worktree of 6dba660> --json`, the "before" medians over every answer of
@@ -24,6 +26,7 @@ BEFORE = {"text": {"chars": 5_905, "tokens_wordpiece": 2_792},
           "structured": {"chars": 4_554, "tokens_wordpiece": 2_226}}
 
 
+@pytest.mark.slow
 def test_the_median_answer_on_the_drills_is_at_most_half_of_6dba660s(tmp_path):
     # --drills: only the ten the budget is over (of 18 local drills), each played through the real server
     out = subprocess.run([sys.executable, str(REPO / "bench" / "answer_sizes.py"), "--json", "--drills", *BASELINE_DRILLS],

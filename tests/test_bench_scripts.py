@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -16,6 +18,7 @@ def _run(script: str, *args: str) -> str:
     return proc.stdout
 
 
+@pytest.mark.slow
 def test_mamf_vs_grid_compares_search_and_grid_both_ways(tmp_path):
     # --budget 5 (the tool's least): the search is time-bound, and at the quick default of 30 s it kept a core busy
     # that long on an idle box; 5 s still runs its three phases and its finals, which the report is made of.
@@ -38,6 +41,7 @@ def test_clock_settle_remeasures_the_grid_two_ways(tmp_path):
     assert all(r["mean_tflops"] > 0 for r in report["remeasure"]) and len(report["grid"]["all_in_order"]) == 8
 
 
+@pytest.mark.slow
 def test_memory_vs_estimate_builds_the_model_and_estimates_each_recipe(tmp_path):
     """On the CPU it builds the model (transformers' Llama when importable) and runs the steps, with no
     GPU figures; the estimate side is the real memory_estimate call the GPU run compares against."""

@@ -59,12 +59,14 @@ def doctor_screen(tmp_path_factory):
 
 
 # One worker under `-n 2 --dist loadgroup`: split across two, each would run doctor once.
+@pytest.mark.slow
 @pytest.mark.xdist_group("doctor")
 def test_doctor_summarises_this_machine(doctor_screen):
     assert "mleng doctor on" in doctor_screen and "env_report" in doctor_screen and "gpu_health" in doctor_screen
     assert "Overall:" in doctor_screen
 
 
+@pytest.mark.slow
 @pytest.mark.xdist_group("doctor")
 def test_doctor_checks_the_server_runs_the_smoke_test_and_says_what_it_skipped(doctor_screen):
     """The same checks as `doctor --json` reports them (test_wheel.py reads that form from the wheel)."""

@@ -75,6 +75,7 @@ def _bench(**kw):
     return SPEC.run(params, lambda f, m: None)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("nproc", [2, 4])
 def test_every_op_runs_checked_and_busbw_over_algbw_is_the_factor(nproc):
     ops = ["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast"]
@@ -88,12 +89,14 @@ def test_every_op_runs_checked_and_busbw_over_algbw_is_the_factor(nproc):
     assert "busbw" in result.table and result.verdict == "info"
 
 
+@pytest.mark.slow
 def test_planted_wrong_element_is_counted():
     result = _bench(nproc_per_node=2, ops=["all_reduce", "all_gather"], plant_error_rank=1)
     assert [r.wrong for r in result.rows] == [1] * len(result.rows)
     assert result.verdict == "fail" and "wrong elements" in result.findings[0]
 
 
+@pytest.mark.slow
 def test_one_rank_says_busbw_needs_two(tmp_path):
     result = SPEC.run(CollectiveBenchParams(
         backend="gloo", nproc_per_node=1, min_bytes="4K", max_bytes="8K", iters=2, warmup=0,

@@ -129,6 +129,7 @@ def test_the_rendezvous_address_is_the_hostname_ssh_is_configured_with(over_ssh)
         assert transport.address("not-in-the-config") == "not-in-the-config"
 
 
+@pytest.mark.slow
 @needs_sshd
 def test_pattern_all_runs_every_hosts_ranks_in_one_call(over_ssh):
     with local_sshd(["n1", "n2"]) as ssh:
@@ -138,6 +139,7 @@ def test_pattern_all_runs_every_hosts_ranks_in_one_call(over_ssh):
     assert [r.bytes for r in result.rows] == [32 << 10, 256 << 10] and result.verdict == "info", result.findings
 
 
+@pytest.mark.slow
 @needs_sshd
 def test_pairwise_names_a_host_whose_sshd_does_not_answer_and_no_other(over_ssh):
     with local_sshd(["n1", "n2"], dead=["n3"]) as ssh:
@@ -175,6 +177,7 @@ def test_rdma_over_ssh_asks_every_host_and_names_what_each_lacks(over_ssh):
     assert f"n1: {lacks}; n2: {lacks}; n3: no answer (sshd not answering" in said, said
 
 
+@pytest.mark.slow
 @needs_sshd
 def test_rdma_over_ssh_runs_each_side_on_its_host_and_a_hung_pair_is_cut_there(monkeypatch):
     """Each side of a pair is the transport's command on its host; at the deadline the local ssh is killed and

@@ -121,6 +121,7 @@ def _run(**kw):
     return result, time.monotonic() - stage_seen[-1]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("nproc", [2, 4])
 def test_all_ranks_ok(nproc):
     result, _ = _run(nproc_per_node=nproc, numel=4096, alloc_mib=1)
@@ -135,6 +136,7 @@ def test_all_ranks_ok(nproc):
 @pytest.mark.parametrize("fault, stage", [("exit_in_init", "init"),
                                           ("sleep_before_all_reduce", "shape_check"),
                                           ("wrong_size", "shape_check")])
+@pytest.mark.slow
 def test_injected_fault_is_named_with_rank_and_stage(fault, stage):
     timeout = 5
     result, waited = _run(nproc_per_node=2, pg_timeout_s=timeout, numel=4096, alloc_mib=1,
@@ -148,6 +150,7 @@ def test_injected_fault_is_named_with_rank_and_stage(fault, stage):
     assert not _no_rank_processes_left()
 
 
+@pytest.mark.slow
 def test_four_ranks_one_hangs_the_others_wait_and_only_it_is_named():
     result, waited = _run(nproc_per_node=4, pg_timeout_s=5, numel=4096, alloc_mib=1,
                           inject_fault="sleep_before_all_reduce", fault_rank=2)
@@ -165,6 +168,7 @@ def test_many_nodes_outside_slurm_prints_the_per_node_command(monkeypatch):
     assert "--nnodes 2 --nproc-per-node 8 --rdzv-endpoint" in result.per_node_commands[0]
 
 
+@pytest.mark.slow
 def test_two_nodes_started_by_hand_each_report_their_own_ranks():
     import json
     import socket

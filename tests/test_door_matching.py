@@ -291,6 +291,7 @@ def slow_inputs(rx: re.Pattern, methods: set[str] = frozenset(), length: int = l
     return slow
 
 
+@pytest.mark.slow
 def test_the_collector_finds_the_patterns_of_every_door():
     """The collection is what makes the timing test mean something: the readers' patterns must be in it."""
     from tools.gpu_health import dcgm_text, pasted
@@ -303,6 +304,7 @@ def test_the_collector_finds_the_patterns_of_every_door():
     assert len(found) > 250, len(found)
 
 
+@pytest.mark.slow
 def test_every_regex_under_tools_is_linear_at_the_cap():
     slow = {}
     for (pattern, flags), (where, methods) in collect_patterns().items():

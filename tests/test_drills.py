@@ -242,6 +242,7 @@ def test_unknown_scenarios_and_gpu_scenarios_without_a_gpu_are_refused(home):
         assert DrillState.load() is None
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # inspect's retry helper uses an old tenacity argument
 def test_the_inspect_drill_task_runs_tools_for_real_and_grades_offline(tmp_path, home):
     """A mock model that calls log_triage on the path in the message, then answers from its result."""
@@ -279,6 +280,7 @@ def test_the_inspect_drill_task_runs_tools_for_real_and_grades_offline(tmp_path,
     assert DrillState.load() is None and not (home / "drill" / "work").exists()   # cleanup ran
 
 
+@pytest.mark.slow
 def test_the_baseline_agent_solves_every_local_ci_drill(home):
     """End to end through the real server: routing, the tools, reading their answers, grading, stop."""
     from tools.evals.drills.baseline import run_scenario

@@ -13,6 +13,7 @@ from tools.engine.spec import ToolFailure
 from tools.engine.store import query
 
 
+@pytest.mark.slow
 def test_this_machine_is_swept_without_slurm(monkeypatch):
     monkeypatch.setenv("SLURM_CONF", "/nonexistent/slurm.conf")
     result = fs.SPEC.run(fs.SPEC.Params(hosts=["localhost"], checks=["gpu_health", "cpu_probe"], deadline_s=120),
@@ -37,6 +38,7 @@ def test_other_hosts_outside_slurm_go_over_ssh_and_bad_names_are_refused(monkeyp
         fs.SPEC.run(fs.SPEC.Params(hosts=["root@gpu-01"], checks=["gpu_health"]), lambda f, m: None)
 
 
+@pytest.mark.slow
 def test_a_suspect_is_re_run_on_its_node_and_only_its_checks(monkeypatch):
     """The confirming step runs for real (hosts=["localhost"]): this machine's cpu_probe figure made far
     lower than three peers' makes it the suspect; the re-run measures it again, alone."""

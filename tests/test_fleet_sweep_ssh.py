@@ -30,6 +30,7 @@ def over_ssh(monkeypatch):
     return lambda config: monkeypatch.setenv(SSH_CONFIG_ENV, str(config))
 
 
+@pytest.mark.slow
 def test_local_healthy_hosts_answer_and_a_dead_one_is_named_alone(over_ssh):
     with local_sshd(["n1", "n2", "n3"], dead=["n4"]) as ssh:
         over_ssh(ssh.config)

@@ -35,6 +35,7 @@ def freeze_after_first_row(victim: int):
     return on_event, frozen
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_collective_bench_names_the_rank_frozen_mid_sweep():
     on_freeze, frozen = freeze_after_first_row(victim=1)

@@ -7,6 +7,8 @@ never measures a size and ends only when `cut` says so or its deadline passes)."
 import time
 import types
 
+import pytest
+
 from tools.collective_bench import patterns
 from tools.collective_bench.group_pace import GroupPace
 from tools.collective_bench.isolation import bisect
@@ -44,6 +46,7 @@ def rounds_of(launch, pace):
     return lambda groups: run_round(groups, NAMES, launch, pg_timeout_s=30, pace=pace)
 
 
+@pytest.mark.slow
 def test_a_dropped_links_second_measurement_is_stopped_not_waited_to_its_deadline():
     pace = GroupPace()
     report = bisect(NAMES, rounds_of(stand_in({"mln3", "mln8"}), pace), pace=pace)
@@ -56,6 +59,7 @@ def test_a_dropped_links_second_measurement_is_stopped_not_waited_to_its_deadlin
     assert failing[-1].wall_s < DEADLINE_S / 2, failing[-1]
 
 
+@pytest.mark.slow
 def test_without_a_pace_every_failing_round_waits_its_deadline():
     """The stand-in is fair: the same fault without a pace costs one deadline per failing round."""
     report = bisect(NAMES, rounds_of(stand_in({"mln3", "mln8"}), None))

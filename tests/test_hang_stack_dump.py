@@ -127,6 +127,7 @@ def _lines_within(proc, wanted, count, timeout_s):
     return list(seen)
 
 
+@pytest.mark.slow
 def test_launcher_pid_names_the_odd_rank(stuck_job):
     r = _run(launcher_pid=stuck_job.pid)
     assert r.verdict == "warn" and r.odd_ranks == [WORLD - 1]
@@ -141,6 +142,7 @@ def test_launcher_pid_names_the_odd_rank(stuck_job):
     assert "ranks 0, 1 wait in all_reduce" in text and f"rank 2 is in load_batch ({JOB}.py:5)" in text
 
 
+@pytest.mark.slow
 def test_pattern_finds_the_ranks_and_leaves_the_launcher_out_of_the_comparison(stuck_job):
     r = _run(pattern=JOB)
     assert r.odd_ranks == [2] and r.dumped == 2 * WORLD + 1      # ranks, their workers, torchrun
@@ -148,6 +150,7 @@ def test_pattern_finds_the_ranks_and_leaves_the_launcher_out_of_the_comparison(s
     assert sum(len(g.pids) for g in r.groups) == WORLD
 
 
+@pytest.mark.slow
 def test_full_dump_is_saved_with_every_rank(stuck_job, tmp_path):
     out = tmp_path / f"stacks-{socket.gethostname()}.txt"
     r = _run(launcher_pid=stuck_job.pid, save_path=str(tmp_path / "stacks-{host}.txt"))
@@ -157,6 +160,7 @@ def test_full_dump_is_saved_with_every_rank(stuck_job, tmp_path):
     assert f"load_batch ({JOB}.py:5)" in text and "Thread" in text
 
 
+@pytest.mark.slow
 def test_cli_json_through_the_harness_child(stuck_job):
     workers = [c.pid for c in __import__("psutil").Process(stuck_job.pid).children(recursive=True)]
     proc = subprocess.run([sys.executable, "-m", "tools.hang_stack_dump", "--pids", *map(str, workers),
@@ -166,6 +170,7 @@ def test_cli_json_through_the_harness_child(stuck_job):
     assert doc["odd_ranks"] == [2] and doc["verdict"] == "warn"
 
 
+@pytest.mark.slow
 def test_native_frames_on_request(ptrace_ok):
     proc = _start_sleeper()
     try:
@@ -178,6 +183,7 @@ def test_native_frames_on_request(ptrace_ok):
     assert r.processes[0].called_from.startswith("stuck_here (<string>:3)")
 
 
+@pytest.mark.slow
 def test_single_process_same_place_is_info(ptrace_ok):
     procs = [_start_sleeper() for _ in range(2)]
     try:
@@ -190,6 +196,7 @@ def test_single_process_same_place_is_info(ptrace_ok):
     assert "sit in the same place: stuck_here (<string>:3)" in r.findings[0]
 
 
+@pytest.mark.slow
 def test_non_python_and_vanished_processes_are_explained(ptrace_ok):
     sleeper = subprocess.Popen(["sleep", "600"])
     gone = subprocess.Popen(["true"])
@@ -381,6 +388,7 @@ def test_second_tracer_is_explained():
     assert "another tracer" in msg and "TracerPid /proc/99/status" in msg
 
 
+@pytest.mark.slow
 @pytest.mark.anyio
 async def test_through_the_mcp_server(ptrace_ok):
     from mcp import Client
@@ -419,6 +427,7 @@ def _stopped(pid: int) -> bool:
         return f.read().rsplit(b")", 1)[1].split()[0] in (b"T", b"t")
 
 
+@pytest.mark.slow
 def test_a_stopped_rank_is_named_with_the_true_reason_and_its_stack():
     """Review 5e: a SIGSTOPped rank read as 'another tracer is attached'; it is stopped (state T), and its
     stack is still read (py-spy --nonblocking: a stopped process cannot be paused again)."""
@@ -513,6 +522,7 @@ def healthy_job(ptrace_ok, tmp_path_factory):
         proc.wait()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("attempt", range(3))      # a coin flip of one snapshot must not decide: three tries
 def test_a_healthy_running_job_is_not_called_stuck_nor_a_rank_named(healthy_job, attempt):
     started = time.monotonic()
@@ -531,6 +541,7 @@ def test_a_healthy_running_job_is_not_called_stuck_nor_a_rank_named(healthy_job,
           f"(watched {max(p.watched_s for p in ranks):.1f} s), load {os.getloadavg()[0]:.1f}")
 
 
+@pytest.mark.slow
 def test_a_hung_job_is_still_named_after_the_second_look(stuck_job):
     """The stuck job seen twice: nobody moved, the odd rank is still named, and the answer says how long it
     looked."""

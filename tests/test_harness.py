@@ -39,6 +39,7 @@ def _wait_gone(pids, timeout=10):
     return alive
 
 
+@pytest.mark.slow
 def test_timeout_kills_child_and_its_grandchild_in_another_session(tmp_path):
     pid_file = tmp_path / "pids"
     params = fault_tools.FaultParams(pid_file=str(pid_file))

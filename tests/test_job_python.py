@@ -56,6 +56,7 @@ def test_the_job_python_borrows_the_server_packages_but_not_its_torch(bare_pytho
     assert result.torch is None and "torch not installed" in result.findings[0]
 
 
+@pytest.mark.slow
 def test_a_measured_answer_says_the_stack_of_the_job_python(monkeypatch):
     monkeypatch.setenv(job_python.ENV, sys.executable)
     spec = get_spec("dist_smoke_test")

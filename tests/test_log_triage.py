@@ -265,6 +265,7 @@ def test_a_huge_line_without_newlines_is_cut_not_loaded_whole(tmp_path):
 # Size: a log far larger than the memory the scan may use (scan speed is ~30 MB/s on one idle core of
 # the CI machine, so 128 MiB keeps this test near 5 s; memory does not grow with the size)
 
+@pytest.mark.slow
 def test_large_log_streams_in_bounded_memory(tmp_path):
     path = tmp_path / "big.log"
     block = "".join(f"[rank{i % 8}]:[I1129 12:00:{i % 60:02d}.5 1 train.py:88] step {i} | loss: 2.{i % 97:02d} | "

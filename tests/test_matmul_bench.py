@@ -229,6 +229,7 @@ def test_screen_measures_for_a_minimum_time_capped_at_the_finals():
     assert rec.counts((16384, 16384, 16384), 0.01, 3, 0.004, 1, cap=(100, 50)) == (3, 1)  # long ones: the counts given
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sms", [108, 132])
 def test_thorough_is_no_worse_than_quick(sms):
     quick_land, thorough_land = Landscape(sms=sms), Landscape(sms=sms)

@@ -233,6 +233,7 @@ def test_activations_match_what_autograd_saves_on_cpu(micro_batch, seq_len, chec
     assert measured == pytest.approx(expected, rel=0.01)
 
 
+@pytest.mark.slow
 def test_step_peak_is_activations_plus_loss_backward_on_cpu():
     """The largest set of tensors a training step holds at once (tracked op by op, backward included)
     comes as backward starts: the saved activations and logits, plus two fp32 logit gradients and the

@@ -116,6 +116,7 @@ def test_paged_kv_like_vllm():
 
 @pytest.mark.parametrize("precision, checkpointing", [("fp32", False), ("fp32", True), ("amp_bf16", False),
                                                       ("amp_bf16", True)])
+@pytest.mark.slow
 def test_hugging_face_llama_step_peak_on_cpu(precision, checkpointing):
     """transformers' LlamaForCausalLM built from a config (nothing downloaded), one forward + backward with
     the model's own loss, the largest set of tensors alive at once tracked op by op (torch has no allocator

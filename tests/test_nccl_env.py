@@ -48,6 +48,7 @@ def test_every_rank_sets_them_before_its_job_runs():
     assert json.loads(line[5:]) == {"NCCL_ALGO": "Ring", "NCCL_PROTO": "Simple"}
 
 
+@pytest.mark.slow
 def test_a_real_run_echoes_its_settings():
     params = DistSmokeTestParams(backend="gloo", nproc_per_node=2, numel=4096, alloc_mib=1,
                                  nccl_env={"NCCL_ALGO": "Ring", "NCCL_DEBUG": "WARN"})

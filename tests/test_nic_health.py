@@ -189,6 +189,7 @@ def _tool_in(namespace: str, how: str, sample_s: float) -> dict:
     return result
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["sysfs", "netlink"])
 def test_a_real_link_flap_is_seen_and_a_quiet_link_is_not(veth_pair, how):
     a, b = veth_pair

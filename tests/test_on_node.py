@@ -65,6 +65,7 @@ def test_a_name_that_is_not_a_node_never_reaches_argv():
             node_command(bad, ["true"], 60, "mleng-x", env={"PATH": "/usr/bin:/bin"})
 
 
+@pytest.mark.slow
 def test_outside_an_allocation_a_job_of_its_own_limited_to_the_timeout(monkeypatch):
     import tools.engine.on_node as on_node
 

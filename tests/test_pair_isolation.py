@@ -30,6 +30,7 @@ def test_small_schedules_cover_every_pair_once(n):
     assert full_round_count(n) == (n - 1 if n % 2 == 0 else n)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n", [1024, 4096])
 def test_large_schedule_covers_every_pair_once(n):
     covered = bytearray(n * n)
@@ -257,6 +258,7 @@ def test_two_nodes_cannot_tell_node_from_link():
     assert not verdict.slow_nodes and not verdict.slow_links and len(verdict.undetermined) == 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n,rounds", [(1024, 4), (4096, 8), (1024, None)])
 def test_large_fleet_slow_nodes_and_links(n, rounds):
     rng = random.Random(n)

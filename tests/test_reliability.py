@@ -1043,6 +1043,7 @@ def test_f18_drain_commands_escape_controls_and_stay_one_argument(tmp_path):
     assert run.stdout.count("\n") == 4 and "nodename=n2\\x1b[2K\\x0d\\x0ascontrol" in run.stdout
 
 
+@pytest.mark.slow
 def test_f19_a_cache_another_user_owns_or_can_write_is_not_served(tmp_path):
     """F19: an edited tool list in the cache was served to every agent. A cache file not owned by us or
     writable by others is ignored (and rebuilt); the key covers the data tables as well as the code."""
@@ -1107,6 +1108,7 @@ async def test_f21_launch_script_tool_mode_names_this_installation_s_module():
     assert importlib.util.find_spec(f"{PACKAGE}.dist_smoke_test") is not None
 
 
+@pytest.mark.slow
 def test_f17_half_sent_requests_are_closed_and_token_holders_get_back_in(tmp_path):
     """F17: under a 1,024-descriptor limit, 1,100 connections that send part of a request line and headers
     (no token) kept a token holder out for as long as they stayed open. Now each is closed once its
@@ -1154,6 +1156,7 @@ def test_f17_half_sent_requests_are_closed_and_token_holders_get_back_in(tmp_pat
         proc.wait(20)
 
 
+@pytest.mark.slow
 async def test_f9_hang_stack_dump_answers_command_lines_redacted(tmp_path):
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "--db-password",
                              "hunter2-CMDSECRET", "--api_key=CMDSECRET2xyz"])
@@ -1196,6 +1199,7 @@ def _list_tools_status(url: str, token: str, session_id: str) -> int:
         return e.code
 
 
+@pytest.mark.slow
 def test_r16_http_sessions_expire_when_idle_and_their_number_is_bounded(tmp_path, monkeypatch):
     """Review 2026-12-02 R16: sessions were kept for the SDK's 30 minutes, up to 10,000 of them."""
     token = "t" * 40

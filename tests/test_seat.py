@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 LOG = ROOT / "evals" / "scenarios" / "fixtures" / "torchrun_oom_rank3.log"
 
@@ -15,6 +17,7 @@ def seat(*args: str, home: Path) -> subprocess.CompletedProcess:
                           timeout=120, env={**os.environ, "MLENG_HOME": str(home)})
 
 
+@pytest.mark.slow
 def test_the_seat_answers_as_a_host_and_logs_each_call(tmp_path):
     home = tmp_path / "home"
     started = seat("start", home=home)
@@ -32,6 +35,7 @@ def test_the_seat_answers_as_a_host_and_logs_each_call(tmp_path):
     assert not (home / "seat" / "seat.json").exists()
 
 
+@pytest.mark.slow
 def test_the_structured_view_hands_the_json_a_claude_code_host_reads(tmp_path):
     home = tmp_path / "home"
     assert seat("start", "--view", "structured", home=home).returncode == 0

@@ -110,6 +110,7 @@ def fake_job(tmp_path):
         _stop(*started)
 
 
+@pytest.mark.slow
 @needs_root
 def test_r2_another_users_process_claiming_a_rank_is_named_not_dumped(fake_job):
     env, ranks, impostor = fake_job
@@ -122,6 +123,7 @@ def test_r2_another_users_process_claiming_a_rank_is_named_not_dumped(fake_job):
     assert 2 not in result["odd_ranks"]
 
 
+@pytest.mark.slow
 @needs_root
 def test_r2_straggler_find_samples_only_the_jobs_processes(fake_job):
     env, ranks, impostor = fake_job
@@ -133,6 +135,7 @@ def test_r2_straggler_find_samples_only_the_jobs_processes(fake_job):
                for f in result["findings"]), result["findings"]
 
 
+@pytest.mark.slow
 @needs_root
 def test_r3_dumps_another_user_planted_at_the_default_prefix_are_skipped(tmp_path):
     planted = tmp_path / "shared-tmp"
@@ -172,6 +175,7 @@ def _max_rss_mib(args: list[str]) -> tuple[float, str]:
     return float(proc.stdout.strip().splitlines()[-1]), proc.stderr
 
 
+@pytest.mark.slow
 def test_r7_a_pickle_bomb_is_refused_before_it_expands(tmp_path):
     assert pickle.loads(_bomb(3)) == {"version": "2.4", "entries": [[], [], []]}
     folder = tmp_path / "frbomb"
@@ -199,6 +203,7 @@ def test_r7_malformed_fields_are_errors_naming_the_field(tmp_path):
         assert field in why, why
 
 
+@pytest.mark.slow
 def test_r12_a_node_result_is_stored_under_the_node_asked_for_and_srun_gets_no_token(tmp_path):
     if os.geteuid() != 0 or shutil.which("unshare") is None:
         pytest.skip("needs root and unshare: the stand-in node calls itself another host (its own UTS namespace)")
@@ -231,6 +236,7 @@ def test_r14_pid_1_and_our_own_process_are_refused_as_targets():
         _stop(sibling)
 
 
+@pytest.mark.slow
 @needs_root
 def test_r14_another_users_pid_needs_roots_explicit_opt_in():
     other = _spawn("import time\nwhile True: time.sleep(1)", {}, user="nobody")

@@ -168,6 +168,7 @@ async def test_job_status_waits_for_a_run_to_end_through_the_server():
         assert status.structured_content["result"]["slept_s"] == 3 and time.monotonic() - t0 < 15
 
 
+@pytest.mark.slow
 async def test_client_cancellation_kills_the_run(tmp_path):
     pid_file = tmp_path / "pids"
     server = build_server([fault_tools.SLEEPER])
@@ -256,6 +257,7 @@ def test_server_start_imports_no_torch():
     assert out.stdout.strip() == "False", out.stderr
 
 
+@pytest.mark.slow
 def test_a_cached_tool_list_serves_without_importing_tool_modules(tmp_path):
     """Start-up: after the first start, tools/list comes from $MLENG_HOME/cache and a tool's module is
     imported on its first call; a changed package (another key) or a damaged file rebuilds the list."""

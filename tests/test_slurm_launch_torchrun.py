@@ -64,6 +64,7 @@ def _run_nodes(tmp_path, backend: str, gpus_per_node: int) -> list[str]:
     return outputs
 
 
+@pytest.mark.slow
 def test_two_torchrun_nodes_meet_at_the_rendezvous_gloo(tmp_path):
     outputs = _run_nodes(tmp_path, "gloo", 0)
     text = "".join(outputs)

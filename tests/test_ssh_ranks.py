@@ -136,6 +136,7 @@ def _ranks(pids: list[int], job: dict) -> set[int]:
     return {r for r in (0, 1) if job[r] in pids}
 
 
+@pytest.mark.slow
 def test_the_run_id_finds_both_ranks_and_refuses_another_users_claim(job):
     if os.geteuid() != 0:
         pytest.skip("starting a process as another user needs root")
@@ -187,6 +188,7 @@ def sshd(monkeypatch):
         yield ssh
 
 
+@pytest.mark.slow
 def test_straggler_find_over_ssh_credits_ranks_to_the_host_ssh_reached(job, sshd):
     other = _claimant(["runuser", "-u", "nobody", "--"], 5)
     try:
@@ -207,6 +209,7 @@ def test_a_run_id_with_no_process_on_the_hosts_is_a_clear_answer(job, sshd):
         hsd.run(hsd.HangStackDumpParams(hosts=["n1"], run_id="no-such-run"), QUIET)
 
 
+@pytest.mark.slow
 def test_hang_stack_dump_over_ssh_names_the_stopped_rank_and_its_host(job, sshd):
     os.kill(job[1], signal.SIGSTOP)
     try:

@@ -80,6 +80,7 @@ def _result_line(log: Path) -> str:
     return re.search(r"^result (\S+)$", log.read_text(), re.M).group(1)
 
 
+@pytest.mark.slow
 def test_slow_loader_rank_is_named_for_data_loading_and_the_job_is_untouched(ptrace_ok, tmp_path):
     slow = ("--slow-loader-rank", "2", "--loader-sleep-s", "0.1")
     # Both jobs start at once (their torch imports overlap); 150 steps of >= 0.1 s each leave the watched job
@@ -121,6 +122,7 @@ def healthy_job(ptrace_ok, tmp_path_factory):
     proc.wait(timeout=30)
 
 
+@pytest.mark.slow
 def test_healthy_job_names_nobody(healthy_job):
     assert healthy_job.poll() is None, "the shared job ended before it was looked at"
     ranks = [c.pid for c in psutil.Process(healthy_job.pid).children()]
@@ -159,6 +161,7 @@ def _sample_compute_job(tmp_path, *args) -> tuple[sf.StragglerFindResult, float,
 # One run of each here (40-85 s apiece on 2 cores); their repeats, which show the verdict is not a coin flip under the
 # host's load, are bench/straggler_verdicts.py's (`--cases healthy,compute --fault-repeats 3`), recorded in
 # docs/benchmarks.md: three attempts of each in this suite were 29% of the quick command's time.
+@pytest.mark.slow
 @pytest.mark.timeout(420)
 def test_a_rank_doing_15_percent_more_compute_is_named_within_60_s(ptrace_ok, tmp_path):
     result, took, load = _sample_compute_job(tmp_path, *COMPUTE_STRAGGLER)
@@ -171,6 +174,7 @@ def test_a_rank_doing_15_percent_more_compute_is_named_within_60_s(ptrace_ok, tm
     assert any(f.startswith("Sampled") for f in result.findings)                # how long it took, said
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(420)
 def test_the_same_compute_job_without_a_straggler_names_nobody(ptrace_ok, tmp_path):
     result, took, load = _sample_compute_job(tmp_path)
@@ -191,6 +195,7 @@ def _busy_loop(cpu: int) -> subprocess.Popen:
 
 
 # Real processes: the shared job's 3 ranks (~10-20 s to start here), a 10 s look and busy loops; ~40-60 s on this 2-core box.
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_a_rank_sharing_its_cpu_with_busy_loops_is_named_for_cpu_contention(ptrace_ok, healthy_job):
     # The loops run at nice -10, each in its own session (an autogroup: the kernel shares CPUs between autogroups

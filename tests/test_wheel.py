@@ -19,7 +19,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 # One worker under `-n 2 --dist loadgroup`: split across two, each built and installed the wheel (~40 s).
-pytestmark = pytest.mark.xdist_group("wheel")
+pytestmark = [pytest.mark.xdist_group("wheel"), pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
