@@ -117,7 +117,7 @@ def test_a_cpu_limited_node_is_the_outlier(multinode_cluster):  # noqa: F811
     assert "own CPU limit (cgroup quota) bound in" in reasons, (seen, result.findings)
     # where the quota is set and what it allows: what an admin undoes
     assert (f"0.2 CPU allowed by cgroup /{multinode_cluster.cgroups.name}/mln3: cpu.cfs_quota_us 20000 / "
-            "cpu.cfs_period_us 100000") in reasons, reasons
+            "cpu.cfs_period_us 100000, written ") in reasons, reasons
     assert "mln3" not in busy_nodes, (seen, result.findings)
     assert min(gflops, key=gflops.get) == "mln3"
 

@@ -157,8 +157,8 @@ def test_cpu_limited_node_is_named_for_cpu(cluster, tmp_path):
     # What to act on is the host, with the quota that caps it (issue 35: the model typed the culprit's kind itself).
     assert (s["culprit_kind"], s["culprit"]["name"], result["culprit_kind"]) == ("node", "mln3", "node"), s
     # the node's cgroup folder is per cluster instance (mln, or i1mln.. under a second xdist worker)
-    assert (f"quota 0.05 CPU (/{cluster.cgroups.name}/mln3: cpu.cfs_quota_us 5000 / cpu.cfs_period_us 100000)"
-            in result["findings"][0]), result["findings"][0]
+    assert (f"quota 0.05 CPU (/{cluster.cgroups.name}/mln3: cpu.cfs_quota_us 5000 / cpu.cfs_period_us 100000, "
+            "written ") in result["findings"][0], result["findings"][0]
     assert sorted(n["host"] for n in result["nodes"]) == ["mln1", "mln2", "mln3", "mln4"]
     assert not ours_left(cluster)
 

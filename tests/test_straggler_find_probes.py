@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tools.shared.cgroup_cpu import cpu_limit, cpu_stat_chain, quota
+from tools.shared.cgroup_cpu import CpuLimit, cpu_limit, cpu_stat_chain, quota
+from tools.shared.process_origin import limit_words
 from tools.straggler_find.probes import RunnableWatch
 
 V1_CPU = Path("/sys/fs/cgroup/cpu")
@@ -70,6 +71,13 @@ def test_a_cgroup_quota_is_read_from_either_cgroup_version(tmp_path):
     assert quota(tmp_path) == (0.25, "cpu.cfs_quota_us 25000 / cpu.cfs_period_us 100000")
 
 
+def test_a_quota_says_whose_cgroup_it_is_set_on_and_when_it_was_written():
+    on_job = CpuLimit(0.05, "/slurm/uid_0/job_12", "cpu.max 5000 100000", 185.0)
+    assert limit_words(on_job) == "/slurm/uid_0/job_12 (SLURM job 12): cpu.max 5000 100000, written 3 min ago"
+    unknown = CpuLimit(0.2, "/mln/mln3\x1b[2J", "cpu.max 20000 100000", None)
+    assert limit_words(unknown) == "/mln/mln3\\x1b[2J: cpu.max 20000 100000"
+
+
 # Moves itself into the cgroup named by argv[1], then keeps a core busy for 1.5 s inside a CpuWatch and prints the
 # share of CFS periods it saw its cgroups throttled in.
 CPU_WATCH_UNDER_QUOTA = """
@@ -96,7 +104,13 @@ def test_the_tightest_quota_above_a_rank_is_found_on_a_real_cgroup():
         (outer / "cpu.cfs_quota_us").write_text("30000")         # the node's cap, one level above the rank's cgroup
         sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
         (inner / "tasks").write_text(str(sleeper.pid))
-        assert cpu_limit(sleeper.pid) == (0.3, f"/{outer.name}: cpu.cfs_quota_us 30000 / cpu.cfs_period_us 100000")
+        limit = cpu_limit(sleeper.pid)
+        assert limit[:3] == (0.3, f"/{outer.name}", "cpu.cfs_quota_us 30000 / cpu.cfs_period_us 100000"), limit
+        # when it was written: the quota file's mtime, which cgroupfs sets on each write (asked in model rounds 9-10)
+        assert limit.written_s_ago is not None and limit.written_s_ago < 30, limit
+        os.utime(outer / "cpu.cfs_quota_us", (time.time() - 7260, time.time() - 7260))
+        assert limit_words(cpu_limit(sleeper.pid)) == (f"/{outer.name}: cpu.cfs_quota_us 30000 / cpu.cfs_period_us "
+                                                       "100000, written 2 h 1 min ago")
         assert cpu_stat_chain(sleeper.pid) == [(f"/{outer.name}/job", inner / "cpu.stat"),
                                                (f"/{outer.name}", outer / "cpu.stat"), ("/", V1_CPU / "cpu.stat")]
         # fleet_sweep's probe reads the same chain from inside: busy under the cap above it, it sees itself throttled

@@ -27,6 +27,7 @@ from collections.abc import Callable
 
 from ..engine.figures import Measured
 from ..shared.cgroup_cpu import cpu_limit
+from ..shared.process_origin import limit_words
 from ..shared.occupancy import CpuWatch, Occupancy, gpu_occupancy
 
 CHECKS = ("env_report", "gpu_health", "nic_health", "cpu_probe", "matmul_bench", "memory_bandwidth_bench",
@@ -159,11 +160,11 @@ def check_cpu_probe() -> dict:
     # loaded that every process gets less than its quota, the quota never binds and the counters below cannot see
     # it (round 9, cl-cpu-starved under the CPU hog: "busy" on every node, the quota unseen); the setting still differs.
     limit = cpu_limit(os.getpid())
-    row["cpu_quota"] = f"{limit[0]:g} CPU" if limit else "none"
+    row["cpu_quota"] = f"{limit.cpus:g} CPU" if limit else "none"
     if watch.own_limit_bound is not None and watch.own_limit_bound >= 0.05:
         # Where the quota is set and what it allows: what an admin undoes (model round 7, cl-cpu-starved: "it gives
         # neither the quota value nor where it is set").
-        where = f": {limit[0]:g} CPU allowed by cgroup {limit[1]}" if limit else ""
+        where = f": {limit.cpus:g} CPU allowed by cgroup {limit_words(limit)}" if limit else ""
         row["problems"].append(f"this node's own CPU limit (cgroup quota) bound in {watch.own_limit_bound:.0%} of "
                                f"scheduler periods while it measured{where}")
         row["own_cpu_limit_bound"] = round(watch.own_limit_bound, 3)

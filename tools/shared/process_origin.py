@@ -14,7 +14,7 @@ import re
 import time
 
 from ..engine.printable import printable
-from .cgroup_cpu import cgroup_lines
+from .cgroup_cpu import CpuLimit, cgroup_lines
 
 SHOWN_PATH_CHARS = 80        # a cgroup path with no known owner is shown by its last part, this long at most
 
@@ -87,3 +87,13 @@ def origin(pid: int) -> str | None:
     if age is not None:
         parts.append(f"started {age_words(age)} ago")
     return ", ".join(parts) or None
+
+
+def limit_words(limit: CpuLimit) -> str:
+    """Where a CPU quota is set, whose that cgroup is when it shows, its values and when they were written:
+    '/slurm/uid_0/job_12 (SLURM job 12): cpu.cfs_quota_us 5000 / cpu.cfs_period_us 100000, written 3 min ago'.
+    Asked in model rounds 9 and 10: who set the quota, and since when."""
+    owner = owner_of_cgroups([limit.cgroup])
+    whose = "" if owner.startswith("cgroup ") else f" ({owner})"
+    when = f", written {age_words(limit.written_s_ago)} ago" if limit.written_s_ago is not None else ""
+    return f"{printable(limit.cgroup, newlines=False)}{whose}: {limit.values}{when}"

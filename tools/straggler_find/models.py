@@ -41,7 +41,8 @@ class RankSample(Record):
     cpu_limit_cpus: float | None = Field(None, description=(
         "CPUs its tightest cpu cgroup quota allows (quota / period, the cgroup or one above it); None: no limit."))
     cpu_limit_at: str = Field("", description=(
-        "Where that quota is set, with its values: '/mln/mln3: cpu.cfs_quota_us 25000 / cpu.cfs_period_us 100000'."))
+        "Where that quota is set (whose, when the cgroup shows it), its values and when they were written: "
+        "'/mln/mln3: cpu.cfs_quota_us 25000 / cpu.cfs_period_us 100000, written 3 min ago'."))
     gpu_index: int | None = Field(None, description="NVML index of the GPU the rank holds (from NVML's process list).")
     gpu_serial: str = Field("", description="That GPU's serial number.")
     error: str = Field("", description="Why this rank could not be sampled (py-spy attach, permissions, gone).")

@@ -29,6 +29,7 @@ from collections import Counter
 from pathlib import Path
 
 from ..shared.cgroup_cpu import cpu_limit
+from ..shared.process_origin import limit_words
 from .probes import RunnableWatch, mem_available_fraction, psi_some_avg10, read, snapshot_node, snapshot_rank
 from .classify import CLASSES, stack_class
 from .flight import read_rank
@@ -223,7 +224,8 @@ def sample_node(spec: dict, progress=None) -> NodeReport:
         row = _rank_sample(p, host, rank_before[p], after, min(elapsed, window_s + 5), stacks, error, part_cpu)
         row.cpus, row.others_runnable = runnable.cpus(p), runnable.others_runnable(p)
         row.competitors, row.job_runnable = runnable.competitors(p), runnable.job_runnable(p)
-        row.cpu_limit_cpus, row.cpu_limit_at = cpu_limit(p) or (None, "")
+        limit = cpu_limit(p)
+        row.cpu_limit_cpus, row.cpu_limit_at = (limit.cpus, limit_words(limit)) if limit else (None, "")
         report.ranks.append(row)
     report.node = _node_sample(host, node_before, node_after, elapsed, report.node)
     report.flight = [f for f in (read_rank(r.pid, r.rank, host) for r in report.ranks) if f]
