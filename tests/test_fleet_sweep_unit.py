@@ -497,3 +497,19 @@ def test_a_node_with_a_cpu_quota_apart_from_its_peers_is_inventory_drift_even_wh
     answered = rows[:3] + [env]
     assert not [d for d in aggregate(answered, ["mln1", "mln2", "mln3", "mln4"], planned(rows + [env]), {})["inventory_drift"]
                 if d["field"] == "cpu_quota"]
+
+
+def test_a_sweep_that_only_reads_state_sees_a_quota_apart_from_env_report():
+    """Model round 11, cl-ssh-throttled-rank: a sweep of env_report and nic_health beside a live job (no probe) was
+    blind to the quota straggler_find had named."""
+    env = [{"node": n, "check": "env_report", "verdict": "ok", "inventory": {"cpu_count": 2},
+            "cpu_quota": "0.25 CPU" if n == "mln3" else "none"} for n in ("mln1", "mln2", "mln3", "mln4")]
+    agg = aggregate(env, ["mln1", "mln2", "mln3", "mln4"], planned(env), {})
+    assert [d for d in agg["inventory_drift"] if d["field"] == "cpu_quota"] == [
+        {"field": "cpu_quota", "values": {"none": ["mln1", "mln2", "mln4"], "0.25 CPU": ["mln3"]}, "odd_nodes": ["mln3"]}]
+    assert agg["drain"] == []
+    # the probe's row on the same node says the same: one entry, not two
+    probe = cpu_row("mln3", 50.0)
+    probe["cpu_quota"] = "0.25 CPU"
+    both = aggregate(env + [probe], ["mln1", "mln2", "mln3", "mln4"], planned(env + [probe]), {})
+    assert len([d for d in both["inventory_drift"] if d["field"] == "cpu_quota"]) == 1

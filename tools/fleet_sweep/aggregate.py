@@ -278,8 +278,9 @@ def aggregate(rows: list[dict], expected_nodes: list[str], planned: dict[str, li
     missing, not_judged = set_apart_cut_short(unanswered(rows, expected_nodes, planned, known_missing), known_missing,
                                               failed, cut_short)
     missing, fleet_late = set_apart_fleet_late(missing, known_missing, failed, rows, expected_nodes, not_judged)
-    # Only nodes whose probe ran say a quota: one that did not answer is not "(unset)" drift.
-    quotas = {r["node"]: {"cpu_quota": r["cpu_quota"]} for r in rows if r["check"] == "cpu_probe" and r.get("cpu_quota")}
+    # Only nodes whose probe or env_report ran say a quota (the same process, the same value): one that did not
+    # answer is not "(unset)" drift.
+    quotas = {r["node"]: {"cpu_quota": r["cpu_quota"]} for r in rows if r.get("cpu_quota")}
     return {"not_judged": not_judged, "fleet_late": fleet_late, "stats": stats, "outliers": outliers, "fleet_below_expected": gates, "busy": busy,
             "drift": version_drift(versions), "inventory_drift": version_drift(inventories) + version_drift(quotas),
             "failed": failed, "missing": missing, "drain": drain_list(outliers, failed, missing),

@@ -132,7 +132,15 @@ def check_env_report() -> dict:
     versions.update({f"nic_firmware {dev}": fw for dev, fw in res.nic_firmware.items()})
     row = contract_row("env_report", params, res, spec)
     row["problems"] = list(res.warnings) + [p for p in row["problems"] if p not in res.warnings]
-    return {**row, "versions": versions, "inventory": inventory(res.gpu_count)}
+    # The quota too, so a sweep that only reads state beside a live job sees a node capped apart (model round 11,
+    # cl-ssh-throttled-rank: "neither env_report nor the sweep reports per-node cgroup CPU limits").
+    return {**row, "versions": versions, "inventory": inventory(res.gpu_count), "cpu_quota": cpu_quota_words()}
+
+
+def cpu_quota_words() -> str:
+    """The quota over this node's sweep process, bound or not: "0.25 CPU" or "none"; compared across nodes."""
+    limit = cpu_limit(os.getpid())
+    return f"{limit.cpus:g} CPU" if limit else "none"
 
 
 def check_gpu_health() -> dict:
@@ -159,11 +167,11 @@ def check_cpu_probe() -> dict:
     # The quota over this node's sweep process, bound or not: compared across nodes as inventory. Under a host so
     # loaded that every process gets less than its quota, the quota never binds and the counters below cannot see
     # it (round 9, cl-cpu-starved under the CPU hog: "busy" on every node, the quota unseen); the setting still differs.
-    limit = cpu_limit(os.getpid())
-    row["cpu_quota"] = f"{limit.cpus:g} CPU" if limit else "none"
+    row["cpu_quota"] = cpu_quota_words()
     if watch.own_limit_bound is not None and watch.own_limit_bound >= 0.05:
         # Where the quota is set and what it allows: what an admin undoes (model round 7, cl-cpu-starved: "it gives
         # neither the quota value nor where it is set").
+        limit = cpu_limit(os.getpid())
         where = f": {limit.cpus:g} CPU allowed by cgroup {limit_words(limit)}" if limit else ""
         row["problems"].append(f"this node's own CPU limit (cgroup quota) bound in {watch.own_limit_bound:.0%} of "
                                f"scheduler periods while it measured{where}")

@@ -84,7 +84,7 @@ class Row(_Event):
     provenance: dict = Field(default_factory=dict)
     busy: BusyOut | None = None
     inventory: dict[str, int | float | str | None] | None = None
-    cpu_quota: str | None = Field(None, max_length=64)        # cpu_probe: "0.25 CPU" or "none"
+    cpu_quota: str | None = Field(None, max_length=64)        # cpu_probe, env_report: "0.25 CPU" or "none"
     gpus: list[dict] = Field(default_factory=list, max_length=1024)
 
 
