@@ -309,8 +309,8 @@ def _behind_every_pair(report: IsolationReport) -> list[tuple[str, str]]:
             continue
         out.append((name, f"{name} {min(own):.3g}-{max(own):.3g} GB/s with each of its {len(own)} measured "
                           f"partners, every pair without it {min(others):.3g}-{max(others):.3g} GB/s. Check it first: "
-                          f"fleet_sweep nodes=[{name}] reads its CPU quota, memory and NIC (a slow node, or this host's "
-                          "noise)."))
+                          f"fleet_sweep over these nodes (partition=, or hosts= over ssh) compares {name}'s CPU quota, "
+                          "memory and NIC with its peers' (a slow node, or this host's noise)."))
     return out
 
 
