@@ -224,6 +224,15 @@ def test_hang_stack_dump_over_ssh_names_the_stopped_rank_and_its_host(job, sshd)
     assert {p.host for p in result.processes} == {"n1"} and {p.rank for p in result.processes if p.role == "rank"} == {0, 1}
 
 
+def test_when_no_host_answers_no_host_is_called_the_place_to_look(sshd):
+    """Model round 11: every node silent, and the headline said "that node is where to look first" of all of them."""
+    result = hsd.run(hsd.HangStackDumpParams(hosts=["n9"], run_id=RUN_ID), QUIET)
+    assert result.findings[0].startswith("No report from any of the job's nodes (n9): n9: no report: sshd not "
+                                         "answering"), result.findings
+    assert "where to look first" not in result.findings[0] and "dump one rank with pids and node" in result.findings[0]
+    assert result.silent_nodes == ["n9"] and result.odd_nodes == [] and result.culprit is None
+
+
 def test_hang_stack_dump_over_ssh_healthy_run_has_no_culprit(job, sshd):
     result = hsd.run(hsd.HangStackDumpParams(hosts=["n1"], run_id=RUN_ID), QUIET)
     assert result.frozen_ranks == [] and result.silent_nodes == [] and result.hosts == ["n1"], result.findings

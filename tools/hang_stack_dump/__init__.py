@@ -269,11 +269,22 @@ def run(params: HangStackDumpParams, progress) -> HangStackDumpResult:
     result.findings[:0] = [f"{'rank ' + str(p.rank) if p.rank is not None else 'a process'} on {p.host}: {p.frozen}. "
                            "The other ranks wait for it: this is the culprit (thaw it with SIGCONT, or stop the job "
                            "and look at what froze it)." for p in frozen[:8]]
-    result.findings[len(frozen[:8]):len(frozen[:8])] = [
-        f"No report from {', '.join(result.silent_nodes)} (a node of the job): {_silent_why(problems)}. "
-        "Its ranks could not be compared: that node is where to look first."] if result.silent_nodes else []
+    # A node that sent nothing while others answered is where to look; when none answered, no node stands apart
+    # (model round 11: all four silent, and "that node is where to look first" pointed at nothing).
+    silent_apart = result.silent_nodes if result.dumped or frozen else []
+    if silent_apart:
+        these = "that node is" if len(silent_apart) == 1 else "those nodes are"
+        said = [f"No report from {', '.join(silent_apart)} (of the job's nodes): {_silent_why(problems)}. "
+                f"Its ranks could not be compared: {these} where to look first."]
+    elif result.silent_nodes:
+        said = [f"No report from any of the job's nodes ({', '.join(result.silent_nodes)}): {_silent_why(problems)}. "
+                "Nothing was compared and no node stands apart: fix what the reasons say, or dump one rank with "
+                "pids and node."]
+    else:
+        said = []
+    result.findings[len(frozen[:8]):len(frozen[:8])] = said
     result.odd_ranks = sorted(set(result.odd_ranks) | set(result.frozen_ranks))
-    result.odd_nodes = sorted(set(result.odd_nodes) | {p.host for p in frozen} | set(result.silent_nodes))
+    result.odd_nodes = sorted(set(result.odd_nodes) | {p.host for p in frozen} | set(silent_apart))
     if result.odd_nodes and not result.silent_nodes and not frozen:
         rest = [h for h in result.hosts if h not in result.odd_nodes]
         result.findings.insert(1, f"The odd ranks run on {', '.join(result.odd_nodes)}"

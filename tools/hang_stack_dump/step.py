@@ -31,9 +31,12 @@ def dump_nodes(transport: Transport, nodes: list[str], argv: list[str], per_proc
     ends = transport.run_step(nodes, argv, deadline_s, on_line)
     procs, problems, silent, left_out = [], [], [], []
     for node in nodes:
-        end, text = ends[node], "\n".join(lines[node])
+        # Joined with nothing between: srun --label cuts a line at 1 kB into labelled pieces (a native frame's C++
+        # name, a long command line: every node "no report (exit 0)" in model round 11), and the newlines of the
+        # indented report fall between JSON tokens, where none is needed.
+        end, text = ends[node], "".join(lines[node])
         try:
-            doc = json.loads(text[text.index("{"):])
+            doc, _ = json.JSONDecoder().raw_decode(text[text.index("{"):])
             found = [ProcessStack(**p) for p in doc.get("processes", [])]
         except (ValueError, TypeError):
             silent.append(node)
