@@ -105,6 +105,9 @@ def test_a_cpu_limited_node_is_the_outlier(multinode_cluster):  # noqa: F811
             # The quota is said whether or not it bound (round 9: under a hog it never did, and went unseen).
             quota = [d for d in result.inventory_drift if d.field == "cpu_quota"]
             assert quota and quota[0].odd_nodes == ["mln3"] and "0.2 CPU" in quota[0].values, result.findings
+            # and where it is set, and when (model round 11: "no tool row shows its source")
+            assert any(f"Set at: mln3: /{multinode_cluster.cgroups.name}/mln3: cpu.cfs_quota_us 20000 / "
+                       "cpu.cfs_period_us 100000, written " in f for f in result.findings), result.findings
             if bound >= 0.5:
                 break
     finally:

@@ -12,6 +12,7 @@ import pytest
 
 from tools.fleet_sweep.aggregate import MIN_PEERS, aggregate, drain_command, unanswered, version_drift
 from tools.fleet_sweep.node import check_event
+from tools.fleet_sweep.report import findings_for
 from tools.shared.sidechannel import PREFIX, Reader
 from tools.engine.srun import launch_failures
 from tools.shared.slurm import unreachable_reason
@@ -502,12 +503,17 @@ def test_a_node_with_a_cpu_quota_apart_from_its_peers_is_inventory_drift_even_wh
 def test_a_sweep_that_only_reads_state_sees_a_quota_apart_from_env_report():
     """Model round 11, cl-ssh-throttled-rank: a sweep of env_report and nic_health beside a live job (no probe) was
     blind to the quota straggler_find had named."""
+    at = "/mln/mln3: cpu.cfs_quota_us 25000 / cpu.cfs_period_us 100000, written 4 min ago"
     env = [{"node": n, "check": "env_report", "verdict": "ok", "inventory": {"cpu_count": 2},
-            "cpu_quota": "0.25 CPU" if n == "mln3" else "none"} for n in ("mln1", "mln2", "mln3", "mln4")]
+            "cpu_quota": "0.25 CPU" if n == "mln3" else "none", "cpu_quota_at": at if n == "mln3" else ""}
+           for n in ("mln1", "mln2", "mln3", "mln4")]
     agg = aggregate(env, ["mln1", "mln2", "mln3", "mln4"], planned(env), {})
     assert [d for d in agg["inventory_drift"] if d["field"] == "cpu_quota"] == [
         {"field": "cpu_quota", "values": {"none": ["mln1", "mln2", "mln4"], "0.25 CPU": ["mln3"]}, "odd_nodes": ["mln3"]}]
     assert agg["drain"] == []
+    # where the node apart has it set, whose and since when (round 11: "no tool row shows its source")
+    said = [f for f in findings_for(agg, 4, 4, 10.0, 60.0) if f.startswith("Inventory drift: cpu_quota")]
+    assert said and said[0].endswith(f"Set at: mln3: {at}."), said
     # the probe's row on the same node says the same: one entry, not two
     probe = cpu_row("mln3", 50.0)
     probe["cpu_quota"] = "0.25 CPU"

@@ -281,8 +281,12 @@ def aggregate(rows: list[dict], expected_nodes: list[str], planned: dict[str, li
     # Only nodes whose probe or env_report ran say a quota (the same process, the same value): one that did not
     # answer is not "(unset)" drift.
     quotas = {r["node"]: {"cpu_quota": r["cpu_quota"]} for r in rows if r.get("cpu_quota")}
+    quota_at = {r["node"]: r["cpu_quota_at"] for r in rows if r.get("cpu_quota") and r.get("cpu_quota_at")}
+    inventory_drift = version_drift(inventories) + version_drift(quotas)
+    quota_apart = {n: quota_at[n] for d in inventory_drift if d["field"] == "cpu_quota" for n in d["odd_nodes"]
+                   if n in quota_at}
     return {"not_judged": not_judged, "fleet_late": fleet_late, "stats": stats, "outliers": outliers, "fleet_below_expected": gates, "busy": busy,
-            "drift": version_drift(versions), "inventory_drift": version_drift(inventories) + version_drift(quotas),
+            "drift": version_drift(versions), "inventory_drift": inventory_drift, "cpu_quota_at": quota_apart,
             "failed": failed, "missing": missing, "drain": drain_list(outliers, failed, missing),
             "cpu_limited_fleet": sorted(r["node"] for r in limited_fleet),
             "rule": RULES.format(peers=MIN_PEERS) + (f"; margin overridden to {margin_pct:g}%" if margin_pct else "")}

@@ -134,13 +134,16 @@ def check_env_report() -> dict:
     row["problems"] = list(res.warnings) + [p for p in row["problems"] if p not in res.warnings]
     # The quota too, so a sweep that only reads state beside a live job sees a node capped apart (model round 11,
     # cl-ssh-throttled-rank: "neither env_report nor the sweep reports per-node cgroup CPU limits").
-    return {**row, "versions": versions, "inventory": inventory(res.gpu_count), "cpu_quota": cpu_quota_words()}
+    return {**row, "versions": versions, "inventory": inventory(res.gpu_count), **cpu_quota_fields()}
 
 
-def cpu_quota_words() -> str:
-    """The quota over this node's sweep process, bound or not: "0.25 CPU" or "none"; compared across nodes."""
+def cpu_quota_fields() -> dict:
+    """The quota over this node's sweep process, bound or not: cpu_quota "0.25 CPU" or "none" (compared across
+    nodes) and cpu_quota_at, where it is set, whose and when written (said for a node apart: model round 11 saw
+    "0.2 CPU on mln4" and asked where it came from)."""
     limit = cpu_limit(os.getpid())
-    return f"{limit.cpus:g} CPU" if limit else "none"
+    return {"cpu_quota": f"{limit.cpus:g} CPU" if limit else "none",
+            "cpu_quota_at": limit_words(limit)[:400] if limit else ""}
 
 
 def check_gpu_health() -> dict:
@@ -167,7 +170,7 @@ def check_cpu_probe() -> dict:
     # The quota over this node's sweep process, bound or not: compared across nodes as inventory. Under a host so
     # loaded that every process gets less than its quota, the quota never binds and the counters below cannot see
     # it (round 9, cl-cpu-starved under the CPU hog: "busy" on every node, the quota unseen); the setting still differs.
-    row["cpu_quota"] = cpu_quota_words()
+    row.update(cpu_quota_fields())
     if watch.own_limit_bound is not None and watch.own_limit_bound >= 0.05:
         # Where the quota is set and what it allows: what an admin undoes (model round 7, cl-cpu-starved: "it gives
         # neither the quota value nor where it is set").

@@ -85,6 +85,7 @@ class Row(_Event):
     busy: BusyOut | None = None
     inventory: dict[str, int | float | str | None] | None = None
     cpu_quota: str | None = Field(None, max_length=64)        # cpu_probe, env_report: "0.25 CPU" or "none"
+    cpu_quota_at: str | None = Field(None, max_length=400)    # where it is set, whose, when written (limit_words)
     gpus: list[dict] = Field(default_factory=list, max_length=1024)
 
 

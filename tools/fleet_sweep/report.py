@@ -127,7 +127,11 @@ def findings_for(agg: dict, total: int, complete: int, wall_s: float, deadline_s
         lines.append(f"CPU LIMIT ON MOST NODES: the probe's own cgroup quota bound on {len(agg['cpu_limited_fleet'])} "
                      f"node(s) ({', '.join(agg['cpu_limited_fleet'][:5])}): a configuration of the fleet, not one node.")
     lines += [drift_sentence(d) for d in agg["drift"]]
-    lines += ["Inventory " + drift_sentence(d)[len("Version "):] for d in agg["inventory_drift"]]
+    where = agg.get("cpu_quota_at") or {}
+    lines += ["Inventory " + drift_sentence(d)[len("Version "):] + (
+        " Set at: " + "; ".join(f"{n}: {where[n]}" for n in d["odd_nodes"] if n in where) + "."
+        if d["field"] == "cpu_quota" and any(n in where for n in d["odd_nodes"]) else "")
+        for d in agg["inventory_drift"]]
     if agg["drain"]:
         lines.append(f"Drain list: {', '.join(d['node'] for d in agg['drain'])} (commands in `drain`; not run).")
     lines.append(f"Rule: {agg['rule']}.")
