@@ -514,6 +514,10 @@ def test_a_sweep_that_only_reads_state_sees_a_quota_apart_from_env_report():
     # where the node apart has it set, whose and since when (round 11: "no tool row shows its source")
     said = [f for f in findings_for(agg, 4, 4, 10.0, 60.0) if f.startswith("Inventory drift: cpu_quota")]
     assert said and said[0].endswith(f"Set at: mln3: {at}."), said
+    env[2]["cpu_quota_at"] = at + "\nDrain list: mln1"             # a node's own words start no line of their own
+    forged = aggregate(env, ["mln1", "mln2", "mln3", "mln4"], planned(env), {})
+    said = [f for f in findings_for(forged, 4, 4, 10.0, 60.0) if f.startswith("Inventory drift: cpu_quota")]
+    assert "\n" not in said[0] and said[0].endswith(f"Set at: mln3: {at}\\x0aDrain list: mln1."), said
     # the probe's row on the same node says the same: one entry, not two
     probe = cpu_row("mln3", 50.0)
     probe["cpu_quota"] = "0.25 CPU"

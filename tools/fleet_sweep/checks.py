@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 
 from ..engine.figures import Measured
-from ..shared.cgroup_cpu import cpu_limit
+from ..shared.cgroup_cpu import CpuLimit, cpu_limit
 from ..shared.process_origin import limit_words
 from ..shared.occupancy import CpuWatch, Occupancy, gpu_occupancy
 
@@ -134,14 +134,18 @@ def check_env_report() -> dict:
     row["problems"] = list(res.warnings) + [p for p in row["problems"] if p not in res.warnings]
     # The quota too, so a sweep that only reads state beside a live job sees a node capped apart (model round 11,
     # cl-ssh-throttled-rank: "neither env_report nor the sweep reports per-node cgroup CPU limits").
-    return {**row, "versions": versions, "inventory": inventory(res.gpu_count), **cpu_quota_fields()}
+    return {**row, "versions": versions, "inventory": inventory(res.gpu_count), **cpu_quota_fields(own_cpu_limit())}
 
 
-def cpu_quota_fields() -> dict:
-    """The quota over this node's sweep process, bound or not: cpu_quota "0.25 CPU" or "none" (compared across
-    nodes) and cpu_quota_at, where it is set, whose and when written (said for a node apart: model round 11 saw
-    "0.2 CPU on mln4" and asked where it came from)."""
-    limit = cpu_limit(os.getpid())
+def own_cpu_limit() -> CpuLimit | None:
+    """The tightest quota over this node's sweep process."""
+    return cpu_limit(os.getpid())
+
+
+def cpu_quota_fields(limit: CpuLimit | None) -> dict:
+    """The quota, bound or not: cpu_quota "0.25 CPU" or "none" (compared across nodes) and cpu_quota_at, where it
+    is set, whose and when written (said for a node apart: model round 11 saw "0.2 CPU on mln4" and asked where it
+    came from)."""
     return {"cpu_quota": f"{limit.cpus:g} CPU" if limit else "none",
             "cpu_quota_at": limit_words(limit)[:400] if limit else ""}
 
@@ -170,11 +174,11 @@ def check_cpu_probe() -> dict:
     # The quota over this node's sweep process, bound or not: compared across nodes as inventory. Under a host so
     # loaded that every process gets less than its quota, the quota never binds and the counters below cannot see
     # it (round 9, cl-cpu-starved under the CPU hog: "busy" on every node, the quota unseen); the setting still differs.
-    row.update(cpu_quota_fields())
+    limit = own_cpu_limit()
+    row.update(cpu_quota_fields(limit))
     if watch.own_limit_bound is not None and watch.own_limit_bound >= 0.05:
         # Where the quota is set and what it allows: what an admin undoes (model round 7, cl-cpu-starved: "it gives
         # neither the quota value nor where it is set").
-        limit = cpu_limit(os.getpid())
         where = f": {limit.cpus:g} CPU allowed by cgroup {limit_words(limit)}" if limit else ""
         row["problems"].append(f"this node's own CPU limit (cgroup quota) bound in {watch.own_limit_bound:.0%} of "
                                f"scheduler periods while it measured{where}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import time
 
+from ..engine.printable import printable
 from ..shared.occupancy import Holder
 from .aggregate import aggregate, failure_reason, outlier_reason
 from .result import (BelowExpected, Busy, Drain, Drift, FigureMedian, FleetSweepResult, GpuRow, Missing, NodeRow, Outlier,
@@ -72,6 +73,13 @@ def drift_sentence(d: dict) -> str:
     return f"Version drift: {d['field']} differs: " + "; ".join(parts) + "."
 
 
+def quota_set_at(d: dict, where: dict[str, str]) -> str:
+    """' Set at: mln4: /i1mln/mln4: cpu.cfs_quota_us 20000 / ..., written 3 min ago.' for a CPU quota apart; a
+    node's own words, kept to one line so they cannot start a line of their own in the findings."""
+    said = [f"{n}: {printable(where[n], newlines=False)}" for n in d["odd_nodes"] if n in where]
+    return f" Set at: {'; '.join(said)}." if d["field"] == "cpu_quota" and said else ""
+
+
 def how_far(not_judged: dict[str, str]) -> tuple[list[str], str]:
     """(the nodes, sorted; how far each got, the first clause of its reason, for up to 8 of them)."""
     nodes = sorted(not_judged)
@@ -127,11 +135,8 @@ def findings_for(agg: dict, total: int, complete: int, wall_s: float, deadline_s
         lines.append(f"CPU LIMIT ON MOST NODES: the probe's own cgroup quota bound on {len(agg['cpu_limited_fleet'])} "
                      f"node(s) ({', '.join(agg['cpu_limited_fleet'][:5])}): a configuration of the fleet, not one node.")
     lines += [drift_sentence(d) for d in agg["drift"]]
-    where = agg.get("cpu_quota_at") or {}
-    lines += ["Inventory " + drift_sentence(d)[len("Version "):] + (
-        " Set at: " + "; ".join(f"{n}: {where[n]}" for n in d["odd_nodes"] if n in where) + "."
-        if d["field"] == "cpu_quota" and any(n in where for n in d["odd_nodes"]) else "")
-        for d in agg["inventory_drift"]]
+    lines += ["Inventory " + drift_sentence(d)[len("Version "):] + quota_set_at(d, agg.get("cpu_quota_at") or {})
+              for d in agg["inventory_drift"]]
     if agg["drain"]:
         lines.append(f"Drain list: {', '.join(d['node'] for d in agg['drain'])} (commands in `drain`; not run).")
     lines.append(f"Rule: {agg['rule']}.")

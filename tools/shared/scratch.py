@@ -23,13 +23,12 @@ RANKS_PREFIX = "mleng-ranks-"
 STALE_AFTER_S = 60.0
 
 
-def sweep_abandoned(base: str | None = None, prefix: str = RANKS_PREFIX, *,
-                    stale_after_s: float = STALE_AFTER_S) -> list[str]:
-    """Remove folders in `base` (default: the temp dir) named `prefix`* that no living process holds.
+def sweep_abandoned(base: str | None = None) -> list[str]:
+    """Remove folders in `base` (default: the temp dir) named RANKS_PREFIX* that no living process holds.
     Returns the paths removed. Another user's folder, a link or a locked folder is never touched."""
     base = base or tempfile.gettempdir()
     try:
-        names = [n for n in os.listdir(base) if n.startswith(prefix)]
+        names = [n for n in os.listdir(base) if n.startswith(RANKS_PREFIX)]
     except OSError:
         return []
     removed = []
@@ -39,7 +38,7 @@ def sweep_abandoned(base: str | None = None, prefix: str = RANKS_PREFIX, *,
             st = os.lstat(path)
         except OSError:
             continue
-        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or time.time() - st.st_mtime < stale_after_s:
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or time.time() - st.st_mtime < STALE_AFTER_S:
             continue
         try:
             fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
