@@ -187,7 +187,9 @@ def test_job_status_waits_for_the_end_and_a_cancelled_wait_stops():
         t0 = time.monotonic()
         out = job_status(JobStatusParams(job_id=job.id, wait_s=0.3), lambda f, m: None)
         assert out.jobs[0].state == "running" and 0.25 < time.monotonic() - t0 < 1.0, out.findings
-        assert "wait_s=25 waits for the end" in out.findings[0]
+        assert "wait_s=25 waits up to 25 s for the end" in out.findings[0]
+        # The handle a long call answers with says the same cap: a long run takes several job_status calls.
+        assert f"job_status(job_id='{job.id}', wait_s=25): one call waits up to 25 s" in job.handle().findings[0]
         out = job_status(JobStatusParams(job_id=job.id, wait_s=20), lambda f, m: None)
         assert out.jobs[0].state == "done" and out.result is not None and time.monotonic() - t0 < 5, out.findings
         assert job_status(JobStatusParams(job_id=job.id), lambda f, m: None).jobs[0].state == "done"   # at once

@@ -11,11 +11,7 @@ from typing import Any
 
 from .engine.rendering import answer_record
 from .engine.spec import Field, Params, Record, Result, ToolSpec
-from .engine.jobs import ANONYMOUS, CALLER, MANAGER
-
-
-# job_status runs in the server's process, whose calls are capped at the spec's timeout (30 s): a wait stays under it.
-WAIT_MAX_S = 25
+from .engine.jobs import ANONYMOUS, CALLER, MANAGER, STATUS_WAIT_MAX_S as WAIT_MAX_S
 
 
 class JobStatusParams(Params):
@@ -96,8 +92,8 @@ def run(params: JobStatusParams, progress) -> JobStatusResult:
     if job.state == "running":
         out.verdict = "info"
         out.findings = [f"{job.spec.name} still running after {job.elapsed_s():.0f} s, {job.fraction:.0%} done:"
-                        f" {job.message}. Call job_status again (wait_s={WAIT_MAX_S:g} waits for the end), or "
-                        "job_cancel to stop it."]
+                        f" {job.message}. Call job_status again (wait_s={WAIT_MAX_S:g} waits up to {WAIT_MAX_S:g} s"
+                        " for the end), or job_cancel to stop it."]
         out.next = ["job_status", "job_cancel"]
     elif job.state == "done":
         out.result = answer_record(job.result)

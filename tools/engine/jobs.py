@@ -40,6 +40,12 @@ class Busy(ToolFailure):
     """Too many runs in progress: the call was refused, nothing was started."""
 
 
+# The longest one job_status call waits for a job's end: it runs in the server's process, whose calls are capped
+# at the spec's timeout (30 s), and the wait stays under it. The handle says it, so an agent knows a long run
+# takes several calls rather than one long wait.
+STATUS_WAIT_MAX_S = 25
+
+
 # Who is calling: set on each job's thread to the job's owner, so job_status and job_cancel (in-process
 # tools, run on that thread) see the jobs of the session that called them.
 CALLER: contextvars.ContextVar[str | None] = contextvars.ContextVar("mleng_caller", default=None)
@@ -127,8 +133,9 @@ class Job:
         return self.spec.Result(
             verdict="info", job=JobRef(job_id=self.id, state=self.state, elapsed_s=self.elapsed_s()),
             findings=[f"{self.spec.name} is still running after {self.elapsed_s():.0f} s"
-                      f" ({self.fraction:.0%}: {self.message}). Follow it with job_status(job_id='{self.id}');"
-                      " stop it with job_cancel."],
+                      f" ({self.fraction:.0%}: {self.message}). Follow it with job_status(job_id='{self.id}',"
+                      f" wait_s={STATUS_WAIT_MAX_S:g}): one call waits up to {STATUS_WAIT_MAX_S:g} s and answers as"
+                      " soon as the run ends; stop it with job_cancel."],
             next=["job_status", "job_cancel"])
 
     def outcome(self) -> Result:
