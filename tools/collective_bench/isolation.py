@@ -33,7 +33,9 @@ MATRIX_MAX_NODES = 64  # above this the result lists suspects and slow pairs, no
 class GroupRecord(Record):
     round: int = Field(description="Round, from 1.")
     nodes: list[str] = Field(description="Nodes of the group (a pair in pairwise).")
-    status: Literal["ok", "fail", "hang"] = Field(description="ok, fail (error) or hang (passed its deadline).")
+    status: Literal["ok", "fail", "hang", "slow"] = Field(description=(
+        "ok; fail (an error); hang (measured no size before its deadline or the run's pace stopped it); slow "
+        "(measured sizes, then its deadline or the run's pace ended it before the last)."))
     busbw_gbps: float | None = Field(None, description="all_reduce busbw at the largest size, GB/s.")
     latency_us: float | None = Field(None, description="Time of one all_reduce at the smallest size, microseconds.")
     wall_s: float = Field(0.0, description="Wall time of the group's job, start-up included, seconds.")
@@ -93,9 +95,15 @@ class IsolationReport(Record):
     _nothing_passed: bool = PrivateAttr(False)
 
 
+def shown_status(run: GroupRun) -> str:
+    """The status the answer says: a group that measured sizes and was ended before the last is slow, not hung
+    (model round 11: slow pairs that their deadline ended read "hang" in the groups)."""
+    return "slow" if run.status == "hang" and run.rows else run.status
+
+
 def _record(r: int, run: GroupRun, names: list[str]) -> GroupRecord:
-    return GroupRecord(round=r, nodes=[names[i] for i in run.nodes], status=run.status, busbw_gbps=run.busbw_gbps,
-                       latency_us=run.latency_us, wall_s=run.wall_s, detail=run.detail)
+    return GroupRecord(round=r, nodes=[names[i] for i in run.nodes], status=shown_status(run),
+                       busbw_gbps=run.busbw_gbps, latency_us=run.latency_us, wall_s=run.wall_s, detail=run.detail)
 
 
 def pairwise(names: list[str], run_round: RunRound, *, rounds: int | None = None, margin: float | None = None,
@@ -258,7 +266,7 @@ def _other(run: GroupRun, node: int) -> int:
 
 def _run_text(run: GroupRun) -> str:
     if not run.ok:
-        return f"{run.status} ({run.detail})" if run.detail else run.status
+        return f"{shown_status(run)} ({run.detail})" if run.detail else shown_status(run)
     return f"busbw {_fmt(run.busbw_gbps)} GB/s, latency {_fmt(run.latency_us)} us"
 
 

@@ -337,11 +337,14 @@ def _pairs(report: IsolationReport) -> str:
                 us = lat[i][j] if lat and lat[i][j] else None
                 measured.append((bw[i][j], f"{a}-{b} {bw[i][j]:.3g}" + (f" ({us / 1000:.3g} ms)" if us else "")))
             elif frozenset((a, b)) in last:
-                broken.append(f"{a}-{b} {'hung' if last[frozenset((a, b))] == 'hang' else 'failed'}")
+                broken.append(f"{a}-{b} {_BROKEN_WORDS.get(last[frozenset((a, b))], 'failed')}")
     if len(measured) + len(broken) < 2:
         return ""
     return ("Pairs, busbw GB/s (latency at the smallest size), slowest first: "
             + ", ".join(broken + [text for _, text in sorted(measured)]) + ".")
+
+
+_BROKEN_WORDS = {"hang": "hung", "slow": "too slow to finish"}   # a pair with no figures, by its record's status
 
 
 def next_steps(suspects: list) -> list[str]:
