@@ -37,9 +37,10 @@ def test_the_workloads_log_gives_its_first_and_last_three_steps(tmp_path):
     """The first beside the last three shows a creep (round 10's model could not check "step time keeps creeping up")."""
     log = tmp_path / "job-7847000.out"
     log.write_text("".join(f"step {k} rank 0 step_ms {800 + 10 * k:.1f}\n" for k in range(6)) + "result 1.0e+00\n")
-    assert _step_lines([str(log)]) == [f"job-7847000.out: step {k} rank 0 step_ms {800 + 10 * k:.1f}" for k in (0, 3, 4, 5)]
+    lines, _ = _step_lines([str(log)])
+    assert lines == [f"job-7847000.out: step {k} rank 0 step_ms {800 + 10 * k:.1f}" for k in (0, 3, 4, 5)]
     log.write_text("".join(f"step {k} | {800 + k} ms\n" for k in range(3)))
-    assert _step_lines([str(log)]) == [f"job-7847000.out: step {k} | {800 + k} ms" for k in range(3)]
+    assert _step_lines([str(log)])[0] == [f"job-7847000.out: step {k} | {800 + k} ms" for k in range(3)]
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root: files of another user, as a root-run sweep meets them")
@@ -59,9 +60,9 @@ def test_a_jobs_stdout_is_read_only_when_it_is_the_jobs_users(tmp_path, monkeypa
     monkeypatch.setattr(sf, "running_job", lambda job_id: RunningJob(job_id, "nobody", 65534, 1, "mln1"))
     for path, lines, said in ((log, 4, "Step times from the job's stdout"), (link, 0, "owned by uid 0, not the job's user")):
         monkeypatch.setattr(sf, "_job_stdout", lambda job_id, path=path: str(path))
-        got, note = sf._job_log_lines("5")
-        assert len(got) == lines and said in note, (got, note)
+        got, trends, note = sf._job_log_lines("5")
+        assert len(got) == lines and said in note and trends == [], (got, note)   # 6 lines: too few for a trend
     monkeypatch.setattr(sf, "_job_stdout", lambda job_id: str(tmp_path / "gone.out"))
-    got, note = sf._job_log_lines("5")
-    assert got == [] and note.startswith(f"The job's stdout ({tmp_path / 'gone.out'}, as SLURM records it) could not "
+    got, trends, note = sf._job_log_lines("5")
+    assert got == [] == trends and note.startswith(f"The job's stdout ({tmp_path / 'gone.out'}, as SLURM records it) could not "
                                          "be read here"), note

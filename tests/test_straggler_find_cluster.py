@@ -177,6 +177,9 @@ def test_slow_loader_rank_is_named_for_data_loading(cluster, tmp_path):
     # No log_paths given: the step times come from the job's stdout as SLURM records it (model round 10 asked).
     assert result["step_time_lines"] and result["step_time_lines"][-1].startswith("job.out: step "), result["step_time_lines"]
     assert any(f.startswith(f"Step times from the job's stdout ({tmp_path / 'job.out'})") for f in result["findings"])
+    # And their trend (model round 11 asked for a series): the job logs a step every ~0.3 s, 12 lines in ~4 s.
+    assert [t["log"] for t in result["step_time_trend"]] == ["job.out"], result["step_time_trend"]
+    assert any(f.startswith("Step time in job.out (") for f in result["findings"]), result["findings"]
     assert not ours_left(cluster)
 
 

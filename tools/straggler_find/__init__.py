@@ -34,6 +34,7 @@ from .models import GpuSample, NodeReport, NodeSample, RankSample, Straggler
 from .slurm_job import sample_job
 from .ssh_job import sample_hosts
 from .step import node_line
+from .step_trend import StepTrend, sentence as trend_sentence, trend
 from ..engine.printable import printable
 from ..shared.culprit_kind import CULPRIT_KIND_FIELD, Culprit, CulpritKind
 from ..engine.spec import SELF_EVIDENT, Field, Params, Result, ToolFailure, ToolSpec
@@ -44,9 +45,10 @@ from ..shared.process_targets import ALLOW_OTHER_USERS_HELP, check_job_name, des
 
 MAX_PIDS = 64
 LOG_TAIL_BYTES = 65536
-# A step-time line: a step word, then a digit, then a time or rate word. Three searches, each from where the last
-# ended, instead of one `.*\d.*` pattern (cubic in the line's length: 62 s on one 4 KB line of "step 1 ").
-STEP_WORD = re.compile(r"(?i)\b(?:step|iter(?:ation)?)\b")
+# A step-time line: a step word, then a digit and a time or rate word. Separate searches from the step word's end,
+# instead of one `.*\d.*` pattern (cubic in the line's length: 62 s on one 4 KB line of "step 1 ").
+# The step counter of PyTorch's examples ("Epoch: [0][ 82/87866]\tTime 0.469") counts as a step word too.
+STEP_WORD = re.compile(r"(?i)\b(?:step|iter(?:ation)?)\b|\]\[ {0,8}\d{1,12}/\d{1,12}\]")
 DIGIT = re.compile(r"\d")
 # A time word may end a field name ("step_ms 812", "iter_time=0.8"): "_" is a word character, so \b alone missed
 # them, and our own drills' workload logged "step 12 rank 0 step_ms 812.4" unread (model round 10).
@@ -104,6 +106,8 @@ class StragglerFindResult(Result):
     step_time_lines: list[str] = Field(default_factory=list, description=(
         "The first and last step-time lines of each log's tail: log_paths, or a SLURM job's own stdout when none "
         "are given."))
+    step_time_trend: list[StepTrend] = Field(default_factory=list, description=(
+        "Per log: step time over every step line of its tail, by thirds, and the step it shifted at."))
     window_s: float = Field(0.0, description="Seconds sampled (looks added up).")
     culprit_kind: CulpritKind | None = Field(None, description=CULPRIT_KIND_FIELD)
     culprit: Culprit | None = Field(None, description="What to act on for the first straggler (its `culprit`).")
@@ -134,32 +138,38 @@ def _sampler(params: StragglerFindParams, progress):
 
 
 def is_step_line(line: str) -> bool:
-    """Whether the line reports a step's time or rate (`step 120 | 850 ms`, `iteration 7/100 ... elapsed`)."""
+    """Whether the line reports a step's time or rate (`step 120 | 850 ms`, `iteration 7/100 ... elapsed`,
+    `Epoch: [0][82/87866]  Time 0.469`): after a step word, a digit and a time word, in either order."""
     word = STEP_WORD.search(line)
-    digit = word and DIGIT.search(line, word.end())
-    return bool(digit and TIME_WORD.search(line, digit.end()))
+    if not word:
+        return False
+    digit = DIGIT.search(line, word.end())
+    time_word = TIME_WORD.search(line, word.end())
+    return bool(digit and time_word)
 
 
-def _picked(name: str, tail: bytes) -> list[str]:
-    """The first and the last three step-time lines of a log's tail: the first beside the last shows a creep the
-    last three alone hide (model round 10)."""
+def _picked(name: str, tail: bytes) -> tuple[list[str], StepTrend | None]:
+    """The first and the last three step-time lines of a log's tail (the first beside the last shows a creep the last
+    three alone hide: model round 10), and the trend of all of them (step_trend.py: when it shifted, round 11)."""
     lines = [ln for ln in capped_lines(tail.decode(errors="replace"), last=True) if is_step_line(ln)]
     picked = lines[-3:] if len(lines) <= 4 else [lines[0]] + lines[-3:]
-    return [f"{name}: {ln.strip()[:200]}" for ln in picked]
+    return [f"{name}: {ln.strip()[:200]}" for ln in picked], trend(printable(name[-120:], newlines=False), lines)
 
 
-def _step_lines(paths: list[str]) -> list[str]:
-    """Step-time lines (_picked) of each log's tail (64 KiB), read through safe_read (a FIFO or /proc file is
-    refused)."""
-    out = []
+def _step_lines(paths: list[str]) -> tuple[list[str], list[StepTrend]]:
+    """Step-time lines (_picked) and trends of each log's tail (64 KiB), read through safe_read (a FIFO or /proc
+    file is refused)."""
+    lines, trends = [], []
     for raw in paths:
         path = os.path.abspath(os.path.expanduser(raw))
         try:
             tail = read_tail(path, LOG_TAIL_BYTES, field="log_paths")
         except OSError as e:
             raise ToolFailure(f"log_paths: cannot read {raw!r}: {e.strerror or e}") from None
-        out += _picked(os.path.basename(path), tail)
-    return out
+        picked, found = _picked(os.path.basename(path), tail)
+        lines += picked
+        trends += [found] if found else []
+    return lines, trends
 
 
 def _check_inputs(params: StragglerFindParams) -> None:
@@ -187,39 +197,42 @@ def _job_stdout(job_id: str) -> str | None:
     return path if os.path.isabs(path) else None
 
 
-def _job_log_lines(job_id: str) -> tuple[list[str], str | None]:
-    """(step-time lines, a sentence on where they came from) from a SLURM job's own stdout, for a caller who gave no
+def _job_log_lines(job_id: str) -> tuple[list[str], list[StepTrend], str | None]:
+    """(step-time lines, their trend, a sentence on where they came from) from a SLURM job's own stdout, for a caller
+    who gave no
     log_paths: in model round 10 the agent ran slurm_job_diagnose only to learn that path. Read only when the file
     is the job's user's (SLURM's record of the job, and the descriptor read): run as root, a link the user put in
     its place must not have root quote another file. A file not readable here is said, never an error."""
     path = _job_stdout(job_id)
     if path is None:
-        return [], None
+        return [], [], None
     shown = printable(path[-200:], newlines=False)
     try:
         uid = running_job(job_id).uid
         with open_regular(path, field="the job's stdout") as f:
             st = os.fstat(f.fileno())
             if st.st_uid != uid:
-                return [], f"The job's stdout ({shown}) is owned by uid {st.st_uid}, not the job's user (uid {uid}): not read."
+                return [], [], (f"The job's stdout ({shown}) is owned by uid {st.st_uid}, not the job's user "
+                                f"(uid {uid}): not read.")
             f.seek(max(0, st.st_size - LOG_TAIL_BYTES))
-            lines = _picked(os.path.basename(path), f.read(LOG_TAIL_BYTES))
+            lines, found = _picked(os.path.basename(path), f.read(LOG_TAIL_BYTES))
     except (OSError, ToolFailure) as e:
-        return [], f"The job's stdout ({shown}, as SLURM records it) could not be read here: {str(e)[-200:]}"
+        return [], [], f"The job's stdout ({shown}, as SLURM records it) could not be read here: {str(e)[-200:]}"
     if not lines:
-        return [], f"No step-time line in the last {LOG_TAIL_BYTES // 1024} KiB of the job's stdout ({shown})."
+        return [], [], f"No step-time line in the last {LOG_TAIL_BYTES // 1024} KiB of the job's stdout ({shown})."
     said = [ln.partition(": ")[2] for ln in lines]
     span = f"first in its last {LOG_TAIL_BYTES // 1024} KiB '{said[0]}', last '{said[-1]}'" if len(said) > 1 else f"'{said[0]}'"
-    return lines, f"Step times from the job's stdout ({shown}): {span}."
+    return lines, [found] if found else [], f"Step times from the job's stdout ({shown}): {span}."
 
 
 def run(params: StragglerFindParams, progress) -> StragglerFindResult:
     _check_inputs(params)
-    result = StragglerFindResult(step_time_lines=_step_lines(params.log_paths))
+    lines, trends = _step_lines(params.log_paths)
+    result = StragglerFindResult(step_time_lines=lines, step_time_trend=trends)
     looked = look(_sampler(params, progress), params.window_s, params.rate_hz, Rules.load(), progress)
     log_note = None
     if params.slurm_job_id and not params.log_paths:          # after the look: the job is one the caller may read
-        result.step_time_lines, log_note = _job_log_lines(params.slurm_job_id)
+        result.step_time_lines, result.step_time_trend, log_note = _job_log_lines(params.slurm_job_id)
     reports, problems = looked.reports, looked.problems
     result.window_s = sum(looked.looks_s)
     result.ranks = sorted((r for rep in reports for r in rep.ranks),
@@ -229,7 +242,8 @@ def run(params: StragglerFindParams, progress) -> StragglerFindResult:
     if not result.ranks:
         raise ToolFailure("no rank process found to sample: " + "; ".join(
             [e for n in result.nodes for e in n.errors] + problems)[:1200])
-    _fill(result, looked.verdict, problems + [looked.sentence(params.window_s)] + ([log_note] if log_note else []))
+    _fill(result, looked.verdict, problems + [looked.sentence(params.window_s)] + ([log_note] if log_note else [])
+          + [trend_sentence(t) for t in result.step_time_trend])
     progress(1.0, "done")
     return result
 

@@ -1,0 +1,166 @@
+"""When a training log's step time changed: a trend over every step line of the tail, not its first and last lines.
+
+Model rounds 10 and 11 asked for a series: the first line beside the last three shows that the end is slower, not
+whether step time crept up or jumped, nor at which step. Here each step line's time is read (a time field and its
+number: "step_ms 812.4", "iter_time=0.85", "elapsed time per iteration (ms): 1234.5"; or a number and its unit:
+"850 ms"), and the series is summed up as the medians of its first, middle and last thirds and how it changed: a
+shift at one step (the split that leaves the least squared error), or a creep (a straight line fits better than
+any one split).
+
+A change is said only when the last or middle third moved from the first by more than the steps' own spread allows
+(SPREAD_FACTOR standard errors of a difference of two thirds' medians, the spread taken from successive
+differences, which a shift or a creep hardly moves) and by at least MIN_SHIFT_PCT; else the series is "steady".
+Rates (tokens/s, it/s, TFLOPS) are not step times and are not read. The values are in the log's own unit, named by
+the field or unit they came with; a log whose lines mix fields keeps the field most of its lines carry.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from statistics import median, pstdev
+from typing import Literal
+
+from ..engine.spec import Field, Record
+
+MIN_LINES = 12          # fewer step times than this say nothing about a trend: thirds of < 4 lines are noise
+MIN_SHIFT_PCT = 5.0     # a shift smaller than this is not said, however quiet the steps
+# A change must exceed this many standard errors of the difference of two thirds' medians. Measured on 1,000 seeded
+# series of steady steps each (normal, 3% sd; and with spikes of 3-10 x): a change said in 0.2-0.5% of them at 12-20
+# lines, 0.1% at 30, none at 60 or 200 (3.0: 0.6-1.1% at 12-20); a 15% shift two thirds in is said in 77% at 12
+# lines, 93% at 15, 99% at 20, all at 30 (tests/test_step_trend.py).
+SPREAD_FACTOR = 3.5
+MAD_SCALE = 1.4826      # the MAD of a normal sample times this is its standard deviation
+MEDIAN_SE = 1.2533      # the standard error of a median of m normal values is this x sd / sqrt(m)
+CLIP_SD = 6.0           # for the fits, a value further than this many sds from its neighbours' median is clipped
+
+NUMBER = r"(\d{1,12}(?:\.\d{1,9})?)"
+# A time field, then its number: the field names training loops print (Megatron-LM's "elapsed time per iteration
+# (ms)", "step_time", our drills' workload's "step_ms", PyTorch's examples' "Time 0.469"). Bounded repeats only
+# (tests/test_door_matching.py).
+TIME_FIELD = re.compile(r"(?i)(elapsed time per iteration \(ms\)|step_ms|step_time(?:_ms|_s)?|iter_time(?:_ms|_s)?"
+                        r"|iteration_time|time_ms|batch_time|\btime\b)[ \t]{0,4}[:=]?[ \t]{0,4}" + NUMBER)
+# A number, then a time unit ("| 850 ms", "took 1.2 s").
+TIME_UNIT = re.compile(r"(?i)(?<![\w.])" + NUMBER + r"[ \t]{0,2}(ms|sec|s)\b")
+# The step's number: after a step word, or the first of PyTorch's examples' "[epoch][step/steps]".
+STEP_NUMBER = re.compile(r"(?i)\b(?:step|iter(?:ation)?)\b[ \t:=#]{0,8}(\d{1,12})|\]\[ {0,8}(\d{1,12})/")
+
+
+class StepTrend(Record):
+    log: str = Field(description="The log's file name.")
+    unit: str = Field(description="The field or unit the times were read with, as the log prints it.")
+    lines: int = Field(description="Step times read from the log's tail.")
+    first_step: int | None = Field(None, description="Step number of the first time read, when the lines number steps.")
+    last_step: int | None = Field(None, description="Step number of the last time read.")
+    thirds: list[float] = Field(description="Median step time of the first, middle and last third of the lines.")
+    change_pct: float = Field(description="Last third's median against the first third's, %.")
+    shape: Literal["steady", "shift", "creep"] = Field(description=(
+        "steady: no third moved beyond the steps' own spread; shift: at one step (shift_at_step); creep: gradually."))
+    shift_at_step: int | None = Field(None, description=(
+        "Step (or line, counted from 1, where lines carry no step number) from which step time shifted."))
+    before: float | None = Field(None, description="Median step time before the shift.")
+    after: float | None = Field(None, description="Median step time from the shift on.")
+    spread: float = Field(description="The steps' own spread, one standard deviation, in the log's unit.")
+
+
+def step_time(line: str) -> tuple[float, str] | None:
+    """(time, its field or unit) of one step line; None when it carries no time of a step (a rate only)."""
+    field = TIME_FIELD.search(line)
+    if field:
+        return float(field.group(2)), field.group(1).lower()
+    unit = TIME_UNIT.search(line)
+    if unit:
+        return float(unit.group(1)), unit.group(2).lower()
+    return None
+
+
+def _step_number(line: str) -> int | None:
+    found = STEP_NUMBER.search(line)
+    return int(found.group(1) or found.group(2)) if found else None
+
+
+def _noise_sd(times: list[float]) -> float:
+    """The steps' own spread, as a standard deviation, from successive differences: a shift or a creep moves the
+    series' level but few of its step-to-step differences, so neither inflates it (one level's MAD would)."""
+    diffs = [b - a for a, b in zip(times, times[1:])]
+    mid = median(diffs)
+    # The standard deviation of the differences, each held within 4 MADs of their median: the MAD alone is too
+    # loose an estimate at 12-30 lines (it came out low often enough to call 1% of steady series changed), and a
+    # spike's two large differences must not swell it either.
+    bound = 4 * MAD_SCALE * median(abs(d - mid) for d in diffs)
+    held = [min(max(d, mid - bound), mid + bound) for d in diffs]
+    return pstdev(held) / 2 ** 0.5
+
+
+def _clipped(times: list[float], sd: float) -> list[float]:
+    """Each value held within CLIP_SD sds of its five neighbours' median: one checkpoint step that took 10 x as long
+    moves no fit, and a shift, which the neighbours follow, is kept."""
+    out = []
+    for i, t in enumerate(times):
+        local = median(times[max(0, i - 2):i + 3])
+        out.append(min(max(t, local - CLIP_SD * sd), local + CLIP_SD * sd))
+    return out
+
+
+def _best_split(y: list[float]) -> tuple[int, float, float]:
+    """(index the shift starts at, the split's residual sum of squares, a straight line's) by least squares."""
+    n = len(y)
+    prefix, prefix_sq = [0.0], [0.0]
+    for v in y:
+        prefix.append(prefix[-1] + v)
+        prefix_sq.append(prefix_sq[-1] + v * v)
+
+    def rss(a: int, b: int) -> float:
+        total = prefix[b] - prefix[a]
+        return (prefix_sq[b] - prefix_sq[a]) - total * total / (b - a)
+    split_rss, k = min((rss(0, k) + rss(k, n), k) for k in range(2, n - 1))
+    x_mean, y_mean = (n - 1) / 2, prefix[n] / n
+    slope = (sum((x - x_mean) * (v - y_mean) for x, v in enumerate(y))
+             / sum((x - x_mean) ** 2 for x in range(n)))
+    line_rss = sum((v - y_mean - slope * (x - x_mean)) ** 2 for x, v in enumerate(y))
+    return k, split_rss, line_rss
+
+
+def trend(name: str, lines: list[str]) -> StepTrend | None:
+    """The trend of a log's step lines (already picked as step lines, oldest first); None below MIN_LINES times."""
+    read = [(t, _step_number(line)) for line in lines if (t := step_time(line)) is not None]
+    if not read:
+        return None
+    unit = Counter(u for (_, u), _ in read).most_common(1)[0][0]
+    kept = [(value, step) for (value, u), step in read if u == unit]
+    if len(kept) < MIN_LINES or min(v for v, _ in kept) <= 0:
+        return None
+    times = [v for v, _ in kept]
+    steps = [s for _, s in kept]
+    numbered = all(s is not None for s in steps)
+    n, third = len(times), len(times) // 3
+    thirds = [median(times[:third]), median(times[third:n - third]), median(times[-third:])]
+    sd = _noise_sd(times)
+    out = StepTrend(log=name, unit=unit, lines=n, thirds=[round(t, 4) for t in thirds], shape="steady",
+                    first_step=steps[0] if numbered else None, last_step=steps[-1] if numbered else None,
+                    change_pct=round((thirds[2] / thirds[0] - 1) * 100, 1), spread=round(sd, 4))
+    bar = max(SPREAD_FACTOR * MEDIAN_SE * sd * (2 / third) ** 0.5, MIN_SHIFT_PCT / 100 * thirds[0])
+    if max(abs(thirds[1] - thirds[0]), abs(thirds[2] - thirds[0])) <= bar:
+        return out
+    k, split_rss, line_rss = _best_split(_clipped(times, sd))
+    if line_rss < split_rss:
+        out.shape = "creep"
+        return out
+    out.shape = "shift"
+    out.shift_at_step = steps[k] if numbered else k + 1
+    out.before, out.after = round(median(times[:k]), 4), round(median(times[k:]), 4)
+    return out
+
+
+def sentence(t: StepTrend) -> str:
+    """The trend in one sentence of the findings."""
+    span = f"steps {t.first_step}-{t.last_step}" if t.first_step is not None else f"{t.lines} lines"
+    head = (f"Step time in {t.log} ({t.lines} step lines, {span}, {t.unit}): {t.thirds[0]:.4g} in the first third, "
+            f"{t.thirds[1]:.4g} in the middle, {t.thirds[2]:.4g} in the last ({t.change_pct:+.0f}%)")
+    if t.shape == "steady":
+        return head + f"; steady: no third moved beyond the steps' own spread (+-{t.spread:.3g})."
+    if t.shape == "creep":
+        return head + "; it crept, step by step, rather than shifting at one step."
+    where = "step" if t.first_step is not None else "line"
+    return (head + f"; it shifted at {where} {t.shift_at_step}: median {t.before:.4g} before, {t.after:.4g} from "
+            "there on.")
