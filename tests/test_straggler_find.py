@@ -336,6 +336,29 @@ def test_cpu_contention_is_the_reason_and_no_gpu_is_blamed_on_a_cpu_job():
     assert "it ran 3% of the time it was runnable (peers 10%)" in result.findings[0]
 
 
+def test_at_heavy_load_a_rank_that_got_as_much_cpu_as_its_peers_is_not_a_second_straggler():
+    """-n 4 clean clone, 2026-12-05, load 17 on 2 cores: beside mln3's rank (throttled 100%, quota 0.05 CPU), mln4's
+    rank ran 4% of its runnable time against its peers' 12% and was named a second straggler for "CPU contention",
+    though it got 0.018 CPU-s/s like them (0.017-0.022). The rows of that run."""
+    def parts(*collective):
+        return [{"collective": c, "compute": 1 - c} for c in collective]
+
+    rows = [(0, 0.017, 0.085, None, (0.947, 0.895, 0.947)), (1, 0.022, 0.164, None, (0.842, 0.947, 1.0)),
+            (2, 0.037, 2.179, 1.0, (0.222, 0.053, 0.211)), (3, 0.018, 0.386, None, (0.947, 0.842, 1.0))]
+    ranks = []
+    for rank, cpu, runq, throttled, thirds in rows:
+        r = _rank(rank, sum(thirds) / 3, host=f"mln{rank + 1}", runqueue_wait_fraction=runq, cpu_fraction=cpu,
+                  cgroup_throttled_fraction=throttled, cgroup=f"/mln/mln{rank + 1}", others_runnable=17.0,
+                  part_fractions=parts(*thirds), part_samples=[19, 19, 19])
+        r.samples = 57
+        ranks.append(r)
+    result = _headline(ranks)
+    assert [(s.rank, s.host, s.reason) for s in result.stragglers] == [(2, "mln3", "cpu")], result.findings
+    # The same rank getting a third of its peers' CPU is starved, and named.
+    ranks[3].cpu_fraction = 0.007
+    assert [s.rank for s in _headline(ranks).stragglers] == [2, 3]
+
+
 def test_a_rank_that_leads_unclearly_is_sampled_longer_then_named():
     from tools.straggler_find.look import look
     # Issue 35: a rank 15% slower was "no straggler" at 20 s and named at 60 s. The first look (6 s at 5 Hz: 30
