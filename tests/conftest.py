@@ -13,7 +13,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))  # `import server` and `import evals` from the tests
 
 # Each xdist worker has a namespace cluster of its own (scripts/cluster-local.sh, instance = the one given, default 0,
-# plus the worker's number: gw0 -> 0, gw1 -> 1), so the two cluster groups below run at the same time.
+# plus the worker's number: gw0 -> 0, gw1 -> 1), so the cluster groups below run at the same time.
 # tools/evals/drills/cluster.py reads MLN_CLUSTER_INSTANCE once, at import, which is after this line.
 _WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
 if _WORKER.startswith("gw") and _WORKER[2:].isdigit():
@@ -45,20 +45,45 @@ def _has_nvidia_gpu() -> bool:
 # What must not run beside another test of its kind under pytest-xdist: the tests of the namespace cluster (one per
 # worker, see above: a module's faults and restarts must not meet another module's tests on the same cluster) and
 # of the one-node SLURM (one per worker session), and the modules that check /tmp or the process table around them.
-# `-n 2 --dist loadgroup` sends each group whole to one worker, in file order; xdist's default reordering puts the
-# two groups (its largest scopes) first, one on each worker, and the other tests follow on whichever worker is free.
-# The modules are split so the two groups take about as long: measured per module (setup + call + teardown) with
-# both groups at once on 2 cores, load 17-20 (2026-12-02, instances 1 and 2): isolation_cluster 1,291 s,
-# fleet_sweep 501, fleet_sweep_hostile 386 (CLUSTER_B, 2,177 s); fleet_sweep_ssh 476, isolation_ssh_cluster 420,
-# dist_across_nodes 249, pair_agent_seat 181, ssh_ranks_cluster 166, straggler_find_cluster 147, slurm_local 118,
-# and 10 more, 396 (CLUSTER_A, 2,153 s).
-CLUSTER_A, CLUSTER_B = "cluster-a", "cluster-b"
-CLUSTER_B_MODULES = {"test_isolation_cluster.py", "test_fleet_sweep_hostile.py", "test_fleet_sweep.py"}
+# `--dist loadgroup` sends each group whole to one worker, in file order; xdist's default reordering hands out the
+# groups with the most tests first, one per worker, and the other tests follow on whichever worker is free.
+# Three cluster groups, so that with `-n 4` they run side by side and the fourth worker takes the rest. A cluster
+# costs nothing to start per module (8 nodes: 0.4 s up, 0.6 s down, 2026-12-05), so a module split across two groups
+# (the bisect tests of test_isolation_cluster.py) only starts one more cluster. Their tests' seconds under `-n 4` on
+# a clean clone (2026-12-05, load 15-17 on 2 cores): cluster-fleet 1,675, cluster-links 1,594, cluster-ranks 1,398,
+# the rest 1,477 (docs/benchmarks.md, thirteenth session).
+CLUSTER_LINKS, CLUSTER_FLEET, CLUSTER_RANKS = "cluster-links", "cluster-fleet", "cluster-ranks"
+# Module, or module::test-name prefix, to its group; a grouped test found in none goes to CLUSTER_RANKS, which
+# holds the one-node SLURM (started once, on one worker).
+CLUSTER_GROUP_OF = {
+    "test_isolation_cluster.py::test_bisect": CLUSTER_FLEET,
+    "test_isolation_cluster.py": CLUSTER_LINKS,
+    "test_isolation_ssh_cluster.py": CLUSTER_LINKS,
+    "test_pair_agent_seat.py": CLUSTER_LINKS,
+    "test_nic_health_cluster.py": CLUSTER_LINKS,
+    "test_launch_script_cluster.py": CLUSTER_LINKS,
+    "test_fleet_sweep.py": CLUSTER_FLEET,
+    "test_fleet_sweep_hostile.py": CLUSTER_FLEET,
+    "test_fleet_sweep_ssh.py": CLUSTER_LINKS,
+    "test_transport_srun.py": CLUSTER_FLEET,
+    "test_cluster_local.py": CLUSTER_FLEET,
+    "test_on_node.py": CLUSTER_FLEET,
+}
 SERIAL_FIXTURES = {"multinode_cluster", "slurm_cluster"}
-# These assert on every py-spy of the host, or on which of the host's processes claim a job's ranks: in CLUSTER_A,
-# with the cluster modules that run py-spy on the nodes (straggler_find, hang_stack_dump through srun), never
-# beside them. The one-node SLURM's modules are in CLUSTER_A too (started once, on one worker).
+# These assert on every py-spy of the host, or on which of the host's processes claim a job's ranks: in CLUSTER_RANKS,
+# with the cluster modules that run py-spy on the nodes (straggler_find, hang_stack_dump through srun, the same over
+# ssh), never beside them.
 SERIAL_MODULES = {"test_straggler_find.py", "test_hang_stack_dump.py", "test_security_processes.py"}
+
+
+def cluster_group(item) -> str:
+    """The xdist group of a test that needs a cluster or a quiet process table (CLUSTER_GROUP_OF)."""
+    name = item.path.name
+    for key, group in CLUSTER_GROUP_OF.items():     # the longer, test-name keys come first
+        module, _, prefix = key.partition("::")
+        if module == name and item.name.startswith(prefix):
+            return group
+    return CLUSTER_RANKS
 
 
 # tryfirst: xdist's worker names each item's group (nodeid@group) in its own pytest_collection_modifyitems,
@@ -70,7 +95,7 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if (item.get_closest_marker("slurm") or SERIAL_FIXTURES & set(getattr(item, "fixturenames", ()))
                 or item.path.name in SERIAL_MODULES):
-            item.add_marker(pytest.mark.xdist_group(CLUSTER_B if item.path.name in CLUSTER_B_MODULES else CLUSTER_A))
+            item.add_marker(pytest.mark.xdist_group(cluster_group(item)))
     if any(item.get_closest_marker("gpu") for item in items) and not _has_nvidia_gpu():
         skip = pytest.mark.skip(reason="needs an NVIDIA GPU (NVML finds none); run on the GPU machine with -m gpu")
         for item in items:
