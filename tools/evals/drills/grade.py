@@ -19,7 +19,8 @@ culprit_kind: node | link | rank | gpu | setting | none | inconclusive. Scoring,
    Two faults of different kinds (the truth's `also`, the diagnosis' `also`: [{"culprit_kind", "culprit"}]):
    the same rule over (kind, name) pairs.
 Names compare case-insensitively; a link is the same in either direction ("mln2-mln1" = "mln1-mln2");
-a rank may be written "3" or "rank 3"; a setting by its variable name. A GPU is named by its node, and its PCI bus
+a rank may be written "3" or "rank 3"; a setting by its variable name, or, where the truth's `same_as` gives a
+setting by a node's name (a shaper on that node's link), by the node it is set on. A GPU is named by its node, and its PCI bus
 id or serial where the truth gives one ("node4 GPU 0000:00:08", "node4:00:08.0"): the node alone names it when the
 truth names only the node, and a node answer (kind "node") naming the GPU's host is that GPU too.
 """
@@ -210,8 +211,7 @@ def grade(scenario: Scenario, diagnosis: Diagnosis) -> Grade:
             return Grade(scenario.id, 1.0, True, reason="the right GPU (by its node" + (
                 " and bus id)" if any(gpu_name(n)[1] for n in truth.identity) else ")"))
     for same in truth.same_as:
-        if (diagnosis.culprit_kind == same.kind and {normal_name(same.kind, n) for n in diagnosis.culprit}
-                == {normal_name(same.kind, n) for n in same.identity}):
+        if diagnosis.culprit_kind == same.kind and _same_culprit(same.kind, diagnosis.culprit, same.identity):
             return Grade(scenario.id, 1.0, True, reason=f"the right culprit, named by its {same.kind}")
     if diagnosis.culprit_kind != truth.kind:
         return Grade(scenario.id, 0.0, False, reason=f"the culprit is a {truth.kind}; the answer names a {diagnosis.culprit_kind}")
@@ -224,6 +224,14 @@ def grade(scenario: Scenario, diagnosis: Diagnosis) -> Grade:
     if got and got < want:
         return Grade(scenario.id, 0.5, False, reason=f"names some culprits; misses {', '.join(sorted(want - got))}")
     return Grade(scenario.id, 0.0, False, reason=f"names {', '.join(sorted(got)) or 'nothing'}; the culprit is {', '.join(sorted(want))}")
+
+
+def _same_culprit(kind: str, named: list[str], identity: list[str]) -> bool:
+    """Whether the answer's names are the identity's. A setting whose identity is a node is a setting of that node
+    (a tc shaper on its link): the answer names it by the nodes it places it on ("mln3: tc tbf qdisc on eth0")."""
+    if kind == "setting" and identity and all(NODE_NAME.fullmatch(n.lower()) for n in identity):
+        return {m for n in named for m in NODE_NAME.findall(n.lower())} == {n.lower() for n in identity}
+    return {normal_name(kind, n) for n in named} == {normal_name(kind, n) for n in identity}
 
 
 def _grade_several(scenario_id: str, truth, diagnosis: Diagnosis) -> Grade:
