@@ -7,9 +7,10 @@ number: "step_ms 812.4", "iter_time=0.85", "elapsed time per iteration (ms): 123
 shift at one step (the split that leaves the least squared error), or a creep (a straight line fits better than
 any one split).
 
-A change is said only when the last or middle third moved from the first by more than the steps' own spread allows
-(SPREAD_FACTOR standard errors of a difference of two thirds' medians, the spread taken from successive
-differences, which a shift or a creep hardly moves) and by at least MIN_SHIFT_PCT; else the series is "steady".
+A change is said only when the last or middle third moved from the first by more than chance allows (SPREAD_FACTOR
+standard errors of a difference of two thirds' medians, one step's spread taken from successive differences, which a
+shift or a creep hardly moves) and by at least MIN_SHIFT_PCT; else the series is "steady". Up and down (the middle
+third apart from both ends) is "varied"; a shift is said only where the medians on its two sides differ as much.
 Rates (tokens/s, it/s, TFLOPS) are not step times and are not read. The values are in the log's own unit, named by
 the field or unit they came with; a log whose lines mix fields keeps the field most of its lines carry.
 """
@@ -54,13 +55,16 @@ class StepTrend(Record):
     last_step: int | None = Field(None, description="Step number of the last time read.")
     thirds: list[float] = Field(description="Median step time of the first, middle and last third of the lines.")
     change_pct: float = Field(description="Last third's median against the first third's, %.")
-    shape: Literal["steady", "shift", "creep"] = Field(description=(
-        "steady: no third moved beyond the steps' own spread; shift: at one step (shift_at_step); creep: gradually."))
+    shape: Literal["steady", "shift", "creep", "varied"] = Field(description=(
+        "steady: no third moved beyond the steps' own spread; shift: at one step (shift_at_step); creep: "
+        "gradually, one way; varied: up and down (the middle third apart from both ends)."))
     shift_at_step: int | None = Field(None, description=(
         "Step (or line, counted from 1, where lines carry no step number) from which step time shifted."))
     before: float | None = Field(None, description="Median step time before the shift.")
     after: float | None = Field(None, description="Median step time from the shift on.")
-    spread: float = Field(description="The steps' own spread, one standard deviation, in the log's unit.")
+    spread: float = Field(description="One step's own spread, one standard deviation, in the log's unit.")
+    bar: float = Field(0.0, description=(
+        "How far two thirds' medians had to differ to count as a change (3.5 standard errors, at least 5%)."))
 
 
 def step_time(line: str) -> tuple[float, str] | None:
@@ -139,17 +143,33 @@ def trend(name: str, lines: list[str]) -> StepTrend | None:
     out = StepTrend(log=name, unit=unit, lines=n, thirds=[round(t, 4) for t in thirds], shape="steady",
                     first_step=steps[0] if numbered else None, last_step=steps[-1] if numbered else None,
                     change_pct=round((thirds[2] / thirds[0] - 1) * 100, 1), spread=round(sd, 4))
-    bar = max(SPREAD_FACTOR * MEDIAN_SE * sd * (2 / third) ** 0.5, MIN_SHIFT_PCT / 100 * thirds[0])
+    floor = MIN_SHIFT_PCT / 100 * thirds[0]
+    bar = max(_bar(sd, third, third), floor)
+    out.bar = round(bar, 4)
     if max(abs(thirds[1] - thirds[0]), abs(thirds[2] - thirds[0])) <= bar:
         return out
-    k, split_rss, line_rss = _best_split(_clipped(times, sd))
-    if line_rss < split_rss:
-        out.shape = "creep"
+    # Up and down (a load that came and went) is neither one shift nor a creep: the middle third apart from both ends.
+    if (thirds[1] - thirds[0] > bar and thirds[1] - thirds[2] > bar) or (
+            thirds[0] - thirds[1] > bar and thirds[2] - thirds[1] > bar):
+        out.shape = "varied"
         return out
-    out.shape = "shift"
-    out.shift_at_step = steps[k] if numbered else k + 1
-    out.before, out.after = round(median(times[:k]), 4), round(median(times[k:]), 4)
+    k, split_rss, line_rss = _best_split(_clipped(times, sd))
+    before, after = median(times[:k]), median(times[k:])
+    # A shift is said only where the medians on its two sides differ beyond the spread too: the split is placed by
+    # least squares (means), and on skewed steps it can fall where the medians agree (round 12: "median 13.6
+    # before, 13.65 after" under a "+10%").
+    if split_rss <= line_rss and abs(after - before) > max(_bar(sd, k, n - k), floor):
+        out.shape = "shift"
+        out.shift_at_step = steps[k] if numbered else k + 1
+        out.before, out.after = round(before, 4), round(after, 4)
+    else:
+        out.shape = "creep"
     return out
+
+
+def _bar(sd: float, a: int, b: int) -> float:
+    """How far the medians of a and b steps must differ to be told apart from the steps' spread."""
+    return SPREAD_FACTOR * MEDIAN_SE * sd * (1 / a + 1 / b) ** 0.5
 
 
 def sentence(t: StepTrend) -> str:
@@ -158,9 +178,12 @@ def sentence(t: StepTrend) -> str:
     head = (f"Step time in {t.log} ({t.lines} step lines, {span}, {t.unit}): {t.thirds[0]:.4g} in the first third, "
             f"{t.thirds[1]:.4g} in the middle, {t.thirds[2]:.4g} in the last ({t.change_pct:+.0f}%)")
     if t.shape == "steady":
-        return head + f"; steady: no third moved beyond the steps' own spread (+-{t.spread:.3g})."
+        return head + (f"; steady: no third's median moved by more than chance allows (+-{t.bar:.3g}; one "
+                       f"step's own spread +-{t.spread:.3g}).")
     if t.shape == "creep":
         return head + "; it crept, step by step, rather than shifting at one step."
+    if t.shape == "varied":
+        return head + "; it varied: up and down, neither one shift nor a steady creep (a load that came and went?)."
     where = "step" if t.first_step is not None else "line"
     return (head + f"; it shifted at {where} {t.shift_at_step}: median {t.before:.4g} before, {t.after:.4g} from "
             "there on.")
