@@ -80,6 +80,10 @@ def test_healthy_pairs_spread_wider_than_the_rule_can_judge_is_inconclusive(seed
     assert not report.suspects
     if report.inconclusive:
         assert rule.k * report.spread > rule.widest
+        # No latency rule applies then: no ceiling is stated (model round 12 read latency_ceiling_us = 8.7e12).
+        assert report.latency_ceiling_us is None
+    else:
+        assert report.latency_ceiling_us is not None and report.latency_ceiling_us < 1e7
     assert "spread" in report.rule
 
 

@@ -99,12 +99,13 @@ def _check(n: int, f: PairFigure) -> None:
         raise ValueError(f"figures: pair ({f.a}, {f.b}) is not two different nodes of 0..{n - 1}")
 
 
-def analyse_pairs(n: int, figures, *, margin: float = 0.5, latency_margin: float = 4.0,
+def analyse_pairs(n: int, figures, *, margin: float = 0.5, latency_margin: float | None = 4.0,
                   node_share: float = 0.75, link_cap: int = 64) -> PairVerdict:
-    """Name slow nodes and slow links among n nodes from their pair figures (see the module doc)."""
+    """Name slow nodes and slow links among n nodes from their pair figures (see the module doc); latency_margin
+    None judges no pair by its latency (and states no ceiling)."""
     if not 0 < margin < 1:
         raise ValueError(f"margin: {margin} is outside (0, 1)")
-    if latency_margin <= 0 or not 0.5 < node_share <= 1:
+    if (latency_margin is not None and latency_margin <= 0) or not 0.5 < node_share <= 1:
         raise ValueError("latency_margin must be > 0 and node_share in (0.5, 1]")
     read = _source(figures)
     bw_hist, lat_hist = _Histogram(), _Histogram()
@@ -118,7 +119,7 @@ def analyse_pairs(n: int, figures, *, margin: float = 0.5, latency_margin: float
             lat_hist.add(f.latency_us)
     bw_ref, lat_ref = bw_hist.quantile(0.75), lat_hist.quantile(0.25)
     floor = bw_ref * (1 - margin) if bw_ref else None
-    ceiling = lat_ref * (1 + latency_margin) if lat_ref else None
+    ceiling = lat_ref * (1 + latency_margin) if lat_ref and latency_margin is not None else None
 
     slow = slow_rule(floor, ceiling)
     nodes = _per_node(n, read, slow)
