@@ -359,6 +359,30 @@ def test_at_heavy_load_a_rank_that_got_as_much_cpu_as_its_peers_is_not_a_second_
     assert [s.rank for s in _headline(ranks).stragglers] == [2, 3]
 
 
+def test_beside_a_rank_the_others_wait_for_a_rank_with_only_cpu_contention_is_said_not_named():
+    """Model round 12, cl-straggler-loader, four drills on one 2-core host (30 runnable processes): rank 1 on mln2
+    headlined "CPU-starved host" (it ran 0.3% of its runnable time against ~0.9%, 0.003 CPU-s/s against 0.005) while
+    the others waited 96-100% of the window on rank 2's loader (rank 2: 15% in collectives, 81% loading data). The
+    model overruled the headline. The rows of that run."""
+    rows = [(0, 0.005, 0.634, 30.0, 0.963, 0.0, (0.89, 1.0, 1.0)), (1, 0.003, 0.973, 26.0, 0.963, 0.0, (1.0, 1.0, 0.89)),
+            (2, 0.006, 0.587, 29.3, 0.148, 0.815, (0.22, 0.22, 0.0)), (3, 0.005, 0.525, 30.3, 1.0, 0.0, (1.0, 1.0, 1.0))]
+    ranks = []
+    for rank, cpu, runq, crowd, collective, data, thirds in rows:
+        r = _rank(rank, collective, data=data, host=f"mln{rank + 1}", cpu_fraction=cpu, runqueue_wait_fraction=runq,
+                  others_runnable=crowd, part_fractions=[{"collective": c} for c in thirds], part_samples=[9, 9, 9])
+        r.samples = 27
+        ranks.append(r)
+    result = _headline(ranks)
+    assert [(s.rank, s.reason) for s in result.stragglers] == [(2, "data_loading")], result.findings
+    assert result.findings[0].startswith("Straggler: rank 2 on mln3"), result.findings[0]
+    said = [f for f in result.findings if f.startswith("Rank 1 on mln2: CPU contention")]
+    assert len(said) == 1 and "they wait on rank 2 on mln3: not named" in said[0], result.findings
+    # Without a rank the others wait for, the same contention still names rank 1 (a busy neighbour's case).
+    ranks[2].fractions = dict(ranks[1].fractions)
+    ranks[2].part_fractions = [{"collective": c} for c in (1.0, 0.89, 1.0)]
+    assert [s.rank for s in _headline(ranks).stragglers] == [1]
+
+
 def test_a_rank_that_leads_unclearly_is_sampled_longer_then_named():
     from tools.straggler_find.look import look
     # Issue 35: a rank 15% slower was "no straggler" at 20 s and named at 60 s. The first look (6 s at 5 Hz: 30

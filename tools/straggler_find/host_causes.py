@@ -22,6 +22,9 @@ from .models import NodeSample, RankSample
 class HostCause:
     reason: str          # the Straggler reason it names: "cpu" | "memory"
     evidence: str        # the sentence, with its figure and the peers'
+    # Which view: "contention" (run-queue wait) is the one a busy shared host also shows on a healthy rank (judge.py
+    # says it, not names it, beside a rank the others clearly wait for); the others are limits and pressures.
+    kind: str = "limit"
 
 
 def _median(values) -> float | None:
@@ -81,7 +84,7 @@ def _contended(r: RankSample, others: list[RankSample], rr: dict) -> HostCause |
     their_cpu = _median(o.cpu_fraction for o in others)
     starved = (r.cpu_fraction is not None and their_cpu is not None
                and r.cpu_fraction * rr["runs_less_cpu_ratio_min"] <= their_cpu)
-    return HostCause("cpu", contention(r, others)) if waits_more or (runs_less and starved) else None
+    return HostCause("cpu", contention(r, others), "contention") if waits_more or (runs_less and starved) else None
 
 
 def _node_causes(r: RankSample, nodes: dict[str, NodeSample], rr: dict) -> list[HostCause]:
