@@ -123,6 +123,24 @@ def cpu_seconds(pid: int) -> float | None:
         return None
 
 
+def _tracer(pid: int) -> str:
+    """'pid N (name)' of the process tracing pid (its TracerPid), or "" when none is or it cannot be read. The name
+    is the tracer's own choice: quoted escaped."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            tracer = next((int(line.split()[1]) for line in f if line.startswith("TracerPid:")), 0)
+    except (OSError, ValueError, IndexError):
+        return ""
+    if not tracer:
+        return ""
+    try:
+        with open(f"/proc/{tracer}/comm") as f:
+            name = f.read().strip()[:32]
+    except OSError:
+        name = "?"
+    return f"pid {tracer} ({name.encode('unicode_escape').decode('ascii')})"
+
+
 def frozen_reason(pid: int) -> str:
     """Why the process cannot run at all, or "" when it can: stopped (state T: SIGSTOP, SIGTSTP, a debugger's
     stop) or frozen by a cgroup freezer (v1 freezer.state FROZEN, v2 cgroup.freeze 1). Such a process is not
@@ -135,8 +153,13 @@ def frozen_reason(pid: int) -> str:
     except (OSError, IndexError):
         return ""
     if state in ("T", "t"):
-        return (f"pid {pid} is stopped (state {state}: SIGSTOP/SIGTSTP, or a debugger's stop), not waiting on "
-                "a peer: nothing in it runs until SIGCONT")
+        tracer = _tracer(pid)
+        if tracer:
+            # Asked in model round 12 (twice): whether SIGCONT alone resumes it, or a debugger holds it.
+            return (f"pid {pid} is stopped (state {state}) and traced by {tracer}: a debugger (gdb, strace, a "
+                    "py-spy without --nonblocking) holds it; detach that tracer, then SIGCONT if it stays stopped")
+        return (f"pid {pid} is stopped (state {state}: SIGSTOP or SIGTSTP; no tracer attached), not waiting on a "
+                f"peer: nothing in it runs until SIGCONT (kill -CONT {pid} on its host)")
     for _, controllers, path in cgroups:
         for probe in ([f"/sys/fs/cgroup/freezer{path}/freezer.state"] if "freezer" in controllers.split(",") else
                       [f"/sys/fs/cgroup{path}/cgroup.freeze", f"/sys/fs/cgroup/unified{path}/cgroup.freeze"]
