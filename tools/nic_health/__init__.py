@@ -125,13 +125,16 @@ def summarise(ports: list[PortReading], netdevs: list[NetdevReading], affinity: 
     result.action, result.actions = worst_action(f.action for f in every), by_action(every)
     result.verdict = worst([r.verdict for r in [*ports, *netdevs]] or ["ok"])
     up = sum(1 for p in ports if p.state == "ACTIVE")
-    result.findings = [
-        (f"{len(ports)} RDMA port(s), {up} active; " if ports else "")
-        + f"{len(netdevs)} interface(s) judged ({', '.join(n.name for n in netdevs) or 'none'}); "
-        + (f"sampled {window_s:g} s" if window_s else "one reading, no window")
-        + f"; action for the node: {result.action}."]
-    result.findings += [f"{f.subject}: {f.text} [{f.action}]." for f in every if f.action != "none"]
-    result.findings += [f"{f.subject}: {f.text}." for f in every if f.action == "none"]
+    census = ((f"{len(ports)} RDMA port(s), {up} active; " if ports else "")
+              + f"{len(netdevs)} interface(s) judged ({', '.join(n.name for n in netdevs) or 'none'}); "
+              + (f"sampled {window_s:g} s" if window_s else "one reading, no window")
+              + f"; action for the node: {result.action}.")
+    acted = [f"{f.subject}: {f.text} [{f.action}]." for f in every if f.action != "none"]
+    # A shaper is a setting (action "none": nothing to do to the hardware) and still the news: it leads, so the
+    # headline is not "action for the node: none" above it (model round 12: three plays called that underselling).
+    shaped = [f"{f.subject}: {f.text}." for f in every if f.action == "none" and f.code == "traffic_shaper"]
+    quiet = [f"{f.subject}: {f.text}." for f in every if f.action == "none" and f.code != "traffic_shaper"]
+    result.findings = acted + shaped + [census] + quiet
     result.findings += [f"{r.subject}: {', '.join(r.resets)} went back during the window (counters cleared, driver "
                         "reloaded or wrapped); not judged." for r in [*ports, *netdevs] if r.resets]
     unshaped = [f"{n.name} ({n.root_qdisc})" for n in netdevs if n.root_qdisc and n.root_qdisc not in SHAPING_KINDS]
