@@ -45,6 +45,14 @@ def test_threshold_is_the_larger_of_margin_and_k_spreads():
     assert threshold(RULE, spread=0.0) == pytest.approx(0.05)
 
 
+def test_a_stated_rule_past_100_percent_says_it_judges_nothing_slow():
+    """Model round 12 (cl-healthy-allreduce, 8 nodes under load) read "below its reference by more than 130%" as a
+    rule no reading can meet, and it is one: the sentence says so."""
+    assert "judges none" not in judging.statement(RULE, spread=0.03)
+    said = judging.statement(RULE, spread=0.45)
+    assert "by more than 135.0%" in said and "cannot fall more than 100% below" in said, said
+
+
 def test_relative_spread_is_robust_to_one_outlier():
     healthy = [100, 101, 99, 100.5, 99.5, 100, 100.2]
     with_fault = healthy + [40]

@@ -92,6 +92,9 @@ def test_quiet_healthy_fleet_names_nothing_and_needs_no_extra_round():
     report = pairwise(names(8), fleet)
     assert not report.suspects and not report.unconfirmed and not report.inconclusive
     assert fleet.calls == 7 and report.spread < 0.1
+    # A histogram bin's centre, said to 3 figures (round 12 read 0.37159611150101046 twice as a carried-over value).
+    ref = report.reference_busbw_gbps
+    assert ref == float(f"{ref:.3g}") and report.busbw_floor_gbps == float(f"{report.busbw_floor_gbps:.3g}")
 
 
 def test_uniformly_degraded_fleet_is_not_ok_against_the_expected_figure():

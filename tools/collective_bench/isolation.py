@@ -68,8 +68,11 @@ class IsolationReport(Record):
         "What the rounds point at, each confirmed by a second measurement."))
     unconfirmed: list[Suspect] = Field(default_factory=list, description=(
         "Slow or failing once, fine when measured again: not named (a busy host or a transient fault)."))
-    reference_busbw_gbps: float | None = Field(None, description="A healthy pair: 75th percentile busbw, GB/s.")
-    busbw_floor_gbps: float | None = Field(None, description="Pairs below this are slow, GB/s.")
+    reference_busbw_gbps: float | None = Field(None, description=(
+        "A healthy pair: 75th percentile busbw, GB/s, to 3 significant figures (read from 2%-wide bins, so two runs "
+        "may give the same figure)."))
+    busbw_floor_gbps: float | None = Field(None, description=(
+        "Pairs below this are slow, GB/s, to 3 significant figures."))
     latency_ceiling_us: float | None = Field(None, description="Pairs above this are slow, microseconds.")
     busbw_matrix: list[list[float | None]] | None = Field(None, description=(
         "busbw of pair (i, j), GB/s; None where not measured or failed (up to 64 nodes)."))
@@ -99,6 +102,10 @@ def shown_status(run: GroupRun) -> str:
     """The status the answer says: a group that measured sizes and was ended before the last is slow, not hung
     (model round 11: slow pairs that their deadline ended read "hang" in the groups)."""
     return "slow" if run.status == "hang" and run.rows else run.status
+
+
+def _sig3(value: float | None) -> float | None:
+    return float(f"{value:.3g}") if value else value
 
 
 def _record(r: int, run: GroupRun, names: list[str]) -> GroupRecord:
@@ -148,7 +155,9 @@ def pairwise(names: list[str], run_round: RunRound, *, rounds: int | None = None
     report.expected_busbw_gbps = expected
     judged = judge_pairs(n, figures, rule, measure_again, latency_factor=latency_factor, expected_gbps=expected)
     verdict = judged.verdict
-    report.reference_busbw_gbps, report.busbw_floor_gbps = verdict.reference_busbw_gbps, verdict.busbw_floor_gbps
+    # Bin centres (pair_matrix's histogram): 17 digits of one read as a figure carried over between runs (round 12).
+    report.reference_busbw_gbps, report.busbw_floor_gbps = _sig3(verdict.reference_busbw_gbps), _sig3(
+        verdict.busbw_floor_gbps)
     report.latency_ceiling_us = verdict.latency_ceiling_us
     report.spread, report.threshold, report.inconclusive = judged.spread, judged.threshold, judged.inconclusive
     report.rule = statement(rule, judged.spread) + (

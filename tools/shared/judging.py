@@ -129,5 +129,10 @@ def compare(value: float, rule: FigureRule, references: dict[str, float | None],
 def statement(rule: FigureRule, spread: float | None = None) -> str:
     """The rule as applied to one figure, in a sentence a reader can check."""
     measured = rule.spread if spread is None else spread
-    return (f"{rule.figure} is bad when {'below' if rule.better == 'higher' else 'above'} its reference by more than "
-            f"{threshold(rule, spread):.1%} = max(margin {rule.margin:.1%}, {rule.k:g} x spread {measured:.1%})")
+    limit = threshold(rule, spread)
+    said = (f"{rule.figure} is bad when {'below' if rule.better == 'higher' else 'above'} its reference by more than "
+            f"{limit:.1%} = max(margin {rule.margin:.1%}, {rule.k:g} x spread {measured:.1%})")
+    if rule.better == "higher" and limit >= 1:
+        # Model round 12 read "below its reference by more than 130%" as a rule nothing can meet: it is one.
+        said += ": a figure cannot fall more than 100% below, so this spread judges none of them slow"
+    return said
