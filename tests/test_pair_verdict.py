@@ -80,6 +80,12 @@ def test_healthy_pairs_spread_wider_than_the_rule_can_judge_is_inconclusive(seed
     assert not report.suspects
     if report.inconclusive:
         assert rule.k * report.spread > rule.widest
+        # Whether anything failed leads, answered whatever the spread (model round 12: hang questions read
+        # "Inconclusive" first over groups that all finished).
+        from tools.collective_bench.patterns import pattern_findings
+        head = pattern_findings(report)[1][0]
+        assert head.startswith(f"Every one of the {len(report.groups)} groups finished; none failed or hung. "
+                               "Inconclusive on speed"), head
         # No latency rule applies then: no ceiling is stated (model round 12 read latency_ceiling_us = 8.7e12).
         assert report.latency_ceiling_us is None
     else:

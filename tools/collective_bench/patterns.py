@@ -219,11 +219,17 @@ def pattern_findings(report: IsolationReport) -> tuple[str, list[str], list[str]
             "crosses; nic_health on each end reads its NIC's counters and any tc shaper on it."))
     findings += [f"{note}." for note in report._not_counted]
     if report.inconclusive:
-        findings.insert(0, f"Inconclusive: healthy pairs' busbw spread {report.spread:.0%} (1.4826 x MAD / median) "
-                           f"in this run; the rule's threshold, max(margin, k x spread) = {report.threshold:.0%} below a "
-                           "healthy pair, is past what this check can resolve: no node or link is named for being slow "
-                           "(only pairs that failed or hung twice are). Run again with the nodes idle (no other jobs), "
-                           "or with larger sizes.")
+        # Whether anything failed is answered whatever the speeds' spread: model round 12 asked about hangs and
+        # unreachable nodes (cl-link-down, cl-healthy-allreduce, ssh-healthy-network) and read "Inconclusive" first
+        # over groups that all finished.
+        finished = report.groups and all(g.status == "ok" for g in report.groups)
+        findings.insert(0, (f"Every one of the {len(report.groups)} groups finished; none failed or hung. "
+                            if finished else "")
+                        + f"Inconclusive on speed: healthy pairs' busbw spread {report.spread:.0%} (1.4826 x MAD / "
+                          f"median) in this run; the rule's threshold, max(margin, k x spread) = "
+                          f"{report.threshold:.0%} below a healthy pair, is past what this check can resolve: no "
+                          "node or link is named for being slow (only pairs that failed or hung twice are). Run again "
+                          "with the nodes idle (no other jobs), or with larger sizes.")
     if report._nothing_passed:
         sizes = sorted({len(g.nodes) for g in report.groups})
         span = f"{sizes[0]}" if len(sizes) == 1 else f"{sizes[0]}-{sizes[-1]}"
