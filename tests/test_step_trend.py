@@ -120,3 +120,15 @@ def test_on_a_loaded_hosts_real_steps_a_shift_always_has_medians_apart_on_its_tw
             if got.shape == "steady":
                 assert "by more than chance allows" in sentence(got)
     assert "steady" in shapes
+
+
+def test_a_shift_older_than_64_kib_of_log_is_still_seen(tmp_path):
+    """Model round 12 (cl-throttled-rank, cl-straggler-loader): the trend read only the log's last 64 KiB, 20 s of
+    the drills' 10 ms steps, so a limit set minutes before could not show as a shift. The tail read is 4 MiB now."""
+    rng = random.Random(5)
+    times = [rng.gauss(10, 0.5) for _ in range(6000)] + [rng.gauss(14, 0.5) for _ in range(14000)]
+    log = tmp_path / "job.out"
+    log.write_text("\n".join(f"step {k} rank 0 step_ms {t:.1f}" for k, t in enumerate(times)) + "\n")
+    assert log.stat().st_size > 4 * 65536
+    _, trends = _step_lines([str(log)])
+    assert trends[0].first_step == 0 and trends[0].shape == "shift" and abs(trends[0].shift_at_step - 6000) <= 2
