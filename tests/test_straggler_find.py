@@ -377,6 +377,12 @@ def test_beside_a_rank_the_others_wait_for_a_rank_with_only_cpu_contention_is_sa
     assert result.findings[0].startswith("Straggler: rank 2 on mln3"), result.findings[0]
     said = [f for f in result.findings if f.startswith("Rank 1 on mln2: CPU contention")]
     assert len(said) == 1 and "they wait on rank 2 on mln3: not named" in said[0], result.findings
+    # Two ranks with contention alone do not keep the loader from being named (review: they counted against the
+    # stack rule's "at most half of the ranks").
+    ranks[0].runqueue_wait_fraction = 1.5
+    ranks[1].runqueue_wait_fraction = 1.5
+    assert [(s.rank, s.reason) for s in _headline(ranks).stragglers] == [(2, "data_loading")]
+    ranks[0].runqueue_wait_fraction, ranks[1].runqueue_wait_fraction = 0.634, 0.973
     # Without a rank the others wait for, the same contention still names rank 1 (a busy neighbour's case).
     ranks[2].fractions = dict(ranks[1].fractions)
     ranks[2].part_fractions = [{"collective": c} for c in (1.0, 0.89, 1.0)]

@@ -194,7 +194,10 @@ def _compare(ranks, nodes, gpus, rules: Rules, out: Judgement) -> None:
         return
     apart = {id(r) for r, _ in candidates}               # its stacks set it apart, with or without a host cause
     candidates = [(r, d) for r, d in candidates if id(r) not in caused]
-    if candidates and len(candidates) + len(caused) <= len(ranks) // 2:
+    # Ranks named only for contention do not count against the stack rule's "at most half": on a busy shared host
+    # two of them would otherwise keep the rank the others wait for from being named (_contention_beside).
+    limited = [k for k, c in caused.items() if k in apart or any(x.kind != "contention" for x in c)]
+    if candidates and len(candidates) + len(limited) <= len(ranks) // 2:
         steady = [(r, d) for r, d in candidates if _in_every_part(r, ranks, rules)]
         for r, d in sorted(steady, key=lambda c: -c[1]):
             s = _named(r, ranks, nodes.get(r.host), gpus, rules)
