@@ -63,8 +63,8 @@ def test_lines_without_step_numbers_count_lines():
 
 def test_steady_steps_are_said_steady_nearly_always_and_a_15_percent_shift_is_found():
     """The rule's own error rates (SPREAD_FACTOR's comment): 1,000 steady series per length, normal 3% sd, half of
-    them with a spike of 3-10 x every 20 lines; measured 0-0.5% said changed. A 15% shift two thirds in: measured
-    99% found at 20 lines, all at 30."""
+    them with a spike of 3-10 x every 20 lines; measured 0-0.6% said changed. A 15% shift two thirds in: measured
+    all found at 20 and 30 lines."""
     for n in (12, 20, 60):
         changed = 0
         for seed in range(1000):
@@ -75,7 +75,7 @@ def test_steady_steps_are_said_steady_nearly_always_and_a_15_percent_shift_is_fo
                     times[rng.randrange(n)] *= rng.choice([3, 10])
             changed += trend("s.log", series(times)).shape != "steady"
         assert changed <= 10, (n, changed)
-    for n, at_least in ((20, 280), (30, 297)):
+    for n, at_least in ((20, 290), (30, 297)):
         found = 0
         for seed in range(300):
             rng = random.Random(seed)
@@ -132,3 +132,21 @@ def test_a_shift_older_than_64_kib_of_log_is_still_seen(tmp_path):
     assert log.stat().st_size > 4 * 65536
     _, trends = _step_lines([str(log)])
     assert trends[0].first_step == 0 and trends[0].shape == "shift" and abs(trends[0].shift_at_step - 6000) <= 2
+
+
+def test_a_recent_shift_the_thirds_miss_is_found_and_up_and_back_is_no_creep():
+    """Review, 2026-12-05: the last 400 of 3,000 steps 30% slower left the thirds' medians level and read "steady"
+    beside first and last lines 100 and 130; a rise and a return read "crept"."""
+    rng = random.Random(6)
+    got = trend("job.out", series([rng.gauss(100, 3) for _ in range(2600)] + [rng.gauss(130, 3) for _ in range(400)]))
+    assert got.shape == "shift" and abs(got.shift_at_step - 2700) <= 2 and 125 < got.after < 135, got
+    back = [rng.gauss(100, 1) for _ in range(20)] + [rng.gauss(106, 1) for _ in range(20)] + [
+        rng.gauss(102, 1) for _ in range(20)]
+    assert trend("job.out", series(back)).shape == "varied"
+
+
+def test_a_warm_up_zero_costs_the_trend_nothing():
+    rng = random.Random(7)
+    lines = ["step 0 | 0.0 ms"] + series([rng.gauss(800, 10) for _ in range(30)], first_step=1)
+    got = trend("job.out", lines)
+    assert got is not None and got.lines == 30 and got.shape == "steady", got

@@ -26,23 +26,30 @@ from ..engine.spec import Field, Record
 
 MIN_LINES = 12          # fewer step times than this say nothing about a trend: thirds of < 4 lines are noise
 MIN_SHIFT_PCT = 5.0     # a shift smaller than this is not said, however quiet the steps
-# A change must exceed this many standard errors of the difference of two thirds' medians. Measured on 1,000 seeded
-# series of steady steps each (normal, 3% sd; and with spikes of 3-10 x): a change said in 0.2-0.5% of them at 12-20
-# lines, 0.1% at 30, none at 60 or 200 (3.0: 0.6-1.1% at 12-20); a 15% shift two thirds in is said in 77% at 12
-# lines, 93% at 15, 99% at 20, all at 30 (tests/test_step_trend.py).
+# A change must exceed this many standard errors of the difference of two medians. Measured on 1,000 seeded series
+# of steady steps each (normal, 3% sd; and with spikes of 3-10 x): a change said in 0-0.6% of them at 12-60 lines,
+# none at 200 (spikes: none); a 15% shift two thirds in is placed (within 2 steps) in 78% of series at 15 lines and
+# all at 20, 30 and 60; at 12 lines its later side is shorter than MIN_SIDE (tests/test_step_trend.py).
 SPREAD_FACTOR = 3.5
 MAD_SCALE = 1.4826      # the MAD of a normal sample times this is its standard deviation
 MEDIAN_SE = 1.2533      # the standard error of a median of m normal values is this x sd / sqrt(m)
 CLIP_SD = 6.0           # for the fits, a value further than this many sds from its neighbours' median is clipped
+MIN_SIDE = 6            # a shift's sides hold at least this many steps (and 5% of the lines): fewer is a spike
 
-NUMBER = r"(\d{1,12}(?:\.\d{1,9})?)"
+# A number that is not the start of a date or a clock ("2024-12-05", "10:00:01"): the lookahead keeps the digits
+# from backtracking to a shorter number before the "-" or ":".
+NUMBER = r"(\d{1,12}(?:\.\d{1,9})?)(?![\d.:-])"
 # A time field, then its number: the field names training loops print (Megatron-LM's "elapsed time per iteration
-# (ms)", "step_time", our drills' workload's "step_ms", PyTorch's examples' "Time 0.469"). Bounded repeats only
+# (ms)", "step_time", "batch time", our drills' workload's "step_ms"). Bounded repeats only
 # (tests/test_door_matching.py).
-TIME_FIELD = re.compile(r"(?i)(elapsed time per iteration \(ms\)|step_ms|step_time(?:_ms|_s)?|iter_time(?:_ms|_s)?"
-                        r"|iteration_time|time_ms|batch_time|\btime\b)[ \t]{0,4}[:=]?[ \t]{0,4}" + NUMBER)
+TIME_FIELD = re.compile(r"(?i)(elapsed time per iteration \(ms\)|step_ms|step[_ ]time(?:_ms|_s)?"
+                        r"|iter[_ ]time(?:_ms|_s)?|iteration_time|time_ms|batch[_ ]time)[ \t]{0,4}[:=]?[ \t]{0,4}"
+                        + NUMBER)
 # A number, then a time unit ("| 850 ms", "took 1.2 s").
 TIME_UNIT = re.compile(r"(?i)(?<![\w.])" + NUMBER + r"[ \t]{0,2}(ms|sec|s)\b")
+# Last: a bare "time" and its number (PyTorch's examples' "Time 0.469"), read only where no named field or unit is:
+# it is also what a "data time 0.01" or a "time=2024-12-05" field says.
+BARE_TIME = re.compile(r"(?i)\b(time)\b[ \t]{0,4}[:=]?[ \t]{0,4}" + NUMBER)
 # The step's number: after a step word, or the first of PyTorch's examples' "[epoch][step/steps]".
 STEP_NUMBER = re.compile(r"(?i)\b(?:step|iter(?:ation)?)\b[ \t:=#]{0,8}(\d{1,12})|\]\[ {0,8}(\d{1,12})/")
 
@@ -75,6 +82,9 @@ def step_time(line: str) -> tuple[float, str] | None:
     unit = TIME_UNIT.search(line)
     if unit:
         return float(unit.group(1)), unit.group(2).lower()
+    bare = BARE_TIME.search(line)
+    if bare:
+        return float(bare.group(2)), "time"
     return None
 
 
@@ -106,8 +116,9 @@ def _clipped(times: list[float], sd: float) -> list[float]:
     return out
 
 
-def _best_split(y: list[float]) -> tuple[int, float, float]:
-    """(index the shift starts at, the split's residual sum of squares, a straight line's) by least squares."""
+def _best_split(y: list[float], min_side: int) -> tuple[int, float, float]:
+    """(index the shift starts at, the split's residual sum of squares, a straight line's) by least squares, each
+    side at least min_side values (or the middle, where the series is too short for that)."""
     n = len(y)
     prefix, prefix_sq = [0.0], [0.0]
     for v in y:
@@ -117,7 +128,8 @@ def _best_split(y: list[float]) -> tuple[int, float, float]:
     def rss(a: int, b: int) -> float:
         total = prefix[b] - prefix[a]
         return (prefix_sq[b] - prefix_sq[a]) - total * total / (b - a)
-    split_rss, k = min((rss(0, k) + rss(k, n), k) for k in range(2, n - 1))
+    lo, hi = min(min_side, n // 2), max(n - min_side, n // 2) + 1
+    split_rss, k = min((rss(0, k) + rss(k, n), k) for k in range(lo, hi))
     x_mean, y_mean = (n - 1) / 2, prefix[n] / n
     slope = (sum((x - x_mean) * (v - y_mean) for x, v in enumerate(y))
              / sum((x - x_mean) ** 2 for x in range(n)))
@@ -131,8 +143,8 @@ def trend(name: str, lines: list[str]) -> StepTrend | None:
     if not read:
         return None
     unit = Counter(u for (_, u), _ in read).most_common(1)[0][0]
-    kept = [(value, step) for (value, u), step in read if u == unit]
-    if len(kept) < MIN_LINES or min(v for v, _ in kept) <= 0:
+    kept = [(value, step) for (value, u), step in read if u == unit and value > 0]   # a warm-up's 0 is no step time
+    if len(kept) < MIN_LINES:
         return None
     times = [v for v, _ in kept]
     steps = [s for _, s in kept]
@@ -146,25 +158,34 @@ def trend(name: str, lines: list[str]) -> StepTrend | None:
     floor = MIN_SHIFT_PCT / 100 * thirds[0]
     bar = max(_bar(sd, third, third), floor)
     out.bar = round(bar, 4)
-    if max(abs(thirds[1] - thirds[0]), abs(thirds[2] - thirds[0])) <= bar:
-        return out
-    # Up and down (a load that came and went) is neither one shift nor a creep: the middle third apart from both ends.
-    if (thirds[1] - thirds[0] > bar and thirds[1] - thirds[2] > bar) or (
-            thirds[0] - thirds[1] > bar and thirds[2] - thirds[1] > bar):
-        out.shape = "varied"
-        return out
-    k, split_rss, line_rss = _best_split(_clipped(times, sd))
-    before, after = median(times[:k]), median(times[k:])
-    # A shift is said only where the medians on its two sides differ beyond the spread too: the split is placed by
-    # least squares (means), and on skewed steps it can fall where the medians agree (round 12: "median 13.6
-    # before, 13.65 after" under a "+10%").
-    if split_rss <= line_rss and abs(after - before) > max(_bar(sd, k, n - k), floor):
+    # A shift first: the split that leaves the least squared error, said where the medians on its two sides differ
+    # beyond the spread (placed by means, a skewed series' split can fall where the medians agree: round 12's "median
+    # 13.6 before, 13.65 after") and each side is level in itself (a bump's edge is no shift). Looked for whatever the
+    # thirds say: the last 400 of 3,000 steps 30% slower leave the thirds' medians level (review, 2026-12-05).
+    # Placed on values held near their neighbours (a spike moves nothing), each side at least MIN_SIDE steps: a new
+    # level held for a few steps only is a spike's.
+    k, split_rss, line_rss = _best_split(_clipped(times, sd), max(MIN_SIDE, n // 20))
+    before, after = median(times[:k]), median(times[k:])        # medians of the steps as logged: spikes move neither
+    if (split_rss <= line_rss and abs(after - before) > max(_bar(sd, k, n - k), floor)
+            and _level(times[:k], sd, floor) and _level(times[k:], sd, floor)):
         out.shape = "shift"
         out.shift_at_step = steps[k] if numbered else k + 1
         out.before, out.after = round(before, 4), round(after, 4)
-    else:
-        out.shape = "creep"
+        return out
+    rise, fall = thirds[2] - thirds[0], thirds[0] - thirds[2]
+    if max(abs(thirds[1] - thirds[0]), abs(thirds[2] - thirds[0])) <= bar:
+        return out
+    # One way, each third no further back than the bar: a creep; anything else went up and down.
+    one_way = ((rise > bar and thirds[1] - thirds[0] > -bar and thirds[2] - thirds[1] > -bar)
+               or (fall > bar and thirds[0] - thirds[1] > -bar and thirds[1] - thirds[2] > -bar))
+    out.shape = "creep" if one_way and line_rss < split_rss * 1.5 else "varied"
     return out
+
+
+def _level(side: list[float], sd: float, floor: float) -> bool:
+    """Whether one side of a split is level in itself: its halves' medians within the bar."""
+    half = len(side) // 2
+    return abs(median(side[half:]) - median(side[:half])) <= max(_bar(sd, half, len(side) - half), floor)
 
 
 def _bar(sd: float, a: int, b: int) -> float:
