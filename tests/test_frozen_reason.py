@@ -40,7 +40,7 @@ def test_a_signal_stopped_process_is_said_stopped_with_no_tracer_and_how_to_resu
     os.kill(sleeper.pid, signal.SIGSTOP)
     _wait_stopped(sleeper.pid)
     said = frozen_reason(sleeper.pid)
-    assert "stopped (state T: SIGSTOP or SIGTSTP; no tracer attached)" in said, said
+    assert "stopped (state T: SIGSTOP or SIGTSTP; no tracer seen)" in said, said
     assert f"kill -CONT {sleeper.pid}" in said
 
 
@@ -53,6 +53,6 @@ def test_a_process_a_debugger_holds_names_its_tracer(sleeper):
     try:
         os.waitpid(sleeper.pid, 0)      # the tracee's stop, reported to its tracer
         said = frozen_reason(sleeper.pid)
-        assert f"traced by pid {os.getpid()} (" in said and "detach that tracer" in said, said
+        assert f"traced by pid {os.getpid()} ('" in said and "detach that tracer" in said, said
     finally:
         libc.ptrace(PTRACE_DETACH, sleeper.pid, None, None)

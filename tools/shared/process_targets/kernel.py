@@ -123,22 +123,23 @@ def cpu_seconds(pid: int) -> float | None:
         return None
 
 
-def _tracer(pid: int) -> str:
-    """'pid N (name)' of the process tracing pid (its TracerPid), or "" when none is or it cannot be read. The name
-    is the tracer's own choice: quoted escaped."""
+def _tracer(pid: int) -> str | None:
+    """'pid N ('name')' of the process tracing pid (its TracerPid), "" when none is seen, None when that cannot be
+    read. Read as bytes: a process names itself, in any bytes; the name is quoted escaped. A tracer in a pid
+    namespace this tool cannot see reads as none."""
     try:
-        with open(f"/proc/{pid}/status") as f:
-            tracer = next((int(line.split()[1]) for line in f if line.startswith("TracerPid:")), 0)
+        with open(f"/proc/{pid}/status", "rb") as f:
+            tracer = next((int(line.split()[1]) for line in f if line.startswith(b"TracerPid:")), 0)
     except (OSError, ValueError, IndexError):
-        return ""
+        return None
     if not tracer:
         return ""
     try:
-        with open(f"/proc/{tracer}/comm") as f:
-            name = f.read().strip()[:32]
+        with open(f"/proc/{tracer}/comm", "rb") as f:
+            name = f.read().strip()[:32].decode(errors="backslashreplace")
     except OSError:
         name = "?"
-    return f"pid {tracer} ({name.encode('unicode_escape').decode('ascii')})"
+    return f"pid {tracer} ({name.encode('unicode_escape').decode('ascii')!r})"
 
 
 def frozen_reason(pid: int) -> str:
@@ -153,13 +154,14 @@ def frozen_reason(pid: int) -> str:
     except (OSError, IndexError):
         return ""
     if state in ("T", "t"):
+        # Asked in model round 12 (twice): whether SIGCONT alone resumes it, or a debugger holds it.
         tracer = _tracer(pid)
         if tracer:
-            # Asked in model round 12 (twice): whether SIGCONT alone resumes it, or a debugger holds it.
             return (f"pid {pid} is stopped (state {state}) and traced by {tracer}: a debugger (gdb, strace, a "
                     "py-spy without --nonblocking) holds it; detach that tracer, then SIGCONT if it stays stopped")
-        return (f"pid {pid} is stopped (state {state}: SIGSTOP or SIGTSTP; no tracer attached), not waiting on a "
-                f"peer: nothing in it runs until SIGCONT (kill -CONT {pid} on its host)")
+        seen = "no tracer seen" if tracer == "" else "whether a tracer holds it could not be read"
+        return (f"pid {pid} is stopped (state {state}: SIGSTOP or SIGTSTP; {seen}), not waiting on a peer: nothing "
+                f"in it runs until SIGCONT (kill -CONT {pid} on its host)")
     for _, controllers, path in cgroups:
         for probe in ([f"/sys/fs/cgroup/freezer{path}/freezer.state"] if "freezer" in controllers.split(",") else
                       [f"/sys/fs/cgroup{path}/cgroup.freeze", f"/sys/fs/cgroup/unified{path}/cgroup.freeze"]
