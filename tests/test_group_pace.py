@@ -159,8 +159,8 @@ def test_a_whole_set_cut_by_its_deadline_while_measuring_is_not_a_fault_of_scale
                 if len(g) == 4 else GroupRun(g, "ok", 0.2, 500.0, 30.0, "", _sweep(10)) for g in groups]
     report = bisect(names, slow_whole)
     assert not report.suspects and [(s.kind, s.nodes) for s in report.unconfirmed] == [("set", names)]
-    # Model round 11: such a group read "hang" in the answer's groups; it measured sizes, so it is "slow".
-    assert {g.status for g in report.groups if len(g.nodes) == 4} == {"slow"}
+    # Model round 11: such a group read "hang" in the answer's groups; it measured sizes, so it is "unfinished".
+    assert {g.status for g in report.groups if len(g.nodes) == 4} == {"unfinished"}
     assert "still measuring sizes when its deadline ended it" in report.unconfirmed[0].evidence
     verdict, findings, _ = pattern_findings(report)
     assert verdict == "warn" and not any(f.startswith("Suspect") for f in findings), findings

@@ -261,9 +261,9 @@ def test_a_node_behind_every_pair_within_the_margin_is_said_first_to_check(monke
     report = pairwise(NAMES, run)
     verdict, findings, nxt = answer(report, monkeypatch)
     assert [(s.kind, s.nodes) for s in report.suspects] == [("link", ["mln1", "mln2"])]
-    # The link's pair measured sizes before the pace stopped it: too slow to finish, not hung (model round 11).
-    pairs_line = ("Pairs, busbw GB/s (latency at the smallest size), slowest first: mln1-mln2 too slow to finish, "
-                  "mln1-mln4")
+    # The link's pair measured sizes before the pace stopped it: unfinished, not hung (model round 11).
+    pairs_line = ("Pairs, busbw GB/s (latency at the smallest size), slowest first: mln1-mln2 unfinished (sizes "
+                  "measured, then cut), mln1-mln4")
     assert any(f.startswith(pairs_line) for f in findings), findings
     behind = [f for f in findings if f.startswith("Behind with every partner")]
     assert len(behind) == 1 and "(not named): mln4 0.117-0.122 GB/s" in behind[0] and "0.17-0.29" in behind[0], findings

@@ -33,9 +33,10 @@ MATRIX_MAX_NODES = 64  # above this the result lists suspects and slow pairs, no
 class GroupRecord(Record):
     round: int = Field(description="Round, from 1.")
     nodes: list[str] = Field(description="Nodes of the group (a pair in pairwise).")
-    status: Literal["ok", "fail", "hang", "slow"] = Field(description=(
-        "ok; fail (an error); hang (measured no size before its deadline or the run's pace stopped it); slow "
-        "(measured sizes, then its deadline or the run's pace ended it before the last)."))
+    status: Literal["ok", "fail", "hang", "unfinished"] = Field(description=(
+        "ok; fail (an error); hang (measured no size before its deadline or the run's pace stopped it); unfinished "
+        "(measured sizes, then its deadline or the run's pace ended it before the last: slow, or stuck at a larger "
+        "size)."))
     busbw_gbps: float | None = Field(None, description="all_reduce busbw at the largest size, GB/s.")
     latency_us: float | None = Field(None, description="Time of one all_reduce at the smallest size, microseconds.")
     wall_s: float = Field(0.0, description="Wall time of the group's job, start-up included, seconds.")
@@ -99,9 +100,10 @@ class IsolationReport(Record):
 
 
 def shown_status(run: GroupRun) -> str:
-    """The status the answer says: a group that measured sizes and was ended before the last is slow, not hung
-    (model round 11: slow pairs that their deadline ended read "hang" in the groups)."""
-    return "slow" if run.status == "hang" and run.rows else run.status
+    """The status the answer says: a group that measured sizes and was ended before the last is "unfinished", not
+    hung (model round 11: slow pairs that their deadline ended read "hang" in the groups); not "slow" either, since
+    a pair can also stick at a larger size (review, 2026-12-05)."""
+    return "unfinished" if run.status == "hang" and run.rows else run.status
 
 
 def _sig3(value: float | None) -> float | None:

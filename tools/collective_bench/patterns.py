@@ -350,7 +350,7 @@ def _pairs(report: IsolationReport) -> str:
             + ", ".join(broken + [text for _, text in sorted(measured)]) + ".")
 
 
-_BROKEN_WORDS = {"hang": "hung", "slow": "too slow to finish"}   # a pair with no figures, by its record's status
+_BROKEN_WORDS = {"hang": "hung", "unfinished": "unfinished (sizes measured, then cut)"}   # by its record's status
 
 
 def next_steps(suspects: list) -> list[str]:
