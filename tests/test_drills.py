@@ -138,6 +138,8 @@ def test_a_rank_held_back_by_its_nodes_limit_is_right_named_by_rank_or_by_node()
     assert grade(slow_node, diag(culprit_kind="setting", culprit=["mln3: tc tbf qdisc on eth0 at 50Mbit"])).score == 1
     assert grade(slow_node, diag(culprit_kind="setting", culprit=["mln2: tc tbf qdisc on eth0"])).score == 0
     assert grade(slow_node, diag(culprit_kind="setting", culprit=["NCCL_SOCKET_IFNAME"])).score == 0
+    assert grade(slow_node, diag(culprit_kind="setting", culprit=["mln3"])).score == 0               # says no setting
+    assert grade(slow_node, diag(culprit_kind="setting", culprit=["NCCL_IB_HCA on mln3"])).score == 0
     assert grade(load_scenario("pm-socket-fallback"), diag(culprit_kind="setting", culprit=["mln3"])).score == 0
     with pytest.raises(ValueError, match="same_as"):
         Truth(kind="rank", identity=["2"], same_as=[{"kind": "rank", "identity": ["3"]}])

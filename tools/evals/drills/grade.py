@@ -20,9 +20,10 @@ culprit_kind: node | link | rank | gpu | setting | none | inconclusive. Scoring,
    the same rule over (kind, name) pairs.
 Names compare case-insensitively; a link is the same in either direction ("mln2-mln1" = "mln1-mln2");
 a rank may be written "3" or "rank 3"; a setting by its variable name, or, where the truth's `same_as` gives a
-setting by a node's name (a shaper on that node's link), by the node it is set on. A GPU is named by its node, and its PCI bus
-id or serial where the truth gives one ("node4 GPU 0000:00:08", "node4:00:08.0"): the node alone names it when the
-truth names only the node, and a node answer (kind "node") naming the GPU's host is that GPU too.
+setting by a node's name (a shaper on that node's link), by the node it is set on and a shaper word (tc, tbf,
+qdisc, ...). A GPU is named by its node, and its PCI bus id or serial where the truth gives one ("node4 GPU
+0000:00:08", "node4:00:08.0"): the node alone names it when the truth names only the node, and a node answer
+(kind "node") naming the GPU's host is that GPU too.
 """
 
 from __future__ import annotations
@@ -226,11 +227,16 @@ def grade(scenario: Scenario, diagnosis: Diagnosis) -> Grade:
     return Grade(scenario.id, 0.0, False, reason=f"names {', '.join(sorted(got)) or 'nothing'}; the culprit is {', '.join(sorted(want))}")
 
 
+SHAPER_WORD = re.compile(r"(?i)\b(?:tc|tbf|htb|qdisc|netem|shap\w{0,6}|rate[- ]?limit\w{0,3})\b")
+
+
 def _same_culprit(kind: str, named: list[str], identity: list[str]) -> bool:
     """Whether the answer's names are the identity's. A setting whose identity is a node is a setting of that node
     (a tc shaper on its link): the answer names it by the nodes it places it on ("mln3: tc tbf qdisc on eth0")."""
     if kind == "setting" and identity and all(NODE_NAME.fullmatch(n.lower()) for n in identity):
-        return {m for n in named for m in NODE_NAME.findall(n.lower())} == {n.lower() for n in identity}
+        # ...and says what it is: a bare node name, or another setting that mentions the node, is not the shaper.
+        return (all(SHAPER_WORD.search(n) for n in named)
+                and {m for n in named for m in NODE_NAME.findall(n.lower())} == {n.lower() for n in identity})
     return {normal_name(kind, n) for n in named} == {normal_name(kind, n) for n in identity}
 
 
