@@ -203,10 +203,9 @@ def _job_stdout(job_id: str) -> str | None:
 
 def _job_log_lines(job_id: str) -> tuple[list[str], list[StepTrend], str | None]:
     """(step-time lines, their trend, a sentence on where they came from) from a SLURM job's own stdout, for a caller
-    who gave no
-    log_paths: in model round 10 the agent ran slurm_job_diagnose only to learn that path. Read only when the file
-    is the job's user's (SLURM's record of the job, and the descriptor read): run as root, a link the user put in
-    its place must not have root quote another file. A file not readable here is said, never an error."""
+    who gave no log_paths: in model round 10 the agent ran slurm_job_diagnose only to learn that path. Read only when
+    the file is the job's user's (SLURM's record of the job, and the descriptor read): run as root, a link the user
+    put in its place must not have root quote another file. A file not readable here is said, never an error."""
     path = _job_stdout(job_id)
     if path is None:
         return [], [], None

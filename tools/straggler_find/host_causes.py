@@ -14,6 +14,7 @@ Each is measured by the kernel, not read from the rank; the margins are in strag
 
 import statistics
 from dataclasses import dataclass
+from typing import Literal
 
 from .models import NodeSample, RankSample
 
@@ -24,7 +25,7 @@ class HostCause:
     evidence: str        # the sentence, with its figure and the peers'
     # Which view: "contention" (run-queue wait) is the one a busy shared host also shows on a healthy rank (judge.py
     # says it, not names it, beside a rank the others clearly wait for); the others are limits and pressures.
-    kind: str = "limit"
+    kind: Literal["limit", "contention"] = "limit"
 
 
 def _median(values) -> float | None:
